@@ -1,0 +1,44 @@
+// Benchmarks behind `aqswarm bench <name>`. Each prints a human table, or with
+// `json` one JSON object per line, and always measures its baseline in the
+// same run (these machines are noisy).
+#ifndef AQSWARM_BENCH_BENCH_H_
+#define AQSWARM_BENCH_BENCH_H_
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace aqswarm::bench {
+
+struct CompressionBenchOptions {
+  // Input size in MiB of float32. Default: 64.
+  int64_t mebibytes = 64;
+  // Timed repetitions per cell; the best is reported. Default: 3.
+  int repeats = 3;
+  // Comma-separated codec filter ("" = all).
+  std::string codecs;
+  bool json = false;
+};
+absl::Status RunCompressionBench(const CompressionBenchOptions& options, std::ostream& out);
+
+struct StoreBenchOptions {
+  // Directory for the RocksDB store and the baseline file; a fresh temporary
+  // directory under it is used and removed. Default: $TMPDIR or /tmp.
+  std::string dir;
+  // Samples per workload. Default: 10000.
+  int64_t samples = 10000;
+  // Micro-batch size (rows per get/put batch). Default: 8.
+  int64_t micro_batch = 8;
+  // Prefetch depth in micro-batches. Default: 4.
+  int64_t prefetch_batches = 4;
+  // Comma-separated row shapes "ROWSxCOLS" (fp16). Default: the two.
+  std::string shapes = "128x768,1024x1600";
+  bool json = false;
+};
+absl::Status RunStoreBench(const StoreBenchOptions& options, std::ostream& out);
+
+}  // namespace aqswarm::bench
+
+#endif  // AQSWARM_BENCH_BENCH_H_

@@ -1,0 +1,28 @@
+// Subcommands of the `aqswarm` binary. main() only dispatches: it finds the
+// command named by the leading words of argv, rejects flags that command does
+// not declare, parses the rest with absl flags and calls Run().
+#ifndef AQSWARM_CLI_COMMAND_H_
+#define AQSWARM_CLI_COMMAND_H_
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace aqswarm::cli {
+
+struct Command {
+  std::string name;                // e.g. "bench compression"
+  std::string summary;             // one line for `aqswarm --help`
+  std::string usage;               // extra text for `aqswarm NAME --help`
+  std::vector<std::string> flags;  // absl flag names this command accepts
+  // Gets the positional arguments left after flag parsing; returns the exit code.
+  std::function<int(const std::vector<std::string>& args)> run;
+};
+
+// Each group of commands lives in its own file.
+std::vector<Command> VersionCommands();
+std::vector<Command> BenchCommands();
+
+}  // namespace aqswarm::cli
+
+#endif  // AQSWARM_CLI_COMMAND_H_

@@ -1,0 +1,49 @@
+#include "common/half.h"
+
+#include <cmath>
+#include <limits>
+
+#include "gtest/gtest.h"
+
+namespace aqswarm {
+namespace {
+
+TEST(HalfTest, EveryHalfRoundTripsExactly) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = HalfToFloat(static_cast<uint16_t>(h));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(f))));
+      continue;
+    }
+    ASSERT_EQ(FloatToHalf(f), h) << "h=" << h;
+  }
+}
+
+TEST(HalfTest, RoundsToNearestEvenBetweenNeighbours) {
+  // For each pair of adjacent finite halves, the midpoint goes to the even one
+  // and points just off the midpoint go to the nearer one.
+  for (uint32_t h = 0; h < 0x7bff; ++h) {
+    const double a = HalfToFloat(static_cast<uint16_t>(h));
+    const double b = HalfToFloat(static_cast<uint16_t>(h + 1));
+    const float mid = static_cast<float>((a + b) / 2);
+    const uint16_t even = (h % 2 == 0) ? h : h + 1;
+    ASSERT_EQ(FloatToHalf(mid), even) << h;
+    ASSERT_EQ(FloatToHalf(std::nextafter(mid, -1.0f)), h) << h;
+    ASSERT_EQ(FloatToHalf(std::nextafter(mid, 2e5f)), h + 1) << h;
+  }
+}
+
+TEST(HalfTest, OverflowAndSpecials) {
+  EXPECT_EQ(FloatToHalf(65504.0f), 0x7bff);
+  EXPECT_EQ(FloatToHalf(65519.0f), 0x7bff);
+  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);
+  EXPECT_EQ(FloatToHalf(1e30f), 0x7c00);
+  EXPECT_EQ(FloatToHalf(-1e30f), 0xfc00);
+  EXPECT_EQ(FloatToHalf(std::numeric_limits<float>::infinity()), 0x7c00);
+  EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(std::nanf("")))));
+  EXPECT_EQ(FloatToHalf(-0.0f), 0x8000);
+  EXPECT_EQ(FloatToHalf(1e-10f), 0x0000);
+}
+
+}  // namespace
+}  // namespace aqswarm

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The CLI's contract: version works, every command has --help, bad flags and
+# unknown commands fail with a clear message and a non-zero exit.
+set -u
+bin="$1"
+fail=0
+check() {  # check NAME EXPECTED_RC GREP_PATTERN -- CMD...
+  local name="$1" want="$2" pat="$3"; shift 4
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  if [[ $rc -ne $want ]] || ! grep -q -- "$pat" <<<"$out"; then
+    echo "FAIL $name: rc=$rc (want $want), output:"; echo "$out" | head -20; fail=1
+  else
+    echo "ok   $name"
+  fi
+}
+check version 0 "aqswarm 0" -- "$bin" version
+check top-help 0 "commands:" -- "$bin" --help
+check no-args 2 "usage" -- "$bin"
+check unknown-command 2 "unknown command" -- "$bin" frobnicate
+check group-only 2 "choose one of" -- "$bin" bench
+while read -r cmd; do
+  # shellcheck disable=SC2086
+  check "help:$cmd" 0 "usage: aqswarm $cmd" -- "$bin" $cmd --help
+done < <("$bin" --help | awk '/^  [a-z]/{ if ($2 ~ /^[a-z]+$/ && $1 == "bench") print $1" "$2; else print $1 }')
+check bad-flag 2 "unknown flag" -- "$bin" bench compression --nope=1
+check foreign-flag 2 "unknown flag" -- "$bin" bench compression --samples=3
+check bad-value 1 "Illegal value" -- "$bin" bench compression --mib=lots
+check extra-arg 2 "unexpected argument" -- "$bin" bench compression extra
+check version-arg 2 "no arguments" -- "$bin" version x
+exit $fail
