@@ -1,0 +1,216 @@
+// The training data's identity: a tokenized corpus, its fixed sample windows,
+// the train/validation split and the per-epoch, per-shard sample order. Every
+// peer computes the same answers from (corpus, tokenizer, options, seed), so
+// stores can prefetch exactly the rows the next micro-batches need (see
+// ../shared/design/ARCHITECTURE.md, "Data identity").
+//
+//   AQSWARM_ASSIGN_OR_RETURN(auto tok, Tokenizer::Load(enc_path, bpe_path));
+//   CorpusOptions copts;
+//   copts.source_path = "data/sotu";         // directory of .txt, or one file
+//   copts.cache_dir = "data/cache";          // data/cache/sotu.tokens
+//   AQSWARM_ASSIGN_OR_RETURN(auto corpus, TokenCorpus::Open(copts, *tok));
+//
+//   SamplePlanOptions popts;
+//   popts.seq_len = 256;
+//   popts.seed = job_seed;
+//   popts.num_shards = 4;                    // data-parallel pipelines
+//   popts.micro_batch_size = 8;
+//   popts.micro_batches_per_step = 4;
+//   AQSWARM_ASSIGN_OR_RETURN(SamplePlan plan,
+//                            SamplePlan::Create(corpus->num_tokens(), popts));
+//   ShardSchedule sched = plan.Schedule(/*epoch=*/0, /*shard=*/my_pipeline);
+//   for (int64_t step = 0; step < sched.num_steps(); ++step)
+//     for (int m = 0; m < plan.micro_batches_per_step(); ++m)
+//       for (int64_t id : sched.MicroBatch(step, m)) {
+//         absl::Span<const int32_t> w = corpus->Sample(id, plan.seq_len());
+//         // inputs w[0..seq_len), targets w[1..seq_len]
+//       }
+//
+// Contracts (changing any of them changes sample ids or order: bump the cache
+// version / job format, never silently):
+//   * Corpus tokens: the .txt files of a directory in byte-wise sorted name
+//     order (or one file), each tokenized on its own, joined with the
+//     tokenizer's <|endoftext|> id (50256) between documents.
+//   * Sample i is the window tokens[i*seq_len, i*seq_len + seq_len + 1):
+//     seq_len inputs plus the next-token target. num_samples =
+//     (num_tokens - 1) / seq_len. No random cropping.
+//   * Validation = the last ceil(validation_fraction * num_samples) ids;
+//     train = the ids before them.
+//   * Epoch e's order = Fisher-Yates shuffle of the train ids with
+//     Rng(EpochSeed(seed, e)) (common/random.h): same on every machine.
+//   * Shard p of D (strided): positions k of the epoch permutation with
+//     k % D == p, in order, truncated to samples_per_shard() =
+//     floor(num_train / D) so every pipeline runs the same number of steps.
+//     The < D left-over ids of an epoch are skipped that epoch (different ones
+//     each epoch).
+//   * Step s of a shard covers its positions [s*B*M, (s+1)*B*M), micro-batch
+//     m the B ids at [s*B*M + m*B, ...). A trailing partial step is dropped.
+#ifndef AQSWARM_PIPELINE_CORPUS_H_
+#define AQSWARM_PIPELINE_CORPUS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "pipeline/tokenizer.h"
+
+namespace aqswarm::pipeline {
+
+struct CorpusOptions {
+  // A directory (its *.txt files, non-recursive, sorted by name) or one
+  // plain-text file. Required.
+  std::string source_path;
+  // Where the token cache lives; created if missing. Empty: no cache
+  // (tokenize every time). Default: empty.
+  std::string cache_dir;
+  // Cache file base name: <cache_dir>/<cache_name>.tokens. Default (empty):
+  // the last component of source_path without its extension.
+  std::string cache_name;
+};
+
+// A tokenized corpus held in memory (int32 ids; ~4 bytes per token, 8.5 MB
+// for the SOTU corpus). Immutable after Open; thread-safe to read.
+class TokenCorpus {
+ public:
+  // Loads the token cache if it is valid for this source and tokenizer;
+  // otherwise tokenizes the source and (re)writes the cache. A cache that is
+  // truncated, corrupt (payload checksum), from another tokenizer or from
+  // another version of the source is never trusted: it is rebuilt.
+  // NotFound if the source is missing; InvalidArgument if it has no text.
+  static absl::StatusOr<std::unique_ptr<TokenCorpus>> Open(const CorpusOptions& options,
+                                                           const Tokenizer& tokenizer);
+  // A corpus from given ids (tests, synthetic data). No cache.
+  static std::unique_ptr<TokenCorpus> FromTokens(std::vector<int32_t> tokens);
+
+  absl::Span<const int32_t> tokens() const { return tokens_; }
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens_.size()); }
+  // Number of documents joined (files; 0 for FromTokens).
+  int64_t num_documents() const { return num_documents_; }
+  // XXH3 over the source's file names and bytes (the cache's staleness key).
+  uint64_t source_checksum() const { return source_checksum_; }
+  // True if Open used the cache rather than tokenizing.
+  bool loaded_from_cache() const { return loaded_from_cache_; }
+  // Path of the cache file ("" without a cache).
+  const std::string& cache_path() const { return cache_path_; }
+
+  // Number of windows of seq_len + 1 tokens: (num_tokens - 1) / seq_len.
+  int64_t NumSamples(int64_t seq_len) const;
+  // The seq_len + 1 tokens of sample `id`. Aborts if id is out of range
+  // (ids come from a SamplePlan made for this corpus: a bad id is a bug).
+  absl::Span<const int32_t> Sample(int64_t id, int64_t seq_len) const;
+  // Gathers a batch row-major: inputs[b*seq_len + t] = Sample(ids[b])[t],
+  // targets[b*seq_len + t] = Sample(ids[b])[t + 1]. Resizes both.
+  void GatherBatch(absl::Span<const int64_t> ids, int64_t seq_len, std::vector<int32_t>* inputs,
+                   std::vector<int32_t>* targets) const;
+
+ private:
+  TokenCorpus() = default;
+
+  std::vector<int32_t> tokens_;
+  int64_t num_documents_ = 0;
+  uint64_t source_checksum_ = 0;
+  bool loaded_from_cache_ = false;
+  std::string cache_path_;
+};
+
+// Cache file format, little-endian (host order; every supported host is LE):
+//   char[8]  magic "AQSWTOK\0"
+//   uint32   version (kTokenCacheVersion)
+//   uint32   header bytes (56)
+//   uint64   tokenizer checksum (Tokenizer::checksum())
+//   uint64   source checksum, uint64 source bytes
+//   uint64   token count
+//   uint64   XXH3 of the token payload
+//   int32    tokens[count]
+inline constexpr uint32_t kTokenCacheVersion = 1;
+
+struct SamplePlanOptions {
+  // Input tokens per sample (a sample holds seq_len + 1). Required, > 0.
+  int64_t seq_len = 0;
+  // Fraction of samples (the last ones) held out for validation, in [0, 1).
+  // Default: 0.05.
+  double validation_fraction = 0.05;
+  // Job seed: with the epoch number, fixes the epoch permutation. Default: 0.
+  uint64_t seed = 0;
+  // Data-parallel pipelines sharing the train set. Default: 1.
+  int32_t num_shards = 1;
+  // Samples per micro-batch (B). Default: 1.
+  int32_t micro_batch_size = 1;
+  // Micro-batches per optimizer step (M). Default: 1.
+  int32_t micro_batches_per_step = 1;
+};
+
+// The sample order of one (epoch, shard): what a pipeline trains on, in order.
+class ShardSchedule {
+ public:
+  int64_t epoch() const { return epoch_; }
+  int32_t shard() const { return shard_; }
+  // All ids of the shard for this epoch (samples_per_shard of them).
+  absl::Span<const int64_t> ids() const { return ids_; }
+  // Full steps this epoch (a trailing partial step is dropped).
+  int64_t num_steps() const { return num_steps_; }
+  // The B*M ids of `step`, micro-batch after micro-batch.
+  absl::Span<const int64_t> Step(int64_t step) const;
+  // The B ids of micro-batch `micro` of `step`.
+  absl::Span<const int64_t> MicroBatch(int64_t step, int32_t micro) const;
+
+ private:
+  friend class SamplePlan;
+  int64_t epoch_ = 0;
+  int32_t shard_ = 0;
+  int64_t num_steps_ = 0;
+  int32_t micro_batch_size_ = 1;
+  int32_t micro_batches_per_step_ = 1;
+  std::vector<int64_t> ids_;
+};
+
+// Pure arithmetic over (num_tokens, options): sample ids, split, epoch order,
+// shards, micro-batches. Cheap to copy; thread-safe (all const).
+class SamplePlan {
+ public:
+  // InvalidArgument for bad options or a corpus too small for one train
+  // sample per shard and step.
+  static absl::StatusOr<SamplePlan> Create(int64_t num_tokens, const SamplePlanOptions& options);
+
+  int64_t seq_len() const { return options_.seq_len; }
+  int32_t num_shards() const { return options_.num_shards; }
+  int32_t micro_batch_size() const { return options_.micro_batch_size; }
+  int32_t micro_batches_per_step() const { return options_.micro_batches_per_step; }
+  const SamplePlanOptions& options() const { return options_; }
+
+  int64_t num_samples() const { return num_samples_; }
+  int64_t num_train_samples() const { return num_train_; }
+  int64_t num_validation_samples() const { return num_samples_ - num_train_; }
+  bool IsValidation(int64_t id) const { return id >= num_train_ && id < num_samples_; }
+  // First token of sample `id` in the corpus.
+  int64_t SampleOffset(int64_t id) const { return id * options_.seq_len; }
+
+  // Train ids 0..num_train-1 / validation ids, ascending.
+  std::vector<int64_t> TrainIds() const;
+  std::vector<int64_t> ValidationIds() const;
+  // The train ids shuffled for `epoch` (depends only on seed and epoch).
+  std::vector<int64_t> EpochPermutation(int64_t epoch) const;
+  // floor(num_train / num_shards): the same for every shard.
+  int64_t samples_per_shard() const { return num_train_ / options_.num_shards; }
+  // samples_per_shard / (B*M).
+  int64_t steps_per_epoch() const;
+  // Shard `shard`'s ordered ids for `epoch` with its step layout.
+  ShardSchedule Schedule(int64_t epoch, int32_t shard) const;
+
+  // The seed of epoch `epoch`'s Rng: Mix64 of (seed, epoch).
+  static uint64_t EpochSeed(uint64_t seed, int64_t epoch);
+
+ private:
+  SamplePlan() = default;
+
+  SamplePlanOptions options_;
+  int64_t num_samples_ = 0;
+  int64_t num_train_ = 0;
+};
+
+}  // namespace aqswarm::pipeline
+
+#endif  // AQSWARM_PIPELINE_CORPUS_H_
