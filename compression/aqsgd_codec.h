@@ -1,0 +1,113 @@
+// AQ-SGD link codec for ONE sample row (papers/aq-sgd Alg. 1-2;
+// ALGORITHMS.md §2). Both ends of a pipeline link keep m(xi) per sample; this
+// class encodes/decodes one row against caller-owned m buffers (the
+// per-sample store lives in storage/).
+//
+// Sender, activation a (row [rows, cols]) with stored precision p:
+//   FULL  if the sample is unseen on this link generation, epoch <
+//         warmup_epochs, or the receiver asked for a resend:
+//           tensor = a as raw f16 (p = fp16) or raw f32 (fp32, int8), i.e.
+//           lossless w.r.t. what is stored;  m = Round_p(a)
+//   DELTA otherwise:  c = Q(a - m);  base_checksum = XXH3(m bytes);
+//           m = Round_p(m + D(c))
+// Receiver:
+//   FULL:  m = Round_p(decoded a)
+//   DELTA: XXH3(m bytes) != base_checksum -> kResendNeeded, m untouched;
+//          else m = Round_p(m + D(c))
+// Round_p is RoundRowInPlace (common/row_format.h) and D is Decode
+// (bit-exact), so both ends hold bit-identical m after every message; the
+// receiver's stage input is m itself.
+// Baselines through the same entry points: kDirectQ sends Q(a) and kFp32
+// sends raw a (kind DIRECT, no state); the receiver writes the decoded row
+// into the same buffer.
+//
+// Example:
+//   AqsgdLinkOptions o;  o.stored = RowPrecision::kFloat16;
+//   AQSWARM_ASSIGN_OR_RETURN(auto codec, AqsgdLinkCodec::Create(o));
+//   // sender
+//   v1::AqsgdRow msg;
+//   AQSWARM_RETURN_IF_ERROR(codec->EncodeRow({.seen = true, .epoch = 3}, a, rows, cols,
+//                                            m_send, /*rng_key=*/step, &msg));
+//   // receiver
+//   AQSWARM_ASSIGN_OR_RETURN(ReceiveResult r, codec->DecodeRow(msg, rows, cols, m_recv));
+//   if (r == ReceiveResult::kResendNeeded) { /* ask the sender for FULL */ }
+//
+// Not thread-safe (scratch buffers); use one instance per link direction/thread.
+#ifndef AQSWARM_COMPRESSION_AQSGD_CODEC_H_
+#define AQSWARM_COMPRESSION_AQSGD_CODEC_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/row_format.h"
+#include "compression/codec.h"
+#include "proto/tensor.pb.h"
+
+namespace aqswarm::compression {
+
+enum class LinkMode {
+  kAqsgd,    // FULL / DELTA against m(xi)
+  kDirectQ,  // Q(a) with the same quantizer, no state
+  kFp32,     // raw float32, no state
+};
+
+struct AqsgdLinkOptions {
+  // Default: AQ-SGD.
+  LinkMode mode = LinkMode::kAqsgd;
+  // Q for DELTA (and directq). Default: fixed point, 4 bits, nearest.
+  CodecOptions quantizer;
+  // Stored precision of m(xi) on both ends. Default: fp16.
+  RowPrecision stored = RowPrecision::kFloat16;
+  // Epochs sent FULL before deltas start. Default: 1 (the reference).
+  int64_t warmup_epochs = 1;
+  // Limits applied to incoming tensors.
+  WireLimits limits;
+};
+
+struct RowContext {
+  bool seen = false;        // sample already sent on this link generation
+  int64_t epoch = 0;        // current epoch (0-based)
+  bool force_full = false;  // the receiver asked for a RESEND
+  uint64_t sample_id = 0;   // copied into the message
+};
+
+enum class ReceiveResult {
+  kApplied,       // m (or the output row) now holds the row
+  kResendNeeded,  // DELTA against a different m: ask the sender for FULL
+};
+
+class AqsgdLinkCodec {
+ public:
+  static absl::StatusOr<std::unique_ptr<AqsgdLinkCodec>> Create(const AqsgdLinkOptions& options);
+
+  // Encodes `a` ([rows, cols]) and updates the sender's m (size rows*cols;
+  // unused for the stateless modes). On error m is unchanged.
+  absl::Status EncodeRow(const RowContext& ctx, absl::Span<const float> a, int64_t rows,
+                         int64_t cols, absl::Span<float> m, uint32_t rng_key, v1::AqsgdRow* out);
+
+  // Applies `msg` to the receiver's m (or writes the decoded row for
+  // stateless modes). Errors (malformed message, wrong precision or size)
+  // leave m unchanged; so does kResendNeeded.
+  absl::StatusOr<ReceiveResult> DecodeRow(const v1::AqsgdRow& msg, int64_t rows, int64_t cols,
+                                          absl::Span<float> m);
+
+  // XXH3-64 of the float32 bytes of m (what DELTA messages carry).
+  static uint64_t RowChecksum(absl::Span<const float> m);
+
+  const AqsgdLinkOptions& options() const { return options_; }
+
+ private:
+  explicit AqsgdLinkCodec(const AqsgdLinkOptions& options) : options_(options) {}
+  absl::Status CheckSize(absl::Span<const float> m, int64_t rows, int64_t cols) const;
+
+  const AqsgdLinkOptions options_;
+  std::vector<float> scratch_;
+};
+
+}  // namespace aqswarm::compression
+
+#endif  // AQSWARM_COMPRESSION_AQSGD_CODEC_H_

@@ -1,0 +1,263 @@
+#include "compression/codec.h"
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/half.h"
+#include "common/row_format.h"
+#include "common/status_macros.h"
+#include "compression/bit_pack.h"
+#include "compression/bucketed.h"
+#include "compression/fixed_point.h"
+#include "compression/global_qsgd.h"
+
+namespace aqswarm::compression {
+namespace {
+
+uint8_t* MutableBytes(std::string* s, size_t n) {
+  s->resize(n);
+  return reinterpret_cast<uint8_t*>(s->data());
+}
+
+absl::Status CheckShape(absl::Span<const float> values, absl::Span<const int64_t> shape) {
+  uint64_t product = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return absl::InvalidArgumentError(absl::StrCat("negative shape dim ", d));
+    if (d != 0 && product > UINT64_MAX / static_cast<uint64_t>(d)) {
+      return absl::InvalidArgumentError("shape product overflows");
+    }
+    product *= static_cast<uint64_t>(d);
+  }
+  if (product != values.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape product ", product, " != number of values ", values.size()));
+  }
+  return absl::OkStatus();
+}
+
+class CodecCompressor final : public Compressor {
+ public:
+  CodecCompressor(const CodecOptions& options, const WireLimits& limits)
+      : options_(options), limits_(limits) {}
+  absl::Status Compress(absl::Span<const float> values, absl::Span<const int64_t> shape,
+                        uint32_t rng_key, v1::EncodedTensor* out) override {
+    return Encode(options_, values, shape, rng_key, out);
+  }
+  absl::Status Decompress(const v1::EncodedTensor& msg, absl::Span<float> out) const override {
+    return Decode(msg, out, limits_);
+  }
+  const CodecOptions& options() const override { return options_; }
+
+ private:
+  const CodecOptions options_;
+  const WireLimits limits_;
+};
+
+}  // namespace
+
+const char* CodecName(v1::Codec codec) {
+  switch (codec) {
+    case v1::CODEC_RAW_F32: return "raw_f32";
+    case v1::CODEC_RAW_F16: return "raw_f16";
+    case v1::CODEC_FIXED_POINT: return "fixed_point";
+    case v1::CODEC_QSGD: return "qsgd";
+    case v1::CODEC_MINMAX: return "minmax";
+    case v1::CODEC_GLOBAL_QSGD: return "global_qsgd";
+    default: return "unknown";
+  }
+}
+
+absl::StatusOr<v1::Codec> ParseCodec(std::string_view name) {
+  for (v1::Codec c : {v1::CODEC_RAW_F32, v1::CODEC_RAW_F16, v1::CODEC_FIXED_POINT, v1::CODEC_QSGD,
+                      v1::CODEC_MINMAX, v1::CODEC_GLOBAL_QSGD}) {
+    if (name == CodecName(c)) return c;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown codec '", std::string(name),
+                                                 "' (want raw_f32, raw_f16, fixed_point, qsgd, "
+                                                 "minmax or global_qsgd)"));
+}
+
+absl::Status ValidateCodecOptions(const CodecOptions& o) {
+  const int b = o.bits;
+  switch (o.codec) {
+    case v1::CODEC_RAW_F32:
+    case v1::CODEC_RAW_F16:
+      break;
+    case v1::CODEC_FIXED_POINT:
+    case v1::CODEC_MINMAX:
+      if (b < 1 || b > 8) return absl::InvalidArgumentError(absl::StrCat("bits ", b, " not in 1..8"));
+      break;
+    case v1::CODEC_QSGD:
+      if (b < 2 || b > 8) return absl::InvalidArgumentError(absl::StrCat("qsgd bits ", b, " not in 2..8"));
+      break;
+    case v1::CODEC_GLOBAL_QSGD:
+      if (!((b >= 2 && b <= 8) || b == 16)) {
+        return absl::InvalidArgumentError(absl::StrCat("global_qsgd bits ", b, " not in 2..8 or 16"));
+      }
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unknown codec ", static_cast<int>(o.codec)));
+  }
+  if (o.bucket_size < 1 || o.bucket_size > (int64_t{1} << 24)) {
+    return absl::InvalidArgumentError(absl::StrCat("bucket_size ", o.bucket_size, " not in 1..2^24"));
+  }
+  if (!v1::Rounding_IsValid(o.rounding) || !v1::LevelFamily_IsValid(o.levels) ||
+      !v1::NormKind_IsValid(o.norm)) {
+    return absl::InvalidArgumentError("unknown rounding, levels or norm");
+  }
+  if (o.min_compress_elements < 0) return absl::InvalidArgumentError("min_compress_elements < 0");
+  return absl::OkStatus();
+}
+
+absl::Status Encode(const CodecOptions& o, absl::Span<const float> values,
+                    absl::Span<const int64_t> shape, uint32_t rng_key, v1::EncodedTensor* out) {
+  AQSWARM_RETURN_IF_ERROR(ValidateCodecOptions(o));
+  AQSWARM_RETURN_IF_ERROR(CheckShape(values, shape));
+  const size_t n = values.size();
+  const bool stochastic = o.rounding == v1::ROUNDING_STOCHASTIC;
+  v1::Codec codec = o.codec;
+  if (static_cast<int64_t>(n) < o.min_compress_elements) codec = v1::CODEC_RAW_F32;
+
+  if (codec == v1::CODEC_GLOBAL_QSGD) {
+    // A single worker's message against its own (local) scales.
+    GlobalQsgdOptions g;
+    g.bits = o.bits;
+    g.levels = o.levels;
+    g.bucket_size = static_cast<size_t>(o.bucket_size);
+    g.stochastic = stochastic;
+    std::vector<float> scales(NumBuckets(n, g.bucket_size));
+    AQSWARM_RETURN_IF_ERROR(LocalBucketMaxAbs(values, g.bucket_size, absl::MakeSpan(scales)));
+    AQSWARM_RETURN_IF_ERROR(EncodeGlobalQsgd(g, values, shape, scales, rng_key, out));
+    if (o.checksum) out->set_checksum(EncodedTensorChecksum(*out));
+    return absl::OkStatus();
+  }
+
+  v1::EncodedTensor msg;
+  msg.set_format_version(kFormatVersion);
+  msg.set_codec(codec);
+  for (int64_t d : shape) msg.add_shape(d);
+  msg.set_num_elements(n);
+  switch (codec) {
+    case v1::CODEC_RAW_F32: {
+      AQSWARM_RETURN_IF_ERROR(ValidateFinite(values));
+      msg.set_bits(32);
+      std::memcpy(MutableBytes(msg.mutable_payload(), 4 * n), values.data(), 4 * n);
+      break;
+    }
+    case v1::CODEC_RAW_F16: {
+      AQSWARM_RETURN_IF_ERROR(ValidateFinite(values));
+      msg.set_bits(16);
+      uint8_t* p = MutableBytes(msg.mutable_payload(), 2 * n);
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t h = FloatToHalf(values[i]);
+        if ((h & 0x7c00u) == 0x7c00u) {
+          return absl::InvalidArgumentError(absl::StrCat("raw_f16: value ", values[i], " at index ",
+                                                         i, " overflows binary16"));
+        }
+        std::memcpy(p + 2 * i, &h, 2);
+      }
+      break;
+    }
+    case v1::CODEC_FIXED_POINT: {
+      const int64_t channels = shape.empty() ? 1 : shape.back();
+      msg.set_bits(o.bits);
+      msg.set_rounding(o.rounding);
+      std::vector<uint16_t> scales(static_cast<size_t>(channels));
+      if (n > 0) AQSWARM_RETURN_IF_ERROR(FixedPointScales(values, channels, scales.data()));
+      std::memcpy(MutableBytes(msg.mutable_scales(), 2 * scales.size()), scales.data(),
+                  2 * scales.size());
+      FixedPointEncode(values, channels, scales.data(), o.bits, stochastic, rng_key,
+                       MutableBytes(msg.mutable_payload(), PackedBytes(n, o.bits)));
+      break;
+    }
+    case v1::CODEC_QSGD: {
+      const size_t bs = static_cast<size_t>(o.bucket_size);
+      msg.set_bits(o.bits);
+      msg.set_bucket_size(bs);
+      msg.set_rounding(o.rounding);
+      msg.set_norm(o.norm);
+      std::vector<float> norms(NumBuckets(n, bs));
+      AQSWARM_RETURN_IF_ERROR(QsgdNorms(values, bs, o.norm == v1::NORM_L2 ? NormKind::kL2 : NormKind::kMax,
+                                        norms.data()));
+      std::memcpy(MutableBytes(msg.mutable_scales(), 4 * norms.size()), norms.data(), 4 * norms.size());
+      QsgdEncode(values, bs, norms.data(), o.bits, stochastic, rng_key,
+                 MutableBytes(msg.mutable_payload(), PackedBytes(n, o.bits)));
+      break;
+    }
+    case v1::CODEC_MINMAX: {
+      const size_t bs = static_cast<size_t>(o.bucket_size);
+      msg.set_bits(o.bits);
+      msg.set_bucket_size(bs);
+      msg.set_rounding(o.rounding);
+      std::vector<float> mu(2 * NumBuckets(n, bs));
+      AQSWARM_RETURN_IF_ERROR(MinMaxScales(values, bs, o.bits, mu.data()));
+      std::memcpy(MutableBytes(msg.mutable_scales(), 4 * mu.size()), mu.data(), 4 * mu.size());
+      MinMaxEncode(values, bs, mu.data(), o.bits, stochastic, rng_key,
+                   MutableBytes(msg.mutable_payload(), PackedBytes(n, o.bits)));
+      break;
+    }
+    default:
+      return absl::InternalError("unhandled codec");
+  }
+  if (o.checksum) msg.set_checksum(EncodedTensorChecksum(msg));
+  *out = std::move(msg);
+  return absl::OkStatus();
+}
+
+absl::Status Decode(const v1::EncodedTensor& msg, absl::Span<float> out, const WireLimits& limits) {
+  AQSWARM_RETURN_IF_ERROR(ValidateEncodedTensor(msg, limits));
+  const size_t n = msg.num_elements();
+  if (out.size() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Decode: output has ", out.size(), " values, message has ", n));
+  }
+  const uint8_t* payload = reinterpret_cast<const uint8_t*>(msg.payload().data());
+  const int bits = static_cast<int>(msg.bits());
+  switch (msg.codec()) {
+    case v1::CODEC_RAW_F32:
+      if (n > 0) std::memcpy(out.data(), payload, 4 * n);
+      break;
+    case v1::CODEC_RAW_F16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, payload + 2 * i, 2);
+        out[i] = HalfToFloat(h);
+      }
+      break;
+    case v1::CODEC_FIXED_POINT: {
+      const int64_t channels = msg.shape_size() == 0 ? 1 : msg.shape(msg.shape_size() - 1);
+      if (n == 0) break;
+      std::vector<uint16_t> scales(static_cast<size_t>(channels));
+      std::memcpy(scales.data(), msg.scales().data(), 2 * scales.size());
+      FixedPointDecode(payload, n, channels, scales.data(), bits, out.data());
+      break;
+    }
+    case v1::CODEC_QSGD: {
+      std::vector<float> norms(msg.scales().size() / 4);
+      std::memcpy(norms.data(), msg.scales().data(), msg.scales().size());
+      QsgdDecode(payload, n, msg.bucket_size(), norms.data(), bits, out.data());
+      break;
+    }
+    case v1::CODEC_MINMAX: {
+      std::vector<float> mu(msg.scales().size() / 4);
+      std::memcpy(mu.data(), msg.scales().data(), msg.scales().size());
+      MinMaxDecode(payload, n, msg.bucket_size(), mu.data(), bits, out.data());
+      break;
+    }
+    case v1::CODEC_GLOBAL_QSGD:
+      DecodeGlobalQsgd(msg, out);
+      break;
+    default:
+      return absl::InternalError("validated codec not handled");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Compressor>> CreateCompressor(const CodecOptions& options,
+                                                             const WireLimits& limits) {
+  AQSWARM_RETURN_IF_ERROR(ValidateCodecOptions(options));
+  return std::unique_ptr<Compressor>(new CodecCompressor(options, limits));
+}
+
+}  // namespace aqswarm::compression
