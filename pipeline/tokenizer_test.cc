@@ -3,6 +3,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -166,6 +167,26 @@ TEST_F(Gpt2TokenizerTest, LongWhitespaceRunIsFast) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(tok().Decode(ids), spaces);
   EXPECT_LT(seconds, 5.0) << "BPE must not be quadratic in the piece length";
+}
+
+TEST_F(Gpt2TokenizerTest, ConcurrentEncodeAgreesWithSerial) {
+  // The piece cache is shared: threads racing on it must not change results.
+  std::vector<std::string> texts;
+  Rng rng(11);
+  for (int i = 0; i < 8; ++i) {
+    std::string t;
+    for (int w = 0; w < 2000; ++w) t += " w" + std::to_string(rng.Uniform(500));
+    texts.push_back(t);
+  }
+  std::vector<std::vector<int32_t>> serial;
+  for (const auto& t : texts) serial.push_back(tok().Encode(t));
+  std::vector<std::vector<int32_t>> parallel(texts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    threads.emplace_back([&, i] { parallel[i] = tok().Encode(texts[i]); });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(parallel, serial);
 }
 
 TEST_F(Gpt2TokenizerTest, DecodeOutOfRangeIdIsReplacementChar) {
