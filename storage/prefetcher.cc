@@ -1,0 +1,365 @@
+#include "storage/prefetcher.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/checksum.h"
+
+namespace aqswarm::storage {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t NanosSince(Clock::time_point t0) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+}
+
+// out <- Decode(Encode(in)), the value the store will hold; returns the
+// checksum of the encoded payload (RowRead::payload_checksum).
+uint64_t RoundAndChecksum(const LinkSpec& link, absl::Span<const float> in, absl::Span<float> out,
+                          std::string* scratch) {
+  scratch->resize(link.payload_bytes());
+  EncodeRow(link.precision, link.rows, link.cols, in, scratch->data());
+  (void)DecodeRow(link.precision, link.rows, link.cols, *scratch, out);
+  return Checksum64(scratch->data(), scratch->size());
+}
+
+// Writer coalesces queued items up to this many bytes into one PutBatch.
+constexpr uint64_t kMaxWriteCoalesceBytes = 64ull << 20;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Prefetcher>> Prefetcher::Create(MessageStore* store,
+                                                              const Options& options) {
+  if (store == nullptr) return absl::InvalidArgumentError("Prefetcher: null store");
+  if (absl::Status s = ValidateLinkSpec(options.link); !s.ok()) return s;
+  if (options.micro_batch <= 0 || options.prefetch_batches <= 0) {
+    return absl::InvalidArgumentError("Prefetcher: micro_batch and prefetch_batches must be > 0");
+  }
+  const uint64_t batch_bytes =
+      static_cast<uint64_t>(options.micro_batch) * options.link.num_values() * sizeof(float);
+  if (options.max_prefetch_bytes < batch_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("Prefetcher: max_prefetch_bytes ",
+                                                   options.max_prefetch_bytes,
+                                                   " cannot hold one micro-batch (", batch_bytes,
+                                                   " bytes)"));
+  }
+  std::unique_ptr<Prefetcher> p(new Prefetcher(store, options));
+  p->loader_ = std::thread([raw = p.get()] { raw->LoaderLoop(); });
+  p->writer_ = std::thread([raw = p.get()] { raw->WriterLoop(); });
+  return p;
+}
+
+Prefetcher::Prefetcher(MessageStore* store, const Options& options)
+    : store_(store),
+      options_(options),
+      row_bytes_(static_cast<uint64_t>(options.link.num_values()) * sizeof(float)) {}
+
+Prefetcher::~Prefetcher() { (void)Close(); }
+
+int64_t Prefetcher::num_batches() const {
+  return (static_cast<int64_t>(order_.size()) + options_.micro_batch - 1) / options_.micro_batch;
+}
+
+absl::Status Prefetcher::SetOrder(std::vector<uint64_t> order) {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return absl::FailedPreconditionError("Prefetcher is closed");
+  if (!write_error_.ok()) return write_error_;
+  // In-flight loads find their ticket gone and discard themselves.
+  cache_.clear();
+  cache_bytes_ = 0;
+  order_ = std::move(order);
+  position_.clear();
+  position_.reserve(order_.size());
+  for (size_t i = 0; i < order_.size(); ++i) position_.emplace(order_[i], static_cast<int64_t>(i));
+  consumer_batch_ = -1;
+  next_load_batch_ = 0;
+  released_batch_ = 0;
+  loader_cv_.SignalAll();
+  return absl::OkStatus();
+}
+
+bool Prefetcher::LoaderHasWork() const {
+  return next_load_batch_ < num_batches() &&
+         next_load_batch_ <= consumer_batch_ + options_.prefetch_batches &&
+         cache_bytes_ + static_cast<uint64_t>(options_.micro_batch) * row_bytes_ <=
+             options_.max_prefetch_bytes;
+}
+
+void Prefetcher::EraseSlotLocked(uint64_t sample) {
+  auto it = cache_.find(sample);
+  if (it == cache_.end()) return;
+  cache_bytes_ -= row_bytes_;
+  cache_.erase(it);
+}
+
+void Prefetcher::AdvanceConsumerLocked(int64_t batch) {
+  if (batch <= consumer_batch_) return;
+  consumer_batch_ = batch;
+  // Release rows of batches the consumer has moved past without asking.
+  for (; released_batch_ < consumer_batch_; ++released_batch_) {
+    const int64_t begin = released_batch_ * options_.micro_batch;
+    const int64_t end = std::min<int64_t>(begin + options_.micro_batch, order_.size());
+    for (int64_t i = begin; i < end; ++i) {
+      EraseSlotLocked(order_[i]);  // an in-flight load then discards itself
+    }
+  }
+  // The loader may have caught up with the skipped batches.
+  next_load_batch_ = std::max(next_load_batch_, consumer_batch_ + 1);
+  loader_cv_.SignalAll();
+}
+
+void Prefetcher::LoaderLoop() {
+  const LinkSpec& link = options_.link;
+  while (true) {
+    std::vector<uint64_t> samples;
+    std::vector<uint64_t> tickets;
+    {
+      absl::MutexLock lock(&mu_);
+      while (!stop_ && !LoaderHasWork()) loader_cv_.Wait(&mu_);
+      if (stop_) return;
+      const int64_t b = next_load_batch_++;
+      const int64_t begin = b * options_.micro_batch;
+      const int64_t end = std::min<int64_t>(begin + options_.micro_batch, order_.size());
+      for (int64_t i = begin; i < end; ++i) {
+        const uint64_t s = order_[i];
+        // Queued writes are served from the queue; duplicates load once.
+        if (pending_.contains(s) || cache_.contains(s)) continue;
+        Slot& slot = cache_[s];
+        slot.ticket = next_ticket_++;
+        cache_bytes_ += row_bytes_;
+        samples.push_back(s);
+        tickets.push_back(slot.ticket);
+      }
+    }
+    if (samples.empty()) continue;
+    std::vector<std::vector<float>> rows(samples.size(),
+                                         std::vector<float>(link.num_values()));
+    std::vector<absl::Span<float>> spans;
+    for (auto& r : rows) spans.emplace_back(absl::MakeSpan(r));
+    std::vector<RowRead> reads(samples.size());
+    absl::Status status = store_->GetBatch(link, samples, spans, absl::MakeSpan(reads));
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < samples.size(); ++i) {
+      auto it = cache_.find(samples[i]);
+      if (it == cache_.end() || it->second.ticket != tickets[i]) {
+        ++stats_.prefetch_discarded;  // overtaken by a put or a new order
+        continue;
+      }
+      Slot& slot = it->second;
+      slot.ready = true;
+      if (status.ok()) {
+        slot.values = std::move(rows[i]);
+        slot.read = std::move(reads[i]);
+      } else {
+        slot.read.status = status;
+      }
+      ++stats_.rows_prefetched;
+    }
+    consumer_cv_.SignalAll();
+  }
+}
+
+absl::Status Prefetcher::GetBatch(absl::Span<const uint64_t> samples,
+                                  absl::Span<const absl::Span<float>> out,
+                                  absl::Span<RowRead> reads) {
+  const LinkSpec& link = options_.link;
+  if (absl::Status s = ValidateGetArgs(link, samples, out, reads); !s.ok()) return s;
+  uint64_t blocked_nanos = 0;
+  std::vector<size_t> misses;
+  std::vector<std::pair<size_t, Pending>> from_queue;
+  std::vector<std::pair<size_t, Slot>> from_cache;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return absl::FailedPreconditionError("Prefetcher is closed");
+    if (!write_error_.ok()) return write_error_;
+    int64_t last_batch = -1;
+    for (size_t i = 0; i < samples.size(); ++i) {
+      const uint64_t s = samples[i];
+      if (auto p = position_.find(s); p != position_.end()) {
+        last_batch = std::max(last_batch, p->second / options_.micro_batch);
+      }
+    }
+    AdvanceConsumerLocked(last_batch);
+    for (size_t i = 0; i < samples.size(); ++i) {
+      const uint64_t s = samples[i];
+      while (true) {
+        if (auto p = pending_.find(s); p != pending_.end()) {
+          from_queue.emplace_back(i, p->second);
+          ++stats_.hits;
+          break;
+        }
+        auto c = cache_.find(s);
+        if (c == cache_.end()) {
+          misses.push_back(i);
+          ++stats_.misses;
+          break;
+        }
+        if (c->second.ready) {
+          from_cache.emplace_back(i, std::move(c->second));
+          EraseSlotLocked(s);
+          ++stats_.hits;
+          break;
+        }
+        // In flight: wait for the loader, then look again (a put may have
+        // replaced it meanwhile).
+        if (stop_) return absl::FailedPreconditionError("Prefetcher is closed");
+        ++stats_.waits;
+        const auto w0 = Clock::now();
+        consumer_cv_.Wait(&mu_);
+        blocked_nanos += NanosSince(w0);
+      }
+    }
+    loader_cv_.SignalAll();  // slots were freed
+  }
+  std::string scratch;
+  for (auto& [i, pending] : from_queue) {
+    reads[i].status = absl::OkStatus();
+    reads[i].payload_checksum =
+        RoundAndChecksum(link, pending.item->rows[pending.index], out[i], &scratch);
+  }
+  for (auto& [i, slot] : from_cache) {
+    reads[i] = std::move(slot.read);
+    if (reads[i].status.ok()) {
+      std::memcpy(out[i].data(), slot.values.data(), row_bytes_);
+    }
+  }
+  if (!misses.empty()) {
+    const auto m0 = Clock::now();
+    std::vector<uint64_t> miss_samples;
+    std::vector<absl::Span<float>> miss_out;
+    std::vector<RowRead> miss_reads(misses.size());
+    for (size_t i : misses) {
+      miss_samples.push_back(samples[i]);
+      miss_out.push_back(out[i]);
+    }
+    absl::Status s = store_->GetBatch(link, miss_samples, miss_out, absl::MakeSpan(miss_reads));
+    if (!s.ok()) return s;
+    for (size_t k = 0; k < misses.size(); ++k) reads[misses[k]] = std::move(miss_reads[k]);
+    blocked_nanos += NanosSince(m0);
+  }
+  absl::MutexLock lock(&mu_);
+  stats_.get_stall_nanos += blocked_nanos;
+  return absl::OkStatus();
+}
+
+absl::Status Prefetcher::PutBatch(absl::Span<const uint64_t> samples,
+                                  absl::Span<const absl::Span<const float>> values) {
+  if (absl::Status s = ValidatePutArgs(options_.link, samples, values); !s.ok()) return s;
+  if (samples.empty()) return absl::OkStatus();
+  // Copy outside the lock.
+  auto item = std::make_shared<WriteItem>();
+  item->samples.assign(samples.begin(), samples.end());
+  item->rows.reserve(values.size());
+  for (const auto& v : values) item->rows.emplace_back(v.begin(), v.end());
+  item->bytes = samples.size() * row_bytes_;
+
+  absl::MutexLock lock(&mu_);
+  const auto t0 = Clock::now();
+  bool blocked = false;
+  while (!closed_ && write_error_.ok() && write_bytes_ > 0 &&
+         write_bytes_ + item->bytes > options_.max_write_behind_bytes) {
+    blocked = true;
+    consumer_cv_.Wait(&mu_);
+  }
+  if (blocked) stats_.put_stall_nanos += NanosSince(t0);
+  if (closed_) return absl::FailedPreconditionError("Prefetcher is closed");
+  if (!write_error_.ok()) return write_error_;
+  item->seq = next_write_seq_++;
+  std::shared_ptr<const WriteItem> shared = std::move(item);
+  for (size_t i = 0; i < shared->samples.size(); ++i) {
+    const uint64_t s = shared->samples[i];
+    pending_[s] = Pending{shared, i};
+    EraseSlotLocked(s);  // a prefetched (or in-flight) old row is now stale
+  }
+  write_bytes_ += shared->bytes;
+  queue_.push_back(std::move(shared));
+  writer_cv_.Signal();
+  loader_cv_.SignalAll();
+  return absl::OkStatus();
+}
+
+void Prefetcher::WriterLoop() {
+  while (true) {
+    std::vector<std::shared_ptr<const WriteItem>> items;
+    {
+      absl::MutexLock lock(&mu_);
+      while (!stop_ && queue_.empty()) writer_cv_.Wait(&mu_);
+      if (queue_.empty()) return;  // stop_ and drained
+      uint64_t bytes = 0;
+      for (const auto& it : queue_) {
+        if (!items.empty() && bytes + it->bytes > kMaxWriteCoalesceBytes) break;
+        items.push_back(it);
+        bytes += it->bytes;
+      }
+    }
+    std::vector<uint64_t> samples;
+    std::vector<absl::Span<const float>> rows;
+    for (const auto& it : items) {
+      for (size_t i = 0; i < it->samples.size(); ++i) {
+        samples.push_back(it->samples[i]);
+        rows.emplace_back(it->rows[i]);
+      }
+    }
+    absl::Status status = store_->PutBatch(options_.link, samples, rows);
+    absl::MutexLock lock(&mu_);
+    for (const auto& it : items) {
+      queue_.pop_front();
+      write_bytes_ -= it->bytes;
+      for (size_t i = 0; i < it->samples.size(); ++i) {
+        auto p = pending_.find(it->samples[i]);
+        // A later put of the same sample stays pending.
+        if (p != pending_.end() && p->second.item.get() == it.get()) pending_.erase(p);
+      }
+    }
+    if (status.ok()) {
+      stats_.rows_written += samples.size();
+    } else if (write_error_.ok()) {
+      write_error_ = absl::Status(status.code(),
+                                  absl::StrCat("prefetcher write-behind failed: ", status.message()));
+    }
+    consumer_cv_.SignalAll();
+  }
+}
+
+absl::Status Prefetcher::Flush() {
+  absl::MutexLock lock(&mu_);
+  while (!queue_.empty()) consumer_cv_.Wait(&mu_);
+  return write_error_;
+}
+
+absl::Status Prefetcher::Close() {
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return write_error_;
+    while (!queue_.empty()) consumer_cv_.Wait(&mu_);
+    status = write_error_;
+    closed_ = true;
+    stop_ = true;
+    loader_cv_.SignalAll();
+    writer_cv_.SignalAll();
+    consumer_cv_.SignalAll();
+  }
+  loader_.join();
+  writer_.join();
+  absl::MutexLock lock(&mu_);
+  cache_.clear();
+  cache_bytes_ = 0;
+  return status;
+}
+
+PrefetcherStats Prefetcher::GetStats() const {
+  absl::MutexLock lock(&mu_);
+  PrefetcherStats s = stats_;
+  s.prefetched_bytes = cache_bytes_;
+  s.write_behind_bytes = write_bytes_;
+  return s;
+}
+
+}  // namespace aqswarm::storage

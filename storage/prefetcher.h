@@ -1,0 +1,171 @@
+// Prefetcher: hides message-store I/O behind compute. The epoch's sample
+// order is known in advance (ARCHITECTURE.md "Data identity"), so a loader
+// thread keeps the rows of the next K micro-batches in memory before the
+// consumer asks for them, and a writer thread writes updates behind.
+//
+//   Prefetcher::Options o;
+//   o.link = link;  o.micro_batch = 8;  o.prefetch_batches = 4;
+//   AQSWARM_ASSIGN_OR_RETURN(auto prefetcher, Prefetcher::Create(store, o));
+//   AQSWARM_RETURN_IF_ERROR(prefetcher->SetOrder(epoch_permutation));
+//   for each micro-batch `samples` in that order:
+//     prefetcher->GetBatch(samples, out, reads);   // memory, usually
+//     ... compute, encode deltas ...
+//     prefetcher->PutBatch(samples, new_m);        // returns after a copy
+//   prefetcher->Close();                           // flushes, joins threads
+//
+// Contract:
+//   - GetBatch/PutBatch have MessageStore's semantics; GetBatch may ask for
+//     any samples. Samples of the prefetch window are served from memory
+//     (hits); others are read from the store synchronously (misses).
+//   - Read-your-writes: a GetBatch after a PutBatch of the same sample returns
+//     the put's rounded values, whether the write is still queued, in flight,
+//     or done, and even if the old row had already been prefetched.
+//   - Memory is bounded: prefetched rows (decoded float32) by
+//     max_prefetch_bytes; queued writes by max_write_behind_bytes, beyond which
+//     PutBatch blocks (back-pressure) until the writer catches up.
+//   - A failed write-behind is sticky: every later call returns that error
+//     (the store no longer holds what the link believes; bump the generation).
+//
+// Thread-safety: thread-safe, but the read-your-writes guarantee is between a
+// put and a get issued in that order; concurrent put/get of the same sample
+// from different threads see either value. Owns two threads (loader,
+// writer), joined by Close() / the destructor. Does not own the store, which
+// must outlive it.
+#ifndef AQSWARM_STORAGE_PREFETCHER_H_
+#define AQSWARM_STORAGE_PREFETCHER_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "storage/message_store.h"
+
+namespace aqswarm::storage {
+
+struct PrefetcherStats {
+  uint64_t hits = 0;                // rows served from memory (prefetched or queued writes)
+  uint64_t misses = 0;              // rows read synchronously from the store
+  uint64_t waits = 0;               // hits that waited for an in-flight load
+  uint64_t rows_prefetched = 0;     // rows loaded by the loader thread
+  uint64_t prefetch_discarded = 0;  // loads made useless by a put or a new order
+  uint64_t rows_written = 0;        // rows written behind
+  uint64_t get_stall_nanos = 0;     // GetBatch time blocked on loads or misses
+  uint64_t put_stall_nanos = 0;     // PutBatch time blocked by back-pressure
+  uint64_t prefetched_bytes = 0;    // now held (reserved) for prefetched rows
+  uint64_t write_behind_bytes = 0;  // now queued for writing
+};
+
+class Prefetcher {
+ public:
+  struct Options {
+    // The link whose rows are prefetched (generation, shape, precision).
+    LinkSpec link;
+    // Samples per micro-batch in the order given to SetOrder. Default: 8.
+    int64_t micro_batch = 8;
+    // Micro-batches kept loaded ahead of the consumer (K). Default: 4.
+    int64_t prefetch_batches = 4;
+    // Bound on bytes (float32) of prefetched rows held in memory; must fit one
+    // micro-batch. Default: 256 MiB.
+    uint64_t max_prefetch_bytes = 256ull << 20;
+    // Bound on bytes (float32) of rows queued for writing; PutBatch blocks
+    // beyond it (one batch is always accepted into an empty queue).
+    // Default: 256 MiB.
+    uint64_t max_write_behind_bytes = 256ull << 20;
+  };
+
+  // `store` must outlive the prefetcher. Starts the threads.
+  static absl::StatusOr<std::unique_ptr<Prefetcher>> Create(MessageStore* store,
+                                                            const Options& options);
+  ~Prefetcher();
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+
+  // Starts a new epoch: the consumer will get `order` micro_batch samples at
+  // a time. Drops rows prefetched for the previous order; queued writes stay.
+  absl::Status SetOrder(std::vector<uint64_t> order);
+
+  absl::Status GetBatch(absl::Span<const uint64_t> samples, absl::Span<const absl::Span<float>> out,
+                        absl::Span<RowRead> reads);
+  absl::Status PutBatch(absl::Span<const uint64_t> samples,
+                        absl::Span<const absl::Span<const float>> values);
+
+  // Blocks until every queued write is in the store.
+  absl::Status Flush();
+  // Flush, then stop and join the threads. Idempotent.
+  absl::Status Close();
+
+  PrefetcherStats GetStats() const;
+
+ private:
+  struct Slot {
+    uint64_t ticket = 0;
+    bool ready = false;
+    std::vector<float> values;
+    RowRead read;
+  };
+  struct WriteItem {
+    uint64_t seq = 0;
+    std::vector<uint64_t> samples;
+    std::vector<std::vector<float>> rows;  // as given (unrounded)
+    uint64_t bytes = 0;
+  };
+  struct Pending {
+    std::shared_ptr<const WriteItem> item;
+    size_t index = 0;
+  };
+
+  Prefetcher(MessageStore* store, const Options& options);
+  void LoaderLoop();
+  void WriterLoop();
+  bool LoaderHasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseSlotLocked(uint64_t sample) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AdvanceConsumerLocked(int64_t batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t num_batches() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  MessageStore* const store_;
+  const Options options_;
+  const uint64_t row_bytes_;  // float32 bytes of one row
+
+  mutable absl::Mutex mu_;
+  absl::CondVar loader_cv_;    // loader work may exist
+  absl::CondVar writer_cv_;    // write queue non-empty
+  absl::CondVar consumer_cv_;  // a slot became ready / writes drained
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status write_error_ ABSL_GUARDED_BY(mu_);
+
+  // Epoch order.
+  std::vector<uint64_t> order_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, int64_t> position_ ABSL_GUARDED_BY(mu_);  // sample -> index
+  int64_t consumer_batch_ ABSL_GUARDED_BY(mu_) = -1;   // last batch the consumer asked for
+  int64_t next_load_batch_ ABSL_GUARDED_BY(mu_) = 0;   // next batch the loader loads
+  int64_t released_batch_ ABSL_GUARDED_BY(mu_) = 0;    // batches below are released
+
+  // Prefetched rows.
+  absl::flat_hash_map<uint64_t, Slot> cache_ ABSL_GUARDED_BY(mu_);
+  uint64_t cache_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+
+  // Write-behind.
+  // Items leave the queue only once written, so empty == all durable in the store.
+  std::deque<std::shared_ptr<const WriteItem>> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t write_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_write_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);  // latest put per sample
+
+  PrefetcherStats stats_ ABSL_GUARDED_BY(mu_);
+
+  std::thread loader_;
+  std::thread writer_;
+};
+
+}  // namespace aqswarm::storage
+
+#endif  // AQSWARM_STORAGE_PREFETCHER_H_

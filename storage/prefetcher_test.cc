@@ -1,0 +1,293 @@
+// Prefetcher: hits for the prefetch window, read-your-writes across every
+// stage of a write-behind, bounded memory, skipped batches, shutdown.
+// Synchronisation only through mutexes/conditions on a wrapper store: no sleeps.
+#include "storage/prefetcher.h"
+
+#include <algorithm>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "common/random.h"
+#include "gtest/gtest.h"
+#include "storage/memory_message_store.h"
+#include "storage/rocksdb_message_store.h"
+#include "storage/test_util.h"
+
+namespace aqswarm::storage {
+namespace {
+
+using ::aqswarm::storage::testing::ConstSpans;
+using ::aqswarm::storage::testing::RowValues;
+using ::aqswarm::storage::testing::SameBits;
+using ::aqswarm::storage::testing::ScratchDir;
+using ::aqswarm::storage::testing::Spans;
+using ::aqswarm::storage::testing::StoredValues;
+
+// Forwards to a real store; counts batches and can hold writes at a gate.
+class ObservedStore : public MessageStore {
+ public:
+  explicit ObservedStore(MessageStore* inner) : inner_(inner) {}
+
+  absl::Status GetBatch(const LinkSpec& link, absl::Span<const uint64_t> samples,
+                        absl::Span<const absl::Span<float>> out,
+                        absl::Span<RowRead> reads) override {
+    absl::Status s = inner_->GetBatch(link, samples, out, reads);
+    absl::MutexLock lock(&mu_);
+    ++get_batches_;
+    return s;
+  }
+  absl::Status PutBatch(const LinkSpec& link, absl::Span<const uint64_t> samples,
+                        absl::Span<const absl::Span<const float>> values) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ++puts_entered_;
+      mu_.Await(absl::Condition(
+          +[](ObservedStore* self) { return self->gate_open_; }, this));
+    }
+    return inner_->PutBatch(link, samples, values);
+  }
+  absl::Status DropLink(const LinkId& link) override { return inner_->DropLink(link); }
+  MessageStoreStats GetStats() const override { return inner_->GetStats(); }
+  absl::Status Close() override { return absl::OkStatus(); }
+
+  void WaitForGetBatches(int n) {
+    absl::MutexLock lock(&mu_);
+    auto arg = std::make_pair(this, n);
+    mu_.Await(absl::Condition(
+        +[](std::pair<ObservedStore*, int>* a) { return a->first->get_batches_ >= a->second; },
+        &arg));
+  }
+  void WaitForPutEntered(int n) {
+    absl::MutexLock lock(&mu_);
+    auto arg = std::make_pair(this, n);
+    mu_.Await(absl::Condition(
+        +[](std::pair<ObservedStore*, int>* a) { return a->first->puts_entered_ >= a->second; },
+        &arg));
+  }
+  void SetGate(bool open) {
+    absl::MutexLock lock(&mu_);
+    gate_open_ = open;
+  }
+  int get_batches() {
+    absl::MutexLock lock(&mu_);
+    return get_batches_;
+  }
+
+ private:
+  MessageStore* inner_;
+  absl::Mutex mu_;
+  int get_batches_ ABSL_GUARDED_BY(mu_) = 0;
+  int puts_entered_ ABSL_GUARDED_BY(mu_) = 0;
+  bool gate_open_ ABSL_GUARDED_BY(mu_) = true;
+};
+
+const LinkSpec kLink{{1, 2}, /*generation=*/1, /*rows=*/4, /*cols=*/32, RowPrecision::kFloat16};
+constexpr int64_t kMicroBatch = 4;
+
+class PrefetcherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto mem = MemoryMessageStore::Create({});
+    ASSERT_TRUE(mem.ok());
+    memory_ = std::move(mem).value();
+    observed_ = std::make_unique<ObservedStore>(memory_.get());
+  }
+
+  // Writes version `version` of samples [0, n) directly to the store.
+  void Populate(uint64_t n, uint64_t version) {
+    std::vector<uint64_t> samples;
+    std::vector<std::vector<float>> rows;
+    for (uint64_t s = 0; s < n; ++s) {
+      samples.push_back(s);
+      rows.push_back(RowValues(kLink, s, version));
+    }
+    ASSERT_TRUE(memory_->PutBatch(kLink, samples, ConstSpans(rows)).ok());
+  }
+
+  std::unique_ptr<Prefetcher> MakePrefetcher(int64_t k, uint64_t max_prefetch_bytes = 1 << 20,
+                                             uint64_t max_write_bytes = 1 << 20) {
+    Prefetcher::Options o;
+    o.link = kLink;
+    o.micro_batch = kMicroBatch;
+    o.prefetch_batches = k;
+    o.max_prefetch_bytes = max_prefetch_bytes;
+    o.max_write_behind_bytes = max_write_bytes;
+    auto p = Prefetcher::Create(observed_.get(), o);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return std::move(p).value();
+  }
+
+  // Gets `samples` through `p` and checks they hold `version`.
+  void ExpectVersion(Prefetcher* p, const std::vector<uint64_t>& samples, uint64_t version,
+                     std::vector<uint64_t>* checksums = nullptr) {
+    std::vector<std::vector<float>> out(samples.size(), std::vector<float>(kLink.num_values()));
+    std::vector<RowRead> reads(samples.size());
+    ASSERT_TRUE(p->GetBatch(samples, Spans(out), absl::MakeSpan(reads)).ok());
+    for (size_t i = 0; i < samples.size(); ++i) {
+      ASSERT_TRUE(reads[i].status.ok()) << "sample " << samples[i] << ": " << reads[i].status;
+      EXPECT_TRUE(SameBits(out[i], StoredValues(kLink, samples[i], version)))
+          << "sample " << samples[i];
+      if (checksums != nullptr) checksums->push_back(reads[i].payload_checksum);
+    }
+  }
+
+  void Put(Prefetcher* p, const std::vector<uint64_t>& samples, uint64_t version) {
+    std::vector<std::vector<float>> rows;
+    for (uint64_t s : samples) rows.push_back(RowValues(kLink, s, version));
+    ASSERT_TRUE(p->PutBatch(samples, ConstSpans(rows)).ok());
+  }
+
+  std::unique_ptr<MemoryMessageStore> memory_;
+  std::unique_ptr<ObservedStore> observed_;
+};
+
+std::vector<uint64_t> Permutation(uint64_t n, uint64_t seed) {
+  std::vector<uint64_t> order(n);
+  for (uint64_t i = 0; i < n; ++i) order[i] = i;
+  aqswarm::Rng rng(seed);
+  for (uint64_t i = n - 1; i > 0; --i) std::swap(order[i], order[rng.Uniform(i + 1)]);
+  return order;
+}
+
+std::vector<uint64_t> Batch(const std::vector<uint64_t>& order, int64_t b) {
+  return {order.begin() + b * kMicroBatch, order.begin() + (b + 1) * kMicroBatch};
+}
+
+TEST_F(PrefetcherTest, PrefetchedWindowIsServedFromMemory) {
+  Populate(32, 1);
+  auto p = MakePrefetcher(/*k=*/3);
+  const std::vector<uint64_t> order = Permutation(32, 5);
+  ASSERT_TRUE(p->SetOrder(order).ok());
+  observed_->WaitForGetBatches(3);  // batches 0..2 loaded before any get
+  for (int64_t b = 0; b < 3; ++b) ExpectVersion(p.get(), Batch(order, b), 1);
+  PrefetcherStats stats = p->GetStats();
+  EXPECT_EQ(stats.hits, 12u);
+  EXPECT_EQ(stats.misses, 0u);
+  // The rest of the epoch, with write-behind, is correct whatever the timing.
+  for (int64_t b = 0; b < 8; ++b) {
+    if (b >= 3) ExpectVersion(p.get(), Batch(order, b), 1);
+    Put(p.get(), Batch(order, b), 2);
+  }
+  ASSERT_TRUE(p->Close().ok());
+  stats = p->GetStats();
+  EXPECT_EQ(stats.hits + stats.misses, 32u);
+  EXPECT_EQ(stats.rows_written, 32u);
+  EXPECT_EQ(stats.prefetched_bytes, 0u);
+  // Second epoch straight from the store.
+  auto q = MakePrefetcher(2);
+  ASSERT_TRUE(q->SetOrder(Permutation(32, 6)).ok());
+  for (int64_t b = 0; b < 8; ++b) ExpectVersion(q.get(), Batch(Permutation(32, 6), b), 2);
+}
+
+TEST_F(PrefetcherTest, ReadYourWritesWhileQueuedInFlightAndDone) {
+  Populate(16, 1);
+  auto p = MakePrefetcher(/*k=*/4);
+  const std::vector<uint64_t> order = Permutation(16, 9);
+  ASSERT_TRUE(p->SetOrder(order).ok());
+  observed_->WaitForGetBatches(4);  // everything prefetched: old values in memory
+  const std::vector<uint64_t> target = Batch(order, 2);
+
+  observed_->SetGate(false);  // the writer will block inside the store
+  Put(p.get(), target, 2);
+  std::vector<uint64_t> while_queued, after_write;
+  ExpectVersion(p.get(), target, 2, &while_queued);  // not the prefetched version 1
+  observed_->WaitForPutEntered(1);
+  ExpectVersion(p.get(), target, 2);  // write in flight
+  observed_->SetGate(true);
+  ASSERT_TRUE(p->Flush().ok());
+  ExpectVersion(p.get(), target, 2, &after_write);  // from the store now
+  EXPECT_EQ(while_queued, after_write);  // checksum(m) identical either way
+  // Put twice, the later one wins.
+  Put(p.get(), {target[0]}, 3);
+  Put(p.get(), {target[0]}, 4);
+  ExpectVersion(p.get(), {target[0]}, 4);
+  ASSERT_TRUE(p->Close().ok());
+  std::vector<std::vector<float>> out(1, std::vector<float>(kLink.num_values()));
+  std::vector<RowRead> reads(1);
+  const std::vector<uint64_t> one = {target[0]};
+  ASSERT_TRUE(memory_->GetBatch(kLink, one, Spans(out), absl::MakeSpan(reads)).ok());
+  EXPECT_TRUE(SameBits(out[0], StoredValues(kLink, target[0], 4)));
+}
+
+TEST_F(PrefetcherTest, MemoryIsBoundedAndWritesApplyBackPressure) {
+  Populate(64, 1);
+  const uint64_t batch_bytes = kMicroBatch * kLink.num_values() * sizeof(float);
+  // K = 10 but memory for only 2 micro-batches; writes: 1 micro-batch.
+  auto p = MakePrefetcher(/*k=*/10, 2 * batch_bytes, batch_bytes);
+  const std::vector<uint64_t> order = Permutation(64, 11);
+  ASSERT_TRUE(p->SetOrder(order).ok());
+  observed_->WaitForGetBatches(2);
+  uint64_t max_prefetched = 0, max_queued = 0;
+  for (int64_t b = 0; b < 16; ++b) {
+    max_prefetched = std::max(max_prefetched, p->GetStats().prefetched_bytes);
+    ExpectVersion(p.get(), Batch(order, b), 1);
+    Put(p.get(), Batch(order, b), 2);
+    max_queued = std::max(max_queued, p->GetStats().write_behind_bytes);
+  }
+  EXPECT_LE(max_prefetched, 2 * batch_bytes);
+  EXPECT_LE(max_queued, batch_bytes);
+  ASSERT_TRUE(p->Close().ok());
+  EXPECT_EQ(memory_->GetStats().rows_written, 64u + 64u);
+}
+
+TEST_F(PrefetcherTest, SkippedBatchesAreReleasedAndUnknownSamplesMiss) {
+  Populate(40, 1);
+  auto p = MakePrefetcher(/*k=*/2);
+  const std::vector<uint64_t> order = Permutation(32, 3);
+  ASSERT_TRUE(p->SetOrder(order).ok());
+  ExpectVersion(p.get(), Batch(order, 0), 1);
+  ExpectVersion(p.get(), Batch(order, 5), 1);  // skip 1..4
+  ExpectVersion(p.get(), {35, 36}, 1);          // not in the order: read through
+  ExpectVersion(p.get(), Batch(order, 7), 1);
+  PrefetcherStats stats = p->GetStats();
+  EXPECT_GE(stats.misses, 2u);
+  EXPECT_EQ(stats.prefetched_bytes, 0u);  // nothing left behind
+  ASSERT_TRUE(p->Close().ok());
+  std::vector<std::vector<float>> out(1, std::vector<float>(kLink.num_values()));
+  std::vector<RowRead> reads(1);
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      p->GetBatch(std::vector<uint64_t>{1}, Spans(out), absl::MakeSpan(reads))));
+}
+
+TEST(PrefetcherRocksDbTest, EpochOverRocksDbIsExact) {
+  ScratchDir dir;
+  RocksDbMessageStore::Options o;
+  o.path = dir.Sub("db");
+  o.write_buffer_bytes = 1 << 20;
+  o.min_blob_bytes = 512;
+  auto store = RocksDbMessageStore::Open(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  Prefetcher::Options po;
+  po.link = kLink;
+  po.micro_batch = kMicroBatch;
+  po.prefetch_batches = 3;
+  for (uint64_t epoch = 0; epoch < 3; ++epoch) {
+    auto p = Prefetcher::Create(store->get(), po);
+    ASSERT_TRUE(p.ok()) << p.status();
+    const std::vector<uint64_t> order = Permutation(64, epoch);
+    ASSERT_TRUE((*p)->SetOrder(order).ok());
+    for (int64_t b = 0; b < 16; ++b) {
+      const std::vector<uint64_t> samples = Batch(order, b);
+      std::vector<std::vector<float>> out(kMicroBatch, std::vector<float>(kLink.num_values()));
+      std::vector<RowRead> reads(kMicroBatch);
+      ASSERT_TRUE((*p)->GetBatch(samples, Spans(out), absl::MakeSpan(reads)).ok());
+      std::vector<std::vector<float>> next;
+      for (int64_t i = 0; i < kMicroBatch; ++i) {
+        if (epoch == 0) {
+          ASSERT_TRUE(absl::IsNotFound(reads[i].status)) << reads[i].status;
+        } else {
+          ASSERT_TRUE(reads[i].status.ok()) << reads[i].status;
+          EXPECT_TRUE(SameBits(out[i], StoredValues(kLink, samples[i], epoch)));
+        }
+        next.push_back(RowValues(kLink, samples[i], epoch + 1));
+      }
+      ASSERT_TRUE((*p)->PutBatch(samples, ConstSpans(next)).ok());
+    }
+    ASSERT_TRUE((*p)->Close().ok());
+  }
+}
+
+}  // namespace
+}  // namespace aqswarm::storage

@@ -1,0 +1,191 @@
+#include "storage/rocksdb_message_store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "rocksdb/db.h"
+#include "rocksdb/iterator.h"
+#include "rocksdb/options.h"
+#include "rocksdb/write_batch.h"
+#include "storage/rocksdb_util.h"
+#include "storage/row_codec.h"
+
+namespace aqswarm::storage {
+namespace {
+
+rocksdb::Slice ToSlice(std::string_view s) { return rocksdb::Slice(s.data(), s.size()); }
+
+absl::Status FsyncPath(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return absl::InternalError(absl::StrCat("open ", path, " for fsync failed"));
+  int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return absl::InternalError(absl::StrCat("fsync ", path, " failed"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+RocksDbMessageStore::RocksDbMessageStore(const Options& options)
+    : RowStoreBase(options.capacity_bytes), options_(options) {}
+
+RocksDbMessageStore::~RocksDbMessageStore() { (void)Close(); }
+
+absl::StatusOr<std::unique_ptr<RocksDbMessageStore>> RocksDbMessageStore::Open(
+    const Options& options) {
+  if (options.path.empty()) return absl::InvalidArgumentError("message store: empty path");
+  if (options.max_write_buffers < 2 || options.background_jobs < 1 ||
+      options.write_buffer_bytes == 0 || options.blob_file_bytes == 0) {
+    return absl::InvalidArgumentError("message store: bad RocksDB tuning options");
+  }
+  std::unique_ptr<RocksDbMessageStore> store(new RocksDbMessageStore(options));
+  if (absl::Status s = store->Init(); !s.ok()) return s;
+  return store;
+}
+
+absl::Status RocksDbMessageStore::Init() {
+  const std::string& path = options_.path;
+  // Clean-shutdown marker: present iff the last Close() completed. Remove it
+  // before the first write so a crash from now on is detected next time.
+  std::error_code ec;
+  const std::filesystem::path marker = std::filesystem::path(path) / kCleanShutdownMarker;
+  const bool existed = std::filesystem::exists(std::filesystem::path(path) / "CURRENT", ec);
+  const bool clean = !existed || std::filesystem::exists(marker, ec);
+
+  rocksdb::Options o;
+  o.create_if_missing = true;
+  o.paranoid_checks = true;
+  o.compression = rocksdb::kNoCompression;
+  o.bottommost_compression = rocksdb::kNoCompression;
+  o.enable_blob_files = true;
+  o.min_blob_size = options_.min_blob_bytes;
+  o.blob_file_size = options_.blob_file_bytes;
+  o.blob_compression_type = rocksdb::kNoCompression;
+  o.enable_blob_garbage_collection = true;
+  o.blob_garbage_collection_age_cutoff = 0.5;
+  o.write_buffer_size = options_.write_buffer_bytes;
+  o.max_write_buffer_number = options_.max_write_buffers;
+  o.max_background_jobs = options_.background_jobs;
+  o.target_file_size_base = 64ull << 20;
+  o.max_bytes_for_level_base = 256ull << 20;
+  o.avoid_flush_during_shutdown = false;  // flush memtables on close (WAL off)
+  o.keep_log_file_num = 4;
+  auto db = internal::OpenRocksDb(o, path, "message store");
+  if (!db.ok()) return db.status();
+  db_ = std::move(db).value();
+
+  if (std::filesystem::exists(marker, ec)) {
+    std::filesystem::remove(marker, ec);
+    if (ec) {
+      return absl::PermissionDeniedError(absl::StrCat("message store at '", path,
+                                                      "': cannot remove ", marker.string(), ": ",
+                                                      ec.message()));
+    }
+    if (absl::Status s = FsyncPath(path); !s.ok()) return s;
+  }
+  set_opened_after_unclean_shutdown(!clean);
+
+  // Rebuild the budget index from the small index entries.
+  std::vector<internal::WriteOp> repairs;
+  rocksdb::ReadOptions ro;
+  const std::string begin(1, static_cast<char>(internal::kIndexKind));
+  const std::string end(1, static_cast<char>(internal::kIndexKind + 1));
+  rocksdb::Slice upper = ToSlice(end);
+  ro.iterate_upper_bound = &upper;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
+  for (it->Seek(ToSlice(begin)); it->Valid(); it->Next()) {
+    const std::string_view key(it->key().data(), it->key().size());
+    uint64_t seq = 0, bytes = 0;
+    std::string row_key(key);
+    row_key[0] = static_cast<char>(internal::kRowKind);
+    if (key.size() != internal::kKeyBytes ||
+        !internal::DecodeIndexValue(key, std::string_view(it->value().data(), it->value().size()),
+                                    &seq, &bytes)
+             .ok()) {
+      // A damaged index entry: drop it and its row (the sample reads as unseen).
+      repairs.push_back({true, std::string(key), {}});
+      if (key.size() == internal::kKeyBytes) repairs.push_back({true, row_key, {}});
+      continue;
+    }
+    RestoreIndexEntry(std::move(row_key), seq, bytes);
+  }
+  if (!it->status().ok()) {
+    return internal::FromRocksDb(it->status(),
+                                 absl::StrCat("message store at '", path, "': scan index"));
+  }
+  it.reset();
+  if (!repairs.empty()) return WriteRaw(absl::MakeSpan(repairs));
+  return absl::OkStatus();
+}
+
+void RocksDbMessageStore::ReadRaw(absl::Span<const std::string> keys, RawVisitor visit) {
+  const size_t n = keys.size();
+  std::vector<rocksdb::Slice> slices(n);
+  for (size_t i = 0; i < n; ++i) slices[i] = ToSlice(keys[i]);
+  std::vector<rocksdb::PinnableSlice> values(n);
+  std::vector<rocksdb::Status> statuses(n);
+  rocksdb::ReadOptions ro;
+  ro.verify_checksums = true;
+  db_->MultiGet(ro, db_->DefaultColumnFamily(), n, slices.data(), values.data(), statuses.data());
+  for (size_t i = 0; i < n; ++i) {
+    if (statuses[i].IsNotFound()) {
+      visit(i, absl::NotFoundError("unseen"), {});
+    } else if (!statuses[i].ok()) {
+      visit(i, internal::FromRocksDb(statuses[i], "message store read"), {});
+    } else {
+      visit(i, absl::OkStatus(), std::string_view(values[i].data(), values[i].size()));
+    }
+  }
+}
+
+absl::Status RocksDbMessageStore::WriteRaw(absl::Span<internal::WriteOp> ops) {
+  rocksdb::WriteBatch batch;
+  for (const internal::WriteOp& op : ops) {
+    rocksdb::Status s = op.is_delete ? batch.Delete(ToSlice(op.key))
+                                     : batch.Put(ToSlice(op.key), ToSlice(op.value));
+    if (!s.ok()) return internal::FromRocksDb(s, "message store write batch");
+  }
+  rocksdb::WriteOptions wo;
+  wo.disableWAL = !options_.use_wal;
+  return internal::FromRocksDb(db_->Write(wo, &batch), "message store write");
+}
+
+absl::Status RocksDbMessageStore::DeleteRangesRaw(
+    absl::Span<const std::pair<std::string, std::string>> ranges) {
+  rocksdb::WriteBatch batch;
+  for (const auto& [begin, end] : ranges) {
+    rocksdb::Status s =
+        batch.DeleteRange(db_->DefaultColumnFamily(), ToSlice(begin), ToSlice(end));
+    if (!s.ok()) return internal::FromRocksDb(s, "message store delete range");
+  }
+  rocksdb::WriteOptions wo;
+  wo.disableWAL = !options_.use_wal;
+  return internal::FromRocksDb(db_->Write(wo, &batch), "message store delete range");
+}
+
+absl::Status RocksDbMessageStore::Close() {
+  if (db_ == nullptr) return absl::OkStatus();
+  MarkClosed();
+  const std::string context = absl::StrCat("close message store at '", options_.path, "'");
+  rocksdb::FlushOptions fo;
+  fo.wait = true;
+  absl::Status status = internal::FromRocksDb(db_->Flush(fo), context);
+  if (status.ok()) status = internal::FromRocksDb(db_->Close(), context);
+  db_.reset();
+  if (!status.ok()) return status;
+  // Everything is in SST/blob files now: mark the shutdown clean.
+  const std::string marker =
+      (std::filesystem::path(options_.path) / kCleanShutdownMarker).string();
+  int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return absl::InternalError(absl::StrCat(context, ": cannot write ", marker));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return absl::InternalError(absl::StrCat(context, ": fsync ", marker, " failed"));
+  return FsyncPath(options_.path);
+}
+
+}  // namespace aqswarm::storage
