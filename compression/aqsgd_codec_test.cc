@@ -50,7 +50,9 @@ TEST_P(AqsgdCodecTest, EndsBitIdenticalAfterThousandRounds) {
                                      kCols, absl::MakeSpan(ms[xi]), round, &msg).ok());
     seen[xi] = true;
     (msg.kind() == v1::AqsgdRow::KIND_FULL ? fulls : deltas)++;
-    if (epoch < 1) ASSERT_EQ(msg.kind(), v1::AqsgdRow::KIND_FULL);
+    if (epoch < 1) {
+      ASSERT_EQ(msg.kind(), v1::AqsgdRow::KIND_FULL);
+    }
     // Over the wire.
     v1::AqsgdRow wire;
     ASSERT_TRUE(wire.ParseFromString(msg.SerializeAsString()));

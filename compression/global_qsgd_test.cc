@@ -294,7 +294,9 @@ TEST(ExponentialReducerTest, ExactEnumerationProperties) {
           }
           if (in_range) {
             EXPECT_NEAR(mean, truth, 1e-15) << e1 << " " << e2 << " " << s1 << " " << s2;
-            if (truth != 0) EXPECT_LE(sq - mean * mean, truth * truth / 8 + 1e-18);
+            if (truth != 0) {
+              EXPECT_LE(sq - mean * mean, truth * truth / 8 + 1e-18);
+            }
           }
         }
       }
