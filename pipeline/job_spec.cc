@@ -1,0 +1,156 @@
+#include "pipeline/job_spec.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/row_format.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace aqswarm::pipeline {
+namespace {
+
+absl::Status Invalid(absl::string_view field, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("job spec: ", field, ": ", why));
+}
+
+template <typename T>
+void Default(T* field, T value) {
+  if (*field == T{}) *field = value;
+}
+
+}  // namespace
+
+void ApplyJobDefaults(v1::JobSpec* job) {
+  if (job->name().empty()) job->set_name("job");
+  auto* m = job->mutable_model();
+  if (m->vocab_size() == 0) m->set_vocab_size(50257);
+  if (m->seq_len() == 0) m->set_seq_len(128);
+  if (m->d_model() == 0) m->set_d_model(256);
+  if (m->n_layer() == 0) m->set_n_layer(4);
+  if (m->n_head() == 0) m->set_n_head(4);
+  auto* d = job->mutable_data();
+  if (d->validation_fraction() == 0) d->set_validation_fraction(0.05);
+  auto* o = job->mutable_optimizer();
+  if (o->lr() == 0) o->set_lr(6e-4);
+  if (o->beta1() == 0) o->set_beta1(0.9);
+  if (o->beta2() == 0) o->set_beta2(0.999);
+  if (o->eps() == 0) o->set_eps(1e-8);
+  if (job->micro_batch_size() == 0) job->set_micro_batch_size(4);
+  if (job->micro_batches_per_step() == 0) job->set_micro_batches_per_step(4);
+  if (job->epochs() == 0) job->set_epochs(1);
+  auto* c = job->mutable_compression();
+  if (c->mode() == v1::LinkCompression::MODE_UNSPECIFIED) c->set_mode(v1::LinkCompression::fp32);
+  if (c->fw_bits() == 0) c->set_fw_bits(4);
+  if (c->bw_bits() == 0) c->set_bw_bits(8);
+  if (c->m_precision().empty()) c->set_m_precision("fp16");
+  if (job->stages() == 0) job->set_stages(1);
+  if (job->data_parallel() == 0) job->set_data_parallel(1);
+  if (job->device().empty()) job->set_device("cpu");
+  if (job->threads() == 0) job->set_threads(1);
+  auto* dp = job->mutable_dp();
+  if (dp->optimizer() == v1::DataParallelSpec::OPTIMIZER_UNSPECIFIED) {
+    dp->set_optimizer(v1::DataParallelSpec::adamw);
+  }
+  if (dp->bits() == 0) dp->set_bits(4);
+  if (dp->bucket_size() == 0) dp->set_bucket_size(512);
+  if (job->eval_batches() == 0) job->set_eval_batches(8);
+}
+
+absl::Status ValidateJobSpec(const v1::JobSpec& job) {
+  const auto& m = job.model();
+  if (m.vocab_size() < 2) return Invalid("model.vocab_size", "must be >= 2");
+  if (m.seq_len() < 2 || m.seq_len() > 8192) return Invalid("model.seq_len", "must be in [2, 8192]");
+  if (m.n_head() == 0 || m.d_model() % m.n_head() != 0) {
+    return Invalid("model.d_model", absl::StrCat(m.d_model(), " is not divisible by n_head ", m.n_head()));
+  }
+  if (m.n_layer() == 0) return Invalid("model.n_layer", "must be >= 1");
+  if (job.stages() > m.n_layer()) {
+    return Invalid("stages", absl::StrCat(job.stages(), " stages but only ", m.n_layer(), " layers"));
+  }
+  if (job.stages() > 64) return Invalid("stages", "at most 64");
+  if (job.data_parallel() > 64) return Invalid("data_parallel", "at most 64");
+  const auto& d = job.data();
+  if (d.validation_fraction() < 0 || d.validation_fraction() >= 1) {
+    return Invalid("data.validation_fraction", "must be in [0, 1)");
+  }
+  const auto& o = job.optimizer();
+  if (!(o.lr() > 0) || o.lr() > 10) return Invalid("optimizer.lr", "must be in (0, 10]");
+  if (o.min_lr() < 0 || o.min_lr() > o.lr()) return Invalid("optimizer.min_lr", "must be in [0, lr]");
+  if (o.beta1() < 0 || o.beta1() >= 1) return Invalid("optimizer.beta1", "must be in [0, 1)");
+  if (o.beta2() < 0 || o.beta2() >= 1) return Invalid("optimizer.beta2", "must be in [0, 1)");
+  if (!(o.eps() > 0)) return Invalid("optimizer.eps", "must be > 0");
+  if (o.weight_decay() < 0) return Invalid("optimizer.weight_decay", "must be >= 0");
+  if (o.grad_clip() < 0) return Invalid("optimizer.grad_clip", "must be >= 0");
+  if (o.total_steps() != 0 && o.warmup_steps() > o.total_steps()) {
+    return Invalid("optimizer.warmup_steps", "exceeds total_steps");
+  }
+  if (job.micro_batch_size() > 4096) return Invalid("micro_batch_size", "at most 4096");
+  if (job.micro_batches_per_step() > 4096) return Invalid("micro_batches_per_step", "at most 4096");
+  const auto& c = job.compression();
+  if (c.fw_bits() < 1 || c.fw_bits() > 8) {
+    return Invalid("compression.fw_bits", absl::StrCat(c.fw_bits(), " is not in [1, 8]"));
+  }
+  if (c.bw_bits() < 1 || c.bw_bits() > 8) {
+    return Invalid("compression.bw_bits", absl::StrCat(c.bw_bits(), " is not in [1, 8]"));
+  }
+  if (!ParseRowPrecision(c.m_precision()).ok()) {
+    return Invalid("compression.m_precision",
+                   absl::StrCat("'", c.m_precision(), "' is not fp32, fp16 or int8"));
+  }
+  const auto& s = job.shaping();
+  if (s.bandwidth_mbps() < 0) return Invalid("shaping.bandwidth_mbps", "must be >= 0");
+  if (s.latency_ms() < 0 || s.latency_ms() > 10000) return Invalid("shaping.latency_ms", "must be in [0, 10000]");
+  if (job.device() != "cpu" && job.device().rfind("cuda", 0) != 0) {
+    return Invalid("device", absl::StrCat("'", job.device(), "' is not cpu or cuda[:N]"));
+  }
+  if (job.threads() > 256) return Invalid("threads", "at most 256");
+  const auto& dp = job.dp();
+  if (dp.bits() < 1 || dp.bits() > 8) return Invalid("dp.bits", absl::StrCat(dp.bits(), " is not in [1, 8]"));
+  if (dp.bucket_size() < 8 || dp.bucket_size() > (1u << 24)) {
+    return Invalid("dp.bucket_size", "must be in [8, 2^24]");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::JobSpec> ParseJobSpec(std::string_view json) {
+  v1::JobSpec job;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  const auto status = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), &job, options);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: ", status.ToString()));
+  }
+  ApplyJobDefaults(&job);
+  AQSWARM_RETURN_IF_ERROR(ValidateJobSpec(job));
+  return job;
+}
+
+absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("job spec: cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto job = ParseJobSpec(ss.str());
+  if (!job.ok()) {
+    return absl::Status(job.status().code(), absl::StrCat(path, ": ", job.status().message()));
+  }
+  return job;
+}
+
+double LearningRateAt(const v1::OptimizerSpec& opt, int64_t step) {
+  const double lr = opt.lr();
+  if (opt.warmup_steps() > 0 && step < opt.warmup_steps()) {
+    return lr * static_cast<double>(step + 1) / opt.warmup_steps();
+  }
+  if (opt.total_steps() == 0) return lr;
+  if (step >= opt.total_steps()) return opt.min_lr();
+  const double span = static_cast<double>(opt.total_steps() - opt.warmup_steps());
+  const double frac = span <= 0 ? 1.0 : static_cast<double>(step - opt.warmup_steps()) / span;
+  return lr + (opt.min_lr() - lr) * frac;
+}
+
+}  // namespace aqswarm::pipeline

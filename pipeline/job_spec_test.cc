@@ -1,0 +1,67 @@
+#include "pipeline/job_spec.h"
+
+#include "gtest/gtest.h"
+
+namespace aqswarm::pipeline {
+namespace {
+
+TEST(JobSpecTest, ParsesAndFillsDefaults) {
+  auto job = ParseJobSpec(R"({"name":"t","seed":7,"model":{"nLayer":4,"dModel":64,"nHead":4},
+      "compression":{"mode":"aqsgd","fwBits":3,"bwBits":6},"stages":2})");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->model().vocab_size(), 50257u);
+  EXPECT_EQ(job->compression().mode(), v1::LinkCompression::aqsgd);
+  EXPECT_EQ(job->compression().m_precision(), "fp16");
+  EXPECT_EQ(job->stages(), 2u);
+}
+
+TEST(JobSpecTest, SnakeCaseFieldNamesWork) {
+  auto job = ParseJobSpec(R"({"model":{"n_layer":2,"d_model":64,"n_head":2},"micro_batch_size":3})");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->micro_batch_size(), 3u);
+}
+
+TEST(JobSpecTest, PreciseErrors) {
+  struct Case {
+    const char* json;
+    const char* needle;
+  } cases[] = {
+      {R"({"modle":{}})", "modle"},
+      {R"({"model":{"dModel":65,"nHead":4}})", "model.d_model"},
+      {R"({"compression":{"fwBits":9}})", "compression.fw_bits"},
+      {R"({"compression":{"mode":"zip"}})", "zip"},
+      {R"({"compression":{"mPrecision":"bf16"}})", "compression.m_precision"},
+      {R"({"model":{"nLayer":2},"stages":3})", "stages"},
+      {R"({"optimizer":{"lr":-1}})", "optimizer.lr"},
+      {R"({"device":"tpu"})", "device"},
+      {R"({"seed":"x"})", "seed"},
+      {R"(not json)", "job spec"},
+  };
+  for (const auto& c : cases) {
+    auto job = ParseJobSpec(c.json);
+    ASSERT_FALSE(job.ok()) << c.json;
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << c.json;
+    EXPECT_NE(job.status().message().find(c.needle), std::string::npos)
+        << c.json << " -> " << job.status();
+  }
+}
+
+TEST(JobSpecTest, MissingFileIsNotFound) {
+  EXPECT_EQ(LoadJobSpec("/nonexistent/job.json").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(JobSpecTest, LearningRateSchedule) {
+  v1::OptimizerSpec o;
+  o.set_lr(1.0);
+  o.set_min_lr(0.1);
+  o.set_warmup_steps(10);
+  o.set_total_steps(110);
+  EXPECT_DOUBLE_EQ(LearningRateAt(o, 0), 0.1);
+  EXPECT_DOUBLE_EQ(LearningRateAt(o, 9), 1.0);
+  EXPECT_DOUBLE_EQ(LearningRateAt(o, 10), 1.0);
+  EXPECT_NEAR(LearningRateAt(o, 60), 0.55, 1e-12);
+  EXPECT_DOUBLE_EQ(LearningRateAt(o, 200), 0.1);
+}
+
+}  // namespace
+}  // namespace aqswarm::pipeline

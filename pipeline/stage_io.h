@@ -1,0 +1,35 @@
+// Weights in and out of a stage (internal to pipeline/, includes torch).
+//
+// LoadGpt2Weights: fills a stage from a GPT-2-format safetensors file with
+// Hugging Face names ("wte.weight", "h.0.attn.c_attn.weight", ...; an optional
+// "transformer." prefix is accepted). Tensors the stage does not own are
+// ignored; a tensor the stage needs but the file lacks, or one with another
+// shape, is an error and nothing is modified. A last stage's "lm_head.weight"
+// comes from the file's lm_head.weight, or from wte.weight when tied.
+//
+// Checkpoints are safetensors too: parameters under their names, optimizer
+// state under "optim/<state name>", and metadata {format, stage, num_stages,
+// step, job}. Written atomically.
+#ifndef AQSWARM_PIPELINE_STAGE_IO_H_
+#define AQSWARM_PIPELINE_STAGE_IO_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "pipeline/gpt.h"
+#include "pipeline/optimizer.h"
+#include "pipeline/safetensors.h"
+
+namespace aqswarm::pipeline {
+
+absl::Status LoadGpt2Weights(const SafetensorsFile& file, GptStageImpl& stage);
+
+absl::Status SaveStageCheckpoint(const std::string& path, const GptStageImpl& stage, const AdamW& optimizer,
+                                 const std::string& job_name);
+// Restores parameters and optimizer state; checks that the checkpoint is for
+// the same stage of the same split.
+absl::Status LoadStageCheckpoint(const std::string& path, GptStageImpl& stage, AdamW& optimizer);
+
+}  // namespace aqswarm::pipeline
+
+#endif  // AQSWARM_PIPELINE_STAGE_IO_H_

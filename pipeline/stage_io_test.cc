@@ -1,0 +1,151 @@
+#include "pipeline/stage_io.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "gtest/gtest.h"
+
+namespace aqswarm::pipeline {
+namespace {
+
+v1::ModelSpec Spec() {
+  v1::ModelSpec s;
+  s.set_vocab_size(50);
+  s.set_seq_len(8);
+  s.set_d_model(16);
+  s.set_n_layer(2);
+  s.set_n_head(2);
+  s.set_tie_embeddings(true);
+  return s;
+}
+
+std::string TempPath(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / (name + "." + std::to_string(::getpid()))).string();
+}
+
+// A GPT-2 style file as Hugging Face writes it: "transformer." prefix, an
+// attention-mask buffer we must ignore, no lm_head (tied).
+std::string Gpt2File(const GptStageImpl& src) {
+  std::vector<torch::Tensor> keep;
+  std::vector<StTensor> t;
+  for (const auto& [name, p] : src.named_params()) {
+    keep.push_back(p.detach().contiguous());
+    t.push_back({"transformer." + name, std::vector<int64_t>(p.sizes().begin(), p.sizes().end()),
+                 absl::MakeConstSpan(keep.back().data_ptr<float>(), keep.back().numel())});
+  }
+  std::vector<float> mask(64, 1.0f);
+  t.push_back({"transformer.h.0.attn.bias", {1, 1, 8, 8}, mask});
+  return SerializeSafetensors(t, {{"format", "pt"}});
+}
+
+TEST(StageIoTest, Gpt2WeightsLoadIntoSplitStagesAndReproduceTheModel) {
+  const v1::ModelSpec spec = Spec();
+  GptStage src(spec, StageRangeFor(spec, 0, 1), /*seed=*/11);
+  auto file = SafetensorsFile::Parse(Gpt2File(*src));
+  ASSERT_TRUE(file.ok()) << file.status();
+  GptStage s0(spec, StageRangeFor(spec, 0, 2), /*seed=*/99), s1(spec, StageRangeFor(spec, 1, 2), 99);
+  ASSERT_TRUE(LoadGpt2Weights(**file, *s0).ok());
+  ASSERT_TRUE(LoadGpt2Weights(**file, *s1).ok());
+  torch::NoGradGuard ng;
+  torch::Tensor ids = torch::randint(0, 50, {2, 8}, torch::kLong);
+  EXPECT_TRUE(torch::allclose(s1->forward(s0->forward(ids)), src->forward(ids), 1e-5, 1e-6));
+}
+
+TEST(StageIoTest, WrongShapeOrMissingTensorChangesNothing) {
+  const v1::ModelSpec spec = Spec();
+  GptStage src(spec, StageRangeFor(spec, 0, 1), 11);
+  v1::ModelSpec bigger = spec;
+  bigger.set_d_model(32);
+  GptStage dst(bigger, StageRangeFor(bigger, 0, 1), 5);
+  const torch::Tensor before = dst->named_params()[0].second.clone();
+  auto file = SafetensorsFile::Parse(Gpt2File(*src));
+  ASSERT_TRUE(file.ok());
+  absl::Status s = LoadGpt2Weights(**file, *dst);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("shape"), std::string::npos);
+  EXPECT_TRUE(torch::equal(before, dst->named_params()[0].second));
+
+  v1::ModelSpec deeper = spec;
+  deeper.set_n_layer(3);
+  GptStage dst2(deeper, StageRangeFor(deeper, 0, 1), 5);
+  EXPECT_EQ(LoadGpt2Weights(**file, *dst2).code(), absl::StatusCode::kNotFound);
+}
+
+std::string WithHeader(const std::string& json, size_t data_bytes) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((json.size() >> (8 * i)) & 0xff);
+  return out + json + std::string(data_bytes, '\0');
+}
+
+TEST(SafetensorsTest, MalformedFilesAreRejectedWithDataLoss) {
+  const std::string cases[] = {
+      std::string("\x01\x02", 2),                                                  // shorter than 8 bytes
+      std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8) + "{}",                    // huge header length
+      WithHeader("not json", 0),                                                   // bad JSON
+      WithHeader(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8),  // past the end
+      WithHeader(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,12]}})", 16), // size != shape
+      WithHeader(R"({"a":{"dtype":"F32","shape":[-4],"data_offsets":[0,16]}})", 16),
+      WithHeader(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                 R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 16),  // overlap
+      WithHeader(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]}})", 16),
+      WithHeader(R"({"a":{"shape":[2],"data_offsets":[0,8]}})", 8),
+  };
+  for (const auto& c : cases) {
+    auto f = SafetensorsFile::Parse(c);
+    EXPECT_EQ(f.status().code(), absl::StatusCode::kDataLoss) << f.status();
+  }
+  auto f = SafetensorsFile::Parse(WithHeader(R"({"a":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", 8));
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(SafetensorsFile::Open("/nonexistent.safetensors").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(SafetensorsTest, ReadsF16AndBf16) {
+  const std::string json =
+      R"({"h":{"dtype":"F16","shape":[2],"data_offsets":[0,4]},"b":{"dtype":"BF16","shape":[1],"data_offsets":[4,6]}})";
+  std::string bytes = WithHeader(json, 0);
+  const unsigned char data[] = {0x00, 0x3c, 0x00, 0xc0, 0x80, 0x3f};  // 1.0h, -2.0h, 1.0bf16
+  bytes.append(reinterpret_cast<const char*>(data), sizeof(data));
+  auto f = SafetensorsFile::Parse(bytes);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ((*f)->ToFloat32(*(*f)->Find("h")), (std::vector<float>{1.0f, -2.0f}));
+  EXPECT_EQ((*f)->ToFloat32(*(*f)->Find("b")), (std::vector<float>{1.0f}));
+}
+
+TEST(StageIoTest, CheckpointRoundTripRestoresParametersAndOptimizerState) {
+  const v1::ModelSpec spec = Spec();
+  v1::OptimizerSpec os;
+  os.set_lr(1e-3);
+  os.set_beta1(0.9);
+  os.set_beta2(0.99);
+  os.set_eps(1e-8);
+  os.set_weight_decay(0.1);
+  GptStage a(spec, StageRangeFor(spec, 1, 2), 3);
+  AdamW opt_a(a->named_params(), os);
+  torch::Tensor h = torch::randn({2, 8, 16});
+  for (int i = 0; i < 3; ++i) {
+    GptStageImpl::Loss(a->forward(h), torch::randint(0, 50, {2, 8}, torch::kLong)).backward();
+    opt_a.Step(1e-3, opt_a.GradSquaredNorm());
+  }
+  const std::string path = TempPath("ckpt.safetensors");
+  ASSERT_TRUE(SaveStageCheckpoint(path, *a, opt_a, "job").ok());
+
+  GptStage b(spec, StageRangeFor(spec, 1, 2), 77);
+  AdamW opt_b(b->named_params(), os);
+  ASSERT_TRUE(LoadStageCheckpoint(path, *b, opt_b).ok());
+  EXPECT_EQ(opt_b.step(), 3);
+  for (size_t i = 0; i < a->named_params().size(); ++i) {
+    EXPECT_TRUE(torch::equal(a->named_params()[i].second, b->named_params()[i].second));
+  }
+  auto sa = opt_a.NamedState(), sb = opt_b.NamedState();
+  for (size_t i = 0; i < sa.size(); ++i) EXPECT_TRUE(torch::equal(sa[i].second, sb[i].second)) << sa[i].first;
+
+  GptStage wrong(spec, StageRangeFor(spec, 0, 2), 3);
+  AdamW opt_w(wrong->named_params(), os);
+  EXPECT_EQ(LoadStageCheckpoint(path, *wrong, opt_w).code(), absl::StatusCode::kFailedPrecondition);
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace aqswarm::pipeline

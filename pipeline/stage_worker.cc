@@ -1,0 +1,250 @@
+#include "pipeline/stage_worker.h"
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/checksum.h"
+#include "common/status_macros.h"
+#include "pipeline/gpt.h"
+#include "pipeline/job_spec.h"
+#include "pipeline/optimizer.h"
+#include "pipeline/safetensors.h"
+#include "pipeline/stage_io.h"
+
+namespace aqswarm::pipeline {
+namespace {
+
+// Converts torch exceptions (shape errors, OOM) into statuses at the boundary.
+template <typename F>
+absl::Status Guard(const char* what, F&& f) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(what, ": ", e.what()));
+  }
+}
+
+class StageWorkerImpl final : public StageWorker {
+ public:
+  StageWorkerImpl(const v1::JobSpec& job, int stage)
+      : job_(job),
+        model_(job.model(), StageRangeFor(job.model(), stage, job.stages()), job.seed()),
+        opt_(model_->named_params(), job.optimizer()),
+        device_(job.device()) {
+    model_->to(device_);
+    // AdamW holds references to the parameters moved above: rebuild it.
+    opt_ = AdamW(model_->named_params(), job.optimizer());
+  }
+
+  int stage() const override { return model_->range().stage; }
+  bool is_first() const override { return model_->range().has_embedding(); }
+  bool is_last() const override { return model_->range().has_head(); }
+  int64_t boundary_elements_per_sample() const override {
+    return static_cast<int64_t>(job_.model().seq_len()) * job_.model().d_model();
+  }
+
+  absl::Status ForwardTokens(int mb, absl::Span<const int32_t> tokens, int64_t batch,
+                             std::vector<float>* out) override {
+    if (!is_first()) return absl::FailedPreconditionError("ForwardTokens on a stage without embeddings");
+    AQSWARM_ASSIGN_OR_RETURN(torch::Tensor ids, TokenTensor(tokens, batch));
+    return Guard("forward", [&] {
+      torch::Tensor y = model_->forward(ids);
+      saved_[mb] = {torch::Tensor(), y};
+      CopyOut(y, out);
+      return absl::OkStatus();
+    });
+  }
+
+  absl::Status ForwardHidden(int mb, absl::Span<const float> in, int64_t batch, std::vector<float>* out) override {
+    if (is_first() || is_last()) return absl::FailedPreconditionError("ForwardHidden needs a middle stage");
+    AQSWARM_ASSIGN_OR_RETURN(torch::Tensor x, HiddenTensor(in, batch));
+    return Guard("forward", [&] {
+      x.requires_grad_(true);
+      torch::Tensor y = model_->forward(x);
+      saved_[mb] = {x, y};
+      CopyOut(y, out);
+      return absl::OkStatus();
+    });
+  }
+
+  absl::Status ForwardLoss(int mb, absl::Span<const float> in, absl::Span<const int32_t> tokens,
+                           absl::Span<const int32_t> targets, int64_t batch, double* loss) override {
+    if (!is_last()) return absl::FailedPreconditionError("ForwardLoss on a stage without the head");
+    AQSWARM_ASSIGN_OR_RETURN(torch::Tensor t, TokenTensor(targets, batch));
+    torch::Tensor x;
+    if (is_first()) {
+      AQSWARM_ASSIGN_OR_RETURN(x, TokenTensor(tokens, batch));
+    } else {
+      AQSWARM_ASSIGN_OR_RETURN(x, HiddenTensor(in, batch));
+    }
+    return Guard("forward", [&] {
+      if (!is_first()) x.requires_grad_(true);
+      torch::Tensor l = GptStageImpl::Loss(model_->forward(x), t);
+      *loss = l.item<double>();
+      saved_[mb] = {x, l / static_cast<double>(job_.micro_batches_per_step())};
+      return absl::OkStatus();
+    });
+  }
+
+  absl::Status Backward(int mb, absl::Span<const float> grad_out, std::vector<float>* grad_in) override {
+    auto it = saved_.find(mb);
+    if (it == saved_.end()) return absl::FailedPreconditionError(absl::StrCat("no forward saved for micro-batch ", mb));
+    auto [x, y] = it->second;
+    saved_.erase(it);
+    return Guard("backward", [&]() -> absl::Status {
+      if (is_last()) {
+        y.backward();
+      } else {
+        if (static_cast<int64_t>(grad_out.size()) != y.numel()) {
+          return absl::InvalidArgumentError(absl::StrCat("gradient has ", grad_out.size(), " values, output has ",
+                                                         y.numel()));
+        }
+        torch::Tensor g = torch::from_blob(const_cast<float*>(grad_out.data()), y.sizes(), torch::kFloat32)
+                              .to(device_, /*non_blocking=*/false, /*copy=*/true);
+        y.backward(g);
+      }
+      if (!is_first() && grad_in != nullptr) CopyOut(x.grad(), grad_in);
+      return absl::OkStatus();
+    });
+  }
+
+  absl::Status EvalHidden(absl::Span<const float> in, absl::Span<const int32_t> tokens, int64_t batch,
+                          std::vector<float>* out) override {
+    torch::NoGradGuard ng;
+    torch::Tensor x;
+    if (is_first()) {
+      AQSWARM_ASSIGN_OR_RETURN(x, TokenTensor(tokens, batch));
+    } else {
+      AQSWARM_ASSIGN_OR_RETURN(x, HiddenTensor(in, batch));
+    }
+    return Guard("eval", [&] {
+      CopyOut(model_->forward(x), out);
+      return absl::OkStatus();
+    });
+  }
+
+  absl::Status EvalLoss(absl::Span<const float> in, absl::Span<const int32_t> tokens,
+                        absl::Span<const int32_t> targets, int64_t batch, double* loss) override {
+    torch::NoGradGuard ng;
+    torch::Tensor x;
+    if (is_first()) {
+      AQSWARM_ASSIGN_OR_RETURN(x, TokenTensor(tokens, batch));
+    } else {
+      AQSWARM_ASSIGN_OR_RETURN(x, HiddenTensor(in, batch));
+    }
+    AQSWARM_ASSIGN_OR_RETURN(torch::Tensor t, TokenTensor(targets, batch));
+    return Guard("eval", [&] {
+      *loss = GptStageImpl::Loss(model_->forward(x), t).item<double>();
+      return absl::OkStatus();
+    });
+  }
+
+  double GradSquaredNorm() const override { return opt_.GradSquaredNorm(); }
+
+  absl::Status Step(int64_t step, double total_grad_squared_norm) override {
+    saved_.clear();
+    return Guard("step", [&] {
+      opt_.Step(LearningRateAt(job_.optimizer(), step), total_grad_squared_norm);
+      return absl::OkStatus();
+    });
+  }
+
+  int64_t num_parameters() const override {
+    int64_t n = 0;
+    for (const auto& [name, p] : model_->named_params()) n += p.numel();
+    return n;
+  }
+
+  uint64_t ParameterHash() const override {
+    Checksummer c;
+    for (const auto& [name, p] : model_->named_params()) {
+      torch::Tensor t = p.detach().to(torch::kCPU).contiguous();
+      c.Update(t.data_ptr<float>(), t.numel() * sizeof(float));
+    }
+    return c.Digest();
+  }
+
+  absl::Status SaveCheckpoint(const std::string& path) const override {
+    return SaveStageCheckpoint(path, *model_, opt_, job_.name());
+  }
+  absl::Status LoadCheckpoint(const std::string& path) override {
+    return LoadStageCheckpoint(path, *model_, opt_);
+  }
+  int64_t optimizer_step() const override { return opt_.step(); }
+
+  absl::Status LoadInitialWeights() {
+    if (job_.model().init_weights().empty()) return absl::OkStatus();
+    AQSWARM_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(job_.model().init_weights()));
+    return LoadGpt2Weights(*file, *model_);
+  }
+
+ private:
+  absl::StatusOr<torch::Tensor> TokenTensor(absl::Span<const int32_t> tokens, int64_t batch) {
+    const int64_t t = job_.model().seq_len();
+    if (batch <= 0 || static_cast<int64_t>(tokens.size()) != batch * t) {
+      return absl::InvalidArgumentError(absl::StrCat("expected ", batch, "x", t, " tokens, got ", tokens.size()));
+    }
+    for (int32_t id : tokens) {
+      if (id < 0 || static_cast<uint32_t>(id) >= job_.model().vocab_size()) {
+        return absl::InvalidArgumentError(absl::StrCat("token id ", id, " outside the vocabulary"));
+      }
+    }
+    return torch::from_blob(const_cast<int32_t*>(tokens.data()), {batch, t}, torch::kInt32)
+        .to(device_, torch::kLong);
+  }
+
+  absl::StatusOr<torch::Tensor> HiddenTensor(absl::Span<const float> in, int64_t batch) {
+    const int64_t t = job_.model().seq_len(), d = job_.model().d_model();
+    if (batch <= 0 || static_cast<int64_t>(in.size()) != batch * t * d) {
+      return absl::InvalidArgumentError(absl::StrCat("expected ", batch, "x", t, "x", d, " activations, got ",
+                                                     in.size()));
+    }
+    return torch::from_blob(const_cast<float*>(in.data()), {batch, t, d}, torch::kFloat32)
+        .to(device_, /*non_blocking=*/false, /*copy=*/true);
+  }
+
+  static void CopyOut(const torch::Tensor& t, std::vector<float>* out) {
+    torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
+    out->assign(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+  }
+
+  v1::JobSpec job_;
+  GptStage model_;
+  AdamW opt_;
+  torch::Device device_;
+  std::map<int, std::pair<torch::Tensor, torch::Tensor>> saved_;  // mb -> (input, output or scaled loss)
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StageWorker>> StageWorker::Create(const v1::JobSpec& job, int stage) {
+  AQSWARM_RETURN_IF_ERROR(ValidateJobSpec(job));
+  if (stage < 0 || stage >= static_cast<int>(job.stages())) {
+    return absl::InvalidArgumentError(absl::StrCat("stage ", stage, " outside [0, ", job.stages(), ")"));
+  }
+  if (job.model().tie_embeddings() && job.stages() > 1) {
+    return absl::UnimplementedError(
+        "tie_embeddings with more than one stage needs the tied-gradient exchange between the first and last "
+        "stage, which is not built yet; set model.tie_embeddings=false");
+  }
+  if (job.device() != "cpu") {
+    try {
+      torch::Device d(job.device());
+      if (d.is_cuda() && !torch::cuda::is_available()) {
+        return absl::FailedPreconditionError(absl::StrCat("device ", job.device(), " requested but this libtorch has no CUDA"));
+      }
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat("bad device '", job.device(), "': ", e.what()));
+    }
+  }
+  at::set_num_threads(static_cast<int>(job.threads()));
+  std::unique_ptr<StageWorkerImpl> w;
+  AQSWARM_RETURN_IF_ERROR(Guard("create stage", [&] {
+    w = std::make_unique<StageWorkerImpl>(job, stage);
+    return absl::OkStatus();
+  }));
+  AQSWARM_RETURN_IF_ERROR(w->LoadInitialWeights());
+  return std::unique_ptr<StageWorker>(std::move(w));
+}
+
+}  // namespace aqswarm::pipeline

@@ -1,0 +1,84 @@
+// One pipeline stage's compute, behind a torch-free interface.
+//
+// The link layer (peer/, pipeline/link*) moves flat float buffers between
+// processes; StageWorker turns them into tensors, runs the stage's forward and
+// backward for one micro-batch at a time, keeps what backward needs, and steps
+// the optimizer. Activations at a boundary are [micro_batch, seq_len, d_model]
+// float32, row-major; one sample's slice is seq_len*d_model floats.
+//
+//   AQSWARM_ASSIGN_OR_RETURN(auto w, StageWorker::Create(job, stage));
+//   w->ForwardTokens(mb, tokens, &act);          // stage 0
+//   w->ForwardHidden(mb, act_in, &act_out);      // middle stages
+//   w->ForwardLoss(mb, act_in, {}, targets, b, &loss);  // last stage
+//   w->Backward(mb, grad_out, &grad_in);         // in reverse order
+//   w->Step(step, sum_over_stages(GradSquaredNorm()));  // after all micro-batches
+//
+// Not thread-safe: one compute thread drives it.
+#ifndef AQSWARM_PIPELINE_STAGE_WORKER_H_
+#define AQSWARM_PIPELINE_STAGE_WORKER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "proto/job.pb.h"
+
+namespace aqswarm::pipeline {
+
+class StageWorker {
+ public:
+  // Builds stage `stage` of job.stages(), initialised from job.seed (or from
+  // job.model.init_weights when set). Sets torch's intra-op threads.
+  static absl::StatusOr<std::unique_ptr<StageWorker>> Create(const v1::JobSpec& job, int stage);
+  virtual ~StageWorker() = default;
+
+  virtual int stage() const = 0;
+  virtual bool is_first() const = 0;
+  virtual bool is_last() const = 0;
+  // Floats per sample at this stage's output boundary (seq_len * d_model).
+  virtual int64_t boundary_elements_per_sample() const = 0;
+
+  // Stage 0: tokens [B, T] int32 -> activations [B, T, D].
+  virtual absl::Status ForwardTokens(int micro_batch, absl::Span<const int32_t> tokens, int64_t batch,
+                                     std::vector<float>* out) = 0;
+  // Middle stage: [B, T, D] -> [B, T, D].
+  virtual absl::Status ForwardHidden(int micro_batch, absl::Span<const float> in, int64_t batch,
+                                     std::vector<float>* out) = 0;
+  // Last stage: [B, T, D] + targets [B, T] -> mean loss (kept for backward).
+  // A single-stage job passes tokens instead of `in`.
+  virtual absl::Status ForwardLoss(int micro_batch, absl::Span<const float> in, absl::Span<const int32_t> tokens,
+                                   absl::Span<const int32_t> targets, int64_t batch, double* loss) = 0;
+  // Backward of `micro_batch`. grad_out is empty on the last stage; grad_in is
+  // not produced on stage 0 (may be null). The loss is scaled by 1/M, M =
+  // micro-batches per step, so gradients accumulate to the step mean.
+  virtual absl::Status Backward(int micro_batch, absl::Span<const float> grad_out, std::vector<float>* grad_in) = 0;
+  // Evaluation forward (no graph kept): same shapes as above.
+  virtual absl::Status EvalHidden(absl::Span<const float> in, absl::Span<const int32_t> tokens, int64_t batch,
+                                  std::vector<float>* out) = 0;
+  virtual absl::Status EvalLoss(absl::Span<const float> in, absl::Span<const int32_t> tokens,
+                                absl::Span<const int32_t> targets, int64_t batch, double* loss) = 0;
+
+  // Sum of squares of this stage's accumulated gradients. Clipping is by the
+  // norm of the WHOLE model's gradient, so the pipeline adds these up across
+  // stages (one double per stage travels the links) before stepping.
+  virtual double GradSquaredNorm() const = 0;
+  // Clips by sqrt(total_grad_squared_norm), applies AdamW at the scheduled
+  // learning rate for `step`, zeroes gradients, drops saved micro-batches.
+  virtual absl::Status Step(int64_t step, double total_grad_squared_norm) = 0;
+
+  // Flat gradients / parameters in a fixed order (data-parallel exchange).
+  virtual int64_t num_parameters() const = 0;
+  // XXH3 of all parameter bytes: replicas compare it to prove bit-identity.
+  virtual uint64_t ParameterHash() const = 0;
+
+  virtual absl::Status SaveCheckpoint(const std::string& path) const = 0;
+  virtual absl::Status LoadCheckpoint(const std::string& path) = 0;
+  virtual int64_t optimizer_step() const = 0;
+};
+
+}  // namespace aqswarm::pipeline
+
+#endif  // AQSWARM_PIPELINE_STAGE_WORKER_H_

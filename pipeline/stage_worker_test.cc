@@ -1,0 +1,108 @@
+#include "pipeline/stage_worker.h"
+
+#include "gtest/gtest.h"
+#include "pipeline/job_spec.h"
+
+namespace aqswarm::pipeline {
+namespace {
+
+v1::JobSpec Job(int stages) {
+  auto job = ParseJobSpec(R"({"seed":3,"model":{"vocabSize":61,"seqLen":8,"dModel":16,"nLayer":4,"nHead":2},
+      "optimizer":{"lr":0.003,"warmupSteps":2,"totalSteps":20,"weightDecay":0.01,"gradClip":1.0},
+      "microBatchSize":2,"microBatchesPerStep":3})");
+  EXPECT_TRUE(job.ok()) << job.status();
+  job->set_stages(stages);
+  return *job;
+}
+
+std::vector<int32_t> Tokens(int mb, int step, int n) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = (i * 7 + mb * 3 + step) % 61;
+  return t;
+}
+
+// Runs `steps` GPipe steps over K workers in one process; returns step losses.
+std::vector<double> Train(int k, int steps) {
+  v1::JobSpec job = Job(k);
+  std::vector<std::unique_ptr<StageWorker>> w;
+  for (int s = 0; s < k; ++s) {
+    auto r = StageWorker::Create(job, s);
+    EXPECT_TRUE(r.ok()) << r.status();
+    w.push_back(std::move(*r));
+  }
+  const int m = job.micro_batches_per_step(), b = job.micro_batch_size(), t = job.model().seq_len();
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    double sum = 0;
+    for (int mb = 0; mb < m; ++mb) {
+      std::vector<int32_t> tok = Tokens(mb, step, b * t), tgt = Tokens(mb, step + 1, b * t);
+      std::vector<float> act, next;
+      double loss = 0;
+      if (k == 1) {
+        EXPECT_TRUE(w[0]->ForwardLoss(mb, {}, tok, tgt, b, &loss).ok());
+      } else {
+        EXPECT_TRUE(w[0]->ForwardTokens(mb, tok, b, &act).ok());
+        for (int s = 1; s < k - 1; ++s) {
+          EXPECT_TRUE(w[s]->ForwardHidden(mb, act, b, &next).ok());
+          act.swap(next);
+        }
+        EXPECT_TRUE(w[k - 1]->ForwardLoss(mb, act, {}, tgt, b, &loss).ok());
+      }
+      sum += loss;
+    }
+    for (int mb = m - 1; mb >= 0; --mb) {
+      std::vector<float> g, gin;
+      for (int s = k - 1; s >= 0; --s) {
+        EXPECT_TRUE(w[s]->Backward(mb, g, s > 0 ? &gin : nullptr).ok());
+        g.swap(gin);
+      }
+    }
+    double sq = 0;
+    for (auto& x : w) sq += x->GradSquaredNorm();
+    for (auto& x : w) EXPECT_TRUE(x->Step(step, sq).ok());
+    losses.push_back(sum / m);
+  }
+  return losses;
+}
+
+TEST(StageWorkerTest, TwoStageWorkersTrainLikeOne) {
+  std::vector<double> one = Train(1, 6), two = Train(2, 6), four = Train(4, 6);
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_NEAR(two[i], one[i], 1e-4) << i;
+    EXPECT_NEAR(four[i], one[i], 1e-4) << i;
+  }
+  EXPECT_LT(one.back(), one.front());
+}
+
+TEST(StageWorkerTest, BadInputsAreStatusesNotCrashes) {
+  v1::JobSpec job = Job(2);
+  auto w0 = StageWorker::Create(job, 0);
+  auto w1 = StageWorker::Create(job, 1);
+  ASSERT_TRUE(w0.ok() && w1.ok());
+  std::vector<float> out;
+  std::vector<int32_t> tok(16, 1);
+  EXPECT_EQ((*w0)->ForwardTokens(0, tok, 3, &out).code(), absl::StatusCode::kInvalidArgument);  // wrong count
+  tok[3] = 61;
+  EXPECT_EQ((*w0)->ForwardTokens(0, tok, 2, &out).code(), absl::StatusCode::kInvalidArgument);  // out of vocab
+  std::vector<float> act(2 * 8 * 16 - 1);
+  double loss;
+  EXPECT_EQ((*w1)->ForwardLoss(0, act, {}, std::vector<int32_t>(16, 0), 2, &loss).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*w1)->Backward(5, {}, nullptr).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(StageWorker::Create(job, 2).status().code(), absl::StatusCode::kInvalidArgument);
+  job.mutable_model()->set_tie_embeddings(true);
+  EXPECT_EQ(StageWorker::Create(job, 0).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST(StageWorkerTest, ReplicasWithTheSameSeedHashEqual) {
+  v1::JobSpec job = Job(2);
+  auto a = StageWorker::Create(job, 1), b = StageWorker::Create(job, 1);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*a)->ParameterHash(), (*b)->ParameterHash());
+  job.set_seed(4);
+  auto c = StageWorker::Create(job, 1);
+  EXPECT_NE((*a)->ParameterHash(), (*c)->ParameterHash());
+}
+
+}  // namespace
+}  // namespace aqswarm::pipeline
