@@ -58,7 +58,23 @@ absl::StatusOr<std::unique_ptr<Prefetcher>> Prefetcher::Create(MessageStore* sto
 Prefetcher::Prefetcher(MessageStore* store, const Options& options)
     : store_(store),
       options_(options),
-      row_bytes_(static_cast<uint64_t>(options.link.num_values()) * sizeof(float)) {}
+      row_bytes_(static_cast<uint64_t>(options.link.num_values()) * sizeof(float)) {
+  max_pool_rows_ = static_cast<size_t>(2 * options.micro_batch);
+}
+
+std::vector<float> Prefetcher::NewBufferLocked() {
+  if (pool_.empty()) return std::vector<float>(options_.link.num_values());
+  std::vector<float> b = std::move(pool_.back());
+  pool_.pop_back();
+  return b;
+}
+
+void Prefetcher::RecycleLocked(std::vector<float> buffer) {
+  if (pool_.size() < max_pool_rows_ &&
+      buffer.size() == static_cast<size_t>(options_.link.num_values())) {
+    pool_.push_back(std::move(buffer));
+  }
+}
 
 Prefetcher::~Prefetcher() { (void)Close(); }
 
@@ -138,8 +154,11 @@ void Prefetcher::LoaderLoop() {
       }
     }
     if (samples.empty()) continue;
-    std::vector<std::vector<float>> rows(samples.size(),
-                                         std::vector<float>(link.num_values()));
+    std::vector<std::vector<float>> rows;
+    {
+      absl::MutexLock lock(&mu_);
+      for (size_t i = 0; i < samples.size(); ++i) rows.push_back(NewBufferLocked());
+    }
     std::vector<absl::Span<float>> spans;
     for (auto& r : rows) spans.emplace_back(absl::MakeSpan(r));
     std::vector<RowRead> reads(samples.size());
@@ -149,6 +168,7 @@ void Prefetcher::LoaderLoop() {
       auto it = cache_.find(samples[i]);
       if (it == cache_.end() || it->second.ticket != tickets[i]) {
         ++stats_.prefetch_discarded;  // overtaken by a put or a new order
+        RecycleLocked(std::move(rows[i]));
         continue;
       }
       Slot& slot = it->second;
@@ -168,20 +188,35 @@ void Prefetcher::LoaderLoop() {
 absl::Status Prefetcher::GetBatch(absl::Span<const uint64_t> samples,
                                   absl::Span<const absl::Span<float>> out,
                                   absl::Span<RowRead> reads) {
+  if (absl::Status s = ValidateGetArgs(options_.link, samples, out, reads); !s.ok()) return s;
+  std::vector<std::vector<float>> rows;
+  if (absl::Status s = TakeBatch(samples, &rows, reads); !s.ok()) return s;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    if (reads[i].status.ok()) std::memcpy(out[i].data(), rows[i].data(), row_bytes_);
+  }
+  absl::MutexLock lock(&mu_);
+  for (auto& r : rows) RecycleLocked(std::move(r));
+  return absl::OkStatus();
+}
+
+absl::Status Prefetcher::TakeBatch(absl::Span<const uint64_t> samples,
+                                   std::vector<std::vector<float>>* rows,
+                                   absl::Span<RowRead> reads) {
   const LinkSpec& link = options_.link;
-  if (absl::Status s = ValidateGetArgs(link, samples, out, reads); !s.ok()) return s;
+  if (reads.size() != samples.size()) {
+    return absl::InvalidArgumentError("TakeBatch: reads.size() != samples.size()");
+  }
+  rows->resize(samples.size());
   uint64_t blocked_nanos = 0;
   std::vector<size_t> misses;
   std::vector<std::pair<size_t, Pending>> from_queue;
-  std::vector<std::pair<size_t, Slot>> from_cache;
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return absl::FailedPreconditionError("Prefetcher is closed");
     if (!write_error_.ok()) return write_error_;
     int64_t last_batch = -1;
     for (size_t i = 0; i < samples.size(); ++i) {
-      const uint64_t s = samples[i];
-      if (auto p = position_.find(s); p != position_.end()) {
+      if (auto p = position_.find(samples[i]); p != position_.end()) {
         last_batch = std::max(last_batch, p->second / options_.micro_batch);
       }
     }
@@ -191,17 +226,21 @@ absl::Status Prefetcher::GetBatch(absl::Span<const uint64_t> samples,
       while (true) {
         if (auto p = pending_.find(s); p != pending_.end()) {
           from_queue.emplace_back(i, p->second);
+          (*rows)[i] = NewBufferLocked();
           ++stats_.hits;
           break;
         }
         auto c = cache_.find(s);
         if (c == cache_.end()) {
           misses.push_back(i);
+          (*rows)[i] = NewBufferLocked();
           ++stats_.misses;
           break;
         }
         if (c->second.ready) {
-          from_cache.emplace_back(i, std::move(c->second));
+          Slot& slot = c->second;
+          reads[i] = std::move(slot.read);
+          (*rows)[i] = reads[i].status.ok() ? std::move(slot.values) : NewBufferLocked();
           EraseSlotLocked(s);
           ++stats_.hits;
           break;
@@ -220,14 +259,8 @@ absl::Status Prefetcher::GetBatch(absl::Span<const uint64_t> samples,
   std::string scratch;
   for (auto& [i, pending] : from_queue) {
     reads[i].status = absl::OkStatus();
-    reads[i].payload_checksum =
-        RoundAndChecksum(link, pending.item->rows[pending.index], out[i], &scratch);
-  }
-  for (auto& [i, slot] : from_cache) {
-    reads[i] = std::move(slot.read);
-    if (reads[i].status.ok()) {
-      std::memcpy(out[i].data(), slot.values.data(), row_bytes_);
-    }
+    reads[i].payload_checksum = RoundAndChecksum(link, pending.item->rows[pending.index],
+                                                 absl::MakeSpan((*rows)[i]), &scratch);
   }
   if (!misses.empty()) {
     const auto m0 = Clock::now();
@@ -236,7 +269,7 @@ absl::Status Prefetcher::GetBatch(absl::Span<const uint64_t> samples,
     std::vector<RowRead> miss_reads(misses.size());
     for (size_t i : misses) {
       miss_samples.push_back(samples[i]);
-      miss_out.push_back(out[i]);
+      miss_out.push_back(absl::MakeSpan((*rows)[i]));
     }
     absl::Status s = store_->GetBatch(link, miss_samples, miss_out, absl::MakeSpan(miss_reads));
     if (!s.ok()) return s;
@@ -252,13 +285,31 @@ absl::Status Prefetcher::PutBatch(absl::Span<const uint64_t> samples,
                                   absl::Span<const absl::Span<const float>> values) {
   if (absl::Status s = ValidatePutArgs(options_.link, samples, values); !s.ok()) return s;
   if (samples.empty()) return absl::OkStatus();
-  // Copy outside the lock.
   auto item = std::make_shared<WriteItem>();
   item->samples.assign(samples.begin(), samples.end());
-  item->rows.reserve(values.size());
-  for (const auto& v : values) item->rows.emplace_back(v.begin(), v.end());
-  item->bytes = samples.size() * row_bytes_;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < values.size(); ++i) item->rows.push_back(NewBufferLocked());
+  }
+  for (size_t i = 0; i < values.size(); ++i) {
+    std::memcpy(item->rows[i].data(), values[i].data(), row_bytes_);
+  }
+  return Enqueue(std::move(item));
+}
 
+absl::Status Prefetcher::PutBatch(absl::Span<const uint64_t> samples,
+                                  std::vector<std::vector<float>> rows) {
+  std::vector<absl::Span<const float>> spans(rows.begin(), rows.end());
+  if (absl::Status s = ValidatePutArgs(options_.link, samples, spans); !s.ok()) return s;
+  if (samples.empty()) return absl::OkStatus();
+  auto item = std::make_shared<WriteItem>();
+  item->samples.assign(samples.begin(), samples.end());
+  item->rows = std::move(rows);
+  return Enqueue(std::move(item));
+}
+
+absl::Status Prefetcher::Enqueue(std::shared_ptr<WriteItem> item) {
+  item->bytes = item->samples.size() * row_bytes_;
   absl::MutexLock lock(&mu_);
   const auto t0 = Clock::now();
   bool blocked = false;
@@ -315,6 +366,11 @@ void Prefetcher::WriterLoop() {
         auto p = pending_.find(it->samples[i]);
         // A later put of the same sample stays pending.
         if (p != pending_.end() && p->second.item.get() == it.get()) pending_.erase(p);
+      }
+      // Nobody else can reach the item now (readers copy Pending under mu_):
+      // if we hold the last reference, recycle its buffers.
+      if (it.use_count() == 1) {
+        for (auto& row : std::const_pointer_cast<WriteItem>(it)->rows) RecycleLocked(std::move(row));
       }
     }
     if (status.ok()) {

@@ -13,6 +13,11 @@
 //     prefetcher->PutBatch(samples, new_m);        // returns after a copy
 //   prefetcher->Close();                           // flushes, joins threads
 //
+// Zero-copy loop (what the AQ-SGD link uses): TakeBatch moves the prefetched
+// row buffers out, the caller updates m(xi) in place and hands the same
+// buffers back with PutBatch(samples, std::move(rows)); buffers are recycled
+// through a bounded pool, so a steady epoch allocates nothing.
+//
 // Contract:
 //   - GetBatch/PutBatch have MessageStore's semantics; GetBatch may ask for
 //     any samples. Samples of the prefetch window are served from memory
@@ -96,6 +101,14 @@ class Prefetcher {
   absl::Status PutBatch(absl::Span<const uint64_t> samples,
                         absl::Span<const absl::Span<const float>> values);
 
+  // Zero-copy forms. TakeBatch is GetBatch into buffers it owns and moves to
+  // the caller (`rows` is resized to samples.size(), each row to
+  // link.num_values(); contents unspecified unless reads[i] is OK).
+  absl::Status TakeBatch(absl::Span<const uint64_t> samples, std::vector<std::vector<float>>* rows,
+                         absl::Span<RowRead> reads);
+  // Queues `rows` (moved, not copied) for writing behind.
+  absl::Status PutBatch(absl::Span<const uint64_t> samples, std::vector<std::vector<float>> rows);
+
   // Blocks until every queued write is in the store.
   absl::Status Flush();
   // Flush, then stop and join the threads. Idempotent.
@@ -128,6 +141,10 @@ class Prefetcher {
   void EraseSlotLocked(uint64_t sample) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AdvanceConsumerLocked(int64_t batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t num_batches() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Row buffers: recycled to avoid page-faulting fresh memory for every row.
+  std::vector<float> NewBufferLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecycleLocked(std::vector<float> buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Enqueue(std::shared_ptr<WriteItem> item);
 
   MessageStore* const store_;
   const Options options_;
@@ -159,6 +176,9 @@ class Prefetcher {
   uint64_t write_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_write_seq_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);  // latest put per sample
+
+  std::vector<std::vector<float>> pool_ ABSL_GUARDED_BY(mu_);
+  size_t max_pool_rows_ = 0;
 
   PrefetcherStats stats_ ABSL_GUARDED_BY(mu_);
 

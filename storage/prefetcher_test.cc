@@ -251,6 +251,31 @@ TEST_F(PrefetcherTest, SkippedBatchesAreReleasedAndUnknownSamplesMiss) {
       p->GetBatch(std::vector<uint64_t>{1}, Spans(out), absl::MakeSpan(reads))));
 }
 
+TEST_F(PrefetcherTest, ZeroCopyTakeAndPutRoundTrip) {
+  Populate(32, 1);
+  auto p = MakePrefetcher(/*k=*/2);
+  const std::vector<uint64_t> order = Permutation(32, 21);
+  ASSERT_TRUE(p->SetOrder(order).ok());
+  for (int64_t b = 0; b < 8; ++b) {
+    const std::vector<uint64_t> samples = Batch(order, b);
+    std::vector<std::vector<float>> rows;
+    std::vector<RowRead> reads(samples.size());
+    ASSERT_TRUE(p->TakeBatch(samples, &rows, absl::MakeSpan(reads)).ok());
+    ASSERT_EQ(rows.size(), samples.size());
+    for (size_t i = 0; i < samples.size(); ++i) {
+      ASSERT_TRUE(reads[i].status.ok()) << reads[i].status;
+      EXPECT_TRUE(SameBits(rows[i], StoredValues(kLink, samples[i], 1)));
+      rows[i] = RowValues(kLink, samples[i], 2);  // the caller's update
+    }
+    ASSERT_TRUE(p->PutBatch(samples, std::move(rows)).ok());
+    ExpectVersion(p.get(), samples, 2);  // read-your-writes on the owned path
+  }
+  ASSERT_TRUE(p->Close().ok());
+  auto q = MakePrefetcher(2);
+  ASSERT_TRUE(q->SetOrder(order).ok());
+  for (int64_t b = 0; b < 8; ++b) ExpectVersion(q.get(), Batch(order, b), 2);
+}
+
 TEST(PrefetcherRocksDbTest, EpochOverRocksDbIsExact) {
   ScratchDir dir;
   RocksDbMessageStore::Options o;
