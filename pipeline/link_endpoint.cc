@@ -1,0 +1,358 @@
+#include "pipeline/link_endpoint.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "common/random.h"
+#include "common/status_macros.h"
+
+namespace aqswarm::pipeline {
+namespace {
+
+using compression::LinkMode;
+
+bool Stateful(const LinkEndpointOptions& o) { return o.codec.mode == LinkMode::kAqsgd; }
+
+uint32_t RowKey(uint64_t step, uint32_t mb, uint64_t sample) {
+  return StreamKey(step * 0x10000 + mb, sample);
+}
+
+absl::StatusOr<std::unique_ptr<storage::Prefetcher>> MakePrefetcher(storage::MessageStore* store,
+                                                                     const LinkEndpointOptions& o) {
+  if (!Stateful(o)) return std::unique_ptr<storage::Prefetcher>();
+  if (store == nullptr) return absl::InvalidArgumentError("aqsgd links need a message store");
+  storage::Prefetcher::Options p;
+  p.link = o.link;
+  p.micro_batch = o.micro_batch;
+  p.prefetch_batches = o.prefetch_batches;
+  return storage::Prefetcher::Create(store, p);
+}
+
+void CountRow(const v1::AqsgdRow& row, int64_t values, LinkEndpointStats* s) {
+  switch (row.kind()) {
+    case v1::AqsgdRow::KIND_FULL: ++s->full_rows; break;
+    case v1::AqsgdRow::KIND_DELTA: ++s->delta_rows; break;
+    default: ++s->direct_rows; break;
+  }
+  s->payload_bytes += compression::EncodedBytes(row.tensor());
+  s->raw_bytes += static_cast<uint64_t>(values) * 4;
+}
+
+}  // namespace
+
+absl::StatusOr<LinkEndpointOptions> LinkOptionsFromJob(const v1::JobSpec& job, uint32_t pipeline,
+                                                       uint32_t boundary, uint64_t generation) {
+  LinkEndpointOptions o;
+  o.link.link = {pipeline, boundary};
+  o.link.generation = generation;
+  o.link.rows = job.model().seq_len();
+  o.link.cols = job.model().d_model();
+  AQSWARM_ASSIGN_OR_RETURN(o.link.precision, ParseRowPrecision(job.compression().m_precision()));
+  switch (job.compression().mode()) {
+    case v1::LinkCompression::aqsgd: o.codec.mode = LinkMode::kAqsgd; break;
+    case v1::LinkCompression::directq: o.codec.mode = LinkMode::kDirectQ; break;
+    default: o.codec.mode = LinkMode::kFp32; break;
+  }
+  o.codec.quantizer.codec = v1::CODEC_FIXED_POINT;
+  o.codec.quantizer.bits = static_cast<int>(job.compression().fw_bits());
+  o.codec.stored = o.link.precision;
+  o.codec.warmup_epochs = job.compression().warmup_epochs();
+  o.micro_batch = job.micro_batch_size();
+  return o;
+}
+
+// ---------------------------------------------------------------- sender
+
+ActivationSender::ActivationSender(storage::MessageStore* store, const LinkEndpointOptions& options)
+    : options_(options), store_(store) {}
+
+ActivationSender::~ActivationSender() { Close().IgnoreError(); }
+
+absl::StatusOr<std::unique_ptr<ActivationSender>> ActivationSender::Create(storage::MessageStore* store,
+                                                                           const LinkEndpointOptions& options) {
+  std::unique_ptr<ActivationSender> s(new ActivationSender(store, options));
+  AQSWARM_ASSIGN_OR_RETURN(s->codec_, compression::AqsgdLinkCodec::Create(options.codec));
+  AQSWARM_ASSIGN_OR_RETURN(s->prefetcher_, MakePrefetcher(store, options));
+  return s;
+}
+
+absl::Status ActivationSender::StartEpoch(std::vector<uint64_t> order) {
+  if (prefetcher_ == nullptr) return absl::OkStatus();
+  return prefetcher_->SetOrder(std::move(order));
+}
+
+absl::Status ActivationSender::Encode(uint64_t step, uint32_t mb, uint32_t epoch, absl::Span<const uint64_t> samples,
+                                      absl::Span<const float> acts, v1::ActivationBatch* out) {
+  const int64_t n = options_.link.num_values();
+  if (static_cast<int64_t>(acts.size()) != n * static_cast<int64_t>(samples.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("activations hold ", acts.size(), " values, expected ",
+                                                   samples.size(), " rows of ", n));
+  }
+  out->Clear();
+  out->set_step(step);
+  out->set_micro_batch(mb);
+  out->set_epoch(epoch);
+  std::vector<std::vector<float>> rows;
+  std::vector<storage::RowRead> reads(samples.size());
+  if (prefetcher_ != nullptr) {
+    AQSWARM_RETURN_IF_ERROR(prefetcher_->TakeBatch(samples, &rows, absl::MakeSpan(reads)));
+  } else {
+    rows.assign(samples.size(), std::vector<float>(n));
+  }
+  for (size_t i = 0; i < samples.size(); ++i) {
+    if (!reads[i].status.ok() && !storage::IsUnseen(reads[i].status)) return reads[i].status;
+    compression::RowContext ctx;
+    ctx.seen = reads[i].status.ok() && prefetcher_ != nullptr;
+    ctx.epoch = epoch;
+    ctx.sample_id = samples[i];
+    v1::AqsgdRow* row = out->add_rows();
+    AQSWARM_RETURN_IF_ERROR(codec_->EncodeRow(ctx, acts.subspan(i * n, n), options_.link.rows, options_.link.cols,
+                                              absl::MakeSpan(rows[i]), RowKey(step, mb, samples[i]), row));
+    CountRow(*row, n, &stats_);
+  }
+  if (prefetcher_ != nullptr) AQSWARM_RETURN_IF_ERROR(prefetcher_->PutBatch(samples, std::move(rows)));
+  return absl::OkStatus();
+}
+
+absl::Status ActivationSender::EncodeResend(uint64_t step, uint32_t mb, uint32_t epoch,
+                                            absl::Span<const uint64_t> samples, absl::Span<const float> acts,
+                                            absl::Span<const uint64_t> resend_ids, v1::ActivationBatch* out) {
+  const int64_t n = options_.link.num_values();
+  out->Clear();
+  out->set_step(step);
+  out->set_micro_batch(mb);
+  out->set_epoch(epoch);
+  out->set_resend(true);
+  std::vector<uint64_t> ids;
+  std::vector<std::vector<float>> rows;
+  for (uint64_t id : resend_ids) {
+    auto it = std::find(samples.begin(), samples.end(), id);
+    if (it == samples.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("resend asks for sample ", id, ", not in micro-batch ", mb));
+    }
+    if (std::find(ids.begin(), ids.end(), id) != ids.end()) continue;
+    const size_t i = it - samples.begin();
+    compression::RowContext ctx;
+    ctx.seen = true;
+    ctx.force_full = true;
+    ctx.epoch = epoch;
+    ctx.sample_id = id;
+    rows.emplace_back(n);
+    v1::AqsgdRow* row = out->add_rows();
+    AQSWARM_RETURN_IF_ERROR(codec_->EncodeRow(ctx, acts.subspan(i * n, n), options_.link.rows, options_.link.cols,
+                                              absl::MakeSpan(rows.back()), RowKey(step, mb, id), row));
+    CountRow(*row, n, &stats_);
+    ++stats_.resend_rows;
+    ids.push_back(id);
+  }
+  if (prefetcher_ != nullptr) AQSWARM_RETURN_IF_ERROR(prefetcher_->PutBatch(ids, std::move(rows)));
+  return absl::OkStatus();
+}
+
+absl::Status ActivationSender::EncodeEval(uint64_t step, uint32_t mb, absl::Span<const float> acts, int64_t batch,
+                                          v1::ActivationBatch* out) {
+  const int64_t n = options_.link.num_values();
+  if (static_cast<int64_t>(acts.size()) != n * batch) return absl::InvalidArgumentError("eval activations: bad size");
+  out->Clear();
+  out->set_step(step);
+  out->set_micro_batch(mb);
+  out->set_eval(true);
+  compression::CodecOptions raw;
+  raw.codec = v1::CODEC_RAW_F32;
+  for (int64_t i = 0; i < batch; ++i) {
+    v1::AqsgdRow* row = out->add_rows();
+    row->set_kind(v1::AqsgdRow::KIND_DIRECT);
+    AQSWARM_RETURN_IF_ERROR(compression::Encode(raw, acts.subspan(i * n, n), {options_.link.rows, options_.link.cols},
+                                                0, row->mutable_tensor()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ActivationSender::Close() {
+  if (prefetcher_ == nullptr) return absl::OkStatus();
+  absl::Status s = prefetcher_->Close();
+  prefetcher_.reset();
+  return s;
+}
+
+// ---------------------------------------------------------------- receiver
+
+ActivationReceiver::ActivationReceiver(storage::MessageStore* store, const LinkEndpointOptions& options)
+    : options_(options), store_(store) {}
+
+ActivationReceiver::~ActivationReceiver() { Close().IgnoreError(); }
+
+absl::StatusOr<std::unique_ptr<ActivationReceiver>> ActivationReceiver::Create(storage::MessageStore* store,
+                                                                               const LinkEndpointOptions& options) {
+  std::unique_ptr<ActivationReceiver> r(new ActivationReceiver(store, options));
+  AQSWARM_ASSIGN_OR_RETURN(r->codec_, compression::AqsgdLinkCodec::Create(options.codec));
+  AQSWARM_ASSIGN_OR_RETURN(r->prefetcher_, MakePrefetcher(store, options));
+  return r;
+}
+
+absl::Status ActivationReceiver::StartEpoch(std::vector<uint64_t> order) {
+  if (prefetcher_ == nullptr) return absl::OkStatus();
+  return prefetcher_->SetOrder(std::move(order));
+}
+
+absl::Status ActivationReceiver::Begin(uint64_t step, uint32_t mb, absl::Span<const uint64_t> samples) {
+  if (active_) return absl::FailedPreconditionError("previous micro-batch not taken");
+  step_ = step;
+  micro_batch_ = mb;
+  samples_.assign(samples.begin(), samples.end());
+  reads_.assign(samples.size(), storage::RowRead());
+  done_.assign(samples.size(), false);
+  dirty_.assign(samples.size(), false);
+  if (prefetcher_ != nullptr) {
+    AQSWARM_RETURN_IF_ERROR(prefetcher_->TakeBatch(samples, &m_, absl::MakeSpan(reads_)));
+    for (const auto& r : reads_) {
+      if (!r.status.ok() && !storage::IsUnseen(r.status)) return r.status;
+    }
+  } else {
+    m_.assign(samples.size(), std::vector<float>(options_.link.num_values()));
+  }
+  active_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status ActivationReceiver::Apply(const v1::ActivationBatch& batch, std::vector<uint64_t>* missing) {
+  if (!active_) return absl::FailedPreconditionError("activation batch with no micro-batch expected");
+  if (batch.step() != step_ || batch.micro_batch() != micro_batch_) {
+    return absl::InvalidArgumentError(absl::StrCat("out-of-order activations: got step ", batch.step(),
+                                                   " micro-batch ", batch.micro_batch(), ", expected step ", step_,
+                                                   " micro-batch ", micro_batch_));
+  }
+  if (batch.eval()) return absl::InvalidArgumentError("eval batch where a training batch was expected");
+  if (!batch.resend() && batch.rows_size() != static_cast<int>(samples_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("batch has ", batch.rows_size(), " rows, micro-batch has ",
+                                                   samples_.size(), " samples"));
+  }
+  const bool stateful = prefetcher_ != nullptr;
+  // Validate every row's identity before changing anything.
+  std::vector<size_t> index(batch.rows_size());
+  for (int r = 0; r < batch.rows_size(); ++r) {
+    const v1::AqsgdRow& row = batch.rows(r);
+    auto it = std::find(samples_.begin(), samples_.end(), row.sample_id());
+    if (it == samples_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("row for sample ", row.sample_id(), " not in micro-batch ",
+                                                     micro_batch_));
+    }
+    index[r] = it - samples_.begin();
+    if (std::count(index.begin(), index.begin() + r, index[r]) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("sample ", row.sample_id(), " appears twice"));
+    }
+    const auto kind = row.kind();
+    const bool ok_kind = stateful ? (kind == v1::AqsgdRow::KIND_FULL || (!batch.resend() && kind == v1::AqsgdRow::KIND_DELTA))
+                                  : (kind == v1::AqsgdRow::KIND_DIRECT && !batch.resend());
+    if (!ok_kind) {
+      return absl::InvalidArgumentError(absl::StrCat("row kind ", v1::AqsgdRow::Kind_Name(kind),
+                                                     batch.resend() ? " in a resend" : "", " not allowed on this link"));
+    }
+    if (batch.resend() && done_[index[r]]) {
+      return absl::InvalidArgumentError(absl::StrCat("resend of sample ", row.sample_id(), " that was applied"));
+    }
+  }
+  for (int r = 0; r < batch.rows_size(); ++r) {
+    const size_t i = index[r];
+    AQSWARM_ASSIGN_OR_RETURN(compression::ReceiveResult res,
+                             codec_->DecodeRow(batch.rows(r), options_.link.rows, options_.link.cols,
+                                               absl::MakeSpan(m_[i])));
+    CountRow(batch.rows(r), options_.link.num_values(), &stats_);
+    if (res == compression::ReceiveResult::kApplied) {
+      done_[i] = true;
+      dirty_[i] = stateful;
+    } else {
+      ++stats_.resend_rows;
+    }
+  }
+  missing->clear();
+  for (size_t i = 0; i < samples_.size(); ++i) {
+    if (!done_[i]) missing->push_back(samples_[i]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ActivationReceiver::Take(std::vector<float>* acts) {
+  if (!active_) return absl::FailedPreconditionError("no micro-batch to take");
+  for (size_t i = 0; i < samples_.size(); ++i) {
+    if (!done_[i]) return absl::FailedPreconditionError(absl::StrCat("sample ", samples_[i], " not received"));
+  }
+  const int64_t n = options_.link.num_values();
+  acts->resize(samples_.size() * n);
+  for (size_t i = 0; i < samples_.size(); ++i) std::memcpy(acts->data() + i * n, m_[i].data(), n * sizeof(float));
+  active_ = false;
+  if (prefetcher_ != nullptr) {
+    std::vector<uint64_t> ids;
+    std::vector<std::vector<float>> rows;
+    for (size_t i = 0; i < samples_.size(); ++i) {
+      if (!dirty_[i]) continue;
+      ids.push_back(samples_[i]);
+      rows.push_back(std::move(m_[i]));
+    }
+    AQSWARM_RETURN_IF_ERROR(prefetcher_->PutBatch(ids, std::move(rows)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ActivationReceiver::ApplyEval(const v1::ActivationBatch& batch, int64_t batch_size,
+                                           std::vector<float>* acts) {
+  if (!batch.eval()) return absl::InvalidArgumentError("expected an eval batch");
+  if (batch.rows_size() != batch_size) {
+    return absl::InvalidArgumentError(absl::StrCat("eval batch has ", batch.rows_size(), " rows, expected ", batch_size));
+  }
+  const int64_t n = options_.link.num_values();
+  acts->resize(batch_size * n);
+  for (int64_t i = 0; i < batch_size; ++i) {
+    const v1::EncodedTensor& t = batch.rows(i).tensor();
+    if (batch.rows(i).kind() != v1::AqsgdRow::KIND_DIRECT || t.codec() != v1::CODEC_RAW_F32 ||
+        t.shape_size() != 2 || t.shape(0) != options_.link.rows || t.shape(1) != options_.link.cols) {
+      return absl::InvalidArgumentError("eval rows must be raw float32 [seq_len, d_model]");
+    }
+    AQSWARM_RETURN_IF_ERROR(compression::Decode(t, absl::MakeSpan(acts->data() + i * n, n)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ActivationReceiver::Close() {
+  if (prefetcher_ == nullptr) return absl::OkStatus();
+  absl::Status s = prefetcher_->Close();
+  prefetcher_.reset();
+  return s;
+}
+
+// ---------------------------------------------------------------- gradients
+
+GradientCodec::GradientCodec(v1::LinkCompression::Mode mode, int bw_bits, int64_t seq_len, int64_t d_model)
+    : seq_len_(seq_len), d_model_(d_model) {
+  if (mode == v1::LinkCompression::fp32) {
+    options_.codec = v1::CODEC_RAW_F32;
+  } else {
+    options_.codec = v1::CODEC_FIXED_POINT;
+    options_.bits = bw_bits;
+  }
+}
+
+absl::Status GradientCodec::Encode(absl::Span<const float> grad, int64_t batch, uint32_t rng_key,
+                                   v1::EncodedTensor* out) const {
+  return compression::Encode(options_, grad, {batch, seq_len_, d_model_}, rng_key, out);
+}
+
+absl::Status GradientCodec::Decode(const v1::EncodedTensor& msg, int64_t batch, std::vector<float>* out) const {
+  if (msg.shape_size() != 3 || msg.shape(0) != batch || msg.shape(1) != seq_len_ || msg.shape(2) != d_model_) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient shape must be [", batch, ",", seq_len_, ",", d_model_,
+                                                   "]"));
+  }
+  // Tiny tensors travel raw whatever the codec (compression/codec.h).
+  if (msg.codec() != options_.codec && msg.codec() != v1::CODEC_RAW_F32) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient codec ", compression::CodecName(msg.codec()),
+                                                   " is not the link's ", compression::CodecName(options_.codec)));
+  }
+  std::vector<float> tmp(static_cast<size_t>(batch * seq_len_ * d_model_));
+  AQSWARM_RETURN_IF_ERROR(compression::Decode(msg, absl::MakeSpan(tmp)));
+  *out = std::move(tmp);
+  return absl::OkStatus();
+}
+
+}  // namespace aqswarm::pipeline
