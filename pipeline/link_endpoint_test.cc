@@ -165,7 +165,7 @@ TEST(StatelessLinkTest, Fp32IsExactAndDirectQIsClose) {
     } else {
       double err = 0;
       for (size_t i = 0; i < got.size(); ++i) err = std::max(err, static_cast<double>(std::fabs(got[i] - want[i])));
-      EXPECT_LT(err, 0.26 + 1e-3);  // 3 bits: the top of the asymmetric grid is 3/4 of the scale
+      EXPECT_LT(err, 0.27);  // 3 bits: the asymmetric grid tops out at 3/4 of the (rounded-up) scale
       EXPECT_GT(err, 0.0);
     }
     EXPECT_EQ(h.sender->stats().direct_rows, 3u);
