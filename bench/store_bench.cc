@@ -273,7 +273,8 @@ absl::StatusOr<Row> RunEpoch(MessageStore* store, const LinkSpec& link,
     o.micro_batch = mb;
     o.prefetch_batches = config.prefetch_batches;
     o.max_prefetch_bytes = (config.prefetch_batches + 1) * batch_bytes;
-    o.max_write_behind_bytes = (config.prefetch_batches + 1) * batch_bytes;
+    // Write-behind: the default bound (256 MiB), at least two micro-batches.
+    o.max_write_behind_bytes = std::max<uint64_t>(o.max_write_behind_bytes, 2 * batch_bytes);
     auto p = storage::Prefetcher::Create(store, o);
     if (!p.ok()) return p.status();
     prefetcher = std::move(p).value();

@@ -29,9 +29,6 @@ uint64_t RoundAndChecksum(const LinkSpec& link, absl::Span<const float> in, absl
   return Checksum64(scratch->data(), scratch->size());
 }
 
-// Writer coalesces queued items up to this many bytes into one PutBatch.
-constexpr uint64_t kMaxWriteCoalesceBytes = 64ull << 20;
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Prefetcher>> Prefetcher::Create(MessageStore* store,
@@ -342,12 +339,10 @@ void Prefetcher::WriterLoop() {
       absl::MutexLock lock(&mu_);
       while (!stop_ && queue_.empty()) writer_cv_.Wait(&mu_);
       if (queue_.empty()) return;  // stop_ and drained
-      uint64_t bytes = 0;
-      for (const auto& it : queue_) {
-        if (!items.empty() && bytes + it->bytes > kMaxWriteCoalesceBytes) break;
-        items.push_back(it);
-        bytes += it->bytes;
-      }
+      // One item per store write: its bytes are released (and a consumer
+      // blocked on back-pressure resumes) as soon as it is in the store, instead
+      // of in bursts after a large coalesced write.
+      items.push_back(queue_.front());
     }
     std::vector<uint64_t> samples;
     std::vector<absl::Span<const float>> rows;
