@@ -1,0 +1,342 @@
+#include "peer/link_transport.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "grpcpp/grpcpp.h"
+
+namespace aqswarm::peer {
+namespace {
+
+int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }
+
+grpc::ChannelArguments LinkChannelArgs() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxLinkFrameBytes);
+  args.SetMaxSendMessageSize(kMaxLinkFrameBytes);
+  // Detect a vanished neighbour on an idle link within ~20 s.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Each link is its own TCP connection (the shaping is per link).
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return args;
+}
+
+absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat(what, ": ", s.error_message()));
+}
+
+}  // namespace
+
+// ------------------------------------------------------------ LinkConnection
+
+LinkConnection::LinkConnection(std::string name, const ShapingOptions& shaping)
+    : name_(std::move(name)), shaping_(shaping) {}
+
+LinkConnection::~LinkConnection() = default;
+
+void LinkConnection::StartWriter() { writer_ = std::thread([this] { WriterLoop(); }); }
+
+void LinkConnection::StopThreads() {
+  // The writer drains what is queued, then exits; a dead peer makes its
+  // writes fail fast (the owner cancels the stream first when it must not wait).
+  CloseSend();
+  if (writer_.joinable()) writer_.join();
+}
+
+void LinkConnection::MarkBroken(const absl::Status& s) {
+  absl::MutexLock l(&mu_);
+  if (broken_.ok()) broken_ = s;
+}
+
+absl::Status LinkConnection::Send(v1::LinkFrame frame, absl::Duration timeout) {
+  absl::MutexLock l(&mu_);
+  auto can_send = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return outbound_.size() < kMaxQueuedFrames || !broken_.ok() || send_closed_;
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&can_send), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat("link ", name_, ": send queue full for ", absl::FormatDuration(timeout)));
+  }
+  if (!broken_.ok()) return broken_;
+  if (send_closed_) return absl::FailedPreconditionError(absl::StrCat("link ", name_, " is closed for sending"));
+  outbound_.push_back(std::move(frame));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::LinkFrame> LinkConnection::Receive(const std::function<bool(const v1::LinkFrame&)>& match,
+                                                      absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock l(&mu_);
+  size_t scanned = 0;
+  while (true) {
+    for (auto it = inbound_.begin() + scanned; it != inbound_.end(); ++it) {
+      if (match(*it)) {
+        v1::LinkFrame f = std::move(*it);
+        inbound_.erase(it);
+        return f;
+      }
+    }
+    scanned = inbound_.size();
+    if (reader_done_) {
+      return !broken_.ok() ? broken_
+                           : absl::UnavailableError(absl::StrCat("link ", name_, " was closed by the peer"));
+    }
+    auto changed = [this, scanned]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return inbound_.size() != scanned || reader_done_;
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&changed), deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat("link ", name_, ": expected frame did not arrive within ",
+                                                      absl::FormatDuration(timeout)));
+    }
+  }
+}
+
+void LinkConnection::CloseSend() {
+  absl::MutexLock l(&mu_);
+  send_closed_ = true;
+}
+
+absl::Status LinkConnection::WaitClosed(absl::Duration timeout) {
+  absl::MutexLock l(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return reader_done_; };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat("link ", name_, ": peer did not close within ",
+                                                    absl::FormatDuration(timeout)));
+  }
+  return broken_;
+}
+
+void LinkConnection::WaitWriterDone() {
+  absl::MutexLock l(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return writer_done_; };
+  mu_.Await(absl::Condition(&done));
+}
+
+void LinkConnection::WriterLoop() {
+  absl::Time wire_free = absl::InfinitePast();
+  while (true) {
+    v1::LinkFrame frame;
+    {
+      absl::MutexLock l(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !outbound_.empty() || send_closed_ || !broken_.ok();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (!broken_.ok() || outbound_.empty()) break;  // broken, or closed and drained
+      frame = std::move(outbound_.front());
+      outbound_.pop_front();
+    }
+    const size_t bytes = frame.ByteSizeLong() + 8;  // + the timestamp set below
+    absl::Time now = absl::Now();
+    if (shaping_.bandwidth_mbps > 0) {
+      const absl::Duration tx = absl::Seconds(bytes * 8.0 / (shaping_.bandwidth_mbps * 1e6));
+      wire_free = std::max(now, wire_free) + tx;
+      absl::SleepFor(wire_free - now);  // the emulated wire is busy
+      now = wire_free;
+    }
+    frame.set_sent_unix_micros(absl::ToUnixMicros(now));
+    if (!WriteFrame(frame)) {
+      MarkBroken(absl::UnavailableError(absl::StrCat("link ", name_, ": write failed (peer gone)")));
+      break;
+    }
+    bytes_sent_ += frame.ByteSizeLong();
+  }
+  FinishWrites();
+  absl::MutexLock l(&mu_);
+  writer_done_ = true;
+}
+
+void LinkConnection::ReaderLoop() {
+  v1::LinkFrame frame;
+  while (ReadFrame(&frame)) {
+    bytes_received_ += frame.ByteSizeLong();
+    if (shaping_.latency_ms > 0) {
+      const int64_t due = frame.sent_unix_micros() + static_cast<int64_t>(shaping_.latency_ms * 1000);
+      const int64_t wait = due - NowMicros();
+      if (wait > 0) absl::SleepFor(absl::Microseconds(std::min<int64_t>(wait, 60'000'000)));
+    }
+    absl::MutexLock l(&mu_);
+    inbound_.push_back(std::move(frame));
+    frame = v1::LinkFrame();
+  }
+  absl::Status final_status = FinalStatus();
+  absl::MutexLock l(&mu_);
+  if (broken_.ok() && !final_status.ok()) broken_ = final_status;
+  reader_done_ = true;
+}
+
+// ------------------------------------------------------------ client side
+
+namespace {
+
+class ClientLink final : public LinkConnection {
+ public:
+  ClientLink(const std::string& target, const ShapingOptions& shaping)
+      : LinkConnection(absl::StrCat("to ", target), shaping) {}
+
+  ~ClientLink() override {
+    CloseSend();
+    // Give an orderly close a moment, then cancel.
+    if (stream_ != nullptr && absl::IsDeadlineExceeded(WaitClosed(absl::Seconds(5)))) context_.TryCancel();
+    StopThreads();
+    if (reader_.joinable()) reader_.join();
+  }
+
+  absl::Status Connect(const std::string& target, absl::Duration timeout) {
+    channel_ = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), LinkChannelArgs());
+    const auto deadline = std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout);
+    if (!channel_->WaitForConnected(deadline)) {
+      return absl::UnavailableError(absl::StrCat("cannot reach the next stage at ", target, " within ",
+                                                 absl::FormatDuration(timeout)));
+    }
+    stub_ = v1::StageLink::NewStub(channel_);
+    stream_ = stub_->Connect(&context_);
+    if (stream_ == nullptr) return absl::UnavailableError(absl::StrCat("cannot open a stream to ", target));
+    StartWriter();
+    reader_ = std::thread([this] { ReaderLoop(); });
+    return absl::OkStatus();
+  }
+
+ protected:
+  bool WriteFrame(const v1::LinkFrame& f) override { return stream_->Write(f); }
+  bool ReadFrame(v1::LinkFrame* f) override { return stream_->Read(f); }
+  void FinishWrites() override { stream_->WritesDone(); }
+  absl::Status FinalStatus() override { return FromGrpc(stream_->Finish(), absl::StrCat("link ", name_)); }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::StageLink::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::LinkFrame, v1::LinkFrame>> stream_;
+  std::thread reader_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LinkConnection>> LinkConnection::Dial(const std::string& target,
+                                                                     const ShapingOptions& shaping,
+                                                                     absl::Duration timeout) {
+  auto link = std::make_unique<ClientLink>(target, shaping);
+  absl::Status s = link->Connect(target, timeout);
+  if (!s.ok()) return s;
+  return std::unique_ptr<LinkConnection>(std::move(link));
+}
+
+// ------------------------------------------------------------ server side
+
+namespace {
+
+class ServerLink final : public LinkConnection {
+ public:
+  ServerLink(grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::LinkFrame, v1::LinkFrame>* stream,
+             const ShapingOptions& shaping)
+      : LinkConnection(absl::StrCat("from ", ctx->peer()), shaping), ctx_(ctx), stream_(stream) {}
+  ~ServerLink() override { StopThreads(); }
+
+
+  // Runs on the gRPC handler thread for the life of the stream: reads until
+  // the upstream half-closes or vanishes, then waits until this stage has
+  // closed its own sends and the writer drained (the stream must stay valid
+  // meanwhile).
+  void Serve() {
+    StartWriter();
+    ReaderLoop();
+    WaitWriterDone();
+  }
+
+ protected:
+  bool WriteFrame(const v1::LinkFrame& f) override { return stream_->Write(f); }
+  bool ReadFrame(v1::LinkFrame* f) override { return stream_->Read(f); }
+  void FinishWrites() override {}
+  absl::Status FinalStatus() override {
+    if (ctx_->IsCancelled()) return absl::UnavailableError(absl::StrCat("link ", name_, " was cancelled (peer gone)"));
+    return absl::OkStatus();
+  }
+
+ private:
+  grpc::ServerContext* ctx_;
+  grpc::ServerReaderWriter<v1::LinkFrame, v1::LinkFrame>* stream_;
+};
+
+}  // namespace
+
+class StageLinkServer::Service final : public v1::StageLink::Service {
+ public:
+  explicit Service(const ShapingOptions& shaping) : shaping_(shaping) {}
+
+  grpc::Status Connect(grpc::ServerContext* ctx,
+                       grpc::ServerReaderWriter<v1::LinkFrame, v1::LinkFrame>* stream) override {
+    auto link = std::make_shared<ServerLink>(ctx, stream, shaping_);
+    {
+      absl::MutexLock l(&mu_);
+      if (link_ != nullptr || shutdown_) {
+        return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                            "this stage already has an upstream neighbour (or is shutting down)");
+      }
+      link_ = link;
+    }
+    link->Serve();
+    return grpc::Status::OK;
+  }
+
+  absl::StatusOr<LinkConnection*> Accept(absl::Duration timeout) {
+    absl::MutexLock l(&mu_);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return link_ != nullptr || shutdown_; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout) || link_ == nullptr) {
+      return absl::DeadlineExceededError(absl::StrCat("the upstream stage did not connect within ",
+                                                      absl::FormatDuration(timeout)));
+    }
+    return link_.get();
+  }
+
+  void Shutdown() {
+    std::shared_ptr<ServerLink> link;
+    {
+      absl::MutexLock l(&mu_);
+      shutdown_ = true;
+      link = link_;
+    }
+    if (link) link->CloseSend();
+  }
+
+ private:
+  const ShapingOptions shaping_;
+  absl::Mutex mu_;
+  std::shared_ptr<ServerLink> link_ ABSL_GUARDED_BY(mu_);
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+absl::StatusOr<std::unique_ptr<StageLinkServer>> StageLinkServer::Start(const std::string& listen,
+                                                                        const ShapingOptions& shaping) {
+  std::unique_ptr<StageLinkServer> s(new StageLinkServer());
+  s->service_ = std::make_unique<Service>(shaping);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.SetMaxReceiveMessageSize(kMaxLinkFrameBytes);
+  builder.SetMaxSendMessageSize(kMaxLinkFrameBytes);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.RegisterService(s->service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+  }
+  return s;
+}
+
+absl::StatusOr<LinkConnection*> StageLinkServer::Accept(absl::Duration timeout) { return service_->Accept(timeout); }
+
+void StageLinkServer::Shutdown(absl::Duration grace) {
+  if (server_ == nullptr) return;
+  service_->Shutdown();
+  server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
+  server_->Wait();
+  server_.reset();
+}
+
+StageLinkServer::~StageLinkServer() { Shutdown(); }
+
+}  // namespace aqswarm::peer

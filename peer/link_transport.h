@@ -1,0 +1,136 @@
+// StageLink transport: one bidi gRPC stream between adjacent stages, with
+// user-space link shaping (the kernel here has no netem).
+//
+// Both ends hold a LinkConnection:
+//   upstream (stage j):    auto c = LinkConnection::Dial("127.0.0.1:5001", shaping, timeout);
+//   downstream (stage j+1): auto server = StageLinkServer::Start("127.0.0.1:0", shaping);
+//                           auto c = server->Accept(timeout);
+//   c->Send(frame);                                   // queued; a writer thread ships it
+//   c->Receive([](const v1::LinkFrame& f) { return f.has_gradients(); }, timeout);
+//
+// Shaping (per direction, applied by the sender's writer thread and the
+// receiver's reader): a frame of N serialized bytes occupies the wire for
+// N*8/bandwidth seconds after the previous frame left (token bucket with a
+// one-frame burst); it is delivered latency_ms after its last byte left.
+// The sleeps here *are* the emulated wire, not synchronisation.
+//
+// Receive() returns the first queued frame that matches; frames that do not
+// match stay queued in arrival order for later calls (the protocol lets a
+// resend answer overtake later micro-batches). Every wait is bounded. When the
+// peer goes away (process killed, stream cancelled) pending and later
+// Receive/Send calls fail with Unavailable naming the link.
+//
+// Thread-safety: Send and Receive may be called from different threads.
+#ifndef AQSWARM_PEER_LINK_TRANSPORT_H_
+#define AQSWARM_PEER_LINK_TRANSPORT_H_
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/link.grpc.pb.h"
+
+namespace aqswarm::peer {
+
+struct ShapingOptions {
+  // Link bandwidth in Mbit/s (10^6 bits); 0 = unshaped. Default: 0.
+  double bandwidth_mbps = 0;
+  // One-way latency in milliseconds. Default: 0.
+  double latency_ms = 0;
+};
+
+// Largest frame accepted on a link (gRPC's 4 MiB default is too small for
+// FULL activation batches of real models). Default: 512 MiB.
+inline constexpr int kMaxLinkFrameBytes = 512 << 20;
+
+class LinkConnection {
+ public:
+  virtual ~LinkConnection();
+
+  // Connects to a StageLinkServer, retrying until `timeout`.
+  static absl::StatusOr<std::unique_ptr<LinkConnection>> Dial(const std::string& target, const ShapingOptions& shaping,
+                                                              absl::Duration timeout);
+
+  // Queues a frame. Blocks while `max_queued_frames` are waiting (flow
+  // control) up to `timeout`. Fails once the link is broken or closed.
+  absl::Status Send(v1::LinkFrame frame, absl::Duration timeout = absl::Seconds(600));
+  absl::StatusOr<v1::LinkFrame> Receive(const std::function<bool(const v1::LinkFrame&)>& match,
+                                        absl::Duration timeout);
+  // No more sends: flushes queued frames, then half-closes. Idempotent.
+  void CloseSend();
+  // Waits (bounded) until the peer has closed its side too; returns the
+  // stream's final status.
+  absl::Status WaitClosed(absl::Duration timeout);
+
+  uint64_t bytes_sent() const { return bytes_sent_.load(); }
+  uint64_t bytes_received() const { return bytes_received_.load(); }
+  const std::string& name() const { return name_; }
+
+ protected:
+  LinkConnection(std::string name, const ShapingOptions& shaping);
+  // Transport hooks (client or server stream).
+  virtual bool WriteFrame(const v1::LinkFrame& frame) = 0;
+  virtual bool ReadFrame(v1::LinkFrame* frame) = 0;
+  virtual void FinishWrites() = 0;
+  // Runs the reader until the stream ends; then marks the link closed with
+  // `final_status()`.
+  void ReaderLoop();
+  virtual absl::Status FinalStatus() = 0;
+  void StartWriter();
+  // Blocks until the writer thread has exited (sends closed and drained, or
+  // the stream broke).
+  void WaitWriterDone();
+  void StopThreads();
+  void MarkBroken(const absl::Status& s);
+
+  const std::string name_;
+
+ private:
+  void WriterLoop();
+
+  const ShapingOptions shaping_;
+  absl::Mutex mu_;
+  std::deque<v1::LinkFrame> outbound_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::LinkFrame> inbound_ ABSL_GUARDED_BY(mu_);
+  bool send_closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool writer_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool reader_done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);  // first failure, sticky
+  static constexpr size_t kMaxQueuedFrames = 64;
+  std::thread writer_;
+  std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<uint64_t> bytes_received_{0};
+};
+
+// Serves StageLink for the upstream neighbour: exactly one connection.
+class StageLinkServer {
+ public:
+  // `listen` like "127.0.0.1:0"; port() tells the bound port.
+  static absl::StatusOr<std::unique_ptr<StageLinkServer>> Start(const std::string& listen,
+                                                                const ShapingOptions& shaping);
+  ~StageLinkServer();
+  int port() const { return port_; }
+  // Waits for the upstream stage to connect.
+  absl::StatusOr<LinkConnection*> Accept(absl::Duration timeout);
+  // Stops serving: our side of the stream closes after queued frames are
+  // sent; the upstream gets `grace` to finish its side, then is cancelled.
+  void Shutdown(absl::Duration grace = absl::Seconds(5));
+
+ private:
+  class Service;
+  StageLinkServer() = default;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+}  // namespace aqswarm::peer
+
+#endif  // AQSWARM_PEER_LINK_TRANSPORT_H_

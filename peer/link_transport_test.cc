@@ -1,0 +1,99 @@
+#include "peer/link_transport.h"
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace aqswarm::peer {
+namespace {
+
+v1::LinkFrame Commit(uint64_t step, size_t pad = 0) {
+  v1::LinkFrame f;
+  f.mutable_commit()->set_step(step);
+  if (pad) f.mutable_hello()->set_job_name(std::string(pad, 'x'));  // oneof: replaces commit
+  return f;
+}
+
+auto StepIs(uint64_t step) {
+  return [step](const v1::LinkFrame& f) { return f.has_commit() && f.commit().step() == step; };
+}
+
+struct Pair {
+  explicit Pair(ShapingOptions shaping = {}) {
+    server = *StageLinkServer::Start("127.0.0.1:0", shaping);
+    client = *LinkConnection::Dial(absl::StrCat("127.0.0.1:", server->port()), shaping, absl::Seconds(10));
+    server_end = *server->Accept(absl::Seconds(10));
+  }
+  ~Pair() {
+    // Orderly close, as the stage runners do: both sides stop sending.
+    server_end->CloseSend();
+    client.reset();
+    server.reset();
+  }
+  std::unique_ptr<StageLinkServer> server;
+  std::unique_ptr<LinkConnection> client;
+  LinkConnection* server_end;
+};
+
+TEST(LinkTransportTest, FramesFlowBothWaysAndUnmatchedFramesWait) {
+  Pair p;
+  for (uint64_t i = 0; i < 5; ++i) ASSERT_TRUE(p.client->Send(Commit(i)).ok());
+  // Take them out of order: later frames wait in arrival order.
+  auto f3 = p.server_end->Receive(StepIs(3), absl::Seconds(10));
+  ASSERT_TRUE(f3.ok()) << f3.status();
+  for (uint64_t i : {0, 1, 2, 4}) {
+    auto f = p.server_end->Receive([](auto&) { return true; }, absl::Seconds(10));
+    ASSERT_TRUE(f.ok());
+    EXPECT_EQ(f->commit().step(), i);
+  }
+  ASSERT_TRUE(p.server_end->Send(Commit(42)).ok());
+  auto back = p.client->Receive(StepIs(42), absl::Seconds(10));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_GT(p.client->bytes_sent(), 0u);
+  EXPECT_EQ(p.client->bytes_sent(), p.server_end->bytes_received());
+}
+
+TEST(LinkTransportTest, ReceiveTimesOutWithDeadlineExceeded) {
+  Pair p;
+  auto f = p.server_end->Receive(StepIs(1), absl::Milliseconds(50));
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(LinkTransportTest, ShapedLinkNeverBeatsItsBandwidthOrLatency) {
+  // 8 Mbit/s: 10 frames of ~50 kB (0.4 Mbit each) need >= 0.5 s on the wire,
+  // plus 30 ms one-way latency for the last one.
+  Pair p(ShapingOptions{8.0, 30.0});
+  const absl::Time start = absl::Now();
+  for (uint64_t i = 0; i < 10; ++i) ASSERT_TRUE(p.client->Send(Commit(i, 50000)).ok());
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(p.server_end->Receive([](auto&) { return true; }, absl::Seconds(30)).ok());
+  const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+  const double wire = p.client->bytes_sent() * 8.0 / 8e6;
+  EXPECT_GE(secs, wire + 0.03 - 0.01) << "bytes " << p.client->bytes_sent();
+}
+
+TEST(LinkTransportTest, VanishedPeerFailsPendingReceiveQuickly) {
+  Pair p;
+  const absl::Time start = absl::Now();
+  p.server->Shutdown(absl::ZeroDuration());  // the downstream stage goes away at once
+  auto f = p.client->Receive(StepIs(7), absl::Seconds(30));
+  EXPECT_FALSE(f.ok());
+  EXPECT_NE(f.status().code(), absl::StatusCode::kDeadlineExceeded) << f.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_FALSE(p.client->Send(Commit(1)).ok() && p.client->Send(Commit(2)).ok() &&
+               p.client->Receive(StepIs(9), absl::Seconds(5)).ok());
+}
+
+TEST(LinkTransportTest, SecondUpstreamIsRefused) {
+  Pair p;
+  auto intruder = LinkConnection::Dial(absl::StrCat("127.0.0.1:", p.server->port()), {}, absl::Seconds(10));
+  ASSERT_TRUE(intruder.ok());
+  auto f = (*intruder)->Receive([](auto&) { return true; }, absl::Seconds(10));
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kAlreadyExists) << f.status();
+}
+
+TEST(LinkTransportTest, DialingNobodyFailsWithinTheTimeout) {
+  auto c = LinkConnection::Dial("127.0.0.1:1", {}, absl::Milliseconds(300));
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace aqswarm::peer

@@ -1,0 +1,454 @@
+#include "peer/stage_runner.h"
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+#include "common/random.h"
+#include "common/status_macros.h"
+#include "peer/link_transport.h"
+#include "pipeline/corpus.h"
+#include "pipeline/job_spec.h"
+#include "pipeline/link_endpoint.h"
+#include "pipeline/stage_worker.h"
+#include "pipeline/tokenizer.h"
+#include "storage/rocksdb_message_store.h"
+
+namespace aqswarm::peer {
+namespace {
+
+using pipeline::ActivationReceiver;
+using pipeline::ActivationSender;
+
+const char* ModeName(v1::LinkCompression::Mode m) {
+  switch (m) {
+    case v1::LinkCompression::aqsgd: return "aqsgd";
+    case v1::LinkCompression::directq: return "directq";
+    default: return "fp32";
+  }
+}
+
+// Loads the job's corpus: data.corpus (dir or file) tokenized with the GPT-2
+// files in data.tokenizer_dir, cached in data.cache_dir.
+absl::StatusOr<std::unique_ptr<pipeline::TokenCorpus>> LoadCorpus(const v1::DataSpec& data) {
+  const std::string corpus = data.corpus().empty() ? "data/sotu" : data.corpus();
+  const std::string tok_dir = data.tokenizer_dir().empty() ? "data/gpt2" : data.tokenizer_dir();
+  AQSWARM_ASSIGN_OR_RETURN(auto tokenizer,
+                           pipeline::Tokenizer::Load(tok_dir + "/encoder.json", tok_dir + "/vocab.bpe"));
+  pipeline::CorpusOptions o;
+  o.source_path = corpus;
+  o.cache_dir = data.cache_dir().empty()
+                    ? (std::filesystem::path(corpus).lexically_normal().parent_path() / "cache").string()
+                    : data.cache_dir();
+  return pipeline::TokenCorpus::Open(o, *tokenizer);
+}
+
+class Timer {
+ public:
+  explicit Timer(double* acc) : acc_(acc), start_(absl::Now()) {}
+  ~Timer() { *acc_ += absl::ToDoubleSeconds(absl::Now() - start_); }
+
+ private:
+  double* acc_;
+  absl::Time start_;
+};
+
+class StageRunnerImpl final : public StageRunner {
+ public:
+  explicit StageRunnerImpl(const StageRunnerOptions& o) : o_(o), job_(o.job) {}
+
+  absl::Status Init() {
+    num_stages_ = static_cast<int>(job_.stages());
+    first_ = o_.stage == 0;
+    last_ = o_.stage == num_stages_ - 1;
+    if (!last_ && o_.next.empty()) return absl::InvalidArgumentError("a stage before the last needs --next");
+    AQSWARM_ASSIGN_OR_RETURN(corpus_, LoadCorpus(job_.data()));
+    pipeline::SamplePlanOptions po;
+    po.seq_len = job_.model().seq_len();
+    po.validation_fraction = job_.data().validation_fraction();
+    po.seed = job_.seed();
+    po.num_shards = static_cast<int32_t>(job_.data_parallel());
+    po.micro_batch_size = static_cast<int32_t>(job_.micro_batch_size());
+    po.micro_batches_per_step = static_cast<int32_t>(job_.micro_batches_per_step());
+    AQSWARM_ASSIGN_OR_RETURN(plan_, pipeline::SamplePlan::Create(corpus_->num_tokens(), po));
+    if (plan_->steps_per_epoch() == 0) {
+      return absl::FailedPreconditionError(absl::StrCat("the corpus holds ", plan_->num_train_samples(),
+                                                        " training samples: too few for one step"));
+    }
+    AQSWARM_ASSIGN_OR_RETURN(worker_, pipeline::StageWorker::Create(job_, o_.stage));
+    if (job_.compression().mode() == v1::LinkCompression::aqsgd && num_stages_ > 1) {
+      if (o_.store_dir.empty()) return absl::InvalidArgumentError("aqsgd links need a store directory");
+      storage::RocksDbMessageStore::Options so;
+      so.path = o_.store_dir;
+      so.capacity_bytes = o_.store_capacity_bytes;
+      AQSWARM_ASSIGN_OR_RETURN(store_, storage::RocksDbMessageStore::Open(so));
+    }
+    ShapingOptions shaping{job_.shaping().bandwidth_mbps(), job_.shaping().latency_ms()};
+    if (!first_) {
+      AQSWARM_ASSIGN_OR_RETURN(server_, StageLinkServer::Start(o_.listen, shaping));
+    }
+    return absl::OkStatus();
+  }
+
+  int port() const override { return server_ ? server_->port() : 0; }
+
+  absl::Status Run() override {
+    absl::Status s = RunInner();
+    // Orderly close: flush the store writes, close links (bounded waits).
+    if (sender_) s.Update(sender_->Close());
+    if (receiver_) s.Update(receiver_->Close());
+    if (down_) {
+      down_->CloseSend();
+      if (s.ok()) s.Update(down_->WaitClosed(o_.link_timeout));
+      down_.reset();
+    }
+    if (up_) up_->CloseSend();
+    if (server_) server_->Shutdown();
+    if (store_) s.Update(store_->Close());
+    return s;
+  }
+
+ private:
+  v1::LinkHello Hello() const {
+    v1::LinkHello h;
+    h.set_job_name(job_.name());
+    h.set_pipeline(o_.pipeline);
+    h.set_boundary(o_.stage);  // as the upstream end of boundary `stage`
+    h.set_generation(o_.generation);
+    h.set_seq_len(job_.model().seq_len());
+    h.set_d_model(job_.model().d_model());
+    h.set_micro_batch_size(job_.micro_batch_size());
+    h.set_micro_batches_per_step(job_.micro_batches_per_step());
+    h.set_mode(ModeName(job_.compression().mode()));
+    h.set_fw_bits(job_.compression().fw_bits());
+    h.set_bw_bits(job_.compression().bw_bits());
+    h.set_m_precision(job_.compression().m_precision());
+    return h;
+  }
+
+  absl::Status Connect() {
+    const absl::Duration t = o_.link_timeout;
+    if (!last_) {
+      const ShapingOptions shaping{job_.shaping().bandwidth_mbps(), job_.shaping().latency_ms()};
+      AQSWARM_ASSIGN_OR_RETURN(down_, LinkConnection::Dial(o_.next, shaping, t));
+      v1::LinkFrame f;
+      *f.mutable_hello() = Hello();
+      AQSWARM_RETURN_IF_ERROR(down_->Send(std::move(f)));
+      AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame ack, down_->Receive([](auto& x) { return x.has_hello_ack(); }, t));
+      if (!ack.hello_ack().accepted()) {
+        return absl::FailedPreconditionError(absl::StrCat("stage ", o_.stage + 1, " refused the link: ",
+                                                          ack.hello_ack().reason()));
+      }
+      AQSWARM_ASSIGN_OR_RETURN(auto lo, pipeline::LinkOptionsFromJob(job_, o_.pipeline, o_.stage, o_.generation));
+      AQSWARM_ASSIGN_OR_RETURN(sender_, ActivationSender::Create(store_.get(), lo));
+    }
+    if (!first_) {
+      AQSWARM_ASSIGN_OR_RETURN(up_, server_->Accept(t));
+      AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame hello, up_->Receive([](auto& x) { return x.has_hello(); }, t));
+      v1::LinkHello want = Hello();
+      want.set_boundary(o_.stage - 1);
+      v1::LinkFrame ack;
+      const bool same = hello.hello().SerializeAsString() == want.SerializeAsString();
+      ack.mutable_hello_ack()->set_accepted(same);
+      if (!same) {
+        ack.mutable_hello_ack()->set_reason(absl::StrCat("link parameters differ: got {", hello.hello().ShortDebugString(),
+                                                         "}, expected {", want.ShortDebugString(), "}"));
+      }
+      AQSWARM_RETURN_IF_ERROR(up_->Send(ack));
+      if (!same) return absl::FailedPreconditionError(ack.hello_ack().reason());
+      AQSWARM_ASSIGN_OR_RETURN(auto lo,
+                               pipeline::LinkOptionsFromJob(job_, o_.pipeline, o_.stage - 1, o_.generation));
+      AQSWARM_ASSIGN_OR_RETURN(receiver_, ActivationReceiver::Create(store_.get(), lo));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<v1::LinkFrame> FromUp(const std::function<bool(const v1::LinkFrame&)>& m) {
+    Timer t(&wait_s_);
+    return up_->Receive(m, o_.link_timeout);
+  }
+  absl::StatusOr<v1::LinkFrame> FromDown(const std::function<bool(const v1::LinkFrame&)>& m) {
+    Timer t(&wait_s_);
+    return down_->Receive(m, o_.link_timeout);
+  }
+
+  absl::Status RunInner() {
+    AQSWARM_RETURN_IF_ERROR(Connect());
+    const int64_t max_steps = job_.max_steps();
+    int64_t global = 0;
+    for (int64_t epoch = 0; epoch < job_.epochs(); ++epoch) {
+      pipeline::ShardSchedule sched = plan_->Schedule(epoch, o_.pipeline);
+      std::vector<uint64_t> order;
+      for (int64_t s = 0; s < sched.num_steps(); ++s) {
+        for (int64_t id : sched.Step(s)) order.push_back(static_cast<uint64_t>(id));
+      }
+      if (sender_) AQSWARM_RETURN_IF_ERROR(sender_->StartEpoch(order));
+      if (receiver_) AQSWARM_RETURN_IF_ERROR(receiver_->StartEpoch(order));
+      for (int64_t s = 0; s < sched.num_steps(); ++s, ++global) {
+        if (max_steps > 0 && global >= max_steps) return absl::OkStatus();
+        AQSWARM_RETURN_IF_ERROR(RunStep(sched, epoch, s, global));
+        const bool final_step = (max_steps > 0 && global + 1 == max_steps) ||
+                                (epoch + 1 == job_.epochs() && s + 1 == sched.num_steps());
+        if ((job_.eval_every_steps() > 0 && (global + 1) % job_.eval_every_steps() == 0) || final_step) {
+          AQSWARM_RETURN_IF_ERROR(Evaluate(global));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status RunStep(const pipeline::ShardSchedule& sched, int64_t epoch, int64_t s, int64_t gs) {
+    const int m = job_.micro_batches_per_step();
+    const int64_t b = job_.micro_batch_size(), t = job_.model().seq_len();
+    const absl::Time start = absl::Now();
+    compute_s_ = wait_s_ = 0;
+    const uint64_t fw0 = down_ ? down_->bytes_sent() : 0, bw0 = up_ ? up_->bytes_sent() : 0;
+    std::map<int, std::vector<float>> outputs;  // kept for resends until backward
+    double loss_sum = 0;
+    std::vector<int32_t> tokens, targets;
+    for (int mb = 0; mb < m; ++mb) {
+      absl::Span<const int64_t> ids64 = sched.MicroBatch(s, mb);
+      std::vector<uint64_t> ids(ids64.begin(), ids64.end());
+      corpus_->GatherBatch(ids64, t, &tokens, &targets);
+      std::vector<float> in, out;
+      if (!first_) AQSWARM_RETURN_IF_ERROR(ReceiveActivations(gs, mb, ids, &in));
+      {
+        Timer tm(&compute_s_);
+        if (last_) {
+          double loss = 0;
+          AQSWARM_RETURN_IF_ERROR(worker_->ForwardLoss(mb, in, tokens, targets, b, &loss));
+          loss_sum += loss;
+        } else if (first_) {
+          AQSWARM_RETURN_IF_ERROR(worker_->ForwardTokens(mb, tokens, b, &out));
+        } else {
+          AQSWARM_RETURN_IF_ERROR(worker_->ForwardHidden(mb, in, b, &out));
+        }
+      }
+      if (!last_) {
+        v1::LinkFrame f;
+        {
+          Timer tm(&compute_s_);
+          AQSWARM_RETURN_IF_ERROR(sender_->Encode(gs, mb, epoch, ids, out, f.mutable_activations()));
+        }
+        AQSWARM_RETURN_IF_ERROR(down_->Send(std::move(f), o_.link_timeout));
+        outputs[mb] = std::move(out);
+      }
+    }
+    // Backward, last micro-batch first.
+    double below_sq = 0, loss = loss_sum / m;
+    pipeline::GradientCodec grads(job_.compression().mode(), job_.compression().bw_bits(), t,
+                                  job_.model().d_model());
+    for (int mb = m - 1; mb >= 0; --mb) {
+      std::vector<float> g, gin;
+      if (!last_) {
+        while (true) {
+          AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame f, FromDown([&](const v1::LinkFrame& x) {
+                                     return (x.has_gradients() && x.gradients().step() == static_cast<uint64_t>(gs) &&
+                                             x.gradients().micro_batch() == static_cast<uint32_t>(mb)) ||
+                                            x.has_resend();
+                                   }));
+          if (f.has_resend()) {
+            AQSWARM_RETURN_IF_ERROR(ServeResend(sched, epoch, s, gs, f.resend(), outputs));
+            continue;
+          }
+          AQSWARM_RETURN_IF_ERROR(grads.Decode(f.gradients().grad(), b, &g));
+          if (mb == 0) {
+            below_sq = f.gradients().partial_grad_sq_norm();
+            loss = f.gradients().loss();
+          }
+          break;
+        }
+      }
+      {
+        Timer tm(&compute_s_);
+        AQSWARM_RETURN_IF_ERROR(worker_->Backward(mb, g, first_ ? nullptr : &gin));
+      }
+      if (!first_) {
+        v1::LinkFrame f;
+        auto* gb = f.mutable_gradients();
+        gb->set_step(gs);
+        gb->set_micro_batch(mb);
+        AQSWARM_RETURN_IF_ERROR(grads.Encode(gin, b, StreamKey(gs, mb), gb->mutable_grad()));
+        if (mb == 0) {
+          gb->set_partial_grad_sq_norm(below_sq + worker_->GradSquaredNorm());
+          gb->set_loss(loss);
+        }
+        AQSWARM_RETURN_IF_ERROR(up_->Send(std::move(f), o_.link_timeout));
+      }
+    }
+    // Global-norm commit travels down from stage 0.
+    double total_sq = 0;
+    if (first_) {
+      total_sq = below_sq + worker_->GradSquaredNorm();
+    } else {
+      AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame f, FromUp([&](const v1::LinkFrame& x) {
+                                 return x.has_commit() && x.commit().step() == static_cast<uint64_t>(gs);
+                               }));
+      total_sq = f.commit().total_grad_sq_norm();
+    }
+    if (!last_) {
+      v1::LinkFrame f;
+      f.mutable_commit()->set_step(gs);
+      f.mutable_commit()->set_total_grad_sq_norm(total_sq);
+      AQSWARM_RETURN_IF_ERROR(down_->Send(std::move(f), o_.link_timeout));
+    }
+    {
+      Timer tm(&compute_s_);
+      AQSWARM_RETURN_IF_ERROR(worker_->Step(gs, total_sq));
+    }
+    const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+    std::string line = absl::StrFormat(
+        R"({"event":"step","stage":%d,"pipeline":%d,"step":%d,"epoch":%d,"loss":%.6f,"grad_norm":%.6f,)"
+        R"("step_seconds":%.4f,"compute_seconds":%.4f,"wait_seconds":%.4f,"tokens":%d,"fw_bytes":%d,"bw_bytes":%d)",
+        o_.stage, o_.pipeline, gs, epoch, (first_ || last_) ? loss : 0.0, std::sqrt(total_sq), secs, compute_s_,
+        wait_s_, static_cast<int64_t>(m) * job_.micro_batch_size() * t,
+        down_ ? down_->bytes_sent() - fw0 : 0, up_ ? up_->bytes_sent() - bw0 : 0);
+    if (sender_) {
+      const auto& st = sender_->stats();
+      absl::StrAppendFormat(&line, R"(,"full_rows":%d,"delta_rows":%d,"direct_rows":%d,"resend_rows":%d,)"
+                                   R"("payload_bytes":%d,"raw_bytes":%d)",
+                            st.full_rows, st.delta_rows, st.direct_rows, st.resend_rows, st.payload_bytes,
+                            st.raw_bytes);
+    }
+    Report(line + "}");
+    return absl::OkStatus();
+  }
+
+  absl::Status ReceiveActivations(int64_t gs, int mb, const std::vector<uint64_t>& ids, std::vector<float>* in) {
+    AQSWARM_RETURN_IF_ERROR(receiver_->Begin(gs, mb, ids));
+    auto is_batch = [&](bool resend) {
+      return [&, resend](const v1::LinkFrame& x) {
+        return x.has_activations() && !x.activations().eval() && x.activations().resend() == resend &&
+               x.activations().step() == static_cast<uint64_t>(gs) &&
+               x.activations().micro_batch() == static_cast<uint32_t>(mb);
+      };
+    };
+    AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame f, FromUp(is_batch(false)));
+    std::vector<uint64_t> missing;
+    {
+      Timer tm(&compute_s_);
+      AQSWARM_RETURN_IF_ERROR(receiver_->Apply(f.activations(), &missing));
+    }
+    for (int tries = 0; !missing.empty(); ++tries) {
+      if (tries == 3) return absl::DataLossError("resent rows still do not match after 3 tries");
+      AQSWARM_LOG(WARNING) << "stage " << o_.stage << ": " << missing.size() << " rows of step " << gs
+                           << " micro-batch " << mb << " differ from the sender's m(xi); asking for a resend";
+      v1::LinkFrame req;
+      req.mutable_resend()->set_step(gs);
+      req.mutable_resend()->set_micro_batch(mb);
+      for (uint64_t id : missing) req.mutable_resend()->add_sample_ids(id);
+      AQSWARM_RETURN_IF_ERROR(up_->Send(std::move(req), o_.link_timeout));
+      AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame r, FromUp(is_batch(true)));
+      Timer tm(&compute_s_);
+      AQSWARM_RETURN_IF_ERROR(receiver_->Apply(r.activations(), &missing));
+    }
+    Timer tm(&compute_s_);
+    return receiver_->Take(in);
+  }
+
+  absl::Status ServeResend(const pipeline::ShardSchedule& sched, int64_t epoch, int64_t s, int64_t gs,
+                           const v1::ResendRequest& req, const std::map<int, std::vector<float>>& outputs) {
+    if (req.step() != static_cast<uint64_t>(gs) || !outputs.count(req.micro_batch())) {
+      return absl::InvalidArgumentError(absl::StrCat("resend request for step ", req.step(), " micro-batch ",
+                                                     req.micro_batch(), " which is not in flight"));
+    }
+    absl::Span<const int64_t> ids64 = sched.MicroBatch(s, req.micro_batch());
+    std::vector<uint64_t> ids(ids64.begin(), ids64.end());
+    std::vector<uint64_t> want(req.sample_ids().begin(), req.sample_ids().end());
+    v1::LinkFrame f;
+    AQSWARM_RETURN_IF_ERROR(sender_->EncodeResend(gs, req.micro_batch(), epoch, ids, outputs.at(req.micro_batch()),
+                                                  want, f.mutable_activations()));
+    return down_->Send(std::move(f), o_.link_timeout);
+  }
+
+  // Validation loss on a fixed subset of the validation samples, forward
+  // only, activations sent raw (we measure the model, not the link).
+  absl::Status Evaluate(int64_t gs) {
+    const int64_t b = job_.micro_batch_size(), t = job_.model().seq_len();
+    std::vector<int64_t> val = plan_->ValidationIds();
+    const int64_t batches = std::min<int64_t>(job_.eval_batches(), static_cast<int64_t>(val.size()) / b);
+    if (batches == 0) return absl::OkStatus();
+    double sum = 0;
+    std::vector<int32_t> tokens, targets;
+    for (int64_t e = 0; e < batches; ++e) {
+      absl::Span<const int64_t> ids = absl::MakeConstSpan(val).subspan(e * b, b);
+      corpus_->GatherBatch(ids, t, &tokens, &targets);
+      std::vector<float> in, out;
+      if (!first_) {
+        AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame f, FromUp([&](const v1::LinkFrame& x) {
+                                   return x.has_activations() && x.activations().eval() &&
+                                          x.activations().step() == static_cast<uint64_t>(gs) &&
+                                          x.activations().micro_batch() == static_cast<uint32_t>(e);
+                                 }));
+        AQSWARM_RETURN_IF_ERROR(receiver_->ApplyEval(f.activations(), b, &in));
+      }
+      if (last_) {
+        double loss = 0;
+        AQSWARM_RETURN_IF_ERROR(worker_->EvalLoss(in, tokens, targets, b, &loss));
+        sum += loss;
+      } else {
+        AQSWARM_RETURN_IF_ERROR(worker_->EvalHidden(in, tokens, b, &out));
+        v1::LinkFrame f;
+        AQSWARM_RETURN_IF_ERROR(sender_->EncodeEval(gs, e, out, b, f.mutable_activations()));
+        AQSWARM_RETURN_IF_ERROR(down_->Send(std::move(f), o_.link_timeout));
+      }
+    }
+    double val_loss = sum / batches;
+    if (!last_) {
+      AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame f, FromDown([&](const v1::LinkFrame& x) {
+                                 return x.has_eval_result() && x.eval_result().step() == static_cast<uint64_t>(gs);
+                               }));
+      val_loss = f.eval_result().loss();
+    }
+    if (!first_) {
+      v1::LinkFrame f;
+      f.mutable_eval_result()->set_step(gs);
+      f.mutable_eval_result()->set_loss(val_loss);
+      AQSWARM_RETURN_IF_ERROR(up_->Send(std::move(f), o_.link_timeout));
+    }
+    Report(absl::StrFormat(R"({"event":"eval","stage":%d,"pipeline":%d,"step":%d,"val_loss":%.6f})", o_.stage,
+                           o_.pipeline, gs, val_loss));
+    return absl::OkStatus();
+  }
+
+  void Report(const std::string& line) {
+    if (o_.report) o_.report(line);
+  }
+
+  const StageRunnerOptions o_;
+  const v1::JobSpec job_;
+  int num_stages_ = 1;
+  bool first_ = true, last_ = true;
+  std::unique_ptr<pipeline::TokenCorpus> corpus_;
+  std::optional<pipeline::SamplePlan> plan_;
+  std::unique_ptr<pipeline::StageWorker> worker_;
+  std::unique_ptr<storage::MessageStore> store_;
+  std::unique_ptr<StageLinkServer> server_;
+  std::unique_ptr<LinkConnection> down_;
+  LinkConnection* up_ = nullptr;  // owned by server_
+  std::unique_ptr<ActivationSender> sender_;
+  std::unique_ptr<ActivationReceiver> receiver_;
+  double compute_s_ = 0, wait_s_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StageRunner>> StageRunner::Create(const StageRunnerOptions& options) {
+  AQSWARM_RETURN_IF_ERROR(pipeline::ValidateJobSpec(options.job));
+  if (options.stage < 0 || options.stage >= static_cast<int>(options.job.stages())) {
+    return absl::InvalidArgumentError(absl::StrCat("stage ", options.stage, " outside [0, ", options.job.stages(), ")"));
+  }
+  if (options.pipeline < 0 || options.pipeline >= static_cast<int>(options.job.data_parallel())) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline ", options.pipeline, " outside [0, ",
+                                                   options.job.data_parallel(), ")"));
+  }
+  auto r = std::make_unique<StageRunnerImpl>(options);
+  AQSWARM_RETURN_IF_ERROR(r->Init());
+  return std::unique_ptr<StageRunner>(std::move(r));
+}
+
+}  // namespace aqswarm::peer

@@ -1,0 +1,72 @@
+// Runs one pipeline stage as a process: owns the stage's model (StageWorker),
+// its message store, the AQ-SGD link endpoints and the StageLink connections
+// to its neighbours, and drives the GPipe schedule step by step.
+//
+//   StageRunnerOptions o;  o.job = job;  o.stage = 1;  o.next = "127.0.0.1:5002";
+//   AQSWARM_ASSIGN_OR_RETURN(auto runner, StageRunner::Create(o));
+//   report(runner->port());          // where the previous stage must dial
+//   AQSWARM_RETURN_IF_ERROR(runner->Run());
+//
+// Per step (M micro-batches, GPipe fill/drain): forward all micro-batches,
+// sending each stage output downstream as soon as it is computed (the link's
+// writer thread overlaps the transfer with the next micro-batch's compute);
+// then backward in reverse order, sending input gradients upstream. The last
+// backward (micro-batch 0) carries the sum of squared gradient norms of the
+// stages below; stage 0 completes the sum and sends a StepCommit down the
+// pipeline, so every stage clips by the whole model's gradient norm and steps
+// in lockstep. Every wait on a neighbour is bounded by `link_timeout`; a
+// vanished neighbour turns into an error naming the link.
+//
+// Progress is reported as one JSON object per line through `report`:
+//   {"event":"step","stage":0,"step":3,"epoch":0,"loss":...,"step_seconds":...,
+//    "compute_seconds":...,"wait_seconds":...,"fw_bytes":...,"bw_bytes":...,...}
+//   {"event":"eval","stage":0,"step":3,"val_loss":...}
+#ifndef AQSWARM_PEER_STAGE_RUNNER_H_
+#define AQSWARM_PEER_STAGE_RUNNER_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/job.pb.h"
+
+namespace aqswarm::peer {
+
+struct StageRunnerOptions {
+  v1::JobSpec job;
+  int stage = 0;
+  int pipeline = 0;
+  // Address this stage's StageLink server binds (stages > 0). Default: an
+  // ephemeral port on loopback.
+  std::string listen = "127.0.0.1:0";
+  // Address of stage+1 (all but the last stage).
+  std::string next;
+  // Directory of this stage's message store (aqsgd mode). Required then.
+  std::string store_dir;
+  // Byte budget of the message store; 0 = unlimited. Default: 0.
+  uint64_t store_capacity_bytes = 0;
+  // AQ-SGD link generation; both ends of a link must agree. Default: 1.
+  uint64_t generation = 1;
+  // Bound on every wait for a neighbour. Default: 120 s.
+  absl::Duration link_timeout = absl::Seconds(120);
+  // Receives progress lines (JSON). Default: none.
+  std::function<void(const std::string&)> report;
+};
+
+class StageRunner {
+ public:
+  // Validates options, loads the corpus, builds the stage, opens the store
+  // and binds the StageLink server (no neighbour contact yet).
+  static absl::StatusOr<std::unique_ptr<StageRunner>> Create(const StageRunnerOptions& options);
+  virtual ~StageRunner() = default;
+  // Bound port of the StageLink server (0 for stage 0).
+  virtual int port() const = 0;
+  // Connects to the neighbours and trains until the job's steps are done.
+  virtual absl::Status Run() = 0;
+};
+
+}  // namespace aqswarm::peer
+
+#endif  // AQSWARM_PEER_STAGE_RUNNER_H_
