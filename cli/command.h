@@ -22,6 +22,7 @@ struct Command {
 // Each group of commands lives in its own file.
 std::vector<Command> VersionCommands();
 std::vector<Command> BenchCommands();
+std::vector<Command> PipelineCommands();
 
 }  // namespace aqswarm::cli
 

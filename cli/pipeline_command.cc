@@ -1,0 +1,262 @@
+// `aqswarm stage` (one stage process) and `aqswarm pipeline` (a static local
+// launcher of K stage processes on 127.0.0.1; the coordinator comes later).
+#include <poll.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <mutex>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "cli/command.h"
+#include "common/subprocess.h"
+#include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
+#include "peer/stage_runner.h"
+#include "pipeline/job_spec.h"
+
+ABSL_FLAG(std::string, job, "", "Path of the job spec (JSON, see proto/job.proto).");
+ABSL_FLAG(int32_t, stages, 0, "Pipeline stages K (overrides the job's `stages` when > 0).");
+ABSL_FLAG(int32_t, dp, 0, "Data-parallel pipelines D (overrides the job's `data_parallel` when > 0).");
+ABSL_FLAG(int32_t, stage, 0, "Which stage this process runs (0-based).");
+ABSL_FLAG(int32_t, pipeline_index, 0, "Which pipeline (data-parallel replica) this stage belongs to.");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "Address the StageLink server binds (stages > 0).");
+ABSL_FLAG(std::string, next, "", "HOST:PORT of the next stage (all but the last stage).");
+ABSL_FLAG(std::string, store_dir, "", "Directory of this stage's AQ-SGD message store.");
+ABSL_FLAG(uint64_t, generation, 1, "AQ-SGD link generation (both ends of a link must agree).");
+ABSL_FLAG(int32_t, link_timeout_s, 120, "Bound in seconds on every wait for a neighbour.");
+ABSL_FLAG(std::string, out_dir, "", "Run directory: job.json, stage logs, stores, metrics.csv "
+                                    "(default runs/<job name>).");
+ABSL_FLAG(bool, keep_stores, false, "Keep the stages' message stores after the run.");
+
+namespace aqswarm::cli {
+namespace {
+
+absl::StatusOr<v1::JobSpec> LoadJobFromFlags() {
+  const std::string path = absl::GetFlag(FLAGS_job);
+  if (path.empty()) return absl::InvalidArgumentError("--job is required");
+  auto job = pipeline::LoadJobSpec(path);
+  if (!job.ok()) return job.status();
+  if (absl::GetFlag(FLAGS_stages) > 0) job->set_stages(absl::GetFlag(FLAGS_stages));
+  if (absl::GetFlag(FLAGS_dp) > 0) job->set_data_parallel(absl::GetFlag(FLAGS_dp));
+  absl::Status s = pipeline::ValidateJobSpec(*job);
+  if (!s.ok()) return s;
+  return job;
+}
+
+int Fail(const char* cmd, const absl::Status& s) {
+  std::cerr << "aqswarm " << cmd << ": " << s.message() << "\n";
+  return 1;
+}
+
+int RunStage(const std::vector<std::string>& args) {
+  if (!args.empty()) return Fail("stage", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  auto job = LoadJobFromFlags();
+  if (!job.ok()) return Fail("stage", job.status());
+  peer::StageRunnerOptions o;
+  o.job = *job;
+  o.stage = absl::GetFlag(FLAGS_stage);
+  o.pipeline = absl::GetFlag(FLAGS_pipeline_index);
+  o.listen = absl::GetFlag(FLAGS_listen);
+  o.next = absl::GetFlag(FLAGS_next);
+  o.store_dir = absl::GetFlag(FLAGS_store_dir);
+  o.generation = absl::GetFlag(FLAGS_generation);
+  o.link_timeout = absl::Seconds(absl::GetFlag(FLAGS_link_timeout_s));
+  std::mutex out_mu;
+  o.report = [&](const std::string& line) {
+    std::lock_guard<std::mutex> l(out_mu);
+    std::fprintf(stdout, "%s\n", line.c_str());
+    std::fflush(stdout);
+  };
+  auto runner = peer::StageRunner::Create(o);
+  if (!runner.ok()) return Fail("stage", runner.status());
+  o.report(absl::StrFormat(R"({"event":"listening","stage":%d,"port":%d})", o.stage, (*runner)->port()));
+  absl::Status s = (*runner)->Run();
+  if (!s.ok()) return Fail("stage", s);
+  o.report(absl::StrFormat(R"({"event":"done","stage":%d})", o.stage));
+  return 0;
+}
+
+volatile sig_atomic_t g_interrupted = 0;
+void OnInterrupt(int) { g_interrupted = 1; }
+
+std::string Tail(const std::string& path, size_t max_lines) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  std::string l;
+  while (std::getline(in, l)) lines.push_back(l);
+  const size_t from = lines.size() > max_lines ? lines.size() - max_lines : 0;
+  return absl::StrJoin(lines.begin() + from, lines.end(), "\n");
+}
+
+struct StepRow {
+  std::map<int, nlohmann::json> by_stage;
+};
+
+int RunPipeline(const std::vector<std::string>& args) {
+  if (!args.empty()) return Fail("pipeline", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  auto job = LoadJobFromFlags();
+  if (!job.ok()) return Fail("pipeline", job.status());
+  if (job->data_parallel() > 1) {
+    return Fail("pipeline", absl::UnimplementedError("--dp > 1 needs the data-parallel exchange, not built yet"));
+  }
+  const int k = job->stages();
+  namespace fs = std::filesystem;
+  const fs::path out = absl::GetFlag(FLAGS_out_dir).empty() ? fs::path("runs") / job->name()
+                                                            : fs::path(absl::GetFlag(FLAGS_out_dir));
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec) return Fail("pipeline", absl::PermissionDeniedError(absl::StrCat("cannot create ", out.string())));
+  for (int s = 0; s < k; ++s) fs::remove_all(out / absl::StrCat("store-", s), ec);  // fresh stores: generation 1
+  std::string json;
+  google::protobuf::util::JsonPrintOptions po;
+  po.add_whitespace = true;
+  po.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(*job, &json, po);
+  const std::string job_path = (out / "job.json").string();
+  std::ofstream(job_path) << json;
+
+  signal(SIGINT, OnInterrupt);
+  signal(SIGTERM, OnInterrupt);
+  const std::string self = SelfExecutable();
+  std::vector<std::unique_ptr<Subprocess>> children(k);
+  std::string next;
+  for (int s = k - 1; s >= 0; --s) {
+    const std::string log = (out / absl::StrCat("stage-", s, ".log")).string();
+    fs::remove(log, ec);
+    std::vector<std::string> argv = {self, "stage", "--job=" + job_path, absl::StrCat("--stage=", s),
+                                     "--store_dir=" + (out / absl::StrCat("store-", s)).string(),
+                                     absl::StrCat("--link_timeout_s=", absl::GetFlag(FLAGS_link_timeout_s))};
+    if (!next.empty()) argv.push_back("--next=" + next);
+    auto child = Subprocess::Spawn(argv, {.capture_stdout = true, .stderr_path = log});
+    if (!child.ok()) return Fail("pipeline", child.status());
+    children[s] = std::move(*child);
+    std::string line;
+    absl::Status st = children[s]->ReadLine(&line, absl::Seconds(300));
+    nlohmann::json ev = nlohmann::json::parse(line, nullptr, false);
+    if (!st.ok() || ev.is_discarded() || ev.value("event", "") != "listening") {
+      std::cerr << "aqswarm pipeline: stage " << s << " did not start:\n" << Tail(log, 20) << "\n";
+      return 1;
+    }
+    next = absl::StrCat("127.0.0.1:", ev.value("port", 0));
+  }
+  std::cout << "aqswarm pipeline: " << k << " stages running (" << job->compression().ShortDebugString()
+            << "); logs and metrics in " << out.string() << "\n";
+
+  std::ofstream csv(out / "metrics.csv");
+  csv << "step,epoch,loss,val_loss,step_seconds,tokens_per_second";
+  for (int l = 0; l + 1 < k; ++l) csv << ",fw_bytes_link" << l << ",bw_bytes_link" << l;
+  csv << "\n";
+  std::map<int64_t, StepRow> steps;
+  std::map<int64_t, double> val;
+  int done = 0;
+  bool failed = false;
+  while (done < k && !failed) {
+    if (g_interrupted) {
+      std::cerr << "aqswarm pipeline: interrupted, stopping the stages\n";
+      for (auto& c : children) c->Signal(SIGTERM);
+      failed = true;
+      break;
+    }
+    std::vector<pollfd> fds;
+    for (auto& c : children) fds.push_back({c->stdout_fd(), POLLIN, 0});
+    ::poll(fds.data(), fds.size(), 500);
+    for (int s = 0; s < k; ++s) {
+      std::vector<std::string> lines;
+      absl::Status st = children[s]->DrainLines(&lines);
+      if (absl::IsOutOfRange(st) && !children[s]->exited()) {
+        auto code = children[s]->Wait(absl::Seconds(30));
+        if (!code.ok() || *code != 0) {
+          std::cerr << "aqswarm pipeline: stage " << s << " failed (exit " << (code.ok() ? *code : -1) << "):\n"
+                    << Tail((out / absl::StrCat("stage-", s, ".log")).string(), 20) << "\n";
+          failed = true;
+        }
+      }
+      for (const auto& line : lines) {
+        nlohmann::json ev = nlohmann::json::parse(line, nullptr, false);
+        if (ev.is_discarded()) continue;
+        const std::string kind = ev.value("event", "");
+        if (kind == "done") ++done;
+        if (kind == "eval" && s == 0) {
+          val[ev["step"].get<int64_t>()] = ev["val_loss"].get<double>();
+          std::printf("  eval  step %5lld  val_loss %.4f\n", static_cast<long long>(ev["step"].get<int64_t>()),
+                      ev["val_loss"].get<double>());
+        }
+        if (kind != "step") continue;
+        const int64_t step = ev["step"].get<int64_t>();
+        StepRow& row = steps[step];
+        row.by_stage[s] = ev;
+        if (static_cast<int>(row.by_stage.size()) < k) continue;
+        const auto& s0 = row.by_stage[0];
+        const double secs = s0["step_seconds"].get<double>();
+        const double tps = s0["tokens"].get<double>() / std::max(secs, 1e-9);
+        std::string links;
+        csv << step << "," << s0["epoch"] << "," << s0["loss"] << ",," << secs << "," << tps;
+        double fw_total = 0, raw_total = 0;
+        for (int l = 0; l + 1 < k; ++l) {
+          const double fw = row.by_stage[l]["fw_bytes"].get<double>();
+          const double bw = row.by_stage[l + 1]["bw_bytes"].get<double>();
+          csv << "," << fw << "," << bw;
+          absl::StrAppendFormat(&links, "  link%d %.2f/%.2f MB", l, fw / 1e6, bw / 1e6);
+          fw_total += row.by_stage[l].value("payload_bytes", 0.0);
+          raw_total += row.by_stage[l].value("raw_bytes", 0.0);
+        }
+        csv << "\n";
+        csv.flush();
+        std::printf("step %5lld  epoch %lld  loss %.4f  %8.0f tok/s  %.2f s%s%s\n", static_cast<long long>(step),
+                    static_cast<long long>(s0["epoch"].get<int64_t>()), s0["loss"].get<double>(), tps, secs,
+                    links.c_str(),
+                    raw_total > 0 ? absl::StrFormat("  fw ratio %.1fx", raw_total / std::max(fw_total, 1.0)).c_str()
+                                  : "");
+        std::fflush(stdout);
+        steps.erase(step);
+      }
+    }
+  }
+  int rc = failed ? 1 : 0;
+  for (int s = 0; s < k; ++s) {
+    auto code = children[s]->Wait(absl::Seconds(failed ? 10 : 60));
+    if (!code.ok()) {
+      children[s]->Signal(SIGKILL);
+      rc = 1;
+    } else if (*code != 0 && !failed) {
+      std::cerr << "aqswarm pipeline: stage " << s << " exited with " << *code << "\n";
+      rc = 1;
+    }
+  }
+  if (!absl::GetFlag(FLAGS_keep_stores)) {
+    for (int s = 0; s < k; ++s) fs::remove_all(out / absl::StrCat("store-", s), ec);
+  }
+  if (rc == 0) {
+    if (!val.empty()) std::printf("final val_loss %.4f\n", val.rbegin()->second);
+    std::cout << "metrics: " << (out / "metrics.csv").string() << "\n";
+  }
+  return rc;
+}
+
+}  // namespace
+
+std::vector<Command> PipelineCommands() {
+  return {
+      {"pipeline",
+       "Train a job on K local stage processes joined by StageLink over 127.0.0.1.",
+       "Prints per step: loss, tokens/s, MB sent per link (forward/backward); writes\n"
+       "<out_dir>/metrics.csv and one log per stage.",
+       {"job", "stages", "dp", "out_dir", "keep_stores", "link_timeout_s"},
+       RunPipeline},
+      {"stage",
+       "Run one pipeline stage (used by `aqswarm pipeline`; prints JSON progress lines).",
+       "",
+       {"job", "stages", "dp", "stage", "pipeline_index", "listen", "next", "store_dir", "generation",
+        "link_timeout_s"},
+       RunStage},
+  };
+}
+
+}  // namespace aqswarm::cli
