@@ -1,0 +1,213 @@
+// End-to-end: the real `aqswarm` binary, real processes, real gRPC over
+// loopback, real RocksDB stores.
+#include <signal.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/subprocess.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "storage/rocksdb_message_store.h"
+
+namespace aqswarm {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* kBinary = AQSWARM_BINARY;
+const char* kDataDir = AQSWARM_DATA_DIR;
+
+class PipelineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / absl::StrCat("aqswarm_it_", ::getpid(), "_",
+                                                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "corpus");
+    ASSERT_TRUE(fs::exists(fs::path(kDataDir) / "gpt2/encoder.json"))
+        << "GPT-2 tokenizer files missing: run scripts/fetch_data.sh";
+    // A small real corpus: the first 9 kB of the first State of the Union.
+    std::vector<fs::path> files;
+    for (auto& e : fs::directory_iterator(fs::path(kDataDir) / "sotu")) files.push_back(e.path());
+    ASSERT_FALSE(files.empty());
+    std::sort(files.begin(), files.end());
+    std::ifstream in(files[0]);
+    std::string text(9000, '\0');
+    in.read(text.data(), text.size());
+    text.resize(in.gcount());
+    std::ofstream(dir_ / "corpus" / "small.txt") << text;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string WriteJob(const std::string& name, const std::string& mode, int stages, int max_steps, int epochs,
+                       int fw_bits = 3) {
+    const std::string json = absl::StrCat(R"({"name":")", name, R"(","seed":5,
+      "model":{"seqLen":32,"dModel":32,"nLayer":3,"nHead":2},
+      "data":{"corpus":")", (dir_ / "corpus").string(), R"(","tokenizerDir":")", kDataDir, R"(/gpt2",
+              "cacheDir":")", (dir_ / "cache").string(), R"("},
+      "optimizer":{"lr":0.003,"warmupSteps":2,"gradClip":1.0},
+      "microBatchSize":4,"microBatchesPerStep":2,"epochs":)", epochs, R"(,"maxSteps":)", max_steps, R"(,
+      "compression":{"mode":")", mode, R"(","fwBits":)", fw_bits, R"(,"bwBits":6,"warmupEpochs":0},
+      "stages":)", stages, R"(,"evalEverySteps":0,"evalBatches":1})");
+    const std::string path = (dir_ / absl::StrCat(name, "-", mode, "-", stages, "-", fw_bits, ".json")).string();
+    std::ofstream(path) << json;
+    return path;
+  }
+
+  // Runs `aqswarm pipeline` to completion; returns its exit code.
+  int RunPipeline(const std::string& job, const std::string& out, std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {kBinary, "pipeline", "--job=" + job, "--out_dir=" + out};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto p = Subprocess::Spawn(argv, {.capture_stdout = true, .stderr_path = (dir_ / "launcher.err").string()});
+    EXPECT_TRUE(p.ok());
+    std::string line;
+    while ((*p)->ReadLine(&line, absl::Seconds(240)).ok()) output_ += line + "\n";
+    auto code = (*p)->Wait(absl::Seconds(60));
+    EXPECT_TRUE(code.ok());
+    return code.ok() ? *code : -1;
+  }
+
+  // Loss column of a run's metrics.csv.
+  std::vector<double> Losses(const std::string& out) {
+    std::ifstream in(fs::path(out) / "metrics.csv");
+    std::string line;
+    std::getline(in, line);  // header
+    std::vector<double> losses;
+    while (std::getline(in, line)) {
+      std::vector<std::string> cols = absl::StrSplit(line, ',');
+      losses.push_back(std::stod(cols[2]));
+    }
+    return losses;
+  }
+
+  fs::path dir_;
+  std::string output_;
+};
+
+TEST_F(PipelineTest, AqsgdStoresOnBothEndsOfEveryLinkAreBitIdenticalAfterTwoEpochs) {
+  const std::string out = (dir_ / "run").string();
+  ASSERT_EQ(RunPipeline(WriteJob("aq", "aqsgd", 3, 0, 2), out, {"--keep_stores"}), 0) << output_;
+  std::vector<double> loss = Losses(out);
+  ASSERT_GE(loss.size(), 8u) << output_;
+  EXPECT_LT(loss.back(), loss.front());
+  // Epoch 1 sent deltas: the forward links compressed (launcher's ratio > 2).
+  EXPECT_NE(output_.find("fw ratio"), std::string::npos);
+  for (uint32_t boundary = 0; boundary < 2; ++boundary) {
+    std::unique_ptr<storage::RocksDbMessageStore> a, b;
+    {
+      auto sa = storage::RocksDbMessageStore::Open({.path = absl::StrCat(out, "/store-", boundary)});
+      auto sb = storage::RocksDbMessageStore::Open({.path = absl::StrCat(out, "/store-", boundary + 1)});
+      ASSERT_TRUE(sa.ok() && sb.ok()) << sa.status() << sb.status();
+      a = std::move(*sa);
+      b = std::move(*sb);
+    }
+    storage::LinkSpec spec;
+    spec.link = {0, boundary};
+    spec.generation = 1;
+    spec.rows = 32;
+    spec.cols = 32;
+    spec.precision = RowPrecision::kFloat16;
+    int found = 0;
+    for (uint64_t id = 0; id < 80; ++id) {
+      std::vector<float> ra(32 * 32), rb(32 * 32);
+      std::vector<absl::Span<float>> oa = {absl::MakeSpan(ra)}, ob = {absl::MakeSpan(rb)};
+      std::vector<storage::RowRead> reads_a(1), reads_b(1);
+      const uint64_t ids[] = {id};
+      ASSERT_TRUE(a->GetBatch(spec, ids, oa, absl::MakeSpan(reads_a)).ok());
+      ASSERT_TRUE(b->GetBatch(spec, ids, ob, absl::MakeSpan(reads_b)).ok());
+      ASSERT_EQ(reads_a[0].status.ok(), reads_b[0].status.ok()) << "sample " << id << " boundary " << boundary;
+      if (!reads_a[0].status.ok()) continue;
+      ++found;
+      EXPECT_EQ(0, std::memcmp(ra.data(), rb.data(), ra.size() * 4)) << "sample " << id;
+      EXPECT_EQ(reads_a[0].payload_checksum, reads_b[0].payload_checksum);
+    }
+    EXPECT_GE(found, 32) << "boundary " << boundary;
+  }
+}
+
+TEST_F(PipelineTest, ThreeStageFp32PipelineTrainsLikeOneStage) {
+  const std::string one = (dir_ / "one").string(), three = (dir_ / "three").string();
+  ASSERT_EQ(RunPipeline(WriteJob("s1", "fp32", 1, 4, 1), one), 0) << output_;
+  ASSERT_EQ(RunPipeline(WriteJob("s3", "fp32", 3, 4, 1), three), 0) << output_;
+  std::vector<double> a = Losses(one), b = Losses(three);
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4) << "step " << i;
+}
+
+struct Stage {
+  std::unique_ptr<Subprocess> proc;
+  std::string err;
+};
+
+TEST_F(PipelineTest, KilledStageMakesItsNeighboursFailWithAClearErrorQuickly) {
+  const std::string job = WriteJob("kill", "aqsgd", 3, 100000, 1000);
+  std::vector<Stage> st(3);
+  std::string next;
+  for (int s = 2; s >= 0; --s) {
+    st[s].err = (dir_ / absl::StrCat("stage", s, ".err")).string();
+    std::vector<std::string> argv = {kBinary, "stage", "--job=" + job, absl::StrCat("--stage=", s),
+                                     "--store_dir=" + (dir_ / absl::StrCat("store", s)).string(),
+                                     "--link_timeout_s=60"};
+    if (!next.empty()) argv.push_back("--next=" + next);
+    auto p = Subprocess::Spawn(argv, {.capture_stdout = true, .stderr_path = st[s].err});
+    ASSERT_TRUE(p.ok());
+    st[s].proc = std::move(*p);
+    std::string line;
+    ASSERT_TRUE(st[s].proc->ReadLine(&line, absl::Seconds(120)).ok());
+    auto ev = nlohmann::json::parse(line);
+    next = absl::StrCat("127.0.0.1:", ev["port"].get<int>());
+  }
+  // Wait until training is under way (stage 0 reported a step), then kill the middle.
+  std::string line;
+  bool stepped = false;
+  while (!stepped && st[0].proc->ReadLine(&line, absl::Seconds(120)).ok()) {
+    stepped = line.find("\"step\"") != std::string::npos;
+  }
+  ASSERT_TRUE(stepped);
+  st[1].proc->Signal(SIGKILL);
+  const absl::Time killed = absl::Now();
+  for (int s : {0, 2}) {
+    auto code = st[s].proc->Wait(absl::Seconds(30));
+    ASSERT_TRUE(code.ok()) << "stage " << s << " hung after its neighbour died";
+    EXPECT_EQ(*code, 1) << "stage " << s;
+    std::ifstream in(st[s].err);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    EXPECT_NE(ss.str().find("link"), std::string::npos) << "stage " << s << " said: " << ss.str();
+  }
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(30));
+}
+
+TEST_F(PipelineTest, NeighbourWithDifferentLinkSettingsIsRefused) {
+  const std::string job_a = WriteJob("same", "aqsgd", 2, 2, 1, 3), job_b = WriteJob("same", "aqsgd", 2, 2, 1, 4);
+  auto down = Subprocess::Spawn({kBinary, "stage", "--job=" + job_a, "--stage=1",
+                                 "--store_dir=" + (dir_ / "s1").string()},
+                                {.capture_stdout = true, .stderr_path = (dir_ / "down.err").string()});
+  ASSERT_TRUE(down.ok());
+  std::string line;
+  ASSERT_TRUE((*down)->ReadLine(&line, absl::Seconds(120)).ok());
+  const int port = nlohmann::json::parse(line)["port"].get<int>();
+  auto up = Subprocess::Spawn({kBinary, "stage", "--job=" + job_b, "--stage=0", "--store_dir=" + (dir_ / "s0").string(),
+                               absl::StrCat("--next=127.0.0.1:", port)},
+                              {.capture_stdout = true, .stderr_path = (dir_ / "up.err").string()});
+  ASSERT_TRUE(up.ok());
+  auto cu = (*up)->Wait(absl::Seconds(120));
+  auto cd = (*down)->Wait(absl::Seconds(120));
+  ASSERT_TRUE(cu.ok() && cd.ok());
+  EXPECT_EQ(*cu, 1);
+  EXPECT_EQ(*cd, 1);
+  std::ifstream in(dir_ / "up.err");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_NE(ss.str().find("refused the link"), std::string::npos) << ss.str();
+  EXPECT_NE(ss.str().find("fw_bits"), std::string::npos) << ss.str();
+}
+
+}  // namespace
+}  // namespace aqswarm
