@@ -39,6 +39,18 @@ struct StoreBenchOptions {
 };
 absl::Status RunStoreBench(const StoreBenchOptions& options, std::ostream& out);
 
+struct SchedulerBenchOptions {
+  // Seed of the synthetic networks and of the solver. Default: 1.
+  uint64_t seed = 1;
+  // Comma-separated peer counts N. Default: "8,16,64,256".
+  std::string sizes = "8,16,64,256";
+  // Random instances per (scenario, N); at least 20 when N <= 8, where the
+  // exhaustive optimum is cheap. Default: 3.
+  int repeats = 3;
+  bool json = false;
+};
+absl::Status RunSchedulerBench(const SchedulerBenchOptions& options, std::ostream& out);
+
 }  // namespace aqswarm::bench
 
 #endif  // AQSWARM_BENCH_BENCH_H_

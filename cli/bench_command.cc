@@ -15,6 +15,8 @@ ABSL_FLAG(int64_t, samples, 10000, "Store bench: samples per workload.");
 ABSL_FLAG(int64_t, micro_batch, 8, "Store bench: rows per micro-batch.");
 ABSL_FLAG(int64_t, prefetch, 4, "Store bench: prefetch depth in micro-batches.");
 ABSL_FLAG(std::string, shapes, "128x768,1024x1600", "Store bench: fp16 row shapes ROWSxCOLS.");
+ABSL_FLAG(std::string, sched_sizes, "8,16,64,256", "Scheduler bench: comma-separated peer counts.");
+ABSL_FLAG(uint64_t, seed, 1, "Scheduler bench: seed of the synthetic networks and the solver.");
 
 namespace aqswarm::cli {
 namespace {
@@ -63,6 +65,20 @@ std::vector<Command> BenchCommands() {
                    o.shapes = absl::GetFlag(FLAGS_shapes);
                    o.json = absl::GetFlag(FLAGS_json);
                    return Report(bench::RunStoreBench(o, std::cout), "store");
+                 }});
+  out.push_back({"bench scheduler",
+                 "Placement solver (coordinator/placement.h): cost vs the exhaustive optimum (N <= 8) "
+                 "and vs random placement, and solve time, on clustered and world-wide networks.",
+                 "repeats = random instances per scenario and size (at least 20 when N <= 8).",
+                 {"json", "sched_sizes", "seed", "repeats"},
+                 [](const std::vector<std::string>& args) {
+                   if (int rc = NoArgs(args, "scheduler")) return rc;
+                   bench::SchedulerBenchOptions o;
+                   o.sizes = absl::GetFlag(FLAGS_sched_sizes);
+                   o.seed = absl::GetFlag(FLAGS_seed);
+                   o.repeats = absl::GetFlag(FLAGS_repeats);
+                   o.json = absl::GetFlag(FLAGS_json);
+                   return Report(bench::RunSchedulerBench(o, std::cout), "scheduler");
                  }});
   return out;
 }
