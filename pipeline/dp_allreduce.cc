@@ -1,0 +1,154 @@
+#include "pipeline/dp_allreduce.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/random.h"
+#include "common/status_macros.h"
+
+namespace aqswarm::pipeline {
+namespace {
+
+absl::Status EncodeChunk(const compression::CodecOptions& codec, absl::Span<const float> values, uint32_t key,
+                         v1::EncodedTensor* out) {
+  const int64_t shape[] = {static_cast<int64_t>(values.size())};
+  return compression::Encode(codec, values, shape, key, out);
+}
+
+// Decodes and checks that the message has exactly `n` elements.
+absl::Status DecodeChunk(const v1::EncodedTensor& msg, absl::Span<float> out) {
+  if (msg.num_elements() != out.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("exchange chunk has ", msg.num_elements(), " values, expected ",
+                                                   out.size()));
+  }
+  return compression::Decode(msg, out);
+}
+
+}  // namespace
+
+std::pair<int64_t, int64_t> ChunkRange(int64_t len, int rank, int size) {
+  const int64_t base = len / size, extra = len % size;
+  const int64_t begin = rank * base + std::min<int64_t>(rank, extra);
+  return {begin, begin + base + (rank < extra ? 1 : 0)};
+}
+
+int64_t OwnedElements(int64_t n, int rank, int size, int64_t bucket_elements) {
+  int64_t owned = 0;
+  for (int64_t bs = 0; bs < n; bs += bucket_elements) {
+    const auto [a, b] = ChunkRange(std::min(bucket_elements, n - bs), rank, size);
+    owned += b - a;
+  }
+  return owned;
+}
+
+absl::Status AllReduceMean(ReplicaExchange& ex, const AllReduceOptions& options, uint64_t step, uint32_t round,
+                           absl::Span<const float> in, absl::Span<float> out, std::vector<float>* worker_error,
+                           std::vector<float>* server_error, AllReduceStats* stats) {
+  const int d = ex.size(), r = ex.rank();
+  const int64_t n = static_cast<int64_t>(in.size());
+  if (static_cast<int64_t>(out.size()) != n) return absl::InvalidArgumentError("allreduce: in/out sizes differ");
+  if (options.bucket_elements <= 0) return absl::InvalidArgumentError("allreduce: bucket_elements must be > 0");
+  if (options.codec.codec == v1::CODEC_FIXED_POINT) {
+    return absl::InvalidArgumentError("allreduce: fixed point is per channel; use a bucketed codec");
+  }
+  AQSWARM_RETURN_IF_ERROR(compression::ValidateCodecOptions(options.codec));
+  if (worker_error != nullptr) {
+    if (worker_error->empty()) worker_error->assign(n, 0.0f);
+    if (static_cast<int64_t>(worker_error->size()) != n) return absl::InvalidArgumentError("worker error: wrong size");
+  }
+  const int64_t owned = OwnedElements(n, r, d, options.bucket_elements);
+  if (server_error != nullptr) {
+    if (server_error->empty()) server_error->assign(owned, 0.0f);
+    if (static_cast<int64_t>(server_error->size()) != owned) {
+      return absl::InvalidArgumentError("server error: wrong size");
+    }
+  }
+  AllReduceStats local;
+  std::vector<float> u, dec, sum;
+  int64_t owned_offset = 0;
+  uint32_t bucket = 0;
+  for (int64_t bs = 0; bs < n; bs += options.bucket_elements, ++bucket) {
+    const int64_t len = std::min(options.bucket_elements, n - bs);
+    v1::ExchangeChunk own;
+    // SCATTER.
+    for (int k = 0; k < d; ++k) {
+      const auto [a, b] = ChunkRange(len, k, d);
+      u.assign(in.begin() + bs + a, in.begin() + bs + b);
+      if (worker_error != nullptr) {
+        for (int64_t i = 0; i < b - a; ++i) u[i] += (*worker_error)[bs + a + i];
+      }
+      v1::ExchangeChunk msg;
+      msg.set_step(step);
+      msg.set_round(round);
+      msg.set_phase(v1::ExchangeChunk::SCATTER);
+      msg.set_bucket(bucket);
+      msg.set_chunk(k);
+      msg.set_from_rank(r);
+      AQSWARM_RETURN_IF_ERROR(EncodeChunk(options.codec, u, StreamKey(step * 1024 + round, bucket * 4096 + k * 64 + r),
+                                          msg.mutable_tensor()));
+      if (worker_error != nullptr) {
+        dec.resize(u.size());
+        AQSWARM_RETURN_IF_ERROR(DecodeChunk(msg.tensor(), absl::MakeSpan(dec)));
+        for (int64_t i = 0; i < b - a; ++i) (*worker_error)[bs + a + i] = u[i] - dec[i];
+      }
+      if (k == r) {
+        own = std::move(msg);
+      } else {
+        local.bytes_sent += compression::EncodedBytes(msg.tensor());
+        local.raw_bytes += (b - a) * 4;
+        AQSWARM_RETURN_IF_ERROR(ex.Send(k, msg));
+      }
+    }
+    // Reduce the chunk this replica owns, in rank order.
+    const auto [ra, rb] = ChunkRange(len, r, d);
+    const int64_t mine = rb - ra;
+    sum.assign(mine, 0.0f);
+    dec.resize(mine);
+    for (int src = 0; src < d; ++src) {
+      if (src == r) {
+        AQSWARM_RETURN_IF_ERROR(DecodeChunk(own.tensor(), absl::MakeSpan(dec)));
+      } else {
+        AQSWARM_ASSIGN_OR_RETURN(v1::ExchangeChunk c, ex.Receive(src, step, round, v1::ExchangeChunk::SCATTER, bucket, r));
+        AQSWARM_RETURN_IF_ERROR(DecodeChunk(c.tensor(), absl::MakeSpan(dec)));
+      }
+      for (int64_t i = 0; i < mine; ++i) sum[i] += dec[i];
+    }
+    const float inv = 1.0f / static_cast<float>(d);
+    for (float& v : sum) v *= inv;
+    if (server_error != nullptr) {
+      for (int64_t i = 0; i < mine; ++i) sum[i] += (*server_error)[owned_offset + i];
+    }
+    v1::ExchangeChunk mean;
+    mean.set_step(step);
+    mean.set_round(round);
+    mean.set_phase(v1::ExchangeChunk::GATHER);
+    mean.set_bucket(bucket);
+    mean.set_chunk(r);
+    mean.set_from_rank(r);
+    AQSWARM_RETURN_IF_ERROR(EncodeChunk(options.codec, sum, StreamKey(step * 1024 + round, (1u << 30) + bucket * 64 + r),
+                                        mean.mutable_tensor()));
+    // GATHER: everyone (the owner too) decodes the same bytes.
+    for (int k = 0; k < d; ++k) {
+      if (k == r) continue;
+      local.bytes_sent += compression::EncodedBytes(mean.tensor());
+      local.raw_bytes += mine * 4;
+      AQSWARM_RETURN_IF_ERROR(ex.Send(k, mean));
+    }
+    AQSWARM_RETURN_IF_ERROR(DecodeChunk(mean.tensor(), out.subspan(bs + ra, mine)));
+    if (server_error != nullptr) {
+      for (int64_t i = 0; i < mine; ++i) (*server_error)[owned_offset + i] = sum[i] - out[bs + ra + i];
+    }
+    owned_offset += mine;
+    for (int src = 0; src < d; ++src) {
+      if (src == r) continue;
+      const auto [sa, sb] = ChunkRange(len, src, d);
+      AQSWARM_ASSIGN_OR_RETURN(v1::ExchangeChunk c, ex.Receive(src, step, round, v1::ExchangeChunk::GATHER, bucket, src));
+      AQSWARM_RETURN_IF_ERROR(DecodeChunk(c.tensor(), out.subspan(bs + sa, sb - sa)));
+    }
+  }
+  if (stats != nullptr) {
+    stats->bytes_sent += local.bytes_sent;
+    stats->raw_bytes += local.raw_bytes;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace aqswarm::pipeline

@@ -1,0 +1,85 @@
+// Averaging a flat float vector across the D replicas of a stage, torch-free
+// and transport-free (the gRPC ReplicaExchange lives in peer/).
+//
+// Layout: the vector is cut into buckets of at most `bucket_elements`; each
+// bucket into D contiguous chunks (sizes differ by at most one); replica r
+// owns chunk r. Per bucket:
+//   SCATTER  replica i encodes chunk k of its input and sends it to owner k
+//            (its own chunk too, through the same encode/decode);
+//   reduce   owner k decodes the D contributions and sums them in rank order
+//            0..D-1, then multiplies by 1/D (fixed order: deterministic);
+//   GATHER   owner k encodes the mean and sends it to every replica; every
+//            replica (the owner included) decodes those bytes into the output.
+// So all replicas end with bit-identical outputs. Memory: one bucket of
+// encoded chunks in flight at a time.
+//
+// Error feedback (QuantizedAdam, ALGORITHMS.md §3): with `worker_error`, the
+// input is u = x + e_w and e_w <- u - D(Q(u)) per chunk; with `server_error`
+// (this replica's owned chunks, concatenated over buckets), the owner encodes
+// u_k = mean + e_s and keeps e_s <- u_k - D(Q(u_k)). Lossless codecs leave
+// both errors zero.
+//
+//   AllReduceOptions o;  o.codec.codec = v1::CODEC_MINMAX;  o.codec.bits = 4;
+//   AQSWARM_RETURN_IF_ERROR(AllReduceMean(exchange, o, step, round, in, out, &e_w, &e_s));
+#ifndef AQSWARM_PIPELINE_DP_ALLREDUCE_H_
+#define AQSWARM_PIPELINE_DP_ALLREDUCE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "compression/codec.h"
+#include "proto/exchange.pb.h"
+
+namespace aqswarm::pipeline {
+
+// Point-to-point messages among the replicas of one stage. Implementations:
+// gRPC (peer/gradient_exchange.h) and in-process (tests).
+class ReplicaExchange {
+ public:
+  virtual ~ReplicaExchange() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Delivers `chunk` to replica `to` (to != rank()). May block for flow
+  // control; fails with a clear status when `to` is unreachable.
+  virtual absl::Status Send(int to, const v1::ExchangeChunk& chunk) = 0;
+  // The chunk from `from` matching (step, round, phase, bucket, chunk);
+  // bounded by the exchange's timeout.
+  virtual absl::StatusOr<v1::ExchangeChunk> Receive(int from, uint64_t step, uint32_t round,
+                                                    v1::ExchangeChunk::Phase phase, uint32_t bucket,
+                                                    uint32_t chunk) = 0;
+};
+
+struct AllReduceOptions {
+  // Codec of both phases. Default: raw float32 (lossless).
+  compression::CodecOptions codec = [] {
+    compression::CodecOptions c;
+    c.codec = v1::CODEC_RAW_F32;
+    return c;
+  }();
+  // Largest bucket in elements. Default: 4 Mi.
+  int64_t bucket_elements = 4 << 20;
+};
+
+// Chunk [begin, end) of `bucket_len` elements owned by `rank` of `size`.
+std::pair<int64_t, int64_t> ChunkRange(int64_t bucket_len, int rank, int size);
+// Total elements this replica owns over all buckets of an n-vector (the
+// length of its server error buffer).
+int64_t OwnedElements(int64_t n, int rank, int size, int64_t bucket_elements);
+
+struct AllReduceStats {
+  uint64_t bytes_sent = 0;  // encoded scales+payload sent to other replicas
+  uint64_t raw_bytes = 0;   // float32 bytes of the same chunks
+};
+
+// out = mean over replicas of `in` (see the banner). `in` and `out` may alias.
+// worker_error / server_error may be null (no error feedback).
+absl::Status AllReduceMean(ReplicaExchange& ex, const AllReduceOptions& options, uint64_t step, uint32_t round,
+                           absl::Span<const float> in, absl::Span<float> out, std::vector<float>* worker_error,
+                           std::vector<float>* server_error, AllReduceStats* stats = nullptr);
+
+}  // namespace aqswarm::pipeline
+
+#endif  // AQSWARM_PIPELINE_DP_ALLREDUCE_H_

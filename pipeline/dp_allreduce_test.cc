@@ -1,0 +1,218 @@
+#include "pipeline/dp_allreduce.h"
+
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "common/random.h"
+#include "gtest/gtest.h"
+#include "pipeline/dp_test_util.h"
+#include "pipeline/quantized_adam.h"
+
+namespace aqswarm::pipeline {
+namespace {
+
+using testing::Hub;
+using testing::HubExchange;
+
+std::vector<float> Random(int64_t n, uint64_t seed, double scale = 1.0) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>((rng.UnitDouble() * 2 - 1) * scale);
+  return v;
+}
+
+// Runs fn(rank, exchange) on D threads.
+template <typename F>
+std::vector<absl::Status> RunReplicas(int d, Hub& hub, F fn) {
+  std::vector<absl::Status> st(d);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < d; ++r) {
+    threads.emplace_back([&, r] {
+      HubExchange ex(&hub, r, d);
+      st[r] = fn(r, ex);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return st;
+}
+
+TEST(AllReduceTest, RawMeanIsExactUpToRoundingAndBitIdenticalOnEveryReplica) {
+  for (int d : {1, 2, 3, 4}) {
+    const int64_t n = 10007;
+    Hub hub;
+    std::vector<std::vector<float>> in(d), out(d, std::vector<float>(n));
+    for (int r = 0; r < d; ++r) in[r] = Random(n, r + 1);
+    AllReduceOptions o;
+    o.bucket_elements = 3000;  // several buckets, ragged chunks
+    auto st = RunReplicas(d, hub, [&](int r, ReplicaExchange& ex) {
+      return AllReduceMean(ex, o, 7, 0, in[r], absl::MakeSpan(out[r]), nullptr, nullptr);
+    });
+    for (auto& s : st) ASSERT_TRUE(s.ok()) << s;
+    for (int64_t i = 0; i < n; ++i) {
+      double mean = 0;
+      for (int r = 0; r < d; ++r) mean += in[r][i];
+      ASSERT_NEAR(out[0][i], mean / d, 1e-6) << i;
+    }
+    for (int r = 1; r < d; ++r) EXPECT_EQ(0, std::memcmp(out[0].data(), out[r].data(), n * 4)) << "d=" << d;
+  }
+}
+
+TEST(AllReduceTest, CompressedWithErrorFeedbackKeepsTheIdentityAndReplicasAgree) {
+  const int d = 3, rounds = 20;
+  const int64_t n = 5000;
+  AllReduceOptions o;
+  o.codec.codec = v1::CODEC_MINMAX;
+  o.codec.bits = 2;
+  o.codec.bucket_size = 256;
+  o.codec.min_compress_elements = 64;  // chunks here are ~680 values
+  o.bucket_elements = 2048;
+  std::vector<std::vector<float>> we(d), se(d);
+  std::vector<double> sum_out(n, 0), sum_mean(n, 0);
+  uint64_t bytes = 0, raw = 0;
+  for (int t = 0; t < rounds; ++t) {
+    Hub hub;
+    std::vector<std::vector<float>> in(d), out(d, std::vector<float>(n));
+    for (int r = 0; r < d; ++r) in[r] = Random(n, 100 * t + r);
+    std::vector<AllReduceStats> stats(d);
+    auto st = RunReplicas(d, hub, [&](int r, ReplicaExchange& ex) {
+      return AllReduceMean(ex, o, t, 0, in[r], absl::MakeSpan(out[r]), &we[r], &se[r], &stats[r]);
+    });
+    for (auto& s : st) ASSERT_TRUE(s.ok()) << s;
+    for (int r = 1; r < d; ++r) ASSERT_EQ(0, std::memcmp(out[0].data(), out[r].data(), n * 4));
+    for (int64_t i = 0; i < n; ++i) {
+      sum_out[i] += out[0][i];
+      for (int r = 0; r < d; ++r) sum_mean[i] += in[r][i] / d;
+    }
+    bytes += stats[0].bytes_sent;
+    raw += stats[0].raw_bytes;
+  }
+  // Sum of outputs + mean worker error + server error == sum of true means.
+  std::vector<double> residual(n, 0);
+  for (int r = 0; r < d; ++r) {
+    for (int64_t i = 0; i < n; ++i) residual[i] += we[r][i] / d;
+  }
+  for (int r = 0; r < d; ++r) {  // server errors live on the owner of each element
+    int64_t off = 0;
+    for (int64_t bs = 0; bs < n; bs += o.bucket_elements) {
+      const auto [a, b] = ChunkRange(std::min<int64_t>(o.bucket_elements, n - bs), r, d);
+      for (int64_t i = a; i < b; ++i) residual[bs + i] += se[r][off++];
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(sum_out[i] + residual[i], sum_mean[i], 1e-4) << i;
+  EXPECT_LT(bytes * 10, raw * 2);  // 2 bits + scales: well under a fifth of fp32
+}
+
+TEST(AllReduceTest, VanishedReplicaFailsTheOthersWithinTheTimeout) {
+  const int d = 3;
+  Hub hub(absl::Milliseconds(300));
+  hub.Kill(2);
+  std::vector<float> in = Random(1000, 1), out(1000);
+  const absl::Time start = absl::Now();
+  auto st = RunReplicas(2, hub, [&](int r, ReplicaExchange&) {
+    HubExchange ex(&hub, r, d);  // replicas 0 and 1 of a group of 3
+    return AllReduceMean(ex, {}, 0, 0, in, absl::MakeSpan(out), nullptr, nullptr);
+  });
+  for (auto& s : st) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_TRUE(absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) << s;
+    EXPECT_NE(s.message().find("replica"), std::string::npos) << s;
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST(AllReduceTest, ChunksCoverTheBucket) {
+  for (int64_t len : {0, 1, 5, 1000}) {
+    for (int d = 1; d <= 5; ++d) {
+      int64_t next = 0;
+      for (int r = 0; r < d; ++r) {
+        auto [a, b] = ChunkRange(len, r, d);
+        EXPECT_EQ(a, next);
+        EXPECT_LE(b - a, len / d + 1);
+        next = b;
+      }
+      EXPECT_EQ(next, len);
+    }
+  }
+}
+
+// Reference Adam on the mean gradient, in the same float arithmetic.
+struct RefAdam {
+  std::vector<float> m, v;
+  int64_t t = 0;
+};
+
+TEST(QuantizedAdamTest, LosslessWarmupMatchesAdamWOnTheMeanGradientAndFrozenPhaseFollowsTheFormula) {
+  const int d = 2;
+  const int64_t n = 3000, nc = 2000;
+  QuantizedAdamOptions o;
+  o.beta1 = 0.9;
+  o.beta2 = 0.99;
+  o.eps = 1e-8;
+  o.weight_decay = 0.1;
+  o.warmup_steps = 3;
+  o.compressed.codec.codec = v1::CODEC_RAW_F32;  // lossless "compression"
+  std::vector<uint8_t> decay(n, 1);
+  for (int64_t i = nc; i < n; ++i) decay[i] = 0;
+  std::vector<std::unique_ptr<QuantizedAdam>> opt;
+  for (int r = 0; r < d; ++r) opt.push_back(std::make_unique<QuantizedAdam>(n, nc, decay, o));
+  std::vector<std::vector<float>> params(d, Random(n, 9));
+  std::vector<float> ref = params[0], m(n, 0), v(n, 0), vf;
+  const double lr = 0.01;
+  for (int t = 1; t <= 6; ++t) {
+    Hub hub;
+    std::vector<std::vector<float>> g(d);
+    for (int r = 0; r < d; ++r) g[r] = Random(n, 1000 * t + r);
+    auto st = RunReplicas(d, hub, [&](int r, ReplicaExchange& ex) {
+      return opt[r]->Step(ex, lr, absl::MakeSpan(params[r]), g[r]);
+    });
+    for (auto& s : st) ASSERT_TRUE(s.ok()) << s;
+    ASSERT_EQ(0, std::memcmp(params[0].data(), params[1].data(), n * 4)) << "replicas diverged at step " << t;
+    for (int64_t i = 0; i < n; ++i) {
+      const double gm = (static_cast<double>(g[0][i]) + g[1][i]) / 2;
+      m[i] = 0.9 * m[i] + 0.1 * gm;
+      if (t <= 3) {
+        v[i] = 0.99 * v[i] + 0.01 * gm * gm;
+        const double bc1 = 1 - std::pow(0.9, t), bc2 = 1 - std::pow(0.99, t);
+        if (decay[i]) ref[i] *= 1 - lr * 0.1;
+        ref[i] -= lr * (m[i] / bc1) / (std::sqrt(v[i] / bc2) + 1e-8);
+      } else {
+        if (vf.empty()) {
+          vf = v;
+          for (auto& x : vf) x /= 1 - std::pow(0.99, 3);
+        }
+        if (decay[i]) ref[i] *= 1 - lr * 0.1;
+        ref[i] -= lr * m[i] / (std::sqrt(vf[i]) + 1e-8);
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(params[0][i], ref[i], 2e-5) << "step " << t << " i " << i;
+  }
+  EXPECT_TRUE(opt[0]->frozen());
+}
+
+TEST(QuantizedAdamTest, FourBitReplicasStayBitIdenticalAndMoveTowardTheMean) {
+  const int d = 3;
+  const int64_t n = 4096;
+  QuantizedAdamOptions o;
+  o.warmup_steps = 2;
+  std::vector<std::unique_ptr<QuantizedAdam>> opt;
+  for (int r = 0; r < d; ++r) opt.push_back(std::make_unique<QuantizedAdam>(n, n, std::vector<uint8_t>(n, 0), o));
+  std::vector<std::vector<float>> params(d, std::vector<float>(n, 0.0f));
+  for (int t = 0; t < 10; ++t) {
+    Hub hub;
+    auto st = RunReplicas(d, hub, [&](int r, ReplicaExchange& ex) {
+      std::vector<float> g = Random(n, 50 * t + r, 0.1);
+      for (auto& x : g) x += 1.0f;  // a common direction every replica sees
+      return opt[r]->Step(ex, 0.01, absl::MakeSpan(params[r]), g);
+    });
+    for (auto& s : st) ASSERT_TRUE(s.ok()) << s;
+    for (int r = 1; r < d; ++r) ASSERT_EQ(0, std::memcmp(params[0].data(), params[r].data(), n * 4)) << t;
+  }
+  double mean = 0;
+  for (float p : params[0]) mean += p;
+  EXPECT_LT(mean / n, -0.05);  // descended along the common gradient
+  EXPECT_GT(opt[0]->stats().raw_bytes, 0u);
+}
+
+}  // namespace
+}  // namespace aqswarm::pipeline

@@ -1,0 +1,113 @@
+#include "pipeline/quantized_adam.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace aqswarm::pipeline {
+namespace {
+
+AllReduceOptions RawOptions(int64_t bucket_elements) {
+  AllReduceOptions a;
+  a.bucket_elements = bucket_elements;
+  return a;
+}
+
+}  // namespace
+
+QuantizedAdamOptions QuantizedAdamOptionsFromJob(const v1::JobSpec& job) {
+  QuantizedAdamOptions o;
+  o.beta1 = job.optimizer().beta1();
+  o.beta2 = job.optimizer().beta2();
+  o.eps = job.optimizer().eps();
+  o.weight_decay = job.optimizer().weight_decay();
+  o.quantized = job.dp().optimizer() == v1::DataParallelSpec::quantized_adam;
+  o.warmup_steps = job.dp().warmup_steps();
+  o.compressed.codec.bits = static_cast<int>(job.dp().bits());
+  o.compressed.codec.bucket_size = job.dp().bucket_size();
+  if (job.dp().bits() == 1) {
+    o.compressed.codec.codec = v1::CODEC_MINMAX;  // 1 bit: two levels per bucket (min, max)
+  }
+  return o;
+}
+
+QuantizedAdam::QuantizedAdam(int64_t n, int64_t num_compressed, std::vector<uint8_t> decay,
+                             const QuantizedAdamOptions& options)
+    : n_(n), num_compressed_(num_compressed), decay_(std::move(decay)), options_(options), m_(n, 0.0f), v_(n, 0.0f) {}
+
+absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<float> params,
+                                 absl::Span<const float> grads) {
+  if (static_cast<int64_t>(params.size()) != n_ || static_cast<int64_t>(grads.size()) != n_) {
+    return absl::InvalidArgumentError(absl::StrCat("QuantizedAdam: expected ", n_, " values"));
+  }
+  const float b1 = static_cast<float>(options_.beta1), b2 = static_cast<float>(options_.beta2);
+  const float eps = static_cast<float>(options_.eps), wd = static_cast<float>(lr * options_.weight_decay);
+  const float flr = static_cast<float>(lr);
+  const bool compressed = options_.quantized && step_ >= options_.warmup_steps;
+  const uint64_t s = static_cast<uint64_t>(step_);
+  ++step_;
+  if (!compressed) {
+    g_.resize(n_);
+    AQSWARM_RETURN_IF_ERROR(
+        AllReduceMean(ex, RawOptions(options_.compressed.bucket_elements), s, 0, grads, absl::MakeSpan(g_), nullptr,
+                      nullptr, &stats_));
+    const float bc1 = static_cast<float>(1 - std::pow(options_.beta1, static_cast<double>(step_)));
+    const float bc2 = static_cast<float>(1 - std::pow(options_.beta2, static_cast<double>(step_)));
+    for (int64_t i = 0; i < n_; ++i) {
+      const float g = g_[i];
+      m_[i] = b1 * m_[i] + (1 - b1) * g;
+      v_[i] = b2 * v_[i] + (1 - b2) * (g * g);
+      if (decay_[i] && wd > 0) params[i] *= 1 - wd;
+      params[i] -= flr * (m_[i] / bc1) / (std::sqrt(v_[i] / bc2) + eps);
+    }
+    if (options_.quantized && step_ == options_.warmup_steps) {
+      for (float& v : v_) v /= bc2;  // freeze the bias-corrected variance
+      frozen_ = true;
+    }
+    return absl::OkStatus();
+  }
+  if (!frozen_) {  // warm-up of 0 steps: freeze what we have (zeros + eps)
+    frozen_ = true;
+  }
+  for (int64_t i = 0; i < n_; ++i) m_[i] = b1 * m_[i] + (1 - b1) * grads[i];
+  absl::Span<float> m(m_);
+  if (num_compressed_ > 0) {
+    AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, options_.compressed, s, 0, m.subspan(0, num_compressed_),
+                                          m.subspan(0, num_compressed_), &worker_error_, &server_error_, &stats_));
+  }
+  if (num_compressed_ < n_) {
+    AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, RawOptions(options_.compressed.bucket_elements), s, 1,
+                                          m.subspan(num_compressed_), m.subspan(num_compressed_), nullptr, nullptr,
+                                          &stats_));
+  }
+  for (int64_t i = 0; i < n_; ++i) {
+    if (decay_[i] && wd > 0) params[i] *= 1 - wd;
+    params[i] -= flr * m_[i] / (std::sqrt(v_[i]) + eps);
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::pair<std::string, std::vector<float>*>> QuantizedAdam::NamedState() {
+  return {{"m", &m_}, {"v", &v_}, {"worker_error", &worker_error_}, {"server_error", &server_error_}};
+}
+
+absl::Status QuantizedAdam::LoadState(const std::vector<std::pair<std::string, std::vector<float>>>& state,
+                                      int64_t step, bool frozen) {
+  for (auto& [name, buf] : NamedState()) {
+    bool found = false;
+    for (const auto& [k, v] : state) {
+      if (k != name) continue;
+      const bool sized = name == "server_error" || name == "worker_error" ? true : v.size() == static_cast<size_t>(n_);
+      if (!sized) return absl::InvalidArgumentError(absl::StrCat("optimizer state ", name, " has the wrong size"));
+      *buf = v;
+      found = true;
+    }
+    if (!found) return absl::NotFoundError(absl::StrCat("optimizer state lacks ", name));
+  }
+  step_ = step;
+  frozen_ = frozen;
+  return absl::OkStatus();
+}
+
+}  // namespace aqswarm::pipeline

@@ -1,0 +1,87 @@
+// Data-parallel Adam over a flat parameter vector, torch-free: AdamW on
+// averaged gradients for `warmup_steps`, then QuantizedAdam (1-bit-Adam style,
+// ALGORITHMS.md §3): the variance is frozen and the momentum is exchanged
+// compressed with worker and server error feedback.
+//
+//   warm-up:  g = mean_replicas(g_local)                (raw float32)
+//             m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+//             p *= 1 - lr*wd (matrices);  p -= lr * (m/bc1) / (sqrt(v/bc2) + eps)
+//   freeze:   v_frozen = v / bc2 at the last warm-up step
+//   after:    m = mean_replicas~(b1 m + (1-b1) g_local)  (compressed, EF both sides)
+//             p *= 1 - lr*wd (matrices);  p -= lr * m / (sqrt(v_frozen) + eps)
+// Elements [0, num_compressed) are exchanged with the compressed codec after
+// warm-up; the rest (biases, LayerNorm: tiny tensors) always go raw.
+// All replicas apply the same decoded bytes, so parameters stay bit-identical.
+//
+// State (checkpointed and handed to a joining replica): m, v, worker error,
+// server error, step, frozen flag (NamedState / LoadState).
+//
+// Not thread-safe.
+#ifndef AQSWARM_PIPELINE_QUANTIZED_ADAM_H_
+#define AQSWARM_PIPELINE_QUANTIZED_ADAM_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "pipeline/dp_allreduce.h"
+#include "proto/job.pb.h"
+
+namespace aqswarm::pipeline {
+
+struct QuantizedAdamOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0;
+  // Plain data-parallel AdamW steps before the variance freezes. Default: 100.
+  int64_t warmup_steps = 100;
+  // false: AdamW on raw averaged gradients forever (the fp32 baseline).
+  bool quantized = true;
+  // Codec and buckets of the compressed momentum exchange. Default: min-max,
+  // 4 bits, buckets of 512 values.
+  AllReduceOptions compressed = [] {
+    AllReduceOptions a;
+    a.codec.codec = v1::CODEC_MINMAX;
+    a.codec.bits = 4;
+    a.codec.bucket_size = 512;
+    return a;
+  }();
+};
+
+// From a job: optimizer betas/eps/decay + dp.{optimizer, warmup_steps, bits, bucket_size}.
+QuantizedAdamOptions QuantizedAdamOptionsFromJob(const v1::JobSpec& job);
+
+class QuantizedAdam {
+ public:
+  // `decay[i]` says whether element i gets weight decay; elements
+  // [0, num_compressed) are compressed after warm-up.
+  QuantizedAdam(int64_t n, int64_t num_compressed, std::vector<uint8_t> decay, const QuantizedAdamOptions& options);
+
+  // One step with this replica's (already clipped) gradient.
+  absl::Status Step(ReplicaExchange& ex, double lr, absl::Span<float> params, absl::Span<const float> grads);
+
+  int64_t step() const { return step_; }
+  bool frozen() const { return frozen_; }
+  const AllReduceStats& stats() const { return stats_; }
+  // Named flat buffers: "m", "v", "worker_error", "server_error".
+  std::vector<std::pair<std::string, std::vector<float>*>> NamedState();
+  absl::Status LoadState(const std::vector<std::pair<std::string, std::vector<float>>>& state, int64_t step,
+                         bool frozen);
+
+ private:
+  const int64_t n_, num_compressed_;
+  const std::vector<uint8_t> decay_;
+  const QuantizedAdamOptions options_;
+  std::vector<float> m_, v_, worker_error_, server_error_, g_, scratch_;
+  int64_t step_ = 0;
+  bool frozen_ = false;
+  AllReduceStats stats_;
+};
+
+}  // namespace aqswarm::pipeline
+
+#endif  // AQSWARM_PIPELINE_QUANTIZED_ADAM_H_
