@@ -1,0 +1,208 @@
+#include "peer/gradient_exchange.h"
+
+#include <deque>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "grpcpp/grpcpp.h"
+
+namespace aqswarm::peer {
+
+struct GrpcReplicaExchange::Peer {
+  int rank = 0;
+  std::string address;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::GradientExchange::Stub> stub;
+  absl::Mutex mu;
+  std::deque<v1::ExchangeChunk> queue ABSL_GUARDED_BY(mu);
+  bool closing ABSL_GUARDED_BY(mu) = false;
+  absl::Status failed ABSL_GUARDED_BY(mu);
+  std::atomic<uint64_t> bytes_sent{0};
+  std::thread thread;
+};
+
+class GrpcReplicaExchange::Service final : public v1::GradientExchange::Service {
+ public:
+  explicit Service(GrpcReplicaExchange* owner) : owner_(owner) {}
+  grpc::Status Push(grpc::ServerContext*, const v1::ExchangeChunk* chunk, v1::ExchangeAck*) override {
+    absl::Status s = owner_->Deliver(*chunk);
+    if (s.ok()) return grpc::Status::OK;
+    return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  }
+
+ private:
+  GrpcReplicaExchange* owner_;
+};
+
+GrpcReplicaExchange::GrpcReplicaExchange(const ReplicaExchangeOptions& options) : options_(options) {}
+
+absl::StatusOr<std::unique_ptr<GrpcReplicaExchange>> GrpcReplicaExchange::Start(const ReplicaExchangeOptions& o) {
+  if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
+    return absl::InvalidArgumentError(absl::StrCat("replica rank ", o.rank, " outside [0, ", o.size, ")"));
+  }
+  std::unique_ptr<GrpcReplicaExchange> ex(new GrpcReplicaExchange(o));
+  ex->service_ = std::make_unique<Service>(ex.get());
+  grpc::ServerBuilder b;
+  b.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &ex->port_);
+  b.SetMaxReceiveMessageSize(kMaxLinkFrameBytes);
+  b.RegisterService(ex->service_.get());
+  ex->server_ = b.BuildAndStart();
+  if (ex->server_ == nullptr || ex->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen));
+  }
+  return ex;
+}
+
+absl::Status GrpcReplicaExchange::Connect(const std::vector<std::string>& addresses) {
+  if (static_cast<int>(addresses.size()) != options_.size) {
+    return absl::InvalidArgumentError(absl::StrCat("expected ", options_.size, " replica addresses, got ",
+                                                   addresses.size()));
+  }
+  if (!peers_.empty()) return absl::FailedPreconditionError("already connected");
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(kMaxLinkFrameBytes);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  for (int r = 0; r < options_.size; ++r) {
+    auto p = std::make_unique<Peer>();
+    p->rank = r;
+    p->address = addresses[r];
+    if (r != options_.rank) {
+      p->channel = grpc::CreateCustomChannel(addresses[r], grpc::InsecureChannelCredentials(), args);
+      p->stub = v1::GradientExchange::NewStub(p->channel);
+      Peer* raw = p.get();
+      p->thread = std::thread([this, raw] { SenderLoop(raw); });
+    }
+    peers_.push_back(std::move(p));
+  }
+  return absl::OkStatus();
+}
+
+GrpcReplicaExchange::~GrpcReplicaExchange() {
+  for (auto& p : peers_) {
+    {
+      absl::MutexLock l(&p->mu);
+      p->closing = true;
+    }
+    if (p->thread.joinable()) p->thread.join();
+  }
+  if (server_) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    server_->Wait();
+  }
+}
+
+uint64_t GrpcReplicaExchange::bytes_sent() const {
+  uint64_t n = 0;
+  for (const auto& p : peers_) n += p->bytes_sent.load();
+  return n;
+}
+
+absl::Status GrpcReplicaExchange::Send(int to, const v1::ExchangeChunk& chunk) {
+  if (to < 0 || to >= options_.size || to == options_.rank || peers_.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot send to replica ", to));
+  }
+  Peer* p = peers_[to].get();
+  absl::MutexLock l(&p->mu);
+  auto room = [p]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) { return p->queue.size() < 256 || !p->failed.ok(); };
+  if (!p->mu.AwaitWithTimeout(absl::Condition(&room), options_.timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat("replica ", to, " at ", p->address, " is not draining chunks"));
+  }
+  if (!p->failed.ok()) return p->failed;
+  v1::ExchangeChunk c = chunk;
+  c.set_group(options_.group);
+  p->queue.push_back(std::move(c));
+  return absl::OkStatus();
+}
+
+void GrpcReplicaExchange::SenderLoop(Peer* p) {
+  absl::Time wire_free = absl::InfinitePast();
+  while (true) {
+    v1::ExchangeChunk c;
+    {
+      absl::MutexLock l(&p->mu);
+      auto ready = [p]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) { return !p->queue.empty() || p->closing; };
+      p->mu.Await(absl::Condition(&ready));
+      if (p->queue.empty()) return;
+      c = std::move(p->queue.front());
+      p->queue.pop_front();
+    }
+    const size_t bytes = c.ByteSizeLong() + 8;
+    absl::Time now = absl::Now();
+    if (options_.shaping.bandwidth_mbps > 0) {
+      wire_free = std::max(now, wire_free) + absl::Seconds(bytes * 8.0 / (options_.shaping.bandwidth_mbps * 1e6));
+      absl::SleepFor(wire_free - now);  // the emulated wire is busy
+      now = wire_free;
+    }
+    c.set_sent_unix_micros(absl::ToUnixMicros(now));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.timeout));
+    ctx.set_wait_for_ready(true);
+    v1::ExchangeAck ack;
+    grpc::Status s = p->stub->Push(&ctx, c, &ack);
+    if (!s.ok()) {
+      absl::MutexLock l(&p->mu);
+      p->failed = absl::UnavailableError(absl::StrCat("replica ", p->rank, " at ", p->address,
+                                                      " unreachable: ", s.error_message()));
+      p->queue.clear();
+      return;
+    }
+    p->bytes_sent += c.ByteSizeLong();
+  }
+}
+
+absl::Status GrpcReplicaExchange::Deliver(v1::ExchangeChunk chunk) {
+  if (chunk.group() != options_.group) {
+    return absl::PermissionDeniedError(absl::StrCat("chunk for group '", chunk.group(), "', this is '",
+                                                    options_.group, "'"));
+  }
+  if (chunk.from_rank() >= static_cast<uint32_t>(options_.size) || chunk.from_rank() == static_cast<uint32_t>(options_.rank) ||
+      chunk.chunk() >= static_cast<uint32_t>(options_.size) ||
+      (chunk.phase() != v1::ExchangeChunk::SCATTER && chunk.phase() != v1::ExchangeChunk::GATHER)) {
+    return absl::InvalidArgumentError("chunk with an impossible rank, chunk index or phase");
+  }
+  if (options_.shaping.latency_ms > 0) {
+    const absl::Time due = absl::FromUnixMicros(chunk.sent_unix_micros()) + absl::Milliseconds(options_.shaping.latency_ms);
+    const absl::Duration wait = due - absl::Now();
+    if (wait > absl::ZeroDuration()) absl::SleepFor(std::min(wait, absl::Seconds(60)));  // one-way latency
+  }
+  const uint64_t bytes = chunk.ByteSizeLong();
+  absl::MutexLock l(&mu_);
+  if (buffered_bytes_ + bytes > options_.max_buffered_bytes) {
+    return absl::ResourceExhaustedError("exchange mailbox full");
+  }
+  buffered_bytes_ += bytes;
+  Key k(chunk.from_rank(), chunk.step(), chunk.round(), chunk.phase(), chunk.bucket(), chunk.chunk());
+  mailbox_[k] = std::move(chunk);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ExchangeChunk> GrpcReplicaExchange::Receive(int from, uint64_t step, uint32_t round,
+                                                              v1::ExchangeChunk::Phase phase, uint32_t bucket,
+                                                              uint32_t chunk) {
+  const Key k(from, step, round, phase, bucket, chunk);
+  Peer* p = peers_.empty() ? nullptr : peers_[from].get();
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  absl::MutexLock l(&mu_);
+  while (true) {
+    auto it = mailbox_.find(k);
+    if (it != mailbox_.end()) {
+      v1::ExchangeChunk c = std::move(it->second);
+      mailbox_.erase(it);
+      buffered_bytes_ -= std::min<uint64_t>(buffered_bytes_, c.ByteSizeLong());
+      return c;
+    }
+    if (p != nullptr) {
+      absl::MutexLock pl(&p->mu);
+      if (!p->failed.ok()) return p->failed;
+    }
+    // Wake on a delivery, or every 200 ms to notice a failed sender to `from`.
+    const absl::Time wake = std::min(deadline, absl::Now() + absl::Milliseconds(200));
+    auto arrived = [this, &k]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return mailbox_.count(k) > 0; };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&arrived), wake) && absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("replica ", from, " sent nothing for step ", step, " within ",
+                                                      absl::FormatDuration(options_.timeout)));
+    }
+  }
+}
+
+}  // namespace aqswarm::peer

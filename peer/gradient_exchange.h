@@ -1,0 +1,88 @@
+// GradientExchange over gRPC: the ReplicaExchange the replicas of one stage
+// use to average updates (pipeline/dp_allreduce.h runs the algorithm).
+//
+//   AQSWARM_ASSIGN_OR_RETURN(auto ex, GrpcReplicaExchange::Start(options));
+//   report(ex->port());                       // peers learn each other's address
+//   AQSWARM_RETURN_IF_ERROR(ex->Connect({"127.0.0.1:7001", "127.0.0.1:7002"}));
+//   pipeline::AllReduceMean(*ex, ...);
+//
+// Each destination has its own sender thread and bounded queue, so a replica
+// feeds all its peers at once (each over its own emulated link: token bucket
+// + one-way latency, as in link_transport.h); Send() only queues. Incoming
+// chunks are validated (group, rank range, sizes) and kept in a bounded
+// mailbox until Receive() takes them. A peer that vanished makes Send fail
+// (sticky, naming the replica) and Receive time out after `timeout` or fail
+// at once when the sender to that peer already failed.
+//
+// Thread-safety: Send/Receive may be called from one compute thread while
+// gRPC threads deliver.
+#ifndef AQSWARM_PEER_GRADIENT_EXCHANGE_H_
+#define AQSWARM_PEER_GRADIENT_EXCHANGE_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "peer/link_transport.h"
+#include "pipeline/dp_allreduce.h"
+#include "proto/exchange.grpc.pb.h"
+
+namespace aqswarm::peer {
+
+struct ReplicaExchangeOptions {
+  // Names the group (e.g. "<job>/stage-1"); chunks of other groups are refused.
+  std::string group;
+  int rank = 0;
+  int size = 1;
+  // Address the GradientExchange server binds. Default: loopback, any port.
+  std::string listen = "127.0.0.1:0";
+  ShapingOptions shaping;
+  // Bound on a Receive and on delivering one chunk. Default: 120 s.
+  absl::Duration timeout = absl::Seconds(120);
+  // Bound on chunk bytes buffered before Receive takes them. Default: 1 GiB.
+  uint64_t max_buffered_bytes = 1ull << 30;
+};
+
+class GrpcReplicaExchange final : public pipeline::ReplicaExchange {
+ public:
+  static absl::StatusOr<std::unique_ptr<GrpcReplicaExchange>> Start(const ReplicaExchangeOptions& options);
+  ~GrpcReplicaExchange() override;
+
+  int port() const { return port_; }
+  // Addresses of all replicas, indexed by rank (this one's entry is ignored).
+  absl::Status Connect(const std::vector<std::string>& addresses);
+
+  int rank() const override { return options_.rank; }
+  int size() const override { return options_.size; }
+  absl::Status Send(int to, const v1::ExchangeChunk& chunk) override;
+  absl::StatusOr<v1::ExchangeChunk> Receive(int from, uint64_t step, uint32_t round, v1::ExchangeChunk::Phase phase,
+                                            uint32_t bucket, uint32_t chunk) override;
+  uint64_t bytes_sent() const;
+
+ private:
+  class Service;
+  struct Peer;
+  using Key = std::tuple<int, uint64_t, uint32_t, int, uint32_t, uint32_t>;  // from, step, round, phase, bucket, chunk
+
+  explicit GrpcReplicaExchange(const ReplicaExchangeOptions& options);
+  absl::Status Deliver(v1::ExchangeChunk chunk);  // from the service
+  void SenderLoop(Peer* peer);
+
+  const ReplicaExchangeOptions options_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::vector<std::unique_ptr<Peer>> peers_;
+  absl::Mutex mu_;
+  std::map<Key, v1::ExchangeChunk> mailbox_ ABSL_GUARDED_BY(mu_);
+  uint64_t buffered_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace aqswarm::peer
+
+#endif  // AQSWARM_PEER_GRADIENT_EXCHANGE_H_

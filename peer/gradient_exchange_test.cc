@@ -1,0 +1,104 @@
+#include "peer/gradient_exchange.h"
+
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/random.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+
+namespace aqswarm::peer {
+namespace {
+
+struct Group {
+  Group(int d, absl::Duration timeout = absl::Seconds(20), ShapingOptions shaping = {}) {
+    std::vector<std::string> addrs;
+    for (int r = 0; r < d; ++r) {
+      ReplicaExchangeOptions o;
+      o.group = "job/stage-0";
+      o.rank = r;
+      o.size = d;
+      o.timeout = timeout;
+      o.shaping = shaping;
+      ex.push_back(*GrpcReplicaExchange::Start(o));
+      addrs.push_back(absl::StrCat("127.0.0.1:", ex.back()->port()));
+    }
+    for (auto& e : ex) EXPECT_TRUE(e->Connect(addrs).ok());
+  }
+  std::vector<std::unique_ptr<GrpcReplicaExchange>> ex;
+};
+
+std::vector<float> Random(int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(rng.UnitDouble() - 0.5);
+  return v;
+}
+
+TEST(GrpcReplicaExchangeTest, CompressedAllReduceOverLoopbackGivesIdenticalMeans) {
+  const int d = 3;
+  const int64_t n = 30000;
+  Group g(d);
+  pipeline::AllReduceOptions o;
+  o.codec.codec = v1::CODEC_MINMAX;
+  o.codec.bits = 4;
+  o.codec.bucket_size = 512;
+  o.bucket_elements = 12000;
+  std::vector<std::vector<float>> in(d), out(d, std::vector<float>(n)), we(d), se(d);
+  std::vector<absl::Status> st(d);
+  std::vector<std::thread> t;
+  for (int r = 0; r < d; ++r) in[r] = Random(n, r);
+  for (int r = 0; r < d; ++r) {
+    t.emplace_back([&, r] { st[r] = pipeline::AllReduceMean(*g.ex[r], o, 1, 0, in[r], absl::MakeSpan(out[r]), &we[r], &se[r]); });
+  }
+  for (auto& th : t) th.join();
+  for (auto& s : st) ASSERT_TRUE(s.ok()) << s;
+  for (int r = 1; r < d; ++r) EXPECT_EQ(0, std::memcmp(out[0].data(), out[r].data(), n * 4));
+  double err = 0;
+  for (int64_t i = 0; i < n; ++i) err = std::max(err, std::fabs(out[0][i] - (in[0][i] + in[1][i] + in[2][i]) / 3.0));
+  EXPECT_LT(err, 0.1);
+  EXPECT_GT(g.ex[0]->bytes_sent(), 0u);
+}
+
+TEST(GrpcReplicaExchangeTest, VanishedReplicaFailsTheStepWithAClearStatusQuickly) {
+  Group g(3, absl::Seconds(3));
+  g.ex[2].reset();  // replica 2 is gone
+  std::vector<float> in = Random(5000, 1), out0(5000), out1(5000);
+  absl::Status s0, s1;
+  const absl::Time start = absl::Now();
+  std::thread a([&] { s0 = pipeline::AllReduceMean(*g.ex[0], {}, 0, 0, in, absl::MakeSpan(out0), nullptr, nullptr); });
+  std::thread b([&] { s1 = pipeline::AllReduceMean(*g.ex[1], {}, 0, 0, in, absl::MakeSpan(out1), nullptr, nullptr); });
+  a.join();
+  b.join();
+  for (const auto& s : {s0, s1}) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("replica 2"), std::string::npos) << s;
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+TEST(GrpcReplicaExchangeTest, ChunksFromAnotherGroupOrImpossibleRanksAreRefused) {
+  Group g(2);
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", g.ex[0]->port()), grpc::InsecureChannelCredentials());
+  auto stub = v1::GradientExchange::NewStub(channel);
+  auto push = [&](v1::ExchangeChunk c) {
+    grpc::ClientContext ctx;
+    v1::ExchangeAck ack;
+    return stub->Push(&ctx, c, &ack);
+  };
+  v1::ExchangeChunk c;
+  c.set_group("other/stage-0");
+  c.set_phase(v1::ExchangeChunk::SCATTER);
+  c.set_from_rank(1);
+  EXPECT_EQ(push(c).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  c.set_group("job/stage-0");
+  c.set_from_rank(7);
+  EXPECT_EQ(push(c).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  c.set_from_rank(1);
+  c.set_phase(v1::ExchangeChunk::PHASE_UNSPECIFIED);
+  EXPECT_EQ(push(c).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+}  // namespace
+}  // namespace aqswarm::peer
