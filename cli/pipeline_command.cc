@@ -2,6 +2,7 @@
 // launcher of K stage processes on 127.0.0.1; the coordinator comes later).
 #include <poll.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -55,6 +56,24 @@ int Fail(const char* cmd, const absl::Status& s) {
   return 1;
 }
 
+// One line from stdin within `timeout`.
+absl::Status ReadStdinLine(std::string* line, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  line->clear();
+  char c;
+  while (true) {
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (ms <= 0) return absl::DeadlineExceededError("nothing on stdin in time");
+    pollfd pfd{0, POLLIN, 0};
+    if (::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(ms, 1 << 30))) <= 0) continue;
+    const ssize_t n = ::read(0, &c, 1);
+    if (n <= 0) return absl::OutOfRangeError("stdin closed");
+    if (c == '\n') return absl::OkStatus();
+    line->push_back(c);
+    if (line->size() > (1 << 20)) return absl::InvalidArgumentError("stdin line too long");
+  }
+}
+
 int RunStage(const std::vector<std::string>& args) {
   if (!args.empty()) return Fail("stage", absl::InvalidArgumentError("unexpected argument " + args[0]));
   auto job = LoadJobFromFlags();
@@ -76,7 +95,26 @@ int RunStage(const std::vector<std::string>& args) {
   };
   auto runner = peer::StageRunner::Create(o);
   if (!runner.ok()) return Fail("stage", runner.status());
-  o.report(absl::StrFormat(R"({"event":"listening","stage":%d,"port":%d})", o.stage, (*runner)->port()));
+  o.report(absl::StrFormat(R"({"event":"listening","stage":%d,"pipeline":%d,"port":%d,"exchange_port":%d})", o.stage,
+                           o.pipeline, (*runner)->port(), (*runner)->exchange_port()));
+  if (job->data_parallel() > 1) {
+    // The launcher (or an operator) answers with the replicas' addresses:
+    //   {"replicas": ["127.0.0.1:7001", "127.0.0.1:7002"]}
+    std::string line;
+    absl::Status rs = ReadStdinLine(&line, o.link_timeout);
+    nlohmann::json msg = nlohmann::json::parse(line, nullptr, false);
+    if (!rs.ok() || msg.is_discarded() || !msg.contains("replicas") || !msg["replicas"].is_array()) {
+      return Fail("stage", absl::InvalidArgumentError(absl::StrCat(
+                               "expected {\"replicas\": [...]} on stdin for data parallelism: ", rs.message())));
+    }
+    std::vector<std::string> replicas;
+    for (const auto& a : msg["replicas"]) {
+      if (!a.is_string()) return Fail("stage", absl::InvalidArgumentError("replica addresses must be strings"));
+      replicas.push_back(a.get<std::string>());
+    }
+    absl::Status cs = (*runner)->SetReplicas(replicas);
+    if (!cs.ok()) return Fail("stage", cs);
+  }
   absl::Status s = (*runner)->Run();
   if (!s.ok()) return Fail("stage", s);
   o.report(absl::StrFormat(R"({"event":"done","stage":%d})", o.stage));
@@ -95,25 +133,21 @@ std::string Tail(const std::string& path, size_t max_lines) {
   return absl::StrJoin(lines.begin() + from, lines.end(), "\n");
 }
 
-struct StepRow {
-  std::map<int, nlohmann::json> by_stage;
-};
-
 int RunPipeline(const std::vector<std::string>& args) {
   if (!args.empty()) return Fail("pipeline", absl::InvalidArgumentError("unexpected argument " + args[0]));
   auto job = LoadJobFromFlags();
   if (!job.ok()) return Fail("pipeline", job.status());
-  if (job->data_parallel() > 1) {
-    return Fail("pipeline", absl::UnimplementedError("--dp > 1 needs the data-parallel exchange, not built yet"));
-  }
-  const int k = job->stages();
+  const int k = job->stages(), d = job->data_parallel(), n = k * d;
   namespace fs = std::filesystem;
   const fs::path out = absl::GetFlag(FLAGS_out_dir).empty() ? fs::path("runs") / job->name()
                                                             : fs::path(absl::GetFlag(FLAGS_out_dir));
   std::error_code ec;
   fs::create_directories(out, ec);
   if (ec) return Fail("pipeline", absl::PermissionDeniedError(absl::StrCat("cannot create ", out.string())));
-  for (int s = 0; s < k; ++s) fs::remove_all(out / absl::StrCat("store-", s), ec);  // fresh stores: generation 1
+  auto name = [](int p, int s) { return absl::StrCat("p", p, "-s", s); };
+  for (int p = 0; p < d; ++p) {
+    for (int s = 0; s < k; ++s) fs::remove_all(out / ("store-" + name(p, s)), ec);  // fresh: generation 1
+  }
   std::string json;
   google::protobuf::util::JsonPrintOptions po;
   po.add_whitespace = true;
@@ -124,40 +158,62 @@ int RunPipeline(const std::vector<std::string>& args) {
 
   signal(SIGINT, OnInterrupt);
   signal(SIGTERM, OnInterrupt);
+  signal(SIGPIPE, SIG_IGN);
   const std::string self = SelfExecutable();
-  std::vector<std::unique_ptr<Subprocess>> children(k);
-  std::string next;
-  for (int s = k - 1; s >= 0; --s) {
-    const std::string log = (out / absl::StrCat("stage-", s, ".log")).string();
-    fs::remove(log, ec);
-    std::vector<std::string> argv = {self, "stage", "--job=" + job_path, absl::StrCat("--stage=", s),
-                                     "--store_dir=" + (out / absl::StrCat("store-", s)).string(),
-                                     absl::StrCat("--link_timeout_s=", absl::GetFlag(FLAGS_link_timeout_s))};
-    if (!next.empty()) argv.push_back("--next=" + next);
-    auto child = Subprocess::Spawn(argv, {.capture_stdout = true, .stderr_path = log});
-    if (!child.ok()) return Fail("pipeline", child.status());
-    children[s] = std::move(*child);
-    std::string line;
-    absl::Status st = children[s]->ReadLine(&line, absl::Seconds(300));
-    nlohmann::json ev = nlohmann::json::parse(line, nullptr, false);
-    if (!st.ok() || ev.is_discarded() || ev.value("event", "") != "listening") {
-      std::cerr << "aqswarm pipeline: stage " << s << " did not start:\n" << Tail(log, 20) << "\n";
-      return 1;
+  // children[p * k + s]; each pipeline's chain starts from its last stage.
+  std::vector<std::unique_ptr<Subprocess>> children(n);
+  std::vector<std::string> exchange_addr(n);
+  auto log_of = [&](int i) { return (out / absl::StrCat("stage-", name(i / k, i % k), ".log")).string(); };
+  for (int p = 0; p < d; ++p) {
+    std::string next;
+    for (int s = k - 1; s >= 0; --s) {
+      const int i = p * k + s;
+      fs::remove(log_of(i), ec);
+      std::vector<std::string> argv = {self, "stage", "--job=" + job_path, absl::StrCat("--stage=", s),
+                                       absl::StrCat("--pipeline_index=", p),
+                                       "--store_dir=" + (out / ("store-" + name(p, s))).string(),
+                                       absl::StrCat("--link_timeout_s=", absl::GetFlag(FLAGS_link_timeout_s))};
+      if (!next.empty()) argv.push_back("--next=" + next);
+      auto child = Subprocess::Spawn(argv, {.capture_stdout = true, .stderr_path = log_of(i), .pipe_stdin = d > 1});
+      if (!child.ok()) return Fail("pipeline", child.status());
+      children[i] = std::move(*child);
+      std::string line;
+      absl::Status st = children[i]->ReadLine(&line, absl::Seconds(300));
+      nlohmann::json ev = nlohmann::json::parse(line, nullptr, false);
+      if (!st.ok() || ev.is_discarded() || ev.value("event", "") != "listening") {
+        std::cerr << "aqswarm pipeline: stage " << name(p, s) << " did not start:\n" << Tail(log_of(i), 20) << "\n";
+        return 1;
+      }
+      next = absl::StrCat("127.0.0.1:", ev.value("port", 0));
+      exchange_addr[i] = absl::StrCat("127.0.0.1:", ev.value("exchange_port", 0));
     }
-    next = absl::StrCat("127.0.0.1:", ev.value("port", 0));
   }
-  std::cout << "aqswarm pipeline: " << k << " stages running (" << job->compression().ShortDebugString()
+  if (d > 1) {  // tell every stage where its replicas are
+    for (int s = 0; s < k; ++s) {
+      nlohmann::json msg;
+      for (int p = 0; p < d; ++p) msg["replicas"].push_back(exchange_addr[p * k + s]);
+      for (int p = 0; p < d; ++p) {
+        absl::Status ws = children[p * k + s]->WriteStdin(msg.dump() + "\n");
+        if (!ws.ok()) return Fail("pipeline", ws);
+      }
+    }
+  }
+  std::cout << "aqswarm pipeline: " << k << " stages x " << d << " pipelines running ("
+            << job->compression().ShortDebugString() << (d > 1 ? "; dp " + job->dp().ShortDebugString() : "")
             << "); logs and metrics in " << out.string() << "\n";
 
   std::ofstream csv(out / "metrics.csv");
   csv << "step,epoch,loss,val_loss,step_seconds,tokens_per_second";
   for (int l = 0; l + 1 < k; ++l) csv << ",fw_bytes_link" << l << ",bw_bytes_link" << l;
+  if (d > 1) {
+    for (int s = 0; s < k; ++s) csv << ",dp_bytes_stage" << s;
+  }
   csv << "\n";
-  std::map<int64_t, StepRow> steps;
+  std::map<int64_t, std::map<int, nlohmann::json>> steps;  // step -> child index -> line
   std::map<int64_t, double> val;
   int done = 0;
   bool failed = false;
-  while (done < k && !failed) {
+  while (done < n && !failed) {
     if (g_interrupted) {
       std::cerr << "aqswarm pipeline: interrupted, stopping the stages\n";
       for (auto& c : children) c->Signal(SIGTERM);
@@ -167,14 +223,14 @@ int RunPipeline(const std::vector<std::string>& args) {
     std::vector<pollfd> fds;
     for (auto& c : children) fds.push_back({c->stdout_fd(), POLLIN, 0});
     ::poll(fds.data(), fds.size(), 500);
-    for (int s = 0; s < k; ++s) {
+    for (int i = 0; i < n && !failed; ++i) {
       std::vector<std::string> lines;
-      absl::Status st = children[s]->DrainLines(&lines);
-      if (absl::IsOutOfRange(st) && !children[s]->exited()) {
-        auto code = children[s]->Wait(absl::Seconds(30));
+      absl::Status st = children[i]->DrainLines(&lines);
+      if (absl::IsOutOfRange(st) && !children[i]->exited()) {
+        auto code = children[i]->Wait(absl::Seconds(30));
         if (!code.ok() || *code != 0) {
-          std::cerr << "aqswarm pipeline: stage " << s << " failed (exit " << (code.ok() ? *code : -1) << "):\n"
-                    << Tail((out / absl::StrCat("stage-", s, ".log")).string(), 20) << "\n";
+          std::cerr << "aqswarm pipeline: stage " << name(i / k, i % k) << " failed (exit "
+                    << (code.ok() ? *code : -1) << "):\n" << Tail(log_of(i), 20) << "\n";
           failed = true;
         }
       }
@@ -183,55 +239,80 @@ int RunPipeline(const std::vector<std::string>& args) {
         if (ev.is_discarded()) continue;
         const std::string kind = ev.value("event", "");
         if (kind == "done") ++done;
-        if (kind == "eval" && s == 0) {
+        if (kind == "eval" && i == 0) {
           val[ev["step"].get<int64_t>()] = ev["val_loss"].get<double>();
           std::printf("  eval  step %5lld  val_loss %.4f\n", static_cast<long long>(ev["step"].get<int64_t>()),
                       ev["val_loss"].get<double>());
         }
         if (kind != "step") continue;
         const int64_t step = ev["step"].get<int64_t>();
-        StepRow& row = steps[step];
-        row.by_stage[s] = ev;
-        if (static_cast<int>(row.by_stage.size()) < k) continue;
-        const auto& s0 = row.by_stage[0];
-        const double secs = s0["step_seconds"].get<double>();
-        const double tps = s0["tokens"].get<double>() / std::max(secs, 1e-9);
+        auto& row = steps[step];
+        row[i] = ev;
+        if (static_cast<int>(row.size()) < n) continue;
+        // Every replica of a stage must hold bit-identical weights.
+        for (int s = 0; s < k && d > 1; ++s) {
+          for (int p = 1; p < d; ++p) {
+            if (row[p * k + s]["param_hash"] != row[s]["param_hash"]) {
+              std::cerr << "aqswarm pipeline: replicas of stage " << s << " diverged at step " << step << "\n";
+              failed = true;
+            }
+          }
+        }
+        double loss = 0, secs = 0, tokens = 0, fw_total = 0, raw_total = 0;
+        for (int p = 0; p < d; ++p) {
+          const auto& s0 = row[p * k];
+          loss += s0["loss"].get<double>() / d;
+          secs = std::max(secs, s0["step_seconds"].get<double>());
+          tokens += s0["tokens"].get<double>();
+        }
+        const double tps = tokens / std::max(secs, 1e-9);
         std::string links;
-        csv << step << "," << s0["epoch"] << "," << s0["loss"] << ",," << secs << "," << tps;
-        double fw_total = 0, raw_total = 0;
+        csv << step << "," << row[0]["epoch"] << "," << loss << ",," << secs << "," << tps;
         for (int l = 0; l + 1 < k; ++l) {
-          const double fw = row.by_stage[l]["fw_bytes"].get<double>();
-          const double bw = row.by_stage[l + 1]["bw_bytes"].get<double>();
+          const double fw = row[l]["fw_bytes"].get<double>(), bw = row[l + 1]["bw_bytes"].get<double>();
           csv << "," << fw << "," << bw;
           absl::StrAppendFormat(&links, "  link%d %.2f/%.2f MB", l, fw / 1e6, bw / 1e6);
-          fw_total += row.by_stage[l].value("payload_bytes", 0.0);
-          raw_total += row.by_stage[l].value("raw_bytes", 0.0);
+          fw_total += row[l].value("payload_bytes", 0.0);
+          raw_total += row[l].value("raw_bytes", 0.0);
+        }
+        if (d > 1) {
+          double dp = 0;
+          for (int s = 0; s < k; ++s) {
+            csv << "," << row[s].value("dp_bytes", 0.0);
+            dp += row[s].value("dp_bytes", 0.0);
+          }
+          absl::StrAppendFormat(&links, "  dp %.2f MB/replica", dp / 1e6);
         }
         csv << "\n";
         csv.flush();
-        std::printf("step %5lld  epoch %lld  loss %.4f  %8.0f tok/s  %.2f s%s%s\n", static_cast<long long>(step),
-                    static_cast<long long>(s0["epoch"].get<int64_t>()), s0["loss"].get<double>(), tps, secs,
-                    links.c_str(),
+        std::printf("step %5lld  epoch %lld  loss %.4f  %8.0f tok/s  %.2f s%s%s%s\n", static_cast<long long>(step),
+                    static_cast<long long>(row[0]["epoch"].get<int64_t>()), loss, tps, secs, links.c_str(),
                     raw_total > 0 ? absl::StrFormat("  fw ratio %.1fx", raw_total / std::max(fw_total, 1.0)).c_str()
-                                  : "");
+                                  : "",
+                    d > 1 ? "  replicas identical" : "");
         std::fflush(stdout);
         steps.erase(step);
       }
     }
   }
+  if (failed) {
+    for (auto& c : children) c->Signal(SIGTERM);
+  }
   int rc = failed ? 1 : 0;
-  for (int s = 0; s < k; ++s) {
-    auto code = children[s]->Wait(absl::Seconds(failed ? 10 : 60));
+  for (int i = 0; i < n; ++i) {
+    auto code = children[i]->Wait(absl::Seconds(failed ? 10 : 60));
     if (!code.ok()) {
-      children[s]->Signal(SIGKILL);
+      children[i]->Signal(SIGKILL);
       rc = 1;
     } else if (*code != 0 && !failed) {
-      std::cerr << "aqswarm pipeline: stage " << s << " exited with " << *code << "\n";
+      std::cerr << "aqswarm pipeline: stage " << name(i / k, i % k) << " exited with " << *code << "\n";
       rc = 1;
     }
   }
   if (!absl::GetFlag(FLAGS_keep_stores)) {
-    for (int s = 0; s < k; ++s) fs::remove_all(out / absl::StrCat("store-", s), ec);
+    for (int p = 0; p < d; ++p) {
+      for (int s = 0; s < k; ++s) fs::remove_all(out / ("store-" + name(p, s)), ec);
+    }
   }
   if (rc == 0) {
     if (!val.empty()) std::printf("final val_loss %.4f\n", val.rbegin()->second);

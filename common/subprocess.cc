@@ -37,12 +37,19 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const std::vector<
     posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, options.stderr_path.c_str(),
                                      O_WRONLY | O_CREAT | O_APPEND, 0644);
   }
+  int inpipe[2] = {-1, -1};
+  if (options.pipe_stdin) {
+    if (::pipe2(inpipe, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+    posix_spawn_file_actions_adddup2(&actions, inpipe[0], STDIN_FILENO);
+  }
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   const int rc = posix_spawn(&p->pid_, args[0], &actions, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (pipefd[1] >= 0) ::close(pipefd[1]);
+  if (inpipe[0] >= 0) ::close(inpipe[0]);
+  p->in_fd_ = inpipe[1];
   if (rc != 0) {
     if (pipefd[0] >= 0) ::close(pipefd[0]);
     return absl::InternalError(absl::StrCat("cannot start ", argv[0], ": ", std::strerror(rc)));
@@ -58,6 +65,24 @@ Subprocess::~Subprocess() {
     ::waitpid(pid_, &status, 0);
   }
   if (out_fd_ >= 0) ::close(out_fd_);
+  CloseStdin();
+}
+
+absl::Status Subprocess::WriteStdin(const std::string& data) {
+  if (in_fd_ < 0) return absl::FailedPreconditionError("no stdin pipe");
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t w = ::write(in_fd_, data.data() + done, data.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return absl::UnavailableError(absl::StrCat("write to child stdin: ", std::strerror(errno)));
+    done += static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+void Subprocess::CloseStdin() {
+  if (in_fd_ >= 0) ::close(in_fd_);
+  in_fd_ = -1;
 }
 
 void Subprocess::Signal(int sig) {

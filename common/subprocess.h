@@ -26,6 +26,9 @@ struct SubprocessOptions {
   bool capture_stdout = true;
   // Send the child's stderr to this file (appended); empty = inherit.
   std::string stderr_path;
+  // Give the child a stdin pipe (WriteStdin); otherwise it inherits ours.
+  // Default: false.
+  bool pipe_stdin = false;
 };
 
 class Subprocess {
@@ -45,6 +48,9 @@ class Subprocess {
   // Non-blocking read of whatever stdout holds into the line buffer; returns
   // complete lines. OutOfRange once EOF was seen and no line is left.
   absl::Status DrainLines(std::vector<std::string>* lines);
+  // Writes to the child's stdin (pipe_stdin); then CloseStdin for EOF.
+  absl::Status WriteStdin(const std::string& data);
+  void CloseStdin();
   void Signal(int sig);
   // Waits for exit: exit code, or 128 + signal number if killed.
   absl::StatusOr<int> Wait(absl::Duration timeout);
@@ -55,6 +61,7 @@ class Subprocess {
   bool TakeLine(std::string* line);
   pid_t pid_ = -1;
   int out_fd_ = -1;
+  int in_fd_ = -1;
   std::string buffer_;
   bool eof_ = false;
   bool exited_ = false;

@@ -10,6 +10,7 @@
 #include "common/logging.h"
 #include "common/random.h"
 #include "common/status_macros.h"
+#include "peer/gradient_exchange.h"
 #include "peer/link_transport.h"
 #include "pipeline/corpus.h"
 #include "pipeline/job_spec.h"
@@ -91,10 +92,25 @@ class StageRunnerImpl final : public StageRunner {
     if (!first_) {
       AQSWARM_ASSIGN_OR_RETURN(server_, StageLinkServer::Start(o_.listen, shaping));
     }
+    if (job_.data_parallel() > 1) {
+      ReplicaExchangeOptions eo;
+      eo.group = absl::StrCat(job_.name(), "/stage-", o_.stage);
+      eo.rank = o_.pipeline;
+      eo.size = static_cast<int>(job_.data_parallel());
+      eo.listen = o_.listen;
+      eo.shaping = shaping;
+      eo.timeout = o_.link_timeout;
+      AQSWARM_ASSIGN_OR_RETURN(exchange_, GrpcReplicaExchange::Start(eo));
+    }
     return absl::OkStatus();
   }
 
   int port() const override { return server_ ? server_->port() : 0; }
+  int exchange_port() const override { return exchange_ ? exchange_->port() : 0; }
+  absl::Status SetReplicas(const std::vector<std::string>& addresses) override {
+    if (exchange_ == nullptr) return absl::FailedPreconditionError("this job has no data parallelism");
+    return exchange_->Connect(addresses);
+  }
 
   absl::Status Run() override {
     absl::Status s = RunInner();
@@ -109,6 +125,7 @@ class StageRunnerImpl final : public StageRunner {
     if (up_) up_->CloseSend();
     if (server_) server_->Shutdown();
     if (store_) s.Update(store_->Close());
+    exchange_.reset();
     return s;
   }
 
@@ -205,7 +222,8 @@ class StageRunnerImpl final : public StageRunner {
     const int m = job_.micro_batches_per_step();
     const int64_t b = job_.micro_batch_size(), t = job_.model().seq_len();
     const absl::Time start = absl::Now();
-    compute_s_ = wait_s_ = 0;
+    compute_s_ = wait_s_ = dp_s_ = 0;
+    const uint64_t dp0 = worker_->dp_bytes_sent(), dpraw0 = worker_->dp_raw_bytes();
     const uint64_t fw0 = down_ ? down_->bytes_sent() : 0, bw0 = up_ ? up_->bytes_sent() : 0;
     std::map<int, std::vector<float>> outputs;  // kept for resends until backward
     double loss_sum = 0;
@@ -296,7 +314,10 @@ class StageRunnerImpl final : public StageRunner {
       f.mutable_commit()->set_total_grad_sq_norm(total_sq);
       AQSWARM_RETURN_IF_ERROR(down_->Send(std::move(f), o_.link_timeout));
     }
-    {
+    if (exchange_ != nullptr) {
+      Timer tm(&dp_s_);
+      AQSWARM_RETURN_IF_ERROR(worker_->StepDataParallel(gs, total_sq, *exchange_));
+    } else {
       Timer tm(&compute_s_);
       AQSWARM_RETURN_IF_ERROR(worker_->Step(gs, total_sq));
     }
@@ -307,6 +328,11 @@ class StageRunnerImpl final : public StageRunner {
         o_.stage, o_.pipeline, gs, epoch, (first_ || last_) ? loss : 0.0, std::sqrt(total_sq), secs, compute_s_,
         wait_s_, static_cast<int64_t>(m) * job_.micro_batch_size() * t,
         down_ ? down_->bytes_sent() - fw0 : 0, up_ ? up_->bytes_sent() - bw0 : 0);
+    if (exchange_ != nullptr) {
+      absl::StrAppendFormat(&line, R"(,"dp_seconds":%.4f,"dp_bytes":%d,"dp_raw_bytes":%d,"param_hash":"%016x")", dp_s_,
+                            worker_->dp_bytes_sent() - dp0, worker_->dp_raw_bytes() - dpraw0,
+                            worker_->ParameterHash());
+    }
     if (sender_) {
       const auto& st = sender_->stats();
       absl::StrAppendFormat(&line, R"(,"full_rows":%d,"delta_rows":%d,"direct_rows":%d,"resend_rows":%d,)"
@@ -432,7 +458,8 @@ class StageRunnerImpl final : public StageRunner {
   LinkConnection* up_ = nullptr;  // owned by server_
   std::unique_ptr<ActivationSender> sender_;
   std::unique_ptr<ActivationReceiver> receiver_;
-  double compute_s_ = 0, wait_s_ = 0;
+  std::unique_ptr<GrpcReplicaExchange> exchange_;
+  double compute_s_ = 0, wait_s_ = 0, dp_s_ = 0;
 };
 
 }  // namespace

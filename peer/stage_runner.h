@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -63,6 +64,11 @@ class StageRunner {
   virtual ~StageRunner() = default;
   // Bound port of the StageLink server (0 for stage 0).
   virtual int port() const = 0;
+  // Bound port of the GradientExchange server (0 without data parallelism).
+  virtual int exchange_port() const = 0;
+  // Data parallelism: the GradientExchange addresses of this stage's
+  // replicas, indexed by pipeline. Required before Run() when D > 1.
+  virtual absl::Status SetReplicas(const std::vector<std::string>& addresses) = 0;
   // Connects to the neighbours and trains until the job's steps are done.
   virtual absl::Status Run() = 0;
 };

@@ -177,9 +177,11 @@ TEST(QuantizedAdamTest, LosslessWarmupMatchesAdamWOnTheMeanGradientAndFrozenPhas
         if (decay[i]) ref[i] *= 1 - lr * 0.1;
         ref[i] -= lr * (m[i] / bc1) / (std::sqrt(v[i] / bc2) + 1e-8);
       } else {
-        if (vf.empty()) {
+        if (vf.empty()) {  // frozen at step 3, floored at 1% of the mean
           vf = v;
-          for (auto& x : vf) x /= 1 - std::pow(0.99, 3);
+          double mean = 0;
+          for (auto& x : vf) mean += (x /= 1 - std::pow(0.99, 3));
+          for (auto& x : vf) x = std::max(x, 0.01f * static_cast<float>(mean / n));
         }
         if (decay[i]) ref[i] *= 1 - lr * 0.1;
         ref[i] -= lr * m[i] / (std::sqrt(vf[i]) + 1e-8);

@@ -33,8 +33,14 @@ QuantizedAdamOptions QuantizedAdamOptionsFromJob(const v1::JobSpec& job) {
 }
 
 QuantizedAdam::QuantizedAdam(int64_t n, int64_t num_compressed, std::vector<uint8_t> decay,
-                             const QuantizedAdamOptions& options)
-    : n_(n), num_compressed_(num_compressed), decay_(std::move(decay)), options_(options), m_(n, 0.0f), v_(n, 0.0f) {}
+                             const QuantizedAdamOptions& options, std::vector<int64_t> tensor_sizes)
+    : n_(n),
+      num_compressed_(num_compressed),
+      decay_(std::move(decay)),
+      tensor_sizes_(tensor_sizes.empty() ? std::vector<int64_t>{n} : std::move(tensor_sizes)),
+      options_(options),
+      m_(n, 0.0f),
+      v_(n, 0.0f) {}
 
 absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<float> params,
                                  absl::Span<const float> grads) {
@@ -62,7 +68,15 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
       params[i] -= flr * (m_[i] / bc1) / (std::sqrt(v_[i] / bc2) + eps);
     }
     if (options_.quantized && step_ == options_.warmup_steps) {
-      for (float& v : v_) v /= bc2;  // freeze the bias-corrected variance
+      // Freeze the bias-corrected variance, floored per tensor (see header).
+      int64_t off = 0;
+      for (int64_t len : tensor_sizes_) {
+        double mean = 0;
+        for (int64_t i = off; i < off + len; ++i) mean += v_[i] / bc2;
+        const float floor = static_cast<float>(0.01 * mean / std::max<int64_t>(len, 1));
+        for (int64_t i = off; i < off + len; ++i) v_[i] = std::max(v_[i] / bc2, floor);
+        off += len;
+      }
       frozen_ = true;
     }
     return absl::OkStatus();

@@ -6,7 +6,11 @@
 //   warm-up:  g = mean_replicas(g_local)                (raw float32)
 //             m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //             p *= 1 - lr*wd (matrices);  p -= lr * (m/bc1) / (sqrt(v/bc2) + eps)
-//   freeze:   v_frozen = v / bc2 at the last warm-up step
+//   freeze:   v_frozen = max(v / bc2, 0.01 * mean over the tensor of v / bc2)
+//             at the last warm-up step. The floor is ours, not the paper's:
+//             a coordinate that saw no gradient during warm-up (an embedding
+//             row of a token not yet seen) would otherwise freeze at v = 0 and
+//             take a step of lr * m / eps the first time it appears.
 //   after:    m = mean_replicas~(b1 m + (1-b1) g_local)  (compressed, EF both sides)
 //             p *= 1 - lr*wd (matrices);  p -= lr * m / (sqrt(v_frozen) + eps)
 // Elements [0, num_compressed) are exchanged with the compressed codec after
@@ -58,8 +62,10 @@ QuantizedAdamOptions QuantizedAdamOptionsFromJob(const v1::JobSpec& job);
 class QuantizedAdam {
  public:
   // `decay[i]` says whether element i gets weight decay; elements
-  // [0, num_compressed) are compressed after warm-up.
-  QuantizedAdam(int64_t n, int64_t num_compressed, std::vector<uint8_t> decay, const QuantizedAdamOptions& options);
+  // [0, num_compressed) are compressed after warm-up; `tensor_sizes` cut the
+  // flat vector into its tensors (for the variance floor; empty = one tensor).
+  QuantizedAdam(int64_t n, int64_t num_compressed, std::vector<uint8_t> decay, const QuantizedAdamOptions& options,
+                std::vector<int64_t> tensor_sizes = {});
 
   // One step with this replica's (already clipped) gradient.
   absl::Status Step(ReplicaExchange& ex, double lr, absl::Span<float> params, absl::Span<const float> grads);
@@ -75,6 +81,7 @@ class QuantizedAdam {
  private:
   const int64_t n_, num_compressed_;
   const std::vector<uint8_t> decay_;
+  const std::vector<int64_t> tensor_sizes_;
   const QuantizedAdamOptions options_;
   std::vector<float> m_, v_, worker_error_, server_error_, g_, scratch_;
   int64_t step_ = 0;

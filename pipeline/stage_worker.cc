@@ -1,13 +1,17 @@
 #include "pipeline/stage_worker.h"
 
+#include <cmath>
+#include <cstring>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
+#include "compression/codec.h"
 #include "common/status_macros.h"
 #include "pipeline/gpt.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/optimizer.h"
+#include "pipeline/quantized_adam.h"
 #include "pipeline/safetensors.h"
 #include "pipeline/stage_io.h"
 
@@ -149,6 +153,45 @@ class StageWorkerImpl final : public StageWorker {
     });
   }
 
+  absl::Status StepDataParallel(int64_t step, double total_sq, ReplicaExchange& ex) override {
+    saved_.clear();
+    return Guard("data-parallel step", [&]() -> absl::Status {
+      torch::NoGradGuard ng;
+      if (dp_ == nullptr) InitDataParallel();
+      const double norm = std::sqrt(total_sq);
+      const double clip = job_.optimizer().grad_clip();
+      const float scale = (clip > 0 && norm > clip) ? static_cast<float>(clip / (norm + 1e-6)) : 1.0f;
+      // Flatten (big tensors first: they are the compressed part).
+      int64_t off = 0;
+      for (const torch::Tensor& p : dp_order_) {
+        const int64_t n = p.numel();
+        torch::Tensor pc = p.detach().to(torch::kCPU).contiguous();
+        std::memcpy(dp_params_.data() + off, pc.data_ptr<float>(), n * sizeof(float));
+        if (p.grad().defined()) {
+          torch::Tensor g = p.grad().to(torch::kCPU).contiguous();
+          const float* gp = g.data_ptr<float>();
+          for (int64_t i = 0; i < n; ++i) dp_grads_[off + i] = gp[i] * scale;
+        } else {
+          std::fill(dp_grads_.begin() + off, dp_grads_.begin() + off + n, 0.0f);
+        }
+        off += n;
+      }
+      AQSWARM_RETURN_IF_ERROR(dp_->Step(ex, LearningRateAt(job_.optimizer(), step), absl::MakeSpan(dp_params_),
+                                        dp_grads_));
+      off = 0;
+      for (torch::Tensor& p : dp_order_) {
+        const int64_t n = p.numel();
+        p.copy_(torch::from_blob(dp_params_.data() + off, p.sizes(), torch::kFloat32));
+        if (p.grad().defined()) p.mutable_grad().zero_();
+        off += n;
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  uint64_t dp_bytes_sent() const override { return dp_ ? dp_->stats().bytes_sent : 0; }
+  uint64_t dp_raw_bytes() const override { return dp_ ? dp_->stats().raw_bytes : 0; }
+
   int64_t num_parameters() const override {
     int64_t n = 0;
     for (const auto& [name, p] : model_->named_params()) n += p.numel();
@@ -211,8 +254,35 @@ class StageWorkerImpl final : public StageWorker {
   v1::JobSpec job_;
   GptStage model_;
   AdamW opt_;
+  void InitDataParallel() {
+    std::vector<torch::Tensor> big, small;
+    for (const auto& [name, p] : model_->named_params()) {
+      (p.numel() >= compression::kDefaultMinCompressElements ? big : small).push_back(p);
+    }
+    int64_t n = 0, nbig = 0;
+    std::vector<uint8_t> decay;
+    std::vector<int64_t> sizes;
+    for (auto* group : {&big, &small}) {
+      for (const torch::Tensor& p : *group) {
+        dp_order_.push_back(p);
+        sizes.push_back(p.numel());
+        decay.insert(decay.end(), p.numel(), p.dim() >= 2 ? 1 : 0);
+        n += p.numel();
+        if (group == &big) nbig += p.numel();
+      }
+    }
+    dp_params_.resize(n);
+    dp_grads_.resize(n);
+    dp_ = std::make_unique<QuantizedAdam>(n, nbig, std::move(decay), QuantizedAdamOptionsFromJob(job_),
+                                          std::move(sizes));
+  }
+
   torch::Device device_;
-  std::map<int, std::pair<torch::Tensor, torch::Tensor>> saved_;  // mb -> (input, output or scaled loss)
+  std::map<int, std::pair<torch::Tensor, torch::Tensor>> saved_;
+  // Data-parallel optimizer over a flat copy of the parameters.
+  std::unique_ptr<QuantizedAdam> dp_;
+  std::vector<torch::Tensor> dp_order_;
+  std::vector<float> dp_params_, dp_grads_;  // mb -> (input, output or scaled loss)
 };
 
 }  // namespace

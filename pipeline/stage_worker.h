@@ -28,6 +28,8 @@
 
 namespace aqswarm::pipeline {
 
+class ReplicaExchange;
+
 class StageWorker {
  public:
   // Builds stage `stage` of job.stages(), initialised from job.seed (or from
@@ -69,7 +71,15 @@ class StageWorker {
   // learning rate for `step`, zeroes gradients, drops saved micro-batches.
   virtual absl::Status Step(int64_t step, double total_grad_squared_norm) = 0;
 
-  // Flat gradients / parameters in a fixed order (data-parallel exchange).
+  // Data-parallel step (job.data_parallel > 1): clips this replica's gradient
+  // by its pipeline's whole-model norm, then AdamW on the replicas' mean
+  // gradient for dp.warmup_steps, then QuantizedAdam (pipeline/quantized_adam.h)
+  // over `exchange`. Replicas that start equal stay bit-identical.
+  virtual absl::Status StepDataParallel(int64_t step, double total_grad_squared_norm, ReplicaExchange& exchange) = 0;
+  // Bytes this stage sent to its replicas so far (encoded) and their fp32 size.
+  virtual uint64_t dp_bytes_sent() const = 0;
+  virtual uint64_t dp_raw_bytes() const = 0;
+
   virtual int64_t num_parameters() const = 0;
   // XXH3 of all parameter bytes: replicas compare it to prove bit-identity.
   virtual uint64_t ParameterHash() const = 0;

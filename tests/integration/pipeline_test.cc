@@ -45,7 +45,7 @@ class PipelineTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   std::string WriteJob(const std::string& name, const std::string& mode, int stages, int max_steps, int epochs,
-                       int fw_bits = 3) {
+                       int fw_bits = 3, const std::string& extra = "") {
     const std::string json = absl::StrCat(R"({"name":")", name, R"(","seed":5,
       "model":{"seqLen":32,"dModel":32,"nLayer":3,"nHead":2},
       "data":{"corpus":")", (dir_ / "corpus").string(), R"(","tokenizerDir":")", kDataDir, R"(/gpt2",
@@ -53,7 +53,7 @@ class PipelineTest : public ::testing::Test {
       "optimizer":{"lr":0.003,"warmupSteps":2,"gradClip":1.0},
       "microBatchSize":4,"microBatchesPerStep":2,"epochs":)", epochs, R"(,"maxSteps":)", max_steps, R"(,
       "compression":{"mode":")", mode, R"(","fwBits":)", fw_bits, R"(,"bwBits":6,"warmupEpochs":0},
-      "stages":)", stages, R"(,"evalEverySteps":0,"evalBatches":1})");
+      "stages":)", stages, R"(,"evalEverySteps":0,"evalBatches":1)", extra, "}");
     const std::string path = (dir_ / absl::StrCat(name, "-", mode, "-", stages, "-", fw_bits, ".json")).string();
     std::ofstream(path) << json;
     return path;
@@ -100,8 +100,8 @@ TEST_F(PipelineTest, AqsgdStoresOnBothEndsOfEveryLinkAreBitIdenticalAfterTwoEpoc
   for (uint32_t boundary = 0; boundary < 2; ++boundary) {
     std::unique_ptr<storage::RocksDbMessageStore> a, b;
     {
-      auto sa = storage::RocksDbMessageStore::Open({.path = absl::StrCat(out, "/store-", boundary)});
-      auto sb = storage::RocksDbMessageStore::Open({.path = absl::StrCat(out, "/store-", boundary + 1)});
+      auto sa = storage::RocksDbMessageStore::Open({.path = absl::StrCat(out, "/store-p0-s", boundary)});
+      auto sb = storage::RocksDbMessageStore::Open({.path = absl::StrCat(out, "/store-p0-s", boundary + 1)});
       ASSERT_TRUE(sa.ok() && sb.ok()) << sa.status() << sb.status();
       a = std::move(*sa);
       b = std::move(*sb);
@@ -138,6 +138,21 @@ TEST_F(PipelineTest, ThreeStageFp32PipelineTrainsLikeOneStage) {
   ASSERT_EQ(a.size(), 4u);
   ASSERT_EQ(b.size(), 4u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4) << "step " << i;
+}
+
+TEST_F(PipelineTest, TwoByTwoGridWithQuantizedAdamTrainsAndKeepsReplicasBitIdentical) {
+  const std::string out = (dir_ / "grid").string();
+  const std::string job = WriteJob("grid", "aqsgd", 2, 8, 10, 3,
+                                   R"(,"dataParallel":2,"dp":{"optimizer":"quantized_adam","warmupSteps":3,"bits":4})");
+  ASSERT_EQ(RunPipeline(job, out), 0) << output_;
+  // The launcher compares every stage's parameter hash across replicas after
+  // every step and fails the run on a mismatch.
+  size_t identical = 0;
+  for (size_t pos = 0; (pos = output_.find("replicas identical", pos)) != std::string::npos; ++pos) ++identical;
+  EXPECT_EQ(identical, 8u) << output_;
+  std::vector<double> loss = Losses(out);
+  ASSERT_EQ(loss.size(), 8u);
+  EXPECT_LT(loss.back(), loss.front() - 0.1) << output_;
 }
 
 struct Stage {
