@@ -185,12 +185,20 @@ class ClientLink final : public LinkConnection {
     if (reader_.joinable()) reader_.join();
   }
 
-  absl::Status Connect(const std::string& target, absl::Duration timeout) {
-    channel_ = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), LinkChannelArgs());
+  absl::Status Connect(const std::string& target, absl::Duration timeout, const TlsOptions& tls) {
+    auto creds = MakeChannelCredentials(tls);
+    if (!creds.ok()) return creds.status();
+    grpc::ChannelArguments args = LinkChannelArgs();
+    ApplyTlsChannelArgs(tls, &args);
+    channel_ = grpc::CreateCustomChannel(target, *creds, args);
     const auto deadline = std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout);
     if (!channel_->WaitForConnected(deadline)) {
+      // A TLS mismatch (one end plaintext, or another CA) looks like an
+      // unreachable peer from here: say which mode we used.
       return absl::UnavailableError(absl::StrCat("cannot reach the next stage at ", target, " within ",
-                                                 absl::FormatDuration(timeout)));
+                                                 absl::FormatDuration(timeout), " over ", DescribeTls(tls),
+                                                 tls.enabled() ? " (is it up, with mTLS and the same CA?)"
+                                                               : " (is it up, without TLS?)"));
     }
     stub_ = v1::StageLink::NewStub(channel_);
     stream_ = stub_->Connect(&context_);
@@ -218,9 +226,10 @@ class ClientLink final : public LinkConnection {
 
 absl::StatusOr<std::unique_ptr<LinkConnection>> LinkConnection::Dial(const std::string& target,
                                                                      const ShapingOptions& shaping,
-                                                                     absl::Duration timeout) {
+                                                                     absl::Duration timeout,
+                                                                     const TlsOptions& tls) {
   auto link = std::make_unique<ClientLink>(target, shaping);
-  absl::Status s = link->Connect(target, timeout);
+  absl::Status s = link->Connect(target, timeout, tls);
   if (!s.ok()) return s;
   return std::unique_ptr<LinkConnection>(std::move(link));
 }
@@ -310,11 +319,14 @@ class StageLinkServer::Service final : public v1::StageLink::Service {
 };
 
 absl::StatusOr<std::unique_ptr<StageLinkServer>> StageLinkServer::Start(const std::string& listen,
-                                                                        const ShapingOptions& shaping) {
+                                                                        const ShapingOptions& shaping,
+                                                                        const TlsOptions& tls) {
+  auto creds = MakeServerCredentials(tls);
+  if (!creds.ok()) return creds.status();
   std::unique_ptr<StageLinkServer> s(new StageLinkServer());
   s->service_ = std::make_unique<Service>(shaping);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(listen, *creds, &s->port_);
   builder.SetMaxReceiveMessageSize(kMaxLinkFrameBytes);
   builder.SetMaxSendMessageSize(kMaxLinkFrameBytes);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);

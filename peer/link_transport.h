@@ -20,6 +20,9 @@
 // peer goes away (process killed, stream cancelled) pending and later
 // Receive/Send calls fail with Unavailable naming the link.
 //
+// Mutual TLS: pass TlsOptions (peer/tls.h) to Dial and Start; both ends
+// need certificates from the same swarm CA. Default: plaintext.
+//
 // Thread-safety: Send and Receive may be called from different threads.
 #ifndef AQSWARM_PEER_LINK_TRANSPORT_H_
 #define AQSWARM_PEER_LINK_TRANSPORT_H_
@@ -35,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "peer/tls.h"
 #include "proto/link.grpc.pb.h"
 
 namespace aqswarm::peer {
@@ -56,7 +60,7 @@ class LinkConnection {
 
   // Connects to a StageLinkServer, retrying until `timeout`.
   static absl::StatusOr<std::unique_ptr<LinkConnection>> Dial(const std::string& target, const ShapingOptions& shaping,
-                                                              absl::Duration timeout);
+                                                              absl::Duration timeout, const TlsOptions& tls = {});
 
   // Queues a frame. Blocks while `max_queued_frames` are waiting (flow
   // control) up to `timeout`. Fails once the link is broken or closed.
@@ -114,7 +118,8 @@ class StageLinkServer {
  public:
   // `listen` like "127.0.0.1:0"; port() tells the bound port.
   static absl::StatusOr<std::unique_ptr<StageLinkServer>> Start(const std::string& listen,
-                                                                const ShapingOptions& shaping);
+                                                                const ShapingOptions& shaping,
+                                                                const TlsOptions& tls = {});
   ~StageLinkServer();
   int port() const { return port_; }
   // Waits for the upstream stage to connect.

@@ -1,0 +1,186 @@
+// End-to-end mutual TLS over StageLink on loopback: the happy path, and the
+// ways a connection must be refused (plaintext client, foreign CA, no client
+// certificate). Certificates are made by the test with common/certs.h.
+#include "peer/tls.h"
+
+#include <stdlib.h>
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "common/certs.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "peer/link_transport.h"
+
+namespace aqswarm::peer {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kDialTimeout = absl::Seconds(2);
+
+v1::LinkFrame Commit(uint64_t step) {
+  v1::LinkFrame f;
+  f.mutable_commit()->set_step(step);
+  return f;
+}
+
+// A swarm CA dir with certificates "server" and "client" for 127.0.0.1, and a
+// second, unrelated swarm ("other") with its own CA and "client" cert.
+class TlsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "aqswarm_tls_test.XXXXXX").string();
+    root_ = new std::string(::mkdtemp(tmpl.data()));
+    for (const char* swarm : {"swarm", "other"}) {
+      const std::string dir = *root_ + "/" + std::string(swarm);
+      ASSERT_TRUE(InitCaDir(dir, {}).ok());
+      for (const char* name : {"server", "client"}) {
+        LeafOptions leaf;
+        leaf.name = name;
+        leaf.ip_addresses = {"127.0.0.1"};
+        auto issued = IssueCertInDir(dir, leaf);
+        ASSERT_TRUE(issued.ok()) << issued.status();
+      }
+    }
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*root_);
+    delete root_;
+  }
+
+  static TlsOptions Swarm(const std::string& name) { return {*root_ + "/swarm", name, ""}; }
+  static TlsOptions Other(const std::string& name) { return {*root_ + "/other", name, ""}; }
+  static std::string Read(const std::string& path) { return *ReadSmallFile(path); }
+
+  std::unique_ptr<StageLinkServer> StartTlsServer() {
+    auto server = StageLinkServer::Start("127.0.0.1:0", {}, Swarm("server"));
+    EXPECT_TRUE(server.ok()) << server.status();
+    return server.ok() ? *std::move(server) : nullptr;
+  }
+
+  // Opens a raw StageLink stream with hand-made credentials (ones that
+  // MakeChannelCredentials would refuse to build) and reports how it ended.
+  static absl::Status RawExchange(int port, std::shared_ptr<grpc::ChannelCredentials> creds) {
+    auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), creds);
+    auto stub = v1::StageLink::NewStub(channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(kDialTimeout));
+    auto stream = stub->Connect(&ctx);
+    stream->Write(Commit(1));
+    v1::LinkFrame f;
+    if (stream->Read(&f)) return absl::OkStatus();  // the server answered: not rejected
+    grpc::Status s = stream->Finish();
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  }
+
+  static std::string* root_;
+};
+
+std::string* TlsTest::root_ = nullptr;
+
+TEST_F(TlsTest, MutualTlsLinkExchangesFrames) {
+  auto server = StartTlsServer();
+  ASSERT_NE(server, nullptr);
+  auto client = LinkConnection::Dial(absl::StrCat("127.0.0.1:", server->port()), {}, absl::Seconds(10),
+                                     Swarm("client"));
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto server_end = server->Accept(absl::Seconds(10));
+  ASSERT_TRUE(server_end.ok()) << server_end.status();
+
+  ASSERT_TRUE((*client)->Send(Commit(7)).ok());
+  auto f = (*server_end)->Receive([](auto&) { return true; }, absl::Seconds(10));
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->commit().step(), 7u);
+  ASSERT_TRUE((*server_end)->Send(Commit(8)).ok());
+  auto back = (*client)->Receive([](auto&) { return true; }, absl::Seconds(10));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->commit().step(), 8u);
+
+  (*server_end)->CloseSend();
+  client->reset();
+  server.reset();
+}
+
+TEST_F(TlsTest, PlaintextClientAgainstTlsServerIsUnavailableQuickly) {
+  auto server = StartTlsServer();
+  ASSERT_NE(server, nullptr);
+  const absl::Time start = absl::Now();
+  auto client = LinkConnection::Dial(absl::StrCat("127.0.0.1:", server->port()), {}, kDialTimeout);
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kUnavailable) << client.status();
+  EXPECT_THAT(client.status().message(), HasSubstr("over plaintext (is it up, without TLS?)"));
+  EXPECT_LT(took, kDialTimeout + absl::Seconds(3));
+  EXPECT_EQ(server->Accept(absl::Milliseconds(100)).status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(TlsTest, TlsClientAgainstPlaintextServerIsUnavailable) {
+  auto server = StageLinkServer::Start("127.0.0.1:0", {});
+  ASSERT_TRUE(server.ok());
+  auto client = LinkConnection::Dial(absl::StrCat("127.0.0.1:", (*server)->port()), {}, kDialTimeout,
+                                     Swarm("client"));
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kUnavailable) << client.status();
+  EXPECT_THAT(client.status().message(), HasSubstr("over mTLS"));
+}
+
+TEST_F(TlsTest, PeerOfAnotherSwarmIsRejected) {
+  // Both ends consistent, but different CAs: neither trusts the other.
+  auto server = StartTlsServer();
+  ASSERT_NE(server, nullptr);
+  auto client = LinkConnection::Dial(absl::StrCat("127.0.0.1:", server->port()), {}, kDialTimeout,
+                                     Other("client"));
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kUnavailable) << client.status();
+  EXPECT_EQ(server->Accept(absl::Milliseconds(100)).status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(TlsTest, ClientCertificateFromAnotherCaIsRejectedByTheServer) {
+  // The client trusts the swarm CA (so it would accept the server) but
+  // presents a certificate from another CA: only the server's check stops it.
+  auto server = StartTlsServer();
+  ASSERT_NE(server, nullptr);
+  grpc::SslCredentialsOptions o;
+  o.pem_root_certs = Read(*root_ + "/swarm/ca.pem");
+  o.pem_private_key = Read(*root_ + "/other/client.key");
+  o.pem_cert_chain = Read(*root_ + "/other/client.pem");
+  const absl::Time start = absl::Now();
+  absl::Status s = RawExchange(server->port(), grpc::SslCredentials(o));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_LT(absl::Now() - start, kDialTimeout + absl::Seconds(3));
+  EXPECT_EQ(server->Accept(absl::Milliseconds(100)).status().code(), absl::StatusCode::kDeadlineExceeded);
+
+  // Our own loader refuses to build such a mix in the first place.
+  const std::string mixed = *root_ + "/mixed";
+  std::filesystem::create_directories(mixed);
+  std::filesystem::copy_file(*root_ + "/swarm/ca.pem", mixed + "/ca.pem");
+  std::filesystem::copy_file(*root_ + "/other/client.pem", mixed + "/client.pem");
+  std::filesystem::copy_file(*root_ + "/other/client.key", mixed + "/client.key");
+  auto creds = MakeChannelCredentials({mixed, "client", ""});
+  EXPECT_EQ(creds.status().code(), absl::StatusCode::kUnauthenticated) << creds.status();
+  EXPECT_THAT(creds.status().message(), HasSubstr("is not signed by the swarm CA"));
+}
+
+TEST_F(TlsTest, ClientWithoutCertificateIsRejected) {
+  auto server = StartTlsServer();
+  ASSERT_NE(server, nullptr);
+  grpc::SslCredentialsOptions o;
+  o.pem_root_certs = Read(*root_ + "/swarm/ca.pem");  // trusts the server, presents nothing
+  absl::Status s = RawExchange(server->port(), grpc::SslCredentials(o));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_EQ(server->Accept(absl::Milliseconds(100)).status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(TlsTest, MisconfiguredTlsFailsAtStartWithTheFileName) {
+  auto missing = StageLinkServer::Start("127.0.0.1:0", {}, Swarm("nobody"));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("nobody.pem does not exist"));
+  auto no_name = LinkConnection::Dial("127.0.0.1:1", {}, kDialTimeout, {*root_ + "/swarm", "", ""});
+  EXPECT_EQ(no_name.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(no_name.status().message(), HasSubstr("no certificate name"));
+  EXPECT_EQ(DescribeTls({}), "plaintext");
+}
+
+}  // namespace
+}  // namespace aqswarm::peer
