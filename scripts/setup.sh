@@ -12,7 +12,7 @@ PACKAGES=(
   librocksdb-dev libtorch-dev prometheus-cpp-dev libssl-dev libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas0-openmp
   libxxhash-dev libpcre2-dev nlohmann-json3-dev
-  prometheus gnuplot-nox iproute2 npm curl ca-certificates
+  prometheus gnuplot-nox iproute2 curl ca-certificates
 )
 
 if [[ "${AQSWARM_SKIP_APT:-0}" != 1 ]]; then
@@ -20,6 +20,9 @@ if [[ "${AQSWARM_SKIP_APT:-0}" != 1 ]]; then
   for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
+  # npm fetches the corpus and tokenizer files. Machines that already have a
+  # Node.js toolchain (with its own npm) must not get Debian's npm: they conflict.
+  command -v npm >/dev/null || missing+=(npm)
   if ((${#missing[@]})); then
     echo "setup: installing ${missing[*]}"
     SUDO=""

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Convergence study (not a CI test): pre-trains the same small GPT from scratch
+# with each link/optimizer configuration on the State of the Union corpus and
+# writes docs/CONVERGENCE.md (table) and docs/convergence*.png (curves).
+#
+#   scripts/convergence.sh pipeline    # issue 4: 4 stages, fp32 / aqsgd / directq
+#   scripts/convergence.sh dp          # issue 5: 2 stages x 2 replicas, QuantizedAdam
+#
+# Scale knobs (environment), defaults sized for a 2-core machine:
+#   CORPUS_FILES=12   first N speeches of data/sotu (sorted by name)
+#   EPOCHS=5 SEQ=64 DMODEL=128 LAYERS=4 HEADS=4 MB=8 M=2 LR=0.003
+set -euo pipefail
+cd "$(dirname "$0")/.."
+study="${1:-pipeline}"
+CORPUS_FILES="${CORPUS_FILES:-12}"
+EPOCHS="${EPOCHS:-5}"; SEQ="${SEQ:-64}"; DMODEL="${DMODEL:-128}"; LAYERS="${LAYERS:-4}"; HEADS="${HEADS:-4}"
+MB="${MB:-8}"; M="${M:-2}"; LR="${LR:-0.003}"
+out="runs/convergence-$study"
+mkdir -p "$out/corpus" docs
+[[ -x build/aqswarm ]] || scripts/setup.sh
+rm -f "$out"/corpus/*.txt
+ls data/sotu/*.txt | sort | head -n "$CORPUS_FILES" | while read -r f; do cp "$f" "$out/corpus/"; done
+
+job() {  # job NAME MODE FW BW STAGES DP DPOPT
+  local name="$1" mode="$2" fw="$3" bw="$4" stages="$5" dp="$6" dpopt="$7"
+  cat > "$out/$name.json" <<JSON
+{"name":"$name","seed":7,
+ "model":{"seqLen":$SEQ,"dModel":$DMODEL,"nLayer":$LAYERS,"nHead":$HEADS},
+ "data":{"corpus":"$out/corpus","tokenizerDir":"data/gpt2","cacheDir":"$out/cache"},
+ "optimizer":{"lr":$LR,"minLr":0.0003,"warmupSteps":50,"totalSteps":STEPS,"weightDecay":0.01,"gradClip":1.0},
+ "microBatchSize":$MB,"microBatchesPerStep":$M,"epochs":$EPOCHS,
+ "compression":{"mode":"$mode","fwBits":$fw,"bwBits":$bw,"warmupEpochs":1,"mPrecision":"fp16"},
+ "stages":$stages,"dataParallel":$dp,
+ "dp":{"optimizer":"$dpopt","warmupSteps":WARM,"bits":4,"bucketSize":512},
+ "threads":1,"evalEverySteps":EVAL,"evalBatches":16}
+JSON
+}
+
+if [[ "$study" == pipeline ]]; then
+  configs=("fp32 fp32 8 8" "aqsgd-fw2bw4 aqsgd 2 4" "aqsgd-fw3bw6 aqsgd 3 6" "aqsgd-fw4bw8 aqsgd 4 8"
+           "directq-fw2bw4 directq 2 4" "directq-fw3bw6 directq 3 6")
+  stages=4; dp=1
+else
+  configs=("adamw-fp32 fp32 8 8 adamw" "qadam4-fp32 fp32 8 8 quantized_adam"
+           "aqsgd-fw3bw6-qadam4 aqsgd 3 6 quantized_adam" "directq-fw3bw6-qadam4 directq 3 6 quantized_adam")
+  stages=2; dp=2
+fi
+
+for c in "${configs[@]}"; do
+  read -r name mode fw bw dpopt <<<"$c"
+  job "$name" "$mode" "$fw" "$bw" "$stages" "$dp" "${dpopt:-adamw}"
+done
+# Steps per epoch from a dry count: tokens / seq / (MB*M*DP), 95% train.
+tokens=$(cat "$out"/corpus/*.txt | wc -c)  # bytes; refined below from the first run's metrics
+first=1
+for c in "${configs[@]}"; do
+  read -r name _ <<<"$c"
+  if [[ $first == 1 ]]; then
+    # Probe: one step to learn steps/epoch? Simpler: estimate from bytes (~4.3 bytes/token).
+    spe=$(( tokens * 95 / 100 / 43 * 10 / SEQ / (MB * M * dp) ))
+    total=$(( spe * EPOCHS ))
+    warm=$(( total / 5 ))
+    eval_every=$(( spe / 2 > 0 ? spe / 2 : 1 ))
+    first=0
+  fi
+  sed -i "s/STEPS/$total/; s/WARM/$warm/; s/EVAL/$eval_every/" "$out/$name.json"
+  echo "== $name ($total steps planned)"
+  start=$(date +%s)
+  build/aqswarm pipeline --job "$out/$name.json" --out_dir "$out/$name" > "$out/$name.log" 2>&1 || {
+    echo "run $name failed:"; tail -20 "$out/$name.log"; exit 1; }
+  echo "$(( $(date +%s) - start ))" > "$out/$name/seconds"
+  tail -3 "$out/$name.log"
+done
+
+# Table: final train loss (mean of the last 10 steps), final validation loss,
+# forward bytes per sample per link, wall time.
+python3 - "$out" "$study" "$stages" "$dp" "${configs[@]}" <<'PY'
+import csv, json, os, sys
+out, study, stages, dp = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+names = [c.split()[0] for c in sys.argv[5:]]
+rows = []
+for n in names:
+    m = list(csv.DictReader(open(f"{out}/{n}/metrics.csv")))
+    log = open(f"{out}/{n}.log").read().splitlines()
+    vals = [float(l.split()[-1]) for l in log if l.strip().startswith("eval")]
+    train = sum(float(r["loss"]) for r in m[-10:]) / min(10, len(m))
+    job = json.load(open(f"{out}/{n}.json"))
+    samples = job["microBatchSize"] * job["microBatchesPerStep"]
+    fw = [sum(float(r[f"fw_bytes_link{l}"]) for r in m) / (len(m) * samples) for l in range(stages - 1)]
+    dpb = [sum(float(r.get(f"dp_bytes_stage{s}", 0) or 0) for r in m) / len(m) for s in range(stages)] if dp > 1 else []
+    rows.append((n, len(m), train, vals[-1] if vals else float("nan"), sum(fw) / max(len(fw), 1),
+                 sum(dpb) / max(len(dpb), 1) if dpb else 0.0, int(open(f"{out}/{n}/seconds").read())))
+base = rows[0][3]
+with open(f"{out}/table.md", "w") as f:
+    f.write("| run | steps | final train loss | final val loss | val vs first row | fw bytes/sample/link | dp bytes/step/replica | wall s |\n|---|---|---|---|---|---|---|---|\n")
+    for n, steps, tr, va, fwb, dpb, s in rows:
+        f.write(f"| {n} | {steps} | {tr:.4f} | {va:.4f} | {100*(va-base)/base:+.2f}% | {fwb/1e3:.1f} kB | {dpb/1e6:.2f} MB | {s} |\n")
+# gnuplot data: step, val loss per run (from logs) and train loss
+with open(f"{out}/plot.gp", "w") as g:
+    g.write(f'set terminal pngcairo size 1000,600\nset output "docs/convergence-{study}.png"\n')
+    g.write('set xlabel "step"\nset ylabel "train loss (10-step mean)"\nset key top right\nset grid\n')
+    plots = []
+    for n in names:
+        m = list(csv.DictReader(open(f"{out}/{n}/metrics.csv")))
+        with open(f"{out}/{n}/smooth.dat", "w") as d:
+            for i in range(len(m)):
+                w = m[max(0, i - 9): i + 1]
+                d.write(f"{m[i]['step']} {sum(float(r['loss']) for r in w)/len(w)}\n")
+        plots.append(f'"{out}/{n}/smooth.dat" using 1:2 with lines lw 2 title "{n}"')
+    g.write("plot " + ", ".join(plots) + "\n")
+print(open(f"{out}/table.md").read())
+PY
+gnuplot "$out/plot.gp"
+echo "table: $out/table.md  plot: docs/convergence-$study.png"
