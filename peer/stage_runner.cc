@@ -35,7 +35,15 @@ const char* ModeName(v1::LinkCompression::Mode m) {
 
 // Loads the job's corpus: data.corpus (dir or file) tokenized with the GPT-2
 // files in data.tokenizer_dir, cached in data.cache_dir.
-absl::StatusOr<std::unique_ptr<pipeline::TokenCorpus>> LoadCorpus(const v1::DataSpec& data) {
+absl::StatusOr<std::unique_ptr<pipeline::TokenCorpus>> LoadCorpus(const v1::JobSpec& job) {
+  const v1::DataSpec& data = job.data();
+  if (data.synthetic_tokens() > 0) {
+    if (data.synthetic_tokens() > (1ull << 31)) return absl::InvalidArgumentError("data.synthetic_tokens too large");
+    std::vector<int32_t> tokens(data.synthetic_tokens());
+    Rng rng(job.seed() ^ 0x5eed);
+    for (auto& t : tokens) t = static_cast<int32_t>(rng.Uniform(job.model().vocab_size()));
+    return pipeline::TokenCorpus::FromTokens(std::move(tokens));
+  }
   const std::string corpus = data.corpus().empty() ? "data/sotu" : data.corpus();
   const std::string tok_dir = data.tokenizer_dir().empty() ? "data/gpt2" : data.tokenizer_dir();
   AQSWARM_ASSIGN_OR_RETURN(auto tokenizer,
@@ -67,7 +75,7 @@ class StageRunnerImpl final : public StageRunner {
     first_ = o_.stage == 0;
     last_ = o_.stage == num_stages_ - 1;
     if (!last_ && o_.next.empty()) return absl::InvalidArgumentError("a stage before the last needs --next");
-    AQSWARM_ASSIGN_OR_RETURN(corpus_, LoadCorpus(job_.data()));
+    AQSWARM_ASSIGN_OR_RETURN(corpus_, LoadCorpus(job_));
     pipeline::SamplePlanOptions po;
     po.seq_len = job_.model().seq_len();
     po.validation_fraction = job_.data().validation_fraction();
