@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <memory>
 
 #include "absl/strings/ascii.h"
@@ -415,6 +416,10 @@ std::string KeyPath(absl::string_view tls_dir, absl::string_view name) {
 
 absl::Status InitCaDir(const std::string& tls_dir, const CaOptions& options) {
   if (tls_dir.empty()) return absl::InvalidArgumentError("the TLS dir must not be empty");
+  // Like `mkdir -p`, but the TLS dir itself is private.
+  std::error_code ignored;
+  const std::filesystem::path parent = std::filesystem::path(tls_dir).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ignored);
   if (::mkdir(tls_dir.c_str(), 0700) != 0 && errno != EEXIST) {
     return ErrnoStatus(errno, absl::StrCat("creating ", tls_dir));
   }

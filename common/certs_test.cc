@@ -184,7 +184,7 @@ TEST(CertsTest, BadNamesAndAddressesAreRejected) {
 
 TEST(CertsTest, TlsDirLayoutModesAndLoading) {
   TempDir tmp;
-  const std::string dir = tmp.path() + "/tls";
+  const std::string dir = tmp.path() + "/a/tls";  // parents are created
   ASSERT_TRUE(InitCaDir(dir, {}).ok());
   EXPECT_EQ(Mode(dir), 0700u);
   EXPECT_EQ(Mode(dir + "/ca.key"), 0600u);
