@@ -23,6 +23,7 @@ struct Command {
 std::vector<Command> VersionCommands();
 std::vector<Command> BenchCommands();
 std::vector<Command> PipelineCommands();
+std::vector<Command> CertsCommands();
 
 }  // namespace aqswarm::cli
 

@@ -18,7 +18,7 @@ namespace {
 
 std::vector<Command> AllCommands() {
   std::vector<Command> all;
-  for (auto group : {VersionCommands, PipelineCommands, BenchCommands}) {
+  for (auto group : {VersionCommands, PipelineCommands, CertsCommands, BenchCommands}) {
     for (auto& c : group()) all.push_back(std::move(c));
   }
   return all;
@@ -79,6 +79,14 @@ int Main(int argc, char** argv) {
       if (absl::StartsWith(c.name, args[0] + " ")) members.push_back(c.name);
     }
     if (!members.empty()) {
+      // `aqswarm GROUP --help` lists the group's commands.
+      if (args.size() > 1 && (args[1] == "--help" || args[1] == "-h")) {
+        std::cout << "usage: aqswarm " << args[0] << " COMMAND [flags]\n\ncommands:\n";
+        for (const auto& c : commands) {
+          if (absl::StartsWith(c.name, args[0] + " ")) std::printf("  %-22s %s\n", c.name.c_str(), c.summary.c_str());
+        }
+        return 0;
+      }
       std::cerr << "aqswarm " << args[0] << ": choose one of: " << absl::StrJoin(members, ", ")
                 << "\n";
       return 2;
