@@ -51,6 +51,34 @@ struct SchedulerBenchOptions {
 };
 absl::Status RunSchedulerBench(const SchedulerBenchOptions& options, std::ostream& out);
 
+struct AllreduceBenchOptions {
+  // Comma-separated replica counts. Default: "2,4".
+  std::string dps = "2,4";
+  // Comma-separated link bandwidths in Mbit/s (0 = unshaped). Default: "0,100".
+  std::string bandwidths_mbps = "0,100";
+  // Comma-separated bits (32 = uncompressed fp32). Default: "32,8,4,1".
+  std::string bits = "32,8,4,1";
+  // Floats averaged per exchange. Default: 25 M.
+  int64_t elements = 25'000'000;
+  // Timed exchanges per cell (after one warm-up); the best is reported. Default: 2.
+  int repeats = 2;
+  bool json = false;
+};
+absl::Status RunAllreduceBench(const AllreduceBenchOptions& options, std::ostream& out);
+
+// One worker process of the allreduce bench (`aqswarm bench allreduce-worker`):
+// prints {"event":"listening","port":N}, reads {"replicas":[...]} on stdin,
+// runs the exchanges, prints one {"event":"result",...} line per bits value.
+struct AllreduceWorkerOptions {
+  int rank = 0;
+  int size = 2;
+  int64_t elements = 25'000'000;
+  double bandwidth_mbps = 0;
+  std::string bits = "32,8,4,1";
+  int repeats = 2;
+};
+absl::Status RunAllreduceWorker(const AllreduceWorkerOptions& options, std::ostream& out);
+
 }  // namespace aqswarm::bench
 
 #endif  // AQSWARM_BENCH_BENCH_H_

@@ -24,6 +24,7 @@ std::vector<Command> VersionCommands();
 std::vector<Command> BenchCommands();
 std::vector<Command> PipelineCommands();
 std::vector<Command> CertsCommands();
+std::vector<Command> AllreduceCommands();
 
 }  // namespace aqswarm::cli
 

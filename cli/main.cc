@@ -18,7 +18,7 @@ namespace {
 
 std::vector<Command> AllCommands() {
   std::vector<Command> all;
-  for (auto group : {VersionCommands, PipelineCommands, CertsCommands, BenchCommands}) {
+  for (auto group : {VersionCommands, PipelineCommands, CertsCommands, BenchCommands, AllreduceCommands}) {
     for (auto& c : group()) all.push_back(std::move(c));
   }
   return all;
