@@ -1,7 +1,7 @@
 // IEEE 754 binary16 <-> binary32 conversion, bit-exact and portable.
 //
 // FloatToHalf rounds to nearest, ties to even (overflow -> inf, NaN kept as a
-// quiet NaN); HalfToFloat is exact. The result never depends on the CPU or
+// quiet NaN); HalfToFloat is exact (NaNs come out quiet). The result never depends on the CPU or
 // compiler, which AQ-SGD needs: both ends of a link must hold identical m(xi).
 #ifndef AQSWARM_COMMON_HALF_H_
 #define AQSWARM_COMMON_HALF_H_
@@ -55,13 +55,19 @@ inline float HalfToFloat(uint16_t h) {
     const float v = static_cast<float>(mant) * 5.9604644775390625e-08f;
     return BitsToFloat(sign | FloatToBits(v));
   }
-  if (exp == 31) return BitsToFloat(sign | 0x7f800000u | (mant << 13));
+  // NaNs come out quiet (as F16C does), so decoding is the same on every CPU.
+  if (exp == 31) return BitsToFloat(sign | 0x7f800000u | (mant << 13) | (mant ? 0x400000u : 0u));
   return BitsToFloat(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
-// Span versions; `out` must be at least as long as `in`.
+// Span versions; `out` must be at least as long as `in`. They use the CPU's
+// F16C instructions when present (same bits as the scalar functions for all
+// finite input; ~10x faster), else the portable code.
 void FloatToHalf(absl::Span<const float> in, uint16_t* out);
 void HalfToFloat(absl::Span<const uint16_t> in, float* out);
+// The portable loops, for tests that compare the two paths.
+void FloatToHalfPortable(absl::Span<const float> in, uint16_t* out);
+void HalfToFloatPortable(absl::Span<const uint16_t> in, float* out);
 
 // Rounds every value through binary16 and back (what an fp16 store returns).
 inline float RoundToHalf(float f) { return HalfToFloat(FloatToHalf(f)); }

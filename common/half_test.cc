@@ -1,6 +1,8 @@
 #include "common/half.h"
 
 #include <cmath>
+#include <cstring>
+#include <vector>
 #include <limits>
 
 #include "gtest/gtest.h"
@@ -43,6 +45,26 @@ TEST(HalfTest, OverflowAndSpecials) {
   EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(std::nanf("")))));
   EXPECT_EQ(FloatToHalf(-0.0f), 0x8000);
   EXPECT_EQ(FloatToHalf(1e-10f), 0x0000);
+}
+
+TEST(HalfTest, SpanFastPathIsBitIdenticalToPortable) {
+  // Every half back to float and forward again, then a dense sweep of float
+  // bit patterns (normals, subnormals, halfway cases, overflow to inf).
+  std::vector<uint16_t> halves(65536);
+  for (uint32_t h = 0; h < 65536; ++h) halves[h] = static_cast<uint16_t>(h);
+  std::vector<float> a(65536), b(65536);
+  HalfToFloat(halves, a.data());
+  HalfToFloatPortable(halves, b.data());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
+  std::vector<float> floats;
+  for (uint64_t bits = 0; bits < 0x7f800000ull; bits += 97) {
+    floats.push_back(BitsToFloat(static_cast<uint32_t>(bits)));
+    floats.push_back(-BitsToFloat(static_cast<uint32_t>(bits)));
+  }
+  std::vector<uint16_t> fast(floats.size()), slow(floats.size());
+  FloatToHalf(floats, fast.data());
+  FloatToHalfPortable(floats, slow.data());
+  for (size_t i = 0; i < floats.size(); ++i) ASSERT_EQ(fast[i], slow[i]) << floats[i];
 }
 
 }  // namespace

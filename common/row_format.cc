@@ -65,6 +65,10 @@ void EncodeRow(RowPrecision p, int64_t rows, int64_t cols, absl::Span<const floa
       std::memcpy(out, values.data(), n * 4);
       return;
     case RowPrecision::kFloat16: {
+      if (reinterpret_cast<uintptr_t>(out) % alignof(uint16_t) == 0) {
+        FloatToHalf(values, reinterpret_cast<uint16_t*>(out));
+        return;
+      }
       for (size_t i = 0; i < n; ++i) {
         const uint16_t h = FloatToHalf(values[i]);
         std::memcpy(out + 2 * i, &h, 2);
@@ -102,6 +106,10 @@ absl::Status DecodeRow(RowPrecision p, int64_t rows, int64_t cols, std::string_v
       std::memcpy(out.data(), bytes.data(), n * 4);
       break;
     case RowPrecision::kFloat16:
+      if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(uint16_t) == 0) {
+        HalfToFloat(absl::MakeConstSpan(reinterpret_cast<const uint16_t*>(bytes.data()), n), out.data());
+        break;
+      }
       for (size_t i = 0; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, bytes.data() + 2 * i, 2);
@@ -128,9 +136,16 @@ void RoundRowInPlace(RowPrecision p, int64_t rows, int64_t cols, absl::Span<floa
   switch (p) {
     case RowPrecision::kFloat32:
       return;
-    case RowPrecision::kFloat16:
-      for (float& v : values) v = RoundToHalf(v);
+    case RowPrecision::kFloat16: {
+      // In chunks through the (fast) span conversions.
+      uint16_t tmp[1024];
+      for (size_t i = 0; i < values.size(); i += 1024) {
+        const size_t len = std::min<size_t>(1024, values.size() - i);
+        FloatToHalf(values.subspan(i, len), tmp);
+        HalfToFloat(absl::MakeConstSpan(tmp, len), values.data() + i);
+      }
       return;
+    }
     case RowPrecision::kInt8: {
       if (values.empty()) return;
       std::vector<float> scales(cols);

@@ -171,14 +171,19 @@ absl::Status Encode(const CodecOptions& o, absl::Span<const float> values,
       AQSWARM_RETURN_IF_ERROR(CheckFinite(values));
       msg.set_bits(16);
       uint8_t* p = MutableBytes(msg.mutable_payload(), 2 * n);
-      for (size_t i = 0; i < n; ++i) {
-        const uint16_t h = FloatToHalf(values[i]);
-        if ((h & 0x7c00u) == 0x7c00u) {
-          return absl::InvalidArgumentError(absl::StrCat("raw_f16: value ", values[i], " at index ",
-                                                         i, " overflows binary16"));
+      std::vector<uint16_t> halves(n);
+      FloatToHalf(values, halves.data());  // F16C when available; same bits
+      uint32_t overflow = 0;
+      for (size_t i = 0; i < n; ++i) overflow |= static_cast<uint32_t>((halves[i] & 0x7c00u) == 0x7c00u);
+      if (overflow) {
+        for (size_t i = 0; i < n; ++i) {
+          if ((halves[i] & 0x7c00u) == 0x7c00u) {
+            return absl::InvalidArgumentError(absl::StrCat("raw_f16: value ", values[i], " at index ",
+                                                           i, " overflows binary16"));
+          }
         }
-        std::memcpy(p + 2 * i, &h, 2);
       }
+      if (n > 0) std::memcpy(p, halves.data(), 2 * n);
       break;
     }
     case v1::CODEC_FIXED_POINT: {
@@ -239,13 +244,18 @@ absl::Status Decode(const v1::EncodedTensor& msg, absl::Span<float> out, const W
     case v1::CODEC_RAW_F32:
       if (n > 0) std::memcpy(out.data(), payload, 4 * n);
       break;
-    case v1::CODEC_RAW_F16:
+    case v1::CODEC_RAW_F16: {
+      if (reinterpret_cast<uintptr_t>(payload) % alignof(uint16_t) == 0) {
+        HalfToFloat(absl::MakeConstSpan(reinterpret_cast<const uint16_t*>(payload), n), out.data());
+        break;
+      }
       for (size_t i = 0; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, payload + 2 * i, 2);
         out[i] = HalfToFloat(h);
       }
       break;
+    }
     case v1::CODEC_FIXED_POINT: {
       const int64_t channels = msg.shape_size() == 0 ? 1 : msg.shape(msg.shape_size() - 1);
       if (n == 0) break;
