@@ -79,6 +79,45 @@ struct AllreduceWorkerOptions {
 };
 absl::Status RunAllreduceWorker(const AllreduceWorkerOptions& options, std::ostream& out);
 
+// `aqswarm bench slownet`: the AQ-SGD paper's Table 2 as ratios. One real
+// `aqswarm pipeline` run per (mode, bandwidth) cell on 127.0.0.1 with
+// user-space link shaping; samples/s over steady-state steps (after AQ-SGD's
+// FULL epoch 0), its ratio to unshaped fp32, the compute-only limit (same mode,
+// unshaped links), the link-bound limit (bandwidth / bytes per step of the
+// busiest link direction) and achieved / min(limits). See slownet_bench.cc.
+struct SlownetBenchOptions {
+  // Mbit/s list; 0 or "unshaped" = no shaping (always run). Default: the issue's.
+  std::string bandwidths = "0,1000,500,300,100,10";
+  // Comma-separated modes: fp32 | directq:FW:BW | aqsgd:FW:BW [+qadamBITS].
+  std::string modes = "fp32,directq:3:6,aqsgd:3:6,aqsgd:4:8";
+  // Also run the grid_dp x stages grid (data parallelism over shaped links).
+  bool grid = true;
+  int grid_dp = 2;
+  std::string grid_modes = "fp32,aqsgd:3:6,fp32+qadam4,aqsgd:3:6+qadam4";
+  std::string grid_bandwidths = "0,300,100,10";
+  int stages = 4;
+  // Model and batch (see docs/BENCHMARKS.md for why these sizes).
+  int vocab_size = 256;
+  int seq_len = 64;
+  int d_model = 32;
+  int n_layer = 4;
+  int n_head = 2;
+  int micro_batch_size = 32;
+  int micro_batches = 8;
+  int threads = 1;
+  double latency_ms = 0;
+  // Steps per epoch of the synthetic corpus; steps skipped; steps timed.
+  int steps_per_epoch = 2;
+  int skip_steps = 3;
+  int steps = 8;
+  // Keep the raw runs here (job.json, pipeline output, metrics.csv, stage
+  // logs); empty = a temporary directory, removed at the end.
+  std::string out_dir;
+  int cell_timeout_s = 600;
+  bool json = false;
+};
+absl::Status RunSlownetBench(const SlownetBenchOptions& options, std::ostream& out);
+
 }  // namespace aqswarm::bench
 
 #endif  // AQSWARM_BENCH_BENCH_H_

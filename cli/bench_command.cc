@@ -17,6 +17,30 @@ ABSL_FLAG(int64_t, prefetch, 4, "Store bench: prefetch depth in micro-batches.")
 ABSL_FLAG(std::string, shapes, "128x768,1024x1600", "Store bench: fp16 row shapes ROWSxCOLS.");
 ABSL_FLAG(std::string, sched_sizes, "8,16,64,256", "Scheduler bench: comma-separated peer counts.");
 ABSL_FLAG(uint64_t, seed, 1, "Scheduler bench: seed of the synthetic networks and the solver.");
+ABSL_FLAG(std::string, slownet_bandwidths, "0,1000,500,300,100,10",
+          "Slownet bench: link bandwidths in Mbit/s (0 = unshaped, always run).");
+ABSL_FLAG(std::string, slownet_modes, "fp32,directq:3:6,aqsgd:3:6,aqsgd:4:8",
+          "Slownet bench: modes fp32 | directq:FW:BW | aqsgd:FW:BW, optionally +qadamBITS.");
+ABSL_FLAG(bool, slownet_grid, true, "Slownet bench: also run the data-parallel grid.");
+ABSL_FLAG(int32_t, slownet_grid_dp, 2, "Slownet bench: pipelines in the data-parallel grid.");
+ABSL_FLAG(std::string, slownet_grid_modes, "fp32,aqsgd:3:6,fp32+qadam4,aqsgd:3:6+qadam4",
+          "Slownet bench: modes of the data-parallel grid.");
+ABSL_FLAG(std::string, slownet_grid_bandwidths, "0,300,100,10", "Slownet bench: bandwidths of the grid.");
+ABSL_FLAG(int32_t, slownet_stages, 4, "Slownet bench: pipeline stages.");
+ABSL_FLAG(int32_t, slownet_vocab, 256, "Slownet bench: model vocabulary.");
+ABSL_FLAG(int32_t, slownet_seq_len, 64, "Slownet bench: tokens per sample.");
+ABSL_FLAG(int32_t, slownet_d_model, 32, "Slownet bench: model width.");
+ABSL_FLAG(int32_t, slownet_layers, 4, "Slownet bench: transformer blocks (split over the stages).");
+ABSL_FLAG(int32_t, slownet_heads, 2, "Slownet bench: attention heads.");
+ABSL_FLAG(int32_t, slownet_micro_batch, 32, "Slownet bench: samples per micro-batch.");
+ABSL_FLAG(int32_t, slownet_micro_batches, 8, "Slownet bench: micro-batches per step.");
+ABSL_FLAG(int32_t, slownet_threads, 1, "Slownet bench: intra-op threads per stage process.");
+ABSL_FLAG(double, slownet_latency_ms, 0, "Slownet bench: one-way link latency in ms.");
+ABSL_FLAG(int32_t, slownet_steps_per_epoch, 2, "Slownet bench: steps per epoch of the synthetic corpus.");
+ABSL_FLAG(int32_t, slownet_skip_steps, 3, "Slownet bench: steps dropped before timing (start-up, FULL epoch).");
+ABSL_FLAG(int32_t, slownet_steps, 8, "Slownet bench: timed steps per cell.");
+ABSL_FLAG(std::string, slownet_out_dir, "", "Slownet bench: keep the raw runs here (default: a temporary "
+          "directory, removed).");
 
 namespace aqswarm::cli {
 namespace {
@@ -79,6 +103,42 @@ std::vector<Command> BenchCommands() {
                    o.repeats = absl::GetFlag(FLAGS_repeats);
                    o.json = absl::GetFlag(FLAGS_json);
                    return Report(bench::RunSchedulerBench(o, std::cout), "scheduler");
+                 }});
+  out.push_back({"bench slownet",
+                 "AQ-SGD paper Table 2 as ratios: samples/s of a K-stage GPT pipeline (and a D x K grid) "
+                 "per link mode and shaped bandwidth, vs unshaped fp32, with compute-only and link-bound limits.",
+                 "Each cell runs `aqswarm pipeline` on 127.0.0.1 with user-space shaping; timing skips "
+                 "AQ-SGD's FULL epoch 0. The default table takes ~10-20 minutes on 2 cores.",
+                 {"json", "slownet_bandwidths", "slownet_modes", "slownet_grid", "slownet_grid_dp",
+                  "slownet_grid_modes", "slownet_grid_bandwidths", "slownet_stages", "slownet_vocab",
+                  "slownet_seq_len", "slownet_d_model", "slownet_layers", "slownet_heads", "slownet_micro_batch",
+                  "slownet_micro_batches", "slownet_threads", "slownet_latency_ms", "slownet_steps_per_epoch",
+                  "slownet_skip_steps", "slownet_steps", "slownet_out_dir"},
+                 [](const std::vector<std::string>& args) {
+                   if (int rc = NoArgs(args, "slownet")) return rc;
+                   bench::SlownetBenchOptions o;
+                   o.bandwidths = absl::GetFlag(FLAGS_slownet_bandwidths);
+                   o.modes = absl::GetFlag(FLAGS_slownet_modes);
+                   o.grid = absl::GetFlag(FLAGS_slownet_grid);
+                   o.grid_dp = absl::GetFlag(FLAGS_slownet_grid_dp);
+                   o.grid_modes = absl::GetFlag(FLAGS_slownet_grid_modes);
+                   o.grid_bandwidths = absl::GetFlag(FLAGS_slownet_grid_bandwidths);
+                   o.stages = absl::GetFlag(FLAGS_slownet_stages);
+                   o.vocab_size = absl::GetFlag(FLAGS_slownet_vocab);
+                   o.seq_len = absl::GetFlag(FLAGS_slownet_seq_len);
+                   o.d_model = absl::GetFlag(FLAGS_slownet_d_model);
+                   o.n_layer = absl::GetFlag(FLAGS_slownet_layers);
+                   o.n_head = absl::GetFlag(FLAGS_slownet_heads);
+                   o.micro_batch_size = absl::GetFlag(FLAGS_slownet_micro_batch);
+                   o.micro_batches = absl::GetFlag(FLAGS_slownet_micro_batches);
+                   o.threads = absl::GetFlag(FLAGS_slownet_threads);
+                   o.latency_ms = absl::GetFlag(FLAGS_slownet_latency_ms);
+                   o.steps_per_epoch = absl::GetFlag(FLAGS_slownet_steps_per_epoch);
+                   o.skip_steps = absl::GetFlag(FLAGS_slownet_skip_steps);
+                   o.steps = absl::GetFlag(FLAGS_slownet_steps);
+                   o.out_dir = absl::GetFlag(FLAGS_slownet_out_dir);
+                   o.json = absl::GetFlag(FLAGS_json);
+                   return Report(bench::RunSlownetBench(o, std::cout), "slownet");
                  }});
   return out;
 }

@@ -1,0 +1,455 @@
+// `aqswarm bench slownet`: the AQ-SGD paper's Table 2 (throughput of a GPT
+// pipeline as the links get slower) reproduced as ratios on local processes.
+//
+// Every cell is one real run of `aqswarm pipeline` (this executable) on a
+// fresh run directory: K stage processes (x D pipelines for the grid) on
+// 127.0.0.1, links shaped in user space by the job's `shaping` (a token bucket
+// per link direction, peer/link_transport.h; the DP GradientExchange too).
+//
+// Timing: the synthetic corpus holds `steps_per_epoch` steps, so AQ-SGD's
+// FULL epoch (every sample unseen on the link) is epoch 0; the first
+// `skip_steps` steps (process start, epoch 0, the first step of epoch 1) are
+// dropped and samples/s = samples in the window / sum of the window's
+// step_seconds (stage 0's step time, the pipeline's period in steady state).
+//
+// Limits per cell:
+//   compute-only   samples/s of the SAME mode and grid with unshaped links:
+//                  loopback moves ~1 GB/s, so the residual transfer time is
+//                  printed (loopback_ms_per_step) and is < 1% of a step; it
+//                  keeps the mode's own encode / decode / store work, which is
+//                  compute, not communication.
+//   link-bound     each link direction is shaped on its own (the sender's
+//                  token bucket), so a step cannot be shorter than the busiest
+//                  direction's bytes * 8 / bandwidth; with D > 1 the DP
+//                  exchange of the stage that sends most is also counted in
+//                  the max (it uses its own shaped connections):
+//                    link_limit = samples_per_step * B / (8 * max(bytes per step
+//                                 over link directions and DP senders)).
+//   GPipe link     the runner's schedule (all forwards, then all backwards,
+//                  then the optimizer step: a flush per step) never overlaps a
+//                  link's forward and backward traffic, and a micro-batch is
+//                  forwarded only once it fully arrived (store-and-forward over
+//                  K-1 links). With t_fw, t_bw = bytes per micro-batch * 8 / B
+//                  on the busiest link, a step takes at least
+//                    (M + K - 2) * (t_fw + t_bw)   [+ DP bytes * 8 / B, D > 1]
+//                  gpipe_link_limit = samples_per_step / that.
+//   achieved / min(limits) then says how well compute and communication
+//   overlap (1.0 = perfect; 0.5 = fully serialised at the crossover); it is
+//   given against both link limits (ach_wire uses the wire bound, ach_gpipe
+//   the schedule-aware one).
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "bench/bench.h"
+#include "common/subprocess.h"
+#include "nlohmann/json.hpp"
+
+namespace aqswarm::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+// One column of the table: link compression (+ optional DP optimizer).
+struct Mode {
+  std::string link = "fp32";  // fp32 | directq | aqsgd
+  int fw_bits = 0, bw_bits = 0;
+  std::string dp_optimizer = "adamw";  // adamw | quantized_adam
+  int dp_bits = 0;
+  std::string Name() const {
+    std::string s = link == "fp32" ? "fp32" : absl::StrFormat("%s fw%dbw%d", link, fw_bits, bw_bits);
+    if (dp_optimizer == "quantized_adam") absl::StrAppendFormat(&s, " +qadam%d", dp_bits);
+    return s;
+  }
+};
+
+// "fp32", "directq:3:6", "aqsgd:4:8", any of them with "+qadam4".
+absl::StatusOr<Mode> ParseMode(absl::string_view text) {
+  Mode m;
+  std::vector<std::string> plus = absl::StrSplit(text, '+');
+  if (plus.size() > 2) return absl::InvalidArgumentError(absl::StrCat("bad mode '", text, "'"));
+  if (plus.size() == 2) {
+    absl::string_view q = plus[1];
+    if (!absl::ConsumePrefix(&q, "qadam") || !absl::SimpleAtoi(q, &m.dp_bits) || m.dp_bits < 1 || m.dp_bits > 8) {
+      return absl::InvalidArgumentError(absl::StrCat("bad DP optimizer in mode '", text, "' (want +qadamBITS)"));
+    }
+    m.dp_optimizer = "quantized_adam";
+  }
+  std::vector<std::string> parts = absl::StrSplit(plus[0], ':');
+  m.link = parts[0];
+  if (m.link == "fp32") {
+    if (parts.size() != 1) return absl::InvalidArgumentError(absl::StrCat("fp32 takes no bits: '", text, "'"));
+    m.fw_bits = 32;
+    m.bw_bits = 32;
+    return m;
+  }
+  if ((m.link != "directq" && m.link != "aqsgd") || parts.size() != 3 || !absl::SimpleAtoi(parts[1], &m.fw_bits) ||
+      !absl::SimpleAtoi(parts[2], &m.bw_bits) || m.fw_bits < 1 || m.fw_bits > 8 || m.bw_bits < 1 ||
+      m.bw_bits > 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad mode '", text, "' (want fp32, directq:FW:BW or aqsgd:FW:BW, optionally +qadamBITS)"));
+  }
+  return m;
+}
+
+absl::StatusOr<std::vector<Mode>> ParseModes(const std::string& list) {
+  std::vector<Mode> out;
+  for (absl::string_view t : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    auto m = ParseMode(absl::StripAsciiWhitespace(t));
+    if (!m.ok()) return m.status();
+    out.push_back(*m);
+  }
+  return out;
+}
+
+// Bandwidths in Mbit/s, 0 = unshaped, always first (it is every mode's
+// compute-only limit and the ratios' baseline).
+absl::StatusOr<std::vector<double>> ParseBandwidths(const std::string& list) {
+  std::vector<double> out = {0};
+  for (absl::string_view t : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    t = absl::StripAsciiWhitespace(t);
+    double v = 0;
+    if (t == "unshaped" || t == "0") continue;
+    if (!absl::SimpleAtod(t, &v) || !(v > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat("bad bandwidth '", t, "' (Mbit/s > 0, or 'unshaped')"));
+    }
+    if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
+  }
+  std::sort(out.begin() + 1, out.end(), std::greater<double>());
+  return out;
+}
+
+struct Cell {
+  int stages = 0, dp = 1;
+  Mode mode;
+  double bandwidth_mbps = 0;
+  // Measured.
+  int steps_timed = 0;
+  int64_t first_epoch = 0;
+  double samples_per_step = 0;   // all pipelines together
+  double step_seconds = 0;       // mean over the window
+  double samples_per_s = 0;
+  double max_dir_bytes_per_step = 0;  // busiest link direction (one pipeline)
+  double fw_bytes_per_step = 0, bw_bytes_per_step = 0;  // busiest link, each direction
+  double dp_bytes_per_step = 0;       // busiest DP sender (bytes it sent)
+  double wall_seconds = 0;
+  // Derived.
+  double ratio_vs_fp32_unshaped = NAN;
+  double compute_limit = NAN, link_limit = NAN, achieved_vs_limit = NAN;
+  double gpipe_link_limit = NAN, achieved_vs_gpipe = NAN;
+  std::string run_dir;
+};
+
+std::string Grid(const Cell& c) { return absl::StrCat(c.dp, "x", c.stages); }
+
+// Runs one cell: job JSON, `aqswarm pipeline`, metrics.csv.
+absl::Status RunCell(const SlownetBenchOptions& o, const fs::path& root, Cell* c) {
+  const int64_t per_pipeline_step = int64_t{o.micro_batch_size} * o.micro_batches;
+  // Exactly steps_per_epoch steps per shard, plus a few validation samples.
+  const double val_fraction = 0.02;
+  const int64_t train = per_pipeline_step * c->dp * o.steps_per_epoch;
+  const auto samples = static_cast<int64_t>(std::ceil((train + 1) / (1.0 - val_fraction))) + 1;
+  std::string name = absl::StrFormat("slownet-%s-%s-%s", Grid(*c), c->mode.Name(),
+                                     c->bandwidth_mbps > 0 ? absl::StrCat(c->bandwidth_mbps, "mbps") : "unshaped");
+  for (char& ch : name) {
+    if (ch == ' ' || ch == '+') ch = '_';
+  }
+  const fs::path dir = root / name;
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  fs::create_directories(dir, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", dir.string()));
+  c->run_dir = dir.string();
+
+  nlohmann::json job;
+  job["name"] = name;
+  job["seed"] = 1;
+  job["model"] = {{"vocabSize", o.vocab_size}, {"seqLen", o.seq_len}, {"dModel", o.d_model},
+                  {"nLayer", o.n_layer},       {"nHead", o.n_head}};
+  job["data"] = {{"syntheticTokens", samples * o.seq_len + 1}, {"validationFraction", val_fraction}};
+  job["optimizer"] = {{"lr", 1e-4}, {"gradClip", 1.0}};
+  job["microBatchSize"] = o.micro_batch_size;
+  job["microBatchesPerStep"] = o.micro_batches;
+  job["maxSteps"] = o.skip_steps + o.steps;
+  job["epochs"] = (o.skip_steps + o.steps) / o.steps_per_epoch + 2;
+  job["compression"] = {{"mode", c->mode.link}, {"warmupEpochs", 0}, {"mPrecision", "fp16"}};
+  if (c->mode.link != "fp32") {
+    job["compression"]["fwBits"] = c->mode.fw_bits;
+    job["compression"]["bwBits"] = c->mode.bw_bits;
+  }
+  job["shaping"] = {{"bandwidthMbps", c->bandwidth_mbps}, {"latencyMs", o.latency_ms}};
+  job["stages"] = c->stages;
+  job["dataParallel"] = c->dp;
+  job["threads"] = o.threads;
+  job["evalEverySteps"] = 0;
+  job["evalBatches"] = 1;
+  if (c->dp > 1) {
+    job["dp"] = {{"optimizer", c->mode.dp_optimizer}};
+    if (c->mode.dp_optimizer == "quantized_adam") {
+      job["dp"]["bits"] = c->mode.dp_bits;
+      // Plain AdamW steps first: keep them inside the skipped steps.
+      job["dp"]["warmupSteps"] = std::max(1, o.skip_steps - 1);
+    }
+  }
+  const fs::path job_path = dir / "job.json";
+  std::ofstream(job_path) << job.dump(2) << "\n";
+
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::string> argv = {SelfExecutable(), "pipeline", "--job=" + job_path.string(),
+                                   "--out_dir=" + (dir / "run").string()};
+  auto child = Subprocess::Spawn(argv, {.capture_stdout = true, .stderr_path = (dir / "pipeline.err").string()});
+  if (!child.ok()) return child.status();
+  std::ofstream log(dir / "pipeline.out");
+  std::string line;
+  const auto deadline = absl::Now() + absl::Seconds(o.cell_timeout_s);
+  while (true) {
+    absl::Status s = (*child)->ReadLine(&line, std::max(deadline - absl::Now(), absl::Seconds(1)));
+    if (absl::IsOutOfRange(s)) break;
+    if (!s.ok()) {
+      (*child)->Signal(SIGTERM);
+      (void)(*child)->Wait(absl::Seconds(15));
+      return absl::DeadlineExceededError(absl::StrCat(name, ": no result within ", o.cell_timeout_s, " s (", s.message(),
+                                                      "); see ", dir.string()));
+    }
+    log << line << "\n";
+    log.flush();
+  }
+  auto code = (*child)->Wait(absl::Seconds(60));
+  c->wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!code.ok() || *code != 0) {
+    std::ifstream err(dir / "pipeline.err");
+    std::stringstream ss;
+    ss << err.rdbuf();
+    return absl::InternalError(absl::StrCat(name, ": aqswarm pipeline failed (exit ", code.ok() ? *code : -1,
+                                            "): ", ss.str().substr(0, 2000)));
+  }
+
+  // metrics.csv: step,epoch,loss,val_loss,step_seconds,tokens_per_second,
+  // fw_bytes_link<l>,bw_bytes_link<l>...[,dp_bytes_stage<s>...]
+  std::ifstream csv(dir / "run" / "metrics.csv");
+  std::string header;
+  if (!std::getline(csv, header)) return absl::DataLossError(absl::StrCat(name, ": empty metrics.csv"));
+  std::vector<std::string> cols = absl::StrSplit(header, ',');
+  std::map<std::string, size_t> col;
+  for (size_t i = 0; i < cols.size(); ++i) col[cols[i]] = i;
+  double secs = 0;
+  std::vector<double> fw(c->stages - 1, 0), bw(c->stages - 1, 0), dpb(c->stages, 0);
+  int n = 0;
+  for (std::string row; std::getline(csv, row);) {
+    std::vector<std::string> v = absl::StrSplit(row, ',');
+    if (v.size() != cols.size()) continue;
+    int64_t step = 0, epoch = 0;
+    if (!absl::SimpleAtoi(v[col["step"]], &step) || !absl::SimpleAtoi(v[col["epoch"]], &epoch)) continue;
+    if (step < o.skip_steps) continue;
+    if (n == 0) c->first_epoch = epoch;
+    double x = 0;
+    (void)absl::SimpleAtod(v[col["step_seconds"]], &x);
+    secs += x;
+    for (int l = 0; l + 1 < c->stages; ++l) {
+      if (absl::SimpleAtod(v[col[absl::StrCat("fw_bytes_link", l)]], &x)) fw[l] += x;
+      if (absl::SimpleAtod(v[col[absl::StrCat("bw_bytes_link", l)]], &x)) bw[l] += x;
+    }
+    for (int s = 0; s < c->stages && c->dp > 1; ++s) {
+      auto it = col.find(absl::StrCat("dp_bytes_stage", s));
+      if (it != col.end() && absl::SimpleAtod(v[it->second], &x)) dpb[s] += x;
+    }
+    ++n;
+  }
+  if (n == 0) {
+    return absl::DataLossError(absl::StrCat(name, ": no step after the first ", o.skip_steps, " in metrics.csv"));
+  }
+  c->steps_timed = n;
+  c->samples_per_step = static_cast<double>(per_pipeline_step) * c->dp;
+  c->step_seconds = secs / n;
+  c->samples_per_s = c->samples_per_step / c->step_seconds;
+  for (int l = 0; l + 1 < c->stages; ++l) {
+    if (std::max(fw[l], bw[l]) / n > c->max_dir_bytes_per_step) {
+      c->max_dir_bytes_per_step = std::max(fw[l], bw[l]) / n;
+      c->fw_bytes_per_step = fw[l] / n;
+      c->bw_bytes_per_step = bw[l] / n;
+    }
+  }
+  c->dp_bytes_per_step = *std::max_element(dpb.begin(), dpb.end()) / n;
+  return absl::OkStatus();
+}
+
+std::string Fmt(double v, const char* f = "%.2f") { return std::isfinite(v) ? absl::StrFormat(f, v) : "-"; }
+
+nlohmann::json CellJson(const SlownetBenchOptions& o, const Cell& c) {
+  auto num = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
+  const double per_sample = c.samples_per_step > 0 ? c.dp / c.samples_per_step : 0;  // per pipeline sample
+  return {{"bench", "slownet"},
+          {"grid", Grid(c)},
+          {"stages", c.stages},
+          {"dp", c.dp},
+          {"mode", c.mode.link},
+          {"label", c.mode.Name()},
+          {"fw_bits", c.mode.fw_bits},
+          {"bw_bits", c.mode.bw_bits},
+          {"dp_optimizer", c.dp > 1 ? c.mode.dp_optimizer : "none"},
+          {"dp_bits", c.dp > 1 && c.mode.dp_optimizer == "quantized_adam" ? c.mode.dp_bits : 32},
+          {"bandwidth_mbps", c.bandwidth_mbps},
+          {"samples_per_s", num(c.samples_per_s)},
+          {"ratio_vs_fp32_unshaped", num(c.ratio_vs_fp32_unshaped)},
+          {"compute_limit_samples_per_s", num(c.compute_limit)},
+          {"link_limit_samples_per_s", num(c.link_limit)},
+          {"achieved_vs_min_limits", num(c.achieved_vs_limit)},
+          {"gpipe_link_limit_samples_per_s", num(c.gpipe_link_limit)},
+          {"achieved_vs_min_gpipe_limits", num(c.achieved_vs_gpipe)},
+          {"step_seconds", num(c.step_seconds)},
+          {"steps_timed", c.steps_timed},
+          {"first_timed_epoch", c.first_epoch},
+          {"fw_bytes_per_sample", c.fw_bytes_per_step * per_sample},
+          {"bw_bytes_per_sample", c.bw_bytes_per_step * per_sample},
+          {"dp_bytes_per_step", c.dp_bytes_per_step},
+          {"loopback_ms_per_step", (c.max_dir_bytes_per_step + c.dp_bytes_per_step) / 1.2e9 * 1e3},
+          {"wall_seconds", c.wall_seconds},
+          {"model",
+           {{"vocab", o.vocab_size}, {"seq_len", o.seq_len}, {"d_model", o.d_model}, {"n_layer", o.n_layer},
+            {"n_head", o.n_head}, {"micro_batch", o.micro_batch_size}, {"micro_batches", o.micro_batches},
+            {"threads", o.threads}}},
+          {"run_dir", c.run_dir}};
+}
+
+}  // namespace
+
+absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
+  if (o.stages < 2) return absl::InvalidArgumentError("slownet: stages must be >= 2 (links are what we measure)");
+  if (o.steps < 1 || o.skip_steps < 0 || o.steps_per_epoch < 1) {
+    return absl::InvalidArgumentError("slownet: steps >= 1, skip_steps >= 0, steps_per_epoch >= 1");
+  }
+  if (o.skip_steps < o.steps_per_epoch) {
+    std::cerr << "slownet: warning: skip_steps < steps_per_epoch, AQ-SGD's FULL epoch 0 is inside the window\n";
+  }
+  auto bandwidths = ParseBandwidths(o.bandwidths);
+  if (!bandwidths.ok()) return bandwidths.status();
+  auto modes = ParseModes(o.modes);
+  if (!modes.ok()) return modes.status();
+  std::vector<double> grid_bandwidths;
+  std::vector<Mode> grid_modes;
+  if (o.grid) {
+    auto gb = ParseBandwidths(o.grid_bandwidths);
+    if (!gb.ok()) return gb.status();
+    grid_bandwidths = *gb;
+    auto gm = ParseModes(o.grid_modes);
+    if (!gm.ok()) return gm.status();
+    grid_modes = *gm;
+  }
+
+  std::error_code ec;
+  fs::path root;
+  bool remove_root = false;
+  if (!o.out_dir.empty()) {
+    root = o.out_dir;
+  } else {
+    const char* tmp = std::getenv("TMPDIR");
+    root = fs::path(tmp && *tmp ? tmp : "/tmp") / absl::StrCat("aqswarm-slownet-", ::getpid());
+    remove_root = true;
+  }
+  fs::create_directories(root, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", root.string()));
+
+  std::vector<Cell> cells;
+  auto plan = [&](int dp, const std::vector<Mode>& ms, const std::vector<double>& bws) {
+    for (const Mode& m : ms) {
+      for (double b : bws) {
+        Cell c;
+        c.stages = o.stages;
+        c.dp = dp;
+        c.mode = m;
+        c.bandwidth_mbps = b;
+        cells.push_back(c);
+      }
+    }
+  };
+  plan(1, *modes, *bandwidths);
+  if (o.grid) plan(o.grid_dp, grid_modes, grid_bandwidths);
+
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < cells.size(); ++i) {
+    Cell& c = cells[i];
+    absl::Status s = RunCell(o, root, &c);
+    if (!s.ok()) return s;
+    std::cerr << absl::StrFormat("slownet [%2d/%d] %s %-22s %8s Mbit/s  %9.1f samples/s  (%d steps, %.1f s)\n",
+                                 static_cast<int>(i + 1), static_cast<int>(cells.size()), Grid(c), c.mode.Name(),
+                                 c.bandwidth_mbps > 0 ? absl::StrCat(c.bandwidth_mbps) : "unshaped", c.samples_per_s,
+                                 c.steps_timed, c.wall_seconds);
+  }
+
+  // Baselines and limits.
+  auto find = [&](int dp, const std::string& mode_name, double b) -> const Cell* {
+    for (const Cell& c : cells) {
+      if (c.dp == dp && c.mode.Name() == mode_name && c.bandwidth_mbps == b) return &c;
+    }
+    return nullptr;
+  };
+  for (Cell& c : cells) {
+    const Cell* base = find(c.dp, Mode().Name(), 0);
+    if (base == nullptr) base = find(1, Mode().Name(), 0);
+    if (base != nullptr) c.ratio_vs_fp32_unshaped = c.samples_per_s / base->samples_per_s;
+    const Cell* own = find(c.dp, c.mode.Name(), 0);
+    if (own != nullptr) c.compute_limit = own->samples_per_s;
+    const double busiest = std::max(c.max_dir_bytes_per_step, c.dp_bytes_per_step);
+    c.link_limit = c.bandwidth_mbps > 0 && busiest > 0 ? c.samples_per_step * c.bandwidth_mbps * 1e6 / (8 * busiest)
+                                                       : INFINITY;
+    c.achieved_vs_limit = c.samples_per_s / std::min(c.compute_limit, c.link_limit);
+    if (c.bandwidth_mbps > 0) {
+      const double bps = c.bandwidth_mbps * 1e6 / 8;  // bytes per second
+      const double m = o.micro_batches, k = c.stages;
+      const double t = (m + k - 2) / m * (c.fw_bytes_per_step + c.bw_bytes_per_step) / bps + c.dp_bytes_per_step / bps;
+      c.gpipe_link_limit = t > 0 ? c.samples_per_step / t : INFINITY;
+    } else {
+      c.gpipe_link_limit = INFINITY;
+    }
+    c.achieved_vs_gpipe = c.samples_per_s / std::min(c.compute_limit, c.gpipe_link_limit);
+  }
+
+  if (o.json) {
+    for (const Cell& c : cells) out << CellJson(o, c).dump() << "\n";
+  } else {
+    out << absl::StrFormat("aqswarm bench slownet: %d stages, GPT vocab %d seq %d d_model %d layers %d heads %d, "
+                           "micro-batch %d x %d per step, %d thread(s)/stage; %d timed steps after %d\n",
+                           o.stages, o.vocab_size, o.seq_len, o.d_model, o.n_layer, o.n_head, o.micro_batch_size,
+                           o.micro_batches, o.threads, o.steps, o.skip_steps);
+    out << absl::StrFormat("%-5s %-22s %9s %10s %7s %10s %10s %10s %8s %9s %9s %9s\n", "grid", "mode", "Mbit/s",
+                           "samples/s", "ratio", "compute", "wire_lim", "gpipe_lim", "ach_wire", "ach_gpipe",
+                           "fwB/samp", "bwB/samp");
+    for (const Cell& c : cells) {
+      const double per_sample = c.dp / c.samples_per_step;
+      out << absl::StrFormat("%-5s %-22s %9s %10.1f %7s %10s %10s %10s %8s %9s %9.0f %9.0f\n", Grid(c), c.mode.Name(),
+                             c.bandwidth_mbps > 0 ? absl::StrCat(c.bandwidth_mbps) : "unshaped", c.samples_per_s,
+                             Fmt(c.ratio_vs_fp32_unshaped, "%.3f"), Fmt(c.compute_limit, "%.1f"),
+                             Fmt(c.link_limit, "%.1f"), Fmt(c.gpipe_link_limit, "%.1f"),
+                             Fmt(c.achieved_vs_limit, "%.2f"), Fmt(c.achieved_vs_gpipe, "%.2f"),
+                             c.fw_bytes_per_step * per_sample, c.bw_bytes_per_step * per_sample);
+    }
+    out << absl::StrFormat("total wall time %.0f s; raw runs in %s\n",
+                           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                           remove_root ? "(removed)" : root.string());
+  }
+  if (remove_root) fs::remove_all(root, ec);
+  return absl::OkStatus();
+}
+
+}  // namespace aqswarm::bench
