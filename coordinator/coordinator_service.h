@@ -1,0 +1,115 @@
+// The Coordinator gRPC service (proto/coordinator.proto): a thin `final`
+// layer over SwarmCoordinator that validates every request, converts
+// between protos and domain types and maps absl::Status to grpc::Status
+// code for code. CoordinatorServer owns the service, the grpc::Server and the
+// lease-expiry thread.
+//
+//   AQSWARM_ASSIGN_OR_RETURN(auto coord, SwarmCoordinator::Create(std::move(options)));
+//   CoordinatorServerOptions so;
+//   so.listen = "127.0.0.1:0";
+//   so.credentials = creds;                 // default: plaintext
+//   AQSWARM_ASSIGN_OR_RETURN(auto server, CoordinatorServer::Start(std::move(coord), so));
+//   int port = server->port();
+//   ...
+//   server->Shutdown();                     // also done by the destructor
+//
+// WatchAssignment runs on the sync API: each stream holds one server thread
+// and waits on the coordinator's version condition variable in bounded
+// slices (`watch_poll`), checking for cancellation and shutdown between
+// them, so it never blocks other RPCs and ends promptly.
+//
+// Thread-safety: thread-safe.
+#ifndef AQSWARM_COORDINATOR_COORDINATOR_SERVICE_H_
+#define AQSWARM_COORDINATOR_COORDINATOR_SERVICE_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/swarm_coordinator.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/coordinator.grpc.pb.h"
+
+namespace aqswarm::coordinator {
+
+// absl::Status -> grpc::Status, same code and message.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+// grpc::Status -> absl::Status, same code and message.
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+class CoordinatorGrpcService final : public v1::Coordinator::Service {
+ public:
+  // `coordinator` is not owned and must outlive the service.
+  CoordinatorGrpcService(SwarmCoordinator* coordinator, absl::Duration watch_poll);
+  // Ends running WatchAssignment streams (within one watch_poll).
+  void BeginShutdown() { shutting_down_ = true; }
+
+  grpc::Status Join(grpc::ServerContext* ctx, const v1::JoinRequest* req, v1::JoinResponse* resp) override;
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
+                         v1::HeartbeatResponse* resp) override;
+  grpc::Status Leave(grpc::ServerContext* ctx, const v1::LeaveRequest* req, v1::LeaveResponse* resp) override;
+  grpc::Status WatchAssignment(grpc::ServerContext* ctx, const v1::WatchAssignmentRequest* req,
+                               grpc::ServerWriter<v1::Assignment>* writer) override;
+  grpc::Status ReportLinkProbe(grpc::ServerContext* ctx, const v1::LinkProbeReport* req,
+                               v1::ReportResponse* resp) override;
+  grpc::Status ReportProgress(grpc::ServerContext* ctx, const v1::ProgressReport* req,
+                              v1::ReportResponse* resp) override;
+  grpc::Status Status(grpc::ServerContext* ctx, const v1::StatusRequest* req, v1::StatusResponse* resp) override;
+
+ private:
+  SwarmCoordinator* const coordinator_;
+  const absl::Duration watch_poll_;
+  std::atomic<bool> shutting_down_{false};
+};
+
+struct CoordinatorServerOptions {
+  // Address to bind; port 0 picks a free one (see port()). Default: "127.0.0.1:0".
+  std::string listen = "127.0.0.1:0";
+  // Server credentials (e.g. peer/tls.h MakeServerCredentials). Default: null = plaintext.
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  // Real time between two lease sweeps (SwarmCoordinator::ExpireLeases, which
+  // reads the injected clock). Default: 200 ms.
+  absl::Duration expiry_interval = absl::Milliseconds(200);
+  // Longest a WatchAssignment stream waits before re-checking cancellation. Default: 250 ms.
+  absl::Duration watch_poll = absl::Milliseconds(250);
+  // gRPC sync-server completion queues (each polls on its own thread). Default: 0 = gRPC's default.
+  int num_completion_queues = 0;
+};
+
+class CoordinatorServer {
+ public:
+  // UNAVAILABLE when `listen` cannot be bound.
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(std::unique_ptr<SwarmCoordinator> coordinator,
+                                                                  const CoordinatorServerOptions& options);
+  ~CoordinatorServer();
+
+  int port() const { return port_; }
+  SwarmCoordinator* coordinator() const { return coordinator_.get(); }
+  // Stops serving (in-flight streams end within watch_poll) and joins the
+  // expiry thread. Idempotent.
+  void Shutdown();
+
+ private:
+  CoordinatorServer() = default;
+  void ExpiryLoop();
+
+  CoordinatorServerOptions options_;
+  std::unique_ptr<SwarmCoordinator> coordinator_;
+  std::unique_ptr<CoordinatorGrpcService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::thread expiry_thread_;
+  absl::Mutex mu_;
+  absl::CondVar stop_cv_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool shut_down_ = false;
+};
+
+}  // namespace aqswarm::coordinator
+
+#endif  // AQSWARM_COORDINATOR_COORDINATOR_SERVICE_H_

@@ -1,0 +1,271 @@
+// The Coordinator service over real gRPC on 127.0.0.1:0, driven by a FakeClock.
+#include "coordinator/coordinator_service.h"
+
+#include <limits>
+
+#include "coordinator/coordinator_testing.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace aqswarm::coordinator {
+namespace {
+
+using ::aqswarm::coordinator::testing::ScratchDir;
+using ::aqswarm::coordinator::testing::TestOptions;
+using ::aqswarm::coordinator::testing::TokenFor;
+using ::testing::HasSubstr;
+
+class CoordinatorServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto coord = SwarmCoordinator::Create(TestOptions(&clock_, dir_.Sub("state"), 2, 1));
+    ASSERT_TRUE(coord.ok()) << coord.status();
+    CoordinatorServerOptions so;
+    so.expiry_interval = absl::Milliseconds(5);
+    so.watch_poll = absl::Milliseconds(50);
+    auto server = CoordinatorServer::Start(*std::move(coord), so);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()), grpc::InsecureChannelCredentials());
+    stub_ = v1::Coordinator::NewStub(channel_);
+  }
+
+  v1::JoinRequest JoinRequestFor(const std::string& name, int port = 5000) {
+    v1::JoinRequest r;
+    r.set_peer_name(name);
+    r.set_join_token(TokenFor(clock_, name));
+    r.set_stage_link_address(absl::StrCat("127.0.0.1:", port));
+    r.set_gradient_exchange_address(absl::StrCat("127.0.0.1:", port + 1));
+    r.set_seconds_per_layer(0.01);
+    r.set_memory_bytes(uint64_t{4} << 30);
+    return r;
+  }
+  grpc::Status Join(const v1::JoinRequest& req, v1::JoinResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return stub_->Join(&ctx, req, resp);
+  }
+  v1::JoinResponse MustJoin(const std::string& name, int port = 5000) {
+    v1::JoinResponse resp;
+    grpc::Status s = Join(JoinRequestFor(name, port), &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp;
+  }
+  grpc::Status Heartbeat(uint64_t id, const std::string& session, v1::HeartbeatResponse* resp = nullptr) {
+    v1::HeartbeatRequest req;
+    req.set_peer_id(id);
+    req.set_session_token(session);
+    v1::HeartbeatResponse ignored;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return stub_->Heartbeat(&ctx, req, resp != nullptr ? resp : &ignored);
+  }
+
+  FakeClock clock_;
+  ScratchDir dir_;
+  std::unique_ptr<CoordinatorServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+TEST_F(CoordinatorServiceTest, JoinReturnsIdSessionLeaseAndJob) {
+  v1::JoinResponse r = MustJoin("a");
+  EXPECT_GT(r.peer_id(), 0u);
+  EXPECT_EQ(r.session_token().size(), 32u);
+  EXPECT_EQ(r.lease_seconds(), 10);
+  EXPECT_EQ(r.lease_expiry_unix_ms(), absl::ToUnixMillis(clock_.Now() + absl::Seconds(10)));
+  EXPECT_EQ(r.job().name(), "test-job");
+  EXPECT_EQ(r.job().stages(), 2u);
+  EXPECT_EQ(r.assignment_version(), 1u);
+}
+
+TEST_F(CoordinatorServiceTest, WrongOrExpiredTokenIsUnauthenticated) {
+  v1::JoinResponse resp;
+  v1::JoinRequest req = JoinRequestFor("a");
+  req.set_join_token(TokenFor(clock_, "a", std::string(32, 'q')));
+  grpc::Status s = Join(req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("signature"));
+  req.set_join_token(TokenFor(clock_, "a", testing::TestSecret(), testing::kTestSwarm, 1));
+  clock_.Advance(absl::Seconds(2));
+  s = Join(req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+  req.set_join_token("not-a-token");
+  EXPECT_EQ(Join(req, &resp).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  req.set_join_token(TokenFor(clock_, "someone-else"));
+  EXPECT_EQ(Join(req, &resp).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+}
+
+TEST_F(CoordinatorServiceTest, MalformedRequestsAreInvalidArgument) {
+  v1::JoinResponse resp;
+  auto expect_invalid = [&](v1::JoinRequest req, const std::string& field) {
+    grpc::Status s = Join(req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << field << ": " << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(field));
+  };
+  v1::JoinRequest r = JoinRequestFor("a");
+  r.set_peer_name("");
+  expect_invalid(r, "peer_name");
+  r = JoinRequestFor("a");
+  r.set_stage_link_address("127.0.0.1");
+  expect_invalid(r, "stage_link_address");
+  r = JoinRequestFor("a");
+  r.set_gradient_exchange_address("host:99999");
+  expect_invalid(r, "gradient_exchange_address");
+  r = JoinRequestFor("a");
+  r.set_seconds_per_layer(std::numeric_limits<double>::quiet_NaN());
+  expect_invalid(r, "seconds_per_layer");
+  r = JoinRequestFor("a");
+  r.set_memory_bytes(~uint64_t{0});
+  expect_invalid(r, "memory_bytes");
+
+  EXPECT_EQ(Heartbeat(0, "x").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::JoinResponse a = MustJoin("a");
+  v1::HeartbeatRequest hb;
+  hb.set_peer_id(a.peer_id());
+  hb.set_session_token(a.session_token());
+  hb.mutable_progress()->set_loss(-1);
+  v1::HeartbeatResponse hr;
+  grpc::ClientContext ctx;
+  grpc::Status s = stub_->Heartbeat(&ctx, hb, &hr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("loss"));
+
+  v1::LinkProbeReport probe;
+  probe.set_peer_id(a.peer_id());
+  probe.set_session_token(a.session_token());
+  v1::ReportResponse rr;
+  grpc::ClientContext ctx2;
+  EXPECT_EQ(stub_->ReportLinkProbe(&ctx2, probe, &rr).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::ProgressReport pr;
+  pr.set_peer_id(a.peer_id());
+  pr.set_session_token(a.session_token());
+  grpc::ClientContext ctx3;
+  EXPECT_EQ(stub_->ReportProgress(&ctx3, pr, &rr).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(CoordinatorServiceTest, UnknownPeerHeartbeatIsNotFoundAndWrongSessionUnauthenticated) {
+  grpc::Status s = Heartbeat(12345, "whatever");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  v1::JoinResponse a = MustJoin("a");
+  EXPECT_EQ(Heartbeat(a.peer_id(), "wrong").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  v1::HeartbeatResponse hr;
+  clock_.Advance(absl::Seconds(3));
+  ASSERT_TRUE(Heartbeat(a.peer_id(), a.session_token(), &hr).ok());
+  EXPECT_EQ(hr.lease_expiry_unix_ms(), absl::ToUnixMillis(clock_.Now() + absl::Seconds(10)));
+  EXPECT_EQ(hr.assignment_version(), 1u);
+}
+
+TEST_F(CoordinatorServiceTest, WatchAssignmentDeliversNewVersionsAfterMembershipChanges) {
+  v1::JoinResponse a = MustJoin("a", 5000);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::WatchAssignmentRequest req;
+  req.set_peer_id(a.peer_id());
+  req.set_session_token(a.session_token());
+  auto reader = stub_->WatchAssignment(&ctx, req);
+  v1::Assignment got;
+  ASSERT_TRUE(reader->Read(&got));
+  EXPECT_EQ(got.version(), 1u);
+  EXPECT_FALSE(got.grid_complete());
+
+  // Other RPCs are served while the stream waits.
+  v1::JoinResponse b = MustJoin("b", 6000);
+  ASSERT_TRUE(reader->Read(&got));
+  EXPECT_EQ(got.version(), 2u);
+  EXPECT_TRUE(got.grid_complete());
+  const v1::Neighbor& other = got.stage() == 0 ? got.next() : got.previous();
+  EXPECT_EQ(other.peer_id(), b.peer_id());
+  EXPECT_EQ(other.stage_link_address(), "127.0.0.1:6000");
+  EXPECT_GT(other.link_generation(), 0u);
+  const uint64_t generation = other.link_generation();
+
+  // A standby joins (version 3), then b's lease runs out on the fake clock:
+  // the background sweep removes it and the standby takes its stage with a new generation.
+  v1::JoinResponse s = MustJoin("s", 7000);
+  ASSERT_TRUE(reader->Read(&got));
+  EXPECT_EQ(got.version(), 3u);
+  clock_.Advance(absl::Seconds(6));
+  ASSERT_TRUE(Heartbeat(a.peer_id(), a.session_token()).ok());
+  ASSERT_TRUE(Heartbeat(s.peer_id(), s.session_token()).ok());
+  clock_.Advance(absl::Seconds(5));
+  ASSERT_TRUE(reader->Read(&got));  // bounded by the context deadline
+  EXPECT_EQ(got.version(), 4u);
+  const v1::Neighbor& replaced = got.stage() == 0 ? got.next() : got.previous();
+  EXPECT_EQ(replaced.peer_id(), s.peer_id());
+  EXPECT_EQ(replaced.stage_link_address(), "127.0.0.1:7000");
+  EXPECT_NE(replaced.link_generation(), generation);
+  EXPECT_EQ(Heartbeat(b.peer_id(), b.session_token()).error_code(), grpc::StatusCode::NOT_FOUND);
+
+  // Leaving ends the peer's own stream with NOT_FOUND.
+  v1::LeaveRequest leave;
+  leave.set_peer_id(a.peer_id());
+  leave.set_session_token(a.session_token());
+  v1::LeaveResponse lr;
+  grpc::ClientContext lctx;
+  ASSERT_TRUE(stub_->Leave(&lctx, leave, &lr).ok());
+  EXPECT_EQ(lr.assignment_version(), 5u);
+  while (reader->Read(&got)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(CoordinatorServiceTest, WatchWithAWrongSessionIsRefused) {
+  v1::JoinResponse a = MustJoin("a");
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::WatchAssignmentRequest req;
+  req.set_peer_id(a.peer_id());
+  req.set_session_token("forged");
+  auto reader = stub_->WatchAssignment(&ctx, req);
+  v1::Assignment got;
+  EXPECT_FALSE(reader->Read(&got));
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+}
+
+TEST_F(CoordinatorServiceTest, StatusListsThePeersWithoutAddresses) {
+  v1::JoinResponse a = MustJoin("a", 5000);
+  v1::JoinResponse b = MustJoin("b", 6000);
+  v1::JoinResponse s = MustJoin("s", 7000);
+  v1::LinkProbeReport probe;
+  probe.set_peer_id(a.peer_id());
+  probe.set_session_token(a.session_token());
+  probe.set_to_peer_id(b.peer_id());
+  probe.set_bandwidth_bytes_per_second(12.5e6);
+  probe.set_rtt_seconds(0.02);
+  v1::ReportResponse rr;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->ReportLinkProbe(&ctx, probe, &rr).ok());
+  }
+  v1::ProgressReport pr;
+  pr.set_peer_id(b.peer_id());
+  pr.set_session_token(b.session_token());
+  pr.mutable_progress()->set_step(12);
+  pr.mutable_progress()->set_loss(4.5);
+  pr.set_checkpoint_step(10);
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->ReportProgress(&ctx, pr, &rr).ok());
+  }
+  grpc::ClientContext ctx;
+  v1::StatusResponse st;
+  ASSERT_TRUE(stub_->Status(&ctx, v1::StatusRequest(), &st).ok());
+  EXPECT_EQ(st.job_name(), "test-job");
+  EXPECT_EQ(st.assignment_version(), 3u);
+  EXPECT_TRUE(st.grid_complete());
+  EXPECT_EQ(st.step(), 12);
+  EXPECT_EQ(st.loss(), 4.5);
+  EXPECT_EQ(st.checkpoint_step(), 10);
+  ASSERT_EQ(st.peers_size(), 3);
+  EXPECT_EQ(st.peers(0).peer_name(), "a");
+  EXPECT_EQ(st.peers(2).peer_name(), "s");
+  EXPECT_EQ(st.peers(2).state(), v1::PeerStatus::STANDBY);
+  EXPECT_EQ(st.peers(2).stage(), -1);
+  ASSERT_EQ(st.peers(0).links_size(), 1);
+  EXPECT_EQ(st.peers(0).links(0).rtt_seconds(), 0.02);
+  EXPECT_EQ(st.DebugString().find("127.0.0.1"), std::string::npos) << "Status must not reveal addresses";
+}
+
+}  // namespace
+}  // namespace aqswarm::coordinator

@@ -1,0 +1,146 @@
+#include "coordinator/coordinator_state.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "proto/coordinator.pb.h"
+
+namespace aqswarm::coordinator {
+namespace {
+
+using storage::StateKey;
+using storage::StateStore;
+
+const StateKey<std::string> kJob("job");
+const StateKey<uint64_t> kVersion("counters/assignment_version");
+const StateKey<uint64_t> kNextPeerId("counters/next_peer_id");
+const StateKey<uint64_t> kNextGeneration("counters/next_generation");
+const StateKey<std::string> kGrid("grid");
+const StateKey<int64_t> kStep("progress/step");
+const StateKey<int64_t> kCheckpointStep("progress/checkpoint_step");
+const StateKey<double> kLoss("progress/loss");
+const StateKey<double> kTokensPerSecond("progress/tokens_per_second");
+constexpr char kMembersPrefix[] = "members/";
+
+std::string MemberKey(uint64_t id) { return absl::StrFormat("%s%020d", kMembersPrefix, id); }
+
+// Missing keys read as `fallback`; other errors propagate.
+template <typename T>
+absl::StatusOr<T> GetOr(const StateStore& store, const StateKey<T>& key, T fallback) {
+  absl::StatusOr<T> v = store.Get(key);
+  if (absl::IsNotFound(v.status())) return fallback;
+  return v;
+}
+
+}  // namespace
+
+void CoordinatorState::Change::PutJob(const v1::JobSpec& job) { batch_.Put(kJob, job.SerializeAsString()); }
+
+void CoordinatorState::Change::PutCounters(const Counters& c) {
+  batch_.Put(kVersion, c.assignment_version);
+  batch_.Put(kNextPeerId, c.next_peer_id);
+  batch_.Put(kNextGeneration, c.next_generation);
+}
+
+void CoordinatorState::Change::PutMember(const Member& m) {
+  v1::MemberRecord r;
+  r.set_peer_id(m.id);
+  r.set_peer_name(m.name);
+  r.set_session_token(m.session_token);
+  r.set_stage_link_address(m.stage_link_address);
+  r.set_gradient_exchange_address(m.gradient_exchange_address);
+  r.set_seconds_per_layer(m.seconds_per_layer);
+  r.set_memory_bytes(m.memory_bytes);
+  r.set_joined_unix_ms(absl::ToUnixMillis(m.joined_at));
+  r.set_lease_expiry_unix_ms(absl::ToUnixMillis(m.lease_expiry));
+  batch_.Put(StateKey<std::string>(MemberKey(m.id)), r.SerializeAsString());
+}
+
+void CoordinatorState::Change::DeleteMember(uint64_t id) { batch_.Delete(MemberKey(id)); }
+
+void CoordinatorState::Change::PutGrid(const Grid& g) {
+  v1::GridRecord r;
+  r.set_num_stages(g.num_stages);
+  r.set_num_pipelines(g.num_pipelines);
+  for (uint64_t s : g.slots) r.add_slots(s);
+  for (uint64_t s : g.forward_generation) r.add_forward_generation(s);
+  for (uint64_t s : g.replica_generation) r.add_replica_generation(s);
+  batch_.Put(kGrid, r.SerializeAsString());
+}
+
+void CoordinatorState::Change::PutProgress(const SwarmProgress& p) {
+  batch_.Put(kStep, p.progress.step);
+  batch_.Put(kLoss, p.progress.loss);
+  batch_.Put(kTokensPerSecond, p.progress.tokens_per_second);
+  batch_.Put(kCheckpointStep, p.checkpoint_step);
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorState>> CoordinatorState::Open(const Options& options) {
+  if (options.dir.empty()) return absl::InvalidArgumentError("coordinator state dir is required");
+  AQSWARM_ASSIGN_OR_RETURN(auto store, StateStore::Open({options.dir, options.sync}));
+  return std::unique_ptr<CoordinatorState>(new CoordinatorState(std::move(store)));
+}
+
+absl::Status CoordinatorState::Commit(const Change& change) {
+  if (change.empty()) return absl::OkStatus();
+  return store_->Commit(change.batch_);
+}
+
+absl::StatusOr<PersistedState> CoordinatorState::Load() const {
+  PersistedState s;
+  absl::StatusOr<std::string> job = store_->Get(kJob);
+  if (job.ok()) {
+    v1::JobSpec spec;
+    if (!spec.ParseFromString(*job)) return absl::DataLossError("coordinator state: key 'job' is corrupt");
+    s.job = std::move(spec);
+  } else if (!absl::IsNotFound(job.status())) {
+    return job.status();
+  }
+  AQSWARM_ASSIGN_OR_RETURN(s.counters.assignment_version, GetOr(*store_, kVersion, uint64_t{0}));
+  AQSWARM_ASSIGN_OR_RETURN(s.counters.next_peer_id, GetOr(*store_, kNextPeerId, uint64_t{1}));
+  AQSWARM_ASSIGN_OR_RETURN(s.counters.next_generation, GetOr(*store_, kNextGeneration, uint64_t{1}));
+  AQSWARM_ASSIGN_OR_RETURN(s.progress.progress.step, GetOr(*store_, kStep, int64_t{0}));
+  AQSWARM_ASSIGN_OR_RETURN(s.progress.progress.loss, GetOr(*store_, kLoss, 0.0));
+  AQSWARM_ASSIGN_OR_RETURN(s.progress.progress.tokens_per_second, GetOr(*store_, kTokensPerSecond, 0.0));
+  AQSWARM_ASSIGN_OR_RETURN(s.progress.checkpoint_step, GetOr(*store_, kCheckpointStep, int64_t{0}));
+
+  AQSWARM_ASSIGN_OR_RETURN(auto members, store_->Scan(kMembersPrefix));
+  for (const auto& [key, tagged] : members) {
+    AQSWARM_ASSIGN_OR_RETURN(std::string raw, StateStore::Untag<std::string>(key, tagged));
+    v1::MemberRecord r;
+    if (!r.ParseFromString(raw) || r.peer_id() == 0 || key != MemberKey(r.peer_id())) {
+      return absl::DataLossError(absl::StrCat("coordinator state: member record '", key, "' is corrupt"));
+    }
+    Member m;
+    m.id = r.peer_id();
+    m.name = r.peer_name();
+    m.session_token = r.session_token();
+    m.stage_link_address = r.stage_link_address();
+    m.gradient_exchange_address = r.gradient_exchange_address();
+    m.seconds_per_layer = r.seconds_per_layer();
+    m.memory_bytes = r.memory_bytes();
+    m.joined_at = absl::FromUnixMillis(r.joined_unix_ms());
+    m.lease_expiry = absl::FromUnixMillis(r.lease_expiry_unix_ms());
+    s.members.push_back(std::move(m));
+  }
+
+  absl::StatusOr<std::string> grid = store_->Get(kGrid);
+  if (grid.ok()) {
+    v1::GridRecord r;
+    const size_t S = r.ParseFromString(*grid) ? r.num_stages() : 0, P = r.num_pipelines();
+    if (S == 0 || P == 0 || S > 4096 || P > 4096 || size_t(r.slots_size()) != S * P ||
+        size_t(r.forward_generation_size()) != (S - 1) * P || size_t(r.replica_generation_size()) != S) {
+      return absl::DataLossError("coordinator state: key 'grid' is corrupt");
+    }
+    Grid g = Grid::Empty(static_cast<int>(S), static_cast<int>(P));
+    g.slots.assign(r.slots().begin(), r.slots().end());
+    g.forward_generation.assign(r.forward_generation().begin(), r.forward_generation().end());
+    g.replica_generation.assign(r.replica_generation().begin(), r.replica_generation().end());
+    s.grid = std::move(g);
+  } else if (!absl::IsNotFound(grid.status())) {
+    return grid.status();
+  }
+  return s;
+}
+
+}  // namespace aqswarm::coordinator

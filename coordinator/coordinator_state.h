@@ -1,0 +1,99 @@
+// CoordinatorState: the coordinator's durable state in a StateStore
+// (RocksDB, WAL fsync per commit), so a coordinator restarted on the same
+// state dir resumes the same job, members, grid and assignment version.
+//
+//   AQSWARM_ASSIGN_OR_RETURN(auto state, CoordinatorState::Open({.dir = "/var/aqswarm/coord"}));
+//   AQSWARM_ASSIGN_OR_RETURN(PersistedState s, state->Load());   // empty on first start
+//   CoordinatorState::Change change;
+//   change.PutMember(member);
+//   change.PutCounters({.assignment_version = 8, .next_peer_id = 12, .next_generation = 30});
+//   AQSWARM_RETURN_IF_ERROR(state->Commit(change));               // atomic + durable
+//
+// Layout (keys; values typed by StateStore, protos from proto/coordinator.proto):
+//   job                              string   serialized v1::JobSpec
+//   counters/assignment_version      uint64
+//   counters/next_peer_id            uint64
+//   counters/next_generation         uint64
+//   members/<peer id, 20 digits>     string   serialized v1::MemberRecord
+//   grid                             string   serialized v1::GridRecord
+//   progress/step, progress/checkpoint_step   int64
+//   progress/loss, progress/tokens_per_second double
+// Lease expiries are stored as of the last membership change, not per
+// heartbeat (that would be an fsync per heartbeat); a restarted coordinator
+// extends every lease by a grace period instead (SwarmCoordinator).
+//
+// Thread-safety: thread-safe (StateStore is); Change is a plain value.
+#ifndef AQSWARM_COORDINATOR_COORDINATOR_STATE_H_
+#define AQSWARM_COORDINATOR_COORDINATOR_STATE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/membership.h"
+#include "coordinator/planner.h"
+#include "proto/job.pb.h"
+#include "storage/state_store.h"
+
+namespace aqswarm::coordinator {
+
+struct Counters {
+  uint64_t assignment_version = 0;
+  uint64_t next_peer_id = 1;
+  uint64_t next_generation = 1;
+};
+
+struct SwarmProgress {
+  PeerProgress progress;     // swarm step (max reported), its loss, tokens/s
+  int64_t checkpoint_step = 0;
+};
+
+struct PersistedState {
+  std::optional<v1::JobSpec> job;  // nullopt: a fresh state dir
+  Counters counters;
+  std::vector<Member> members;     // by id
+  std::optional<Grid> grid;
+  SwarmProgress progress;
+};
+
+class CoordinatorState {
+ public:
+  struct Options {
+    // State directory; created if missing. Required.
+    std::string dir;
+    // fsync every commit. Default: true (false only for tests and benches).
+    bool sync = true;
+  };
+
+  class Change {
+   public:
+    void PutJob(const v1::JobSpec& job);
+    void PutCounters(const Counters& counters);
+    void PutMember(const Member& member);
+    void DeleteMember(uint64_t id);
+    void PutGrid(const Grid& grid);
+    void PutProgress(const SwarmProgress& progress);
+    bool empty() const { return batch_.empty(); }
+
+   private:
+    friend class CoordinatorState;
+    storage::StateStore::Batch batch_;
+  };
+
+  static absl::StatusOr<std::unique_ptr<CoordinatorState>> Open(const Options& options);
+
+  // Everything stored; DataLoss naming the key when a record is corrupt.
+  absl::StatusOr<PersistedState> Load() const;
+  absl::Status Commit(const Change& change);
+
+ private:
+  explicit CoordinatorState(std::unique_ptr<storage::StateStore> store) : store_(std::move(store)) {}
+  std::unique_ptr<storage::StateStore> store_;
+};
+
+}  // namespace aqswarm::coordinator
+
+#endif  // AQSWARM_COORDINATOR_COORDINATOR_STATE_H_

@@ -1,0 +1,103 @@
+#include "coordinator/coordinator_state.h"
+
+#include "coordinator/coordinator_testing.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace aqswarm::coordinator {
+namespace {
+
+using ::aqswarm::coordinator::testing::ScratchDir;
+using ::aqswarm::coordinator::testing::TestJob;
+
+Member MakeMember(uint64_t id) {
+  Member m;
+  m.id = id;
+  m.name = absl::StrCat("peer-", id);
+  m.session_token = std::string(32, 'a' + id % 6);
+  m.stage_link_address = absl::StrCat("10.0.0.", id, ":5000");
+  m.gradient_exchange_address = absl::StrCat("10.0.0.", id, ":5001");
+  m.seconds_per_layer = 0.5 * id;
+  m.memory_bytes = id << 30;
+  m.joined_at = absl::FromUnixMillis(1'700'000'000'123 + id);
+  m.lease_expiry = absl::FromUnixMillis(1'700'000'010'456 + id);
+  return m;
+}
+
+TEST(CoordinatorStateTest, FreshDirLoadsEmpty) {
+  ScratchDir dir;
+  auto state = CoordinatorState::Open({dir.Sub("state"), false});
+  ASSERT_TRUE(state.ok()) << state.status();
+  auto s = (*state)->Load();
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_FALSE(s->job.has_value());
+  EXPECT_TRUE(s->members.empty());
+  EXPECT_FALSE(s->grid.has_value());
+  EXPECT_EQ(s->counters.next_peer_id, 1u);
+}
+
+TEST(CoordinatorStateTest, EverythingSurvivesReopen) {
+  ScratchDir dir;
+  Grid grid = Grid::Empty(2, 2);
+  grid.slots = {3, 1, 2, 0};
+  grid.forward_generation = {7, 8};
+  grid.replica_generation = {9, 10};
+  {
+    auto state = CoordinatorState::Open({dir.Sub("state")});
+    ASSERT_TRUE(state.ok()) << state.status();
+    CoordinatorState::Change c;
+    c.PutJob(TestJob(2, 2));
+    for (uint64_t id : {1, 2, 3, 4}) c.PutMember(MakeMember(id));
+    c.PutGrid(grid);
+    c.PutCounters({41, 5, 11});
+    c.PutProgress({{120, 3.5, 900}, 100});
+    ASSERT_TRUE((*state)->Commit(c).ok());
+    CoordinatorState::Change drop;
+    drop.DeleteMember(4);
+    ASSERT_TRUE((*state)->Commit(drop).ok());
+  }
+  auto state = CoordinatorState::Open({dir.Sub("state")});
+  ASSERT_TRUE(state.ok()) << state.status();
+  auto s = (*state)->Load();
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE(s->job.has_value());
+  EXPECT_EQ(s->job->stages(), 2u);
+  ASSERT_EQ(s->members.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    const Member want = MakeMember(i + 1);
+    const Member& got = s->members[i];
+    EXPECT_EQ(got.id, want.id);
+    EXPECT_EQ(got.name, want.name);
+    EXPECT_EQ(got.session_token, want.session_token);
+    EXPECT_EQ(got.stage_link_address, want.stage_link_address);
+    EXPECT_EQ(got.gradient_exchange_address, want.gradient_exchange_address);
+    EXPECT_EQ(got.seconds_per_layer, want.seconds_per_layer);
+    EXPECT_EQ(got.memory_bytes, want.memory_bytes);
+    EXPECT_EQ(got.joined_at, want.joined_at);
+    EXPECT_EQ(got.lease_expiry, want.lease_expiry);
+  }
+  ASSERT_TRUE(s->grid.has_value());
+  EXPECT_EQ(*s->grid, grid);
+  EXPECT_EQ(s->counters.assignment_version, 41u);
+  EXPECT_EQ(s->counters.next_peer_id, 5u);
+  EXPECT_EQ(s->counters.next_generation, 11u);
+  EXPECT_EQ(s->progress.progress.step, 120);
+  EXPECT_EQ(s->progress.progress.loss, 3.5);
+  EXPECT_EQ(s->progress.progress.tokens_per_second, 900);
+  EXPECT_EQ(s->progress.checkpoint_step, 100);
+}
+
+TEST(CoordinatorStateTest, CorruptGridIsDataLoss) {
+  ScratchDir dir;
+  auto state = CoordinatorState::Open({dir.Sub("state"), false});
+  ASSERT_TRUE(state.ok());
+  Grid bad = Grid::Empty(2, 2);
+  bad.slots.pop_back();
+  CoordinatorState::Change c;
+  c.PutGrid(bad);
+  ASSERT_TRUE((*state)->Commit(c).ok());
+  EXPECT_TRUE(absl::IsDataLoss((*state)->Load().status()));
+}
+
+}  // namespace
+}  // namespace aqswarm::coordinator

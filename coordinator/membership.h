@@ -1,0 +1,130 @@
+// Membership: who is in the swarm, admitted by join token, kept by leases.
+//
+//   Membership members({.swarm_id = "demo", .join_secret = secret,
+//                       .lease = absl::Seconds(10)}, &clock);
+//   AQSWARM_ASSIGN_OR_RETURN(Member m, members.Admit(params, /*id=*/7));
+//   ...persist m...
+//   members.Add(m);
+//   AQSWARM_ASSIGN_OR_RETURN(Member* me, members.Authenticate(7, session));
+//   members.Renew(7);                         // heartbeat
+//   for (uint64_t id : members.Expired()) ... // lease_expiry <= now
+//
+// Admit() only checks and builds the record; Add()/Remove() change the set.
+// The caller (SwarmCoordinator) persists a change before applying it, so the
+// in-memory set never runs ahead of the state dir.
+//
+// Validation of the request shape (names, addresses, numbers) happens at the
+// service boundary (ValidateJoinParams, also used here); Admit() checks the
+// token: VerifyJoinToken (UNAUTHENTICATED: bad signature or expired,
+// INVALID_ARGUMENT: malformed) then CheckJoinClaims (PERMISSION_DENIED).
+//
+// Thread-safety: not thread-safe; SwarmCoordinator serialises access.
+#ifndef AQSWARM_COORDINATOR_MEMBERSHIP_H_
+#define AQSWARM_COORDINATOR_MEMBERSHIP_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "coordinator/clock.h"
+
+namespace aqswarm::coordinator {
+
+struct PeerProgress {
+  int64_t step = 0;
+  double loss = 0;
+  double tokens_per_second = 0;
+};
+
+struct JoinParams {
+  std::string peer_name;
+  std::string join_token;
+  std::string stage_link_address;
+  std::string gradient_exchange_address;  // may be empty
+  double seconds_per_layer = 0;           // 0 = unknown
+  uint64_t memory_bytes = 0;              // 0 = unknown (unlimited)
+};
+
+struct Member {
+  uint64_t id = 0;
+  std::string name;
+  std::string session_token;  // random, 32 hex digits; proves later calls come from this peer
+  std::string stage_link_address;
+  std::string gradient_exchange_address;
+  double seconds_per_layer = 0;
+  uint64_t memory_bytes = 0;
+  absl::Time joined_at;
+  absl::Time lease_expiry;
+  PeerProgress progress;  // latest reported (not persisted)
+};
+
+// Limits on what a peer may claim; beyond them a request is INVALID_ARGUMENT.
+inline constexpr double kMaxSecondsPerLayer = 3600;
+inline constexpr uint64_t kMaxMemoryBytes = uint64_t{1} << 50;  // 1 PiB
+inline constexpr size_t kMaxNameBytes = 128;
+
+// INVALID_ARGUMENT naming the field unless `address` is HOST:PORT with a
+// hostname, dotted IPv4 or [IPv6] host and a port in 1..65535.
+absl::Status ValidateAddress(absl::string_view field, absl::string_view address);
+// Name (1-128 of [A-Za-z0-9._-]), token present, addresses, numbers.
+absl::Status ValidateJoinParams(const JoinParams& params);
+// Finite, non-negative, below generous ceilings.
+absl::Status ValidateProgress(const PeerProgress& progress);
+
+struct MembershipOptions {
+  // Swarm id the join tokens must name. Required.
+  std::string swarm_id;
+  // HMAC key of the join tokens (common/join_token.h). Required.
+  std::string join_secret;
+  // A peer that does not heartbeat for this long is removed. Default: 10 s.
+  absl::Duration lease = absl::Seconds(10);
+  // Admit() fails with FAILED_PRECONDITION beyond this many members. Default: 100000.
+  int64_t max_members = 100000;
+};
+
+class Membership {
+ public:
+  // `clock` is not owned and must outlive this.
+  Membership(MembershipOptions options, const Clock* clock);
+
+  // Checks `params` and the join token; returns the member to Add() (with a
+  // fresh session token and a lease from now) without adding it.
+  absl::StatusOr<Member> Admit(const JoinParams& params, uint64_t id) const;
+  void Add(Member member);
+  void Remove(uint64_t id);
+
+  // NOT_FOUND for an unknown id, UNAUTHENTICATED for a wrong session token
+  // (compared in constant time).
+  absl::StatusOr<const Member*> Authenticate(uint64_t id, absl::string_view session_token) const;
+  // Records the latest progress a member reported. The id must exist.
+  void SetProgress(uint64_t id, const PeerProgress& progress);
+  // Extends the lease to now + lease; returns the new expiry. The id must exist.
+  absl::Time Renew(uint64_t id);
+  // Members whose lease expired (expiry <= now), by id.
+  std::vector<uint64_t> Expired() const;
+  // After a coordinator restart: every lease is extended to at least
+  // now + grace, so peers have time to reconnect.
+  void ExtendAllLeases(absl::Duration grace);
+
+  const Member* Find(uint64_t id) const;
+  // The member with this name, or nullptr.
+  const Member* FindByName(absl::string_view name) const;
+  const std::map<uint64_t, Member>& members() const { return members_; }
+  size_t size() const { return members_.size(); }
+  const MembershipOptions& options() const { return options_; }
+
+ private:
+  const MembershipOptions options_;
+  const Clock* const clock_;
+  std::map<uint64_t, Member> members_;
+  std::map<std::string, uint64_t, std::less<>> by_name_;
+};
+
+}  // namespace aqswarm::coordinator
+
+#endif  // AQSWARM_COORDINATOR_MEMBERSHIP_H_

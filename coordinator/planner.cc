@@ -1,0 +1,199 @@
+#include "coordinator/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace aqswarm::coordinator {
+
+Grid Grid::Empty(int num_stages, int num_pipelines) {
+  Grid g;
+  g.num_stages = num_stages;
+  g.num_pipelines = num_pipelines;
+  g.slots.assign(static_cast<size_t>(num_stages) * num_pipelines, 0);
+  g.forward_generation.assign(static_cast<size_t>(std::max(0, num_stages - 1)) * num_pipelines, 0);
+  g.replica_generation.assign(num_stages, 0);
+  return g;
+}
+
+bool Grid::complete() const {
+  return !slots.empty() && std::none_of(slots.begin(), slots.end(), [](uint64_t s) { return s == 0; });
+}
+
+std::optional<std::pair<int, int>> Grid::Find(uint64_t peer) const {
+  if (peer == 0) return std::nullopt;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i] == peer) return std::make_pair(static_cast<int>(i / num_pipelines), static_cast<int>(i % num_pipelines));
+  }
+  return std::nullopt;
+}
+
+Planner::Planner(PlannerOptions options, const v1::JobSpec& job) : options_(std::move(options)) {
+  num_stages_ = std::max<int>(1, job.stages());
+  num_pipelines_ = std::max<int>(1, job.data_parallel());
+  const auto& m = job.model();
+  const double seq = m.seq_len() ? m.seq_len() : 128;
+  const double d = m.d_model() ? m.d_model() : 256;
+  num_layers_ = m.n_layer() ? static_cast<int>(m.n_layer()) : 4;
+  micro_batches_ = job.micro_batches_per_step() ? static_cast<int>(job.micro_batches_per_step()) : 4;
+  const double mb = job.micro_batch_size() ? job.micro_batch_size() : 4;
+  const auto& c = job.compression();
+  const double fw_bits = c.mode() == v1::LinkCompression::fp32 ? 32 : (c.fw_bits() ? c.fw_bits() : 4);
+  const double dp_bits = job.dp().optimizer() == v1::DataParallelSpec::quantized_adam
+                             ? (job.dp().bits() ? job.dp().bits() : 4)
+                             : 32;
+  const double layers_per_stage = std::ceil(static_cast<double>(num_layers_) / num_stages_);
+  const double params_per_stage = 12 * d * d * layers_per_stage;
+  if (options_.activation_bytes <= 0) options_.activation_bytes = micro_batches_ * mb * seq * d * fw_bits / 8;
+  if (options_.gradient_bytes <= 0) options_.gradient_bytes = params_per_stage * dp_bits / 8;
+  if (options_.stage_state_bytes <= 0) options_.stage_state_bytes = params_per_stage * 16;
+}
+
+absl::StatusOr<Grid> Planner::Replan(const Grid& previous_in, const std::vector<PlannerPeer>& peers,
+                                     const LinkMatrix& links, uint64_t* next_generation) const {
+  const int S = num_stages_, P = num_pipelines_;
+  Grid previous = previous_in;
+  if (previous.num_stages != S || previous.num_pipelines != P || previous.slots.size() != size_t(S) * P) {
+    previous = Grid::Empty(S, P);
+  }
+  std::unordered_map<uint64_t, const PlannerPeer*> alive;
+  for (const auto& p : peers) alive[p.id] = &p;
+  Grid grid = previous;
+  for (auto& s : grid.slots) {
+    if (s != 0 && !alive.count(s)) s = 0;  // lost peers leave holes
+  }
+  if (grid.complete()) return grid;
+
+  auto eligible = [&](const PlannerPeer& p) {
+    return options_.stage_memory_bytes <= 0 || p.memory_bytes == 0 ||
+           static_cast<double>(p.memory_bytes) >= options_.stage_memory_bytes;
+  };
+  // Candidates: surviving holders, then eligible standbys fastest first.
+  std::vector<uint64_t> candidates;
+  std::vector<int> previous_stage;
+  std::set<uint64_t> placed;
+  for (int j = 0; j < S; ++j) {
+    for (int p = 0; p < P; ++p) {
+      if (uint64_t id = grid.at(j, p)) {
+        candidates.push_back(id);
+        previous_stage.push_back(j);
+        placed.insert(id);
+      }
+    }
+  }
+  std::vector<const PlannerPeer*> standbys;
+  for (const auto& p : peers) {
+    if (!placed.count(p.id) && eligible(p)) standbys.push_back(&p);
+  }
+  if (candidates.size() + standbys.size() < size_t(S) * P) return grid;  // incomplete: hold still
+  std::sort(standbys.begin(), standbys.end(), [](const PlannerPeer* a, const PlannerPeer* b) {
+    return a->seconds_per_layer != b->seconds_per_layer ? a->seconds_per_layer < b->seconds_per_layer
+                                                        : a->id < b->id;
+  });
+  const size_t cap = std::max<size_t>(std::max(options_.max_candidates, 1), size_t(S) * P);
+  for (const PlannerPeer* s : standbys) {
+    if (candidates.size() >= cap) break;
+    candidates.push_back(s->id);
+    previous_stage.push_back(-1);
+  }
+
+  const int n = static_cast<int>(candidates.size());
+  PlacementProblem problem;
+  problem.latency_seconds.assign(n, std::vector<double>(n, 0));
+  problem.bandwidth_bytes_per_second.assign(n, std::vector<double>(n, 0));
+  problem.peers.resize(n);
+  for (int a = 0; a < n; ++a) {
+    const PlannerPeer& pa = *alive.at(candidates[a]);
+    problem.peers[a].seconds_per_layer = pa.seconds_per_layer;
+    if (pa.memory_bytes > 0) problem.peers[a].memory_bytes = static_cast<double>(pa.memory_bytes);
+    for (int b = 0; b < n; ++b) {
+      if (a == b) continue;
+      const LinkEstimate e = links.Get(candidates[a], candidates[b]);
+      problem.latency_seconds[a][b] = e.rtt_seconds / 2;
+      problem.bandwidth_bytes_per_second[a][b] = e.bandwidth_bytes_per_second;
+    }
+  }
+  problem.dp_degree = P;
+  problem.pp_degree = S;
+  problem.activation_bytes = options_.activation_bytes;
+  problem.gradient_bytes = options_.gradient_bytes;
+  problem.num_layers = num_layers_;
+  problem.micro_batches = micro_batches_;
+  problem.stage_memory_bytes = options_.stage_memory_bytes;
+  problem.previous_stage = previous_stage;
+  problem.stage_state_bytes = options_.stage_state_bytes;
+  problem.migration_weight = options_.migration_weight;
+  problem.checkpoint_bandwidth_bytes_per_second = options_.checkpoint_bandwidth_bytes_per_second;
+  AQSWARM_ASSIGN_OR_RETURN(Plan plan, SolvePlacement(problem, options_.solver));
+
+  // One-way-averaged forward+backward cost of the link a <-> b (as the solver's e(d, d')).
+  auto edge = [&](uint64_t a, uint64_t b) {
+    const LinkEstimate ab = links.Get(a, b), ba = links.Get(b, a);
+    return (ab.rtt_seconds / 2 + options_.activation_bytes / ab.bandwidth_bytes_per_second + ba.rtt_seconds / 2 +
+            options_.activation_bytes / ba.bandwidth_bytes_per_second) /
+           2;
+  };
+  Grid next = Grid::Empty(S, P);
+  next.forward_generation = previous.forward_generation;
+  next.replica_generation = previous.replica_generation;
+  for (int j = 0; j < S; ++j) {
+    std::vector<uint64_t> fresh;  // new to stage j
+    for (int p = 0; p < P; ++p) {
+      const uint64_t id = candidates[plan.stages[j][p]];
+      bool kept = false;
+      for (int q = 0; q < P && !kept; ++q) {
+        if (grid.at(j, q) == id) {
+          next.slots[j * P + q] = id;
+          kept = true;
+        }
+      }
+      if (!kept) fresh.push_back(id);
+    }
+    // Fill free pipeline indices greedily: cheapest (upstream + kept downstream) link first.
+    while (!fresh.empty()) {
+      double best = std::numeric_limits<double>::infinity();
+      size_t best_f = 0;
+      int best_q = -1;
+      for (int q = 0; q < P; ++q) {
+        if (next.slots[j * P + q] != 0) continue;
+        for (size_t f = 0; f < fresh.size(); ++f) {
+          double c = 0;
+          if (j > 0 && next.at(j - 1, q)) c += edge(next.at(j - 1, q), fresh[f]);
+          if (j + 1 < S && grid.at(j + 1, q)) c += edge(fresh[f], grid.at(j + 1, q));
+          if (best_q < 0 || c < best) {
+            best = c;
+            best_f = f;
+            best_q = q;
+          }
+        }
+      }
+      next.slots[j * P + best_q] = fresh[best_f];
+      fresh.erase(fresh.begin() + best_f);
+    }
+  }
+  // Generations: new ones where an end or the group changed since `previous`.
+  for (int j = 0; j + 1 < S; ++j) {
+    for (int p = 0; p < P; ++p) {
+      if (next.at(j, p) != previous.at(j, p) || next.at(j + 1, p) != previous.at(j + 1, p) ||
+          next.forward_generation[j * P + p] == 0) {
+        next.forward_generation[j * P + p] = (*next_generation)++;
+      }
+    }
+  }
+  for (int j = 0; j < S; ++j) {
+    std::set<uint64_t> before, after;
+    for (int p = 0; p < P; ++p) {
+      before.insert(previous.at(j, p));
+      after.insert(next.at(j, p));
+    }
+    if (before != after || next.replica_generation[j] == 0) next.replica_generation[j] = (*next_generation)++;
+  }
+  return next;
+}
+
+}  // namespace aqswarm::coordinator

@@ -1,0 +1,124 @@
+// Planner: turns the members, the link matrix and the job into a
+// PlacementProblem, solves it (SolvePlacement) and keeps the resulting grid
+// stable under churn.
+//
+//   Planner planner(PlannerOptions{}, job);
+//   uint64_t next_generation = 1;
+//   Grid grid = Grid::Empty(job.stages(), job.data_parallel());
+//   AQSWARM_ASSIGN_OR_RETURN(grid, planner.Replan(grid, peers, links, &next_generation));
+//   uint64_t peer = grid.at(stage, pipeline);   // 0 = hole
+//
+// Replan rules (what keeps healthy peers put):
+//   - Peers of `previous` that are no longer in `peers` leave holes.
+//   - No hole left (a standby joined or left): the grid is returned unchanged.
+//   - Fewer eligible peers (memory) than stages x pipelines: the grid keeps its
+//     holes (incomplete; placed peers hold still).
+//   - Otherwise the surviving holders and the best standbys (up to
+//     max_candidates, fastest first) go to SolvePlacement with
+//     previous_stage set, so moving a healthy peer costs stage_state_bytes /
+//     bandwidth (the migration term) and only pays off for a large gain.
+//     Surviving peers that keep their stage also keep their pipeline index and
+//     their forward neighbours (a re-pairing would restart AQ-SGD links);
+//     peers new to a stage fill its free pipeline indices by link cost.
+//   - Link generations: a forward link (stage j -> j+1 of pipeline p) gets a
+//     new generation when either end changed; a stage's DP group gets one when
+//     its set of peers changed. Generations come from *next_generation and are
+//     never reused.
+//
+// Extra peers (beyond stages x pipelines) are standbys: every member not in
+// the grid.
+//
+// Thread-safety: Replan is const and reads only its arguments.
+#ifndef AQSWARM_COORDINATOR_PLANNER_H_
+#define AQSWARM_COORDINATOR_PLANNER_H_
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/link_matrix.h"
+#include "coordinator/placement.h"
+#include "proto/job.pb.h"
+
+namespace aqswarm::coordinator {
+
+// Who runs what: slots[stage * num_pipelines + pipeline] = peer id (0 = hole).
+struct Grid {
+  int num_stages = 0;
+  int num_pipelines = 0;
+  std::vector<uint64_t> slots;
+  // [boundary * num_pipelines + pipeline] for boundary < num_stages - 1: the
+  // generation of the forward link stage boundary -> boundary + 1. 0 = none yet.
+  std::vector<uint64_t> forward_generation;
+  // [stage]: generation of the stage's DP group. 0 = none yet.
+  std::vector<uint64_t> replica_generation;
+
+  static Grid Empty(int num_stages, int num_pipelines);
+  uint64_t at(int stage, int pipeline) const { return slots[stage * num_pipelines + pipeline]; }
+  uint64_t forward_gen(int boundary, int pipeline) const {
+    return forward_generation[boundary * num_pipelines + pipeline];
+  }
+  bool complete() const;
+  // (stage, pipeline) of `peer`, or nullopt for a standby/non-member.
+  std::optional<std::pair<int, int>> Find(uint64_t peer) const;
+  bool operator==(const Grid& o) const {
+    return num_stages == o.num_stages && num_pipelines == o.num_pipelines && slots == o.slots &&
+           forward_generation == o.forward_generation && replica_generation == o.replica_generation;
+  }
+};
+
+// What the planner needs to know about a member.
+struct PlannerPeer {
+  uint64_t id = 0;
+  double seconds_per_layer = 0;  // 0 = unknown
+  uint64_t memory_bytes = 0;     // 0 = unknown (unlimited)
+};
+
+struct PlannerOptions {
+  SolverOptions solver;
+  // At most this many peers (the surviving holders first, then the fastest
+  // standbys) enter one solve; the rest stay standbys. Bounds the N x N
+  // matrices with 10k members. Default: 32 (never below stages x pipelines).
+  int max_candidates = 32;
+  // Cost-model inputs; 0 = derived from the job:
+  //   activation_bytes   = micro_batches * micro_batch_size * seq_len * d_model * fw_bits / 8
+  //   params_per_stage   = 12 * d_model^2 * ceil(n_layer / stages)
+  //   gradient_bytes     = params_per_stage * dp_bits / 8   (32 bits for adamw)
+  //   stage_state_bytes  = params_per_stage * 16            (weights, Adam m and v, error feedback)
+  double activation_bytes = 0;
+  double gradient_bytes = 0;
+  double stage_state_bytes = 0;
+  // Bytes a peer needs to hold a stage; peers reporting less (and > 0) stay
+  // standbys. Default: 0 (no limit).
+  double stage_memory_bytes = 0;
+  // Weight of the one-off migration seconds against per-step seconds. Default: 1.
+  double migration_weight = 1;
+  // Where a stage's state comes from when no holder is left. Default: 12.5e6 B/s.
+  double checkpoint_bandwidth_bytes_per_second = 12.5e6;
+};
+
+class Planner {
+ public:
+  Planner(PlannerOptions options, const v1::JobSpec& job);
+
+  // See the banner. `peers` are all current members (any order).
+  absl::StatusOr<Grid> Replan(const Grid& previous, const std::vector<PlannerPeer>& peers,
+                              const LinkMatrix& links, uint64_t* next_generation) const;
+
+  int num_stages() const { return num_stages_; }
+  int num_pipelines() const { return num_pipelines_; }
+  const PlannerOptions& options() const { return options_; }
+
+ private:
+  PlannerOptions options_;
+  int num_stages_ = 1;
+  int num_pipelines_ = 1;
+  int num_layers_ = 1;
+  int micro_batches_ = 1;
+};
+
+}  // namespace aqswarm::coordinator
+
+#endif  // AQSWARM_COORDINATOR_PLANNER_H_

@@ -1,0 +1,371 @@
+#include "coordinator/swarm_coordinator.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/message_differencer.h"
+
+namespace aqswarm::coordinator {
+namespace {
+
+MembershipOptions MakeMembershipOptions(const SwarmCoordinatorOptions& o) {
+  MembershipOptions m;
+  m.swarm_id = o.swarm_id.empty() ? o.job.name() : o.swarm_id;
+  m.join_secret = o.join_secret;
+  m.lease = o.lease;
+  m.max_members = o.max_members;
+  return m;
+}
+
+// `grid` with the slots of peers not in `alive` cleared.
+Grid WithHoles(Grid grid, const std::unordered_set<uint64_t>& gone) {
+  for (auto& s : grid.slots) {
+    if (gone.count(s)) s = 0;
+  }
+  return grid;
+}
+
+}  // namespace
+
+SwarmCoordinator::SwarmCoordinator(SwarmCoordinatorOptions options, std::unique_ptr<CoordinatorState> state)
+    : options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : RealClock::Get()),
+      planner_(options_.planner, options_.job),
+      state_(std::move(state)),
+      membership_(MakeMembershipOptions(options_), clock_),
+      links_(options_.link_guess),
+      grid_(Grid::Empty(planner_.num_stages(), planner_.num_pipelines())) {}
+
+absl::StatusOr<std::unique_ptr<SwarmCoordinator>> SwarmCoordinator::Create(SwarmCoordinatorOptions options) {
+  const v1::JobSpec& job = options.job;
+  if (job.stages() < 1 || job.stages() > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("job.stages ", job.stages(), " is outside [1, 1024]"));
+  }
+  if (job.data_parallel() < 1 || job.data_parallel() > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job.data_parallel ", job.data_parallel(), " is outside [1, 1024]"));
+  }
+  if (options.swarm_id.empty()) options.swarm_id = job.name();
+  if (options.swarm_id.empty()) return absl::InvalidArgumentError("swarm id is required (or a job name)");
+  if (options.join_secret.empty()) return absl::InvalidArgumentError("join secret is required");
+  if (options.lease <= absl::ZeroDuration()) return absl::InvalidArgumentError("lease must be positive");
+  if (options.restart_grace <= absl::ZeroDuration()) options.restart_grace = options.lease;
+  AQSWARM_RETURN_IF_ERROR(
+      ValidateLinkEstimate(options.link_guess.bandwidth_bytes_per_second, options.link_guess.rtt_seconds));
+  AQSWARM_ASSIGN_OR_RETURN(auto state, CoordinatorState::Open(options.state));
+  AQSWARM_ASSIGN_OR_RETURN(PersistedState persisted, state->Load());
+  if (persisted.job.has_value() &&
+      !google::protobuf::util::MessageDifferencer::Equals(*persisted.job, options.job)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("state dir ", options.state.dir, " holds job '", persisted.job->name(),
+                     "', which differs from the given job '", options.job.name(),
+                     "': restart with the same job, or use a new state dir"));
+  }
+  std::unique_ptr<SwarmCoordinator> c(new SwarmCoordinator(std::move(options), std::move(state)));
+  absl::MutexLock lock(&c->mu_);
+  AQSWARM_RETURN_IF_ERROR(c->Restore(persisted));
+  return c;
+}
+
+absl::Status SwarmCoordinator::Restore(const PersistedState& persisted) {
+  if (!persisted.job.has_value()) {  // fresh state dir
+    CoordinatorState::Change change;
+    change.PutJob(options_.job);
+    change.PutCounters(counters_);
+    change.PutGrid(grid_);
+    change.PutProgress(progress_);
+    return state_->Commit(change);
+  }
+  counters_ = persisted.counters;
+  progress_ = persisted.progress;
+  if (persisted.grid.has_value()) {
+    if (persisted.grid->num_stages != planner_.num_stages() ||
+        persisted.grid->num_pipelines != planner_.num_pipelines()) {
+      return absl::DataLossError("coordinator state: the stored grid does not match the job's shape");
+    }
+    grid_ = *persisted.grid;
+  }
+  for (const Member& m : persisted.members) {
+    counters_.next_peer_id = std::max(counters_.next_peer_id, m.id + 1);
+    membership_.Add(m);
+  }
+  membership_.ExtendAllLeases(options_.restart_grace);
+  AQSWARM_LOG(INFO) << "coordinator state restored: job '" << options_.job.name() << "', "
+                    << membership_.size() << " members, assignment version " << counters_.assignment_version
+                    << ", step " << progress_.progress.step;
+  return absl::OkStatus();
+}
+
+absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& removed,
+                                                   const std::optional<Member>& added) {
+  const std::unordered_set<uint64_t> gone(removed.begin(), removed.end());
+  Counters counters = counters_;
+  Grid grid = WithHoles(grid_, gone);
+  const bool grid_lost_peer = grid.slots != grid_.slots;
+  if (grid_lost_peer || !grid.complete()) {
+    std::vector<PlannerPeer> peers;
+    peers.reserve(membership_.size() + 1);
+    for (const auto& [id, m] : membership_.members()) {
+      if (!gone.count(id)) peers.push_back({id, m.seconds_per_layer, m.memory_bytes});
+    }
+    if (added.has_value()) peers.push_back({added->id, added->seconds_per_layer, added->memory_bytes});
+    absl::StatusOr<Grid> planned = planner_.Replan(grid_, peers, links_, &counters.next_generation);
+    if (planned.ok()) {
+      grid = *std::move(planned);
+    } else {
+      AQSWARM_LOG(WARNING) << "re-plan failed, keeping the grid with holes: " << planned.status();
+    }
+  }
+  counters.assignment_version += 1;
+  if (added.has_value()) counters.next_peer_id = std::max(counters.next_peer_id, added->id + 1);
+
+  CoordinatorState::Change change;
+  for (uint64_t id : removed) change.DeleteMember(id);
+  if (added.has_value()) change.PutMember(*added);
+  if (!(grid == grid_)) change.PutGrid(grid);
+  change.PutCounters(counters);
+  AQSWARM_RETURN_IF_ERROR(state_->Commit(change));
+
+  for (uint64_t id : removed) {
+    membership_.Remove(id);
+    links_.RemovePeer(id);
+  }
+  if (added.has_value()) membership_.Add(*added);
+  grid_ = std::move(grid);
+  counters_ = counters;
+  version_changed_.SignalAll();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JoinResult> SwarmCoordinator::Join(const JoinParams& params) {
+  absl::MutexLock lock(&mu_);
+  AQSWARM_ASSIGN_OR_RETURN(Member m, membership_.Admit(params, counters_.next_peer_id));
+  std::vector<uint64_t> removed;
+  if (const Member* old = membership_.FindByName(m.name)) {
+    // The same peer again (it restarted): its old incarnation is gone.
+    AQSWARM_LOG(INFO) << "peer '" << m.name << "' rejoined; dropping its old id " << old->id;
+    removed.push_back(old->id);
+  }
+  AQSWARM_RETURN_IF_ERROR(ChangeMembersLocked(removed, m));
+  AQSWARM_LOG(DEBUG) << "peer '" << m.name << "' joined as " << m.id;
+  return JoinResult{m.id, m.session_token, m.lease_expiry, counters_.assignment_version};
+}
+
+absl::StatusOr<HeartbeatResult> SwarmCoordinator::Heartbeat(uint64_t peer_id, absl::string_view session_token,
+                                                            const PeerProgress* progress) {
+  if (progress != nullptr) AQSWARM_RETURN_IF_ERROR(ValidateProgress(*progress));
+  absl::MutexLock lock(&mu_);
+  AQSWARM_ASSIGN_OR_RETURN(const Member* m, membership_.Authenticate(peer_id, session_token));
+  HeartbeatResult r;
+  r.lease_expiry = membership_.Renew(peer_id);
+  if (progress != nullptr) AQSWARM_RETURN_IF_ERROR(RecordProgressLocked(*m, *progress, 0));
+  r.assignment_version = counters_.assignment_version;
+  return r;
+}
+
+absl::StatusOr<uint64_t> SwarmCoordinator::Leave(uint64_t peer_id, absl::string_view session_token) {
+  absl::MutexLock lock(&mu_);
+  AQSWARM_RETURN_IF_ERROR(membership_.Authenticate(peer_id, session_token).status());
+  AQSWARM_RETURN_IF_ERROR(ChangeMembersLocked({peer_id}, std::nullopt));
+  return counters_.assignment_version;
+}
+
+absl::Status SwarmCoordinator::ReportLinkProbe(uint64_t peer_id, absl::string_view session_token,
+                                               uint64_t to_peer_id, double bandwidth, double rtt) {
+  AQSWARM_RETURN_IF_ERROR(ValidateLinkEstimate(bandwidth, rtt));
+  absl::MutexLock lock(&mu_);
+  AQSWARM_RETURN_IF_ERROR(membership_.Authenticate(peer_id, session_token).status());
+  if (to_peer_id == peer_id) return absl::InvalidArgumentError("to_peer_id is the reporting peer itself");
+  if (membership_.Find(to_peer_id) == nullptr) {
+    return absl::NotFoundError(absl::StrCat("to_peer_id ", to_peer_id, " is not a member"));
+  }
+  links_.Report(peer_id, to_peer_id, bandwidth, rtt);
+  return absl::OkStatus();
+}
+
+absl::Status SwarmCoordinator::ReportProgress(uint64_t peer_id, absl::string_view session_token,
+                                              const PeerProgress& progress, int64_t checkpoint_step) {
+  AQSWARM_RETURN_IF_ERROR(ValidateProgress(progress));
+  if (checkpoint_step < 0 || checkpoint_step > progress.step) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint_step ", checkpoint_step, " is outside [0, progress.step = ", progress.step, "]"));
+  }
+  absl::MutexLock lock(&mu_);
+  AQSWARM_ASSIGN_OR_RETURN(const Member* m, membership_.Authenticate(peer_id, session_token));
+  return RecordProgressLocked(*m, progress, checkpoint_step);
+}
+
+absl::Status SwarmCoordinator::RecordProgressLocked(const Member& reporter, const PeerProgress& progress,
+                                                    int64_t checkpoint_step) {
+  membership_.SetProgress(reporter.id, progress);
+  SwarmProgress next = progress_;
+  if (progress.step > next.progress.step) next.progress.step = progress.step;
+  if (progress.step >= next.progress.step && progress.loss > 0) next.progress.loss = progress.loss;
+  next.checkpoint_step = std::max(next.checkpoint_step, checkpoint_step);
+  next.progress.tokens_per_second = SwarmTokensPerSecondLocked();
+  if (next.progress.step != progress_.progress.step || next.checkpoint_step != progress_.checkpoint_step) {
+    CoordinatorState::Change change;
+    change.PutProgress(next);
+    AQSWARM_RETURN_IF_ERROR(state_->Commit(change));
+  }
+  progress_ = next;
+  return absl::OkStatus();
+}
+
+double SwarmCoordinator::SwarmTokensPerSecondLocked() const {
+  // Sum over pipelines of the last stage's report (the stage that sees every
+  // token of its pipeline's batch); without a complete last stage, the best report.
+  double sum = 0;
+  const int last = grid_.num_stages - 1;
+  bool any = false;
+  for (int p = 0; p < grid_.num_pipelines; ++p) {
+    if (const Member* m = membership_.Find(grid_.at(last, p))) {
+      sum += m->progress.tokens_per_second;
+      any = true;
+    }
+  }
+  if (any) return sum;
+  double best = 0;
+  for (const auto& [id, m] : membership_.members()) best = std::max(best, m.progress.tokens_per_second);
+  return best;
+}
+
+v1::Neighbor SwarmCoordinator::NeighborLocked(uint64_t peer, int stage, int pipeline, uint64_t generation) const {
+  v1::Neighbor n;
+  const Member* m = membership_.Find(peer);
+  n.set_peer_id(peer);
+  if (m != nullptr) {
+    n.set_peer_name(m->name);
+    n.set_stage_link_address(m->stage_link_address);
+    n.set_gradient_exchange_address(m->gradient_exchange_address);
+  }
+  n.set_stage(stage);
+  n.set_pipeline(pipeline);
+  n.set_link_generation(generation);
+  return n;
+}
+
+absl::StatusOr<v1::Assignment> SwarmCoordinator::GetAssignment(uint64_t peer_id,
+                                                               absl::string_view session_token) const {
+  absl::MutexLock lock(&mu_);
+  AQSWARM_RETURN_IF_ERROR(membership_.Authenticate(peer_id, session_token).status());
+  v1::Assignment a;
+  a.set_version(counters_.assignment_version);
+  a.set_peer_id(peer_id);
+  a.set_num_stages(grid_.num_stages);
+  a.set_num_pipelines(grid_.num_pipelines);
+  a.set_grid_complete(grid_.complete());
+  a.set_resume_step(progress_.progress.step);
+  a.set_checkpoint_step(progress_.checkpoint_step);
+  const auto pos = grid_.Find(peer_id);
+  if (!pos.has_value()) {
+    a.set_role(v1::Assignment::STANDBY);
+    return a;
+  }
+  const auto [j, p] = *pos;
+  a.set_role(v1::Assignment::STAGE);
+  a.set_stage(j);
+  a.set_pipeline(p);
+  if (j + 1 < grid_.num_stages && grid_.at(j + 1, p) != 0) {
+    *a.mutable_next() = NeighborLocked(grid_.at(j + 1, p), j + 1, p, grid_.forward_gen(j, p));
+  }
+  if (j > 0 && grid_.at(j - 1, p) != 0) {
+    *a.mutable_previous() = NeighborLocked(grid_.at(j - 1, p), j - 1, p, grid_.forward_gen(j - 1, p));
+  }
+  for (int q = 0; q < grid_.num_pipelines; ++q) {
+    if (q != p && grid_.at(j, q) != 0) {
+      *a.add_replicas() = NeighborLocked(grid_.at(j, q), j, q, grid_.replica_generation[j]);
+    }
+  }
+  return a;
+}
+
+uint64_t SwarmCoordinator::AwaitVersionAbove(uint64_t known, absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  while (counters_.assignment_version <= known) {
+    if (version_changed_.WaitWithDeadline(&mu_, deadline)) break;  // timed out
+  }
+  return counters_.assignment_version;
+}
+
+absl::StatusOr<std::vector<uint64_t>> SwarmCoordinator::ExpireLeases() {
+  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> expired = membership_.Expired();
+  if (expired.empty()) return expired;
+  for (uint64_t id : expired) {
+    AQSWARM_LOG(INFO) << "lease of peer " << id << " ('" << membership_.Find(id)->name << "') expired";
+  }
+  AQSWARM_RETURN_IF_ERROR(ChangeMembersLocked(expired, std::nullopt));
+  return expired;
+}
+
+v1::StatusResponse SwarmCoordinator::GetStatus() const {
+  absl::MutexLock lock(&mu_);
+  v1::StatusResponse s;
+  s.set_job_name(options_.job.name());
+  s.set_swarm_id(membership_.options().swarm_id);
+  s.set_num_stages(grid_.num_stages);
+  s.set_num_pipelines(grid_.num_pipelines);
+  s.set_assignment_version(counters_.assignment_version);
+  s.set_grid_complete(grid_.complete());
+  s.set_step(progress_.progress.step);
+  s.set_loss(progress_.progress.loss);
+  s.set_tokens_per_second(SwarmTokensPerSecondLocked());
+  s.set_checkpoint_step(progress_.checkpoint_step);
+  std::unordered_map<uint64_t, std::pair<int, int>> position;
+  for (int j = 0; j < grid_.num_stages; ++j) {
+    for (int p = 0; p < grid_.num_pipelines; ++p) {
+      if (grid_.at(j, p) != 0) position[grid_.at(j, p)] = {j, p};
+    }
+  }
+  const absl::Time now = clock_->Now();
+  for (const auto& [id, m] : membership_.members()) {
+    v1::PeerStatus* ps = s.add_peers();
+    ps->set_peer_id(id);
+    ps->set_peer_name(m.name);
+    auto it = position.find(id);
+    if (it == position.end()) {
+      ps->set_state(v1::PeerStatus::STANDBY);
+      ps->set_stage(-1);
+      ps->set_pipeline(-1);
+    } else {
+      ps->set_state(grid_.complete() ? v1::PeerStatus::ACTIVE : v1::PeerStatus::WAITING);
+      ps->set_stage(it->second.first);
+      ps->set_pipeline(it->second.second);
+    }
+    ps->set_lease_remaining_seconds(absl::ToDoubleSeconds(m.lease_expiry - now));
+    for (const auto& [to, e] : links_.MeasuredFrom(id)) {
+      v1::LinkSpeed* l = ps->add_links();
+      l->set_to_peer_id(to);
+      l->set_bandwidth_bytes_per_second(e.bandwidth_bytes_per_second);
+      l->set_rtt_seconds(e.rtt_seconds);
+    }
+    ps->mutable_progress()->set_step(m.progress.step);
+    ps->mutable_progress()->set_loss(m.progress.loss);
+    ps->mutable_progress()->set_tokens_per_second(m.progress.tokens_per_second);
+    ps->set_seconds_per_layer(m.seconds_per_layer);
+    ps->set_memory_bytes(m.memory_bytes);
+  }
+  return s;
+}
+
+uint64_t SwarmCoordinator::assignment_version() const {
+  absl::MutexLock lock(&mu_);
+  return counters_.assignment_version;
+}
+
+Grid SwarmCoordinator::grid() const {
+  absl::MutexLock lock(&mu_);
+  return grid_;
+}
+
+size_t SwarmCoordinator::num_members() const {
+  absl::MutexLock lock(&mu_);
+  return membership_.size();
+}
+
+}  // namespace aqswarm::coordinator

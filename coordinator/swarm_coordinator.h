@@ -1,0 +1,147 @@
+// SwarmCoordinator: the coordinator's domain logic behind the gRPC service
+// (coordinator_service.h), with no gRPC in it. It ties together Membership
+// (tokens, leases), LinkMatrix (probes), Planner (grid) and CoordinatorState
+// (durability), and publishes a swarm-wide assignment version.
+//
+//   SwarmCoordinatorOptions o;
+//   o.job = job;  o.join_secret = secret;  o.state.dir = "/var/aqswarm/coord";
+//   o.clock = &fake_clock;                      // tests; default: RealClock
+//   AQSWARM_ASSIGN_OR_RETURN(auto coord, SwarmCoordinator::Create(std::move(o)));
+//   AQSWARM_ASSIGN_OR_RETURN(JoinResult j, coord->Join(params));
+//   AQSWARM_ASSIGN_OR_RETURN(v1::Assignment a, coord->GetAssignment(j.peer_id, j.session_token));
+//   coord->ExpireLeases();                      // a background thread calls this
+//
+// Contract:
+//   - Every membership change (join, leave, expiry, rejoin under the same
+//     name) re-plans (Planner::Replan), is committed to the state dir in ONE
+//     atomic batch (members, grid, counters), and only then applied in memory;
+//     it bumps the assignment version and wakes AwaitVersionAbove().
+//     A failed commit leaves memory unchanged and returns the error.
+//   - Heartbeats touch memory only (leases are not persisted per heartbeat);
+//     progress is persisted when the swarm step or checkpoint step advances.
+//   - Restart: Create() on a state dir that holds a job resumes it (the given
+//     job must be equal: FAILED_PRECONDITION otherwise) with the same members,
+//     session tokens, grid, generations and assignment version; every lease
+//     is extended to at least now + restart_grace so peers can reconnect.
+//   - Only authenticated peers (peer id + session token) see addresses
+//     (GetAssignment); GetStatus() carries none.
+//
+// Thread-safety: thread-safe; one mutex. Re-planning (a bounded solve over at
+// most PlannerOptions::max_candidates peers) runs under it.
+#ifndef AQSWARM_COORDINATOR_SWARM_COORDINATOR_H_
+#define AQSWARM_COORDINATOR_SWARM_COORDINATOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/clock.h"
+#include "coordinator/coordinator_state.h"
+#include "coordinator/link_matrix.h"
+#include "coordinator/membership.h"
+#include "coordinator/planner.h"
+#include "proto/coordinator.pb.h"
+#include "proto/job.pb.h"
+
+namespace aqswarm::coordinator {
+
+struct SwarmCoordinatorOptions {
+  // The job every peer trains. Required: stages >= 1, data_parallel >= 1.
+  v1::JobSpec job;
+  // Swarm id join tokens must name. Default: job.name().
+  std::string swarm_id;
+  // HMAC key for join tokens (common/join_token.h). Required.
+  std::string join_secret;
+  // Lease a heartbeat renews. Default: 10 s.
+  absl::Duration lease = absl::Seconds(10);
+  // On restart every lease is extended to at least now + this. Default: 0 = `lease`.
+  absl::Duration restart_grace = absl::ZeroDuration();
+  // Join fails with FAILED_PRECONDITION beyond this many members. Default: 100000.
+  int64_t max_members = 100000;
+  // Assumed link for pairs nobody probed.
+  LinkEstimate link_guess;
+  PlannerOptions planner;
+  // Where the state lives. `state.dir` is required.
+  CoordinatorState::Options state;
+  // Not owned; must outlive the coordinator. Default: RealClock::Get().
+  const Clock* clock = nullptr;
+};
+
+struct JoinResult {
+  uint64_t peer_id = 0;
+  std::string session_token;
+  absl::Time lease_expiry;
+  uint64_t assignment_version = 0;
+};
+
+struct HeartbeatResult {
+  absl::Time lease_expiry;
+  uint64_t assignment_version = 0;
+};
+
+class SwarmCoordinator {
+ public:
+  static absl::StatusOr<std::unique_ptr<SwarmCoordinator>> Create(SwarmCoordinatorOptions options);
+
+  // Errors: see Membership::Admit (UNAUTHENTICATED, PERMISSION_DENIED,
+  // INVALID_ARGUMENT, FAILED_PRECONDITION) and the state dir's.
+  absl::StatusOr<JoinResult> Join(const JoinParams& params);
+  // NOT_FOUND (unknown id), UNAUTHENTICATED (wrong session), INVALID_ARGUMENT (progress).
+  absl::StatusOr<HeartbeatResult> Heartbeat(uint64_t peer_id, absl::string_view session_token,
+                                            const PeerProgress* progress = nullptr);
+  // Returns the new assignment version.
+  absl::StatusOr<uint64_t> Leave(uint64_t peer_id, absl::string_view session_token);
+  absl::Status ReportLinkProbe(uint64_t peer_id, absl::string_view session_token, uint64_t to_peer_id,
+                               double bandwidth_bytes_per_second, double rtt_seconds);
+  absl::Status ReportProgress(uint64_t peer_id, absl::string_view session_token, const PeerProgress& progress,
+                              int64_t checkpoint_step);
+  absl::StatusOr<v1::Assignment> GetAssignment(uint64_t peer_id, absl::string_view session_token) const;
+
+  // Blocks until the assignment version exceeds `known` or `timeout` passes
+  // (real time); returns the current version.
+  uint64_t AwaitVersionAbove(uint64_t known, absl::Duration timeout) const;
+  // Removes every member whose lease expired by the clock; returns their ids.
+  absl::StatusOr<std::vector<uint64_t>> ExpireLeases();
+
+  v1::StatusResponse GetStatus() const;
+  uint64_t assignment_version() const;
+  Grid grid() const;
+  size_t num_members() const;
+  const v1::JobSpec& job() const { return options_.job; }
+  const SwarmCoordinatorOptions& options() const { return options_; }
+
+ private:
+  SwarmCoordinator(SwarmCoordinatorOptions options, std::unique_ptr<CoordinatorState> state);
+  absl::Status Restore(const PersistedState& persisted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Re-plans, commits, applies, bumps the version (see the banner).
+  absl::Status ChangeMembersLocked(const std::vector<uint64_t>& removed, const std::optional<Member>& added)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RecordProgressLocked(const Member& reporter, const PeerProgress& progress, int64_t checkpoint_step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::Neighbor NeighborLocked(uint64_t peer, int stage, int pipeline, uint64_t generation) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  double SwarmTokensPerSecondLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const SwarmCoordinatorOptions options_;
+  const Clock* const clock_;
+  const Planner planner_;
+  std::unique_ptr<CoordinatorState> state_;
+
+  mutable absl::Mutex mu_;
+  mutable absl::CondVar version_changed_;
+  Membership membership_ ABSL_GUARDED_BY(mu_);
+  LinkMatrix links_ ABSL_GUARDED_BY(mu_);
+  Grid grid_ ABSL_GUARDED_BY(mu_);
+  Counters counters_ ABSL_GUARDED_BY(mu_);
+  SwarmProgress progress_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace aqswarm::coordinator
+
+#endif  // AQSWARM_COORDINATOR_SWARM_COORDINATOR_H_

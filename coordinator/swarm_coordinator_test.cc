@@ -1,0 +1,196 @@
+#include "coordinator/swarm_coordinator.h"
+
+#include <set>
+
+#include "coordinator/coordinator_testing.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace aqswarm::coordinator {
+namespace {
+
+using ::aqswarm::coordinator::testing::JoinAs;
+using ::aqswarm::coordinator::testing::ScratchDir;
+using ::aqswarm::coordinator::testing::TestOptions;
+using ::testing::HasSubstr;
+
+class SwarmCoordinatorTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<SwarmCoordinator> Make(int stages, int pipelines) {
+    auto c = SwarmCoordinator::Create(TestOptions(&clock_, dir_.Sub("state"), stages, pipelines));
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+  JoinResult MustJoin(SwarmCoordinator& c, const std::string& name, int port = 5000) {
+    auto r = c.Join(JoinAs(clock_, name, port));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : JoinResult{};
+  }
+
+  FakeClock clock_;
+  ScratchDir dir_;
+};
+
+TEST_F(SwarmCoordinatorTest, JoinsFillTheGridThenStandbysAndAssignmentsNameNeighbours) {
+  auto c = Make(2, 1);
+  JoinResult a = MustJoin(*c, "a", 5000);
+  EXPECT_EQ(a.assignment_version, 1u);
+  auto wait = c->GetAssignment(a.peer_id, a.session_token);
+  ASSERT_TRUE(wait.ok());
+  EXPECT_FALSE(wait->grid_complete());
+  JoinResult b = MustJoin(*c, "b", 6000);
+  JoinResult s = MustJoin(*c, "s", 7000);
+  EXPECT_EQ(c->assignment_version(), 3u);
+  auto aa = c->GetAssignment(a.peer_id, a.session_token);
+  auto ba = c->GetAssignment(b.peer_id, b.session_token);
+  auto sa = c->GetAssignment(s.peer_id, s.session_token);
+  ASSERT_TRUE(aa.ok() && ba.ok() && sa.ok());
+  EXPECT_TRUE(aa->grid_complete());
+  EXPECT_EQ(aa->version(), 3u);
+  EXPECT_EQ(aa->role(), v1::Assignment::STAGE);
+  EXPECT_EQ(sa->role(), v1::Assignment::STANDBY);
+  const v1::Assignment& first = aa->stage() == 0 ? *aa : *ba;
+  const v1::Assignment& second = aa->stage() == 0 ? *ba : *aa;
+  EXPECT_EQ(first.next().peer_id(), second.peer_id());
+  EXPECT_EQ(second.previous().peer_id(), first.peer_id());
+  EXPECT_EQ(first.next().link_generation(), second.previous().link_generation());
+  EXPECT_NE(first.next().link_generation(), 0u);
+  EXPECT_FALSE(first.has_previous());
+  EXPECT_FALSE(second.has_next());
+  EXPECT_THAT(first.next().stage_link_address(), HasSubstr("127.0.0.1:"));
+  // A wrong session learns nothing.
+  EXPECT_TRUE(absl::IsUnauthenticated(c->GetAssignment(a.peer_id, b.session_token).status()));
+}
+
+TEST_F(SwarmCoordinatorTest, LeaseExpiryWithoutSleepingPromotesTheStandbyWithNewGenerations) {
+  auto c = Make(2, 1);
+  JoinResult a = MustJoin(*c, "a");
+  JoinResult b = MustJoin(*c, "b");
+  JoinResult s = MustJoin(*c, "s");
+  const Grid before = c->grid();
+  const uint64_t version = c->assignment_version();
+  clock_.Advance(absl::Seconds(6));
+  // Everybody but the peer at stage 1 heartbeats.
+  const uint64_t lost = before.at(1, 0);
+  for (const JoinResult* j : {&a, &b, &s}) {
+    if (j->peer_id != lost) {
+      ASSERT_TRUE(c->Heartbeat(j->peer_id, j->session_token).ok());
+    }
+  }
+  ASSERT_TRUE(c->ExpireLeases()->empty());
+  clock_.Advance(absl::Seconds(5));  // lost: 11 s; others: 5 s
+  auto expired = c->ExpireLeases();
+  ASSERT_TRUE(expired.ok()) << expired.status();
+  EXPECT_EQ(*expired, std::vector<uint64_t>{lost});
+  EXPECT_EQ(c->assignment_version(), version + 1);
+  const Grid after = c->grid();
+  EXPECT_EQ(after.at(0, 0), before.at(0, 0)) << "the healthy peer stays put";
+  EXPECT_EQ(after.at(1, 0), s.peer_id) << "the standby fills the lost stage";
+  EXPECT_NE(after.forward_gen(0, 0), before.forward_gen(0, 0));
+  auto sa = c->GetAssignment(s.peer_id, s.session_token);
+  ASSERT_TRUE(sa.ok());
+  EXPECT_EQ(sa->role(), v1::Assignment::STAGE);
+  EXPECT_EQ(sa->stage(), 1u);
+  EXPECT_EQ(sa->previous().link_generation(), after.forward_gen(0, 0));
+  // The expired peer is gone for good.
+  const JoinResult& gone = lost == a.peer_id ? a : b;
+  EXPECT_TRUE(absl::IsNotFound(c->Heartbeat(gone.peer_id, gone.session_token).status()));
+}
+
+TEST_F(SwarmCoordinatorTest, LeaveRemovesAtOnceAndRejoinReplacesTheOldId) {
+  auto c = Make(1, 1);
+  JoinResult a = MustJoin(*c, "a");
+  JoinResult b = MustJoin(*c, "b");
+  auto v = c->Leave(b.peer_id, b.session_token);
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(*v, 3u);
+  EXPECT_EQ(c->num_members(), 1u);
+  JoinResult a2 = MustJoin(*c, "a");
+  EXPECT_NE(a2.peer_id, a.peer_id);
+  EXPECT_EQ(c->num_members(), 1u);
+  EXPECT_TRUE(absl::IsNotFound(c->Heartbeat(a.peer_id, a.session_token).status()));
+  EXPECT_EQ(c->grid().at(0, 0), a2.peer_id);
+}
+
+TEST_F(SwarmCoordinatorTest, RestartFromTheStateDirRestoresEverything) {
+  JoinResult a, b, s;
+  Grid grid;
+  {
+    auto c = Make(2, 1);
+    a = MustJoin(*c, "a");
+    b = MustJoin(*c, "b");
+    s = MustJoin(*c, "s");
+    ASSERT_TRUE(c->ReportProgress(a.peer_id, a.session_token, {42, 2.5, 1000}, 40).ok());
+    grid = c->grid();
+    EXPECT_EQ(c->assignment_version(), 3u);
+  }
+  clock_.Advance(absl::Minutes(5));  // every stored lease is long expired
+  auto c = Make(2, 1);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->assignment_version(), 3u);
+  EXPECT_EQ(c->num_members(), 3u);
+  EXPECT_EQ(c->grid(), grid);
+  // Leases were extended by the grace period: nothing expires yet.
+  ASSERT_TRUE(c->ExpireLeases()->empty());
+  // Same ids and session tokens work.
+  auto hb = c->Heartbeat(a.peer_id, a.session_token);
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  EXPECT_EQ(hb->assignment_version, 3u);
+  auto st = c->GetStatus();
+  EXPECT_EQ(st.step(), 42);
+  EXPECT_EQ(st.loss(), 2.5);
+  EXPECT_EQ(st.checkpoint_step(), 40);
+  // New ids never collide with restored ones.
+  JoinResult d = MustJoin(*c, "d");
+  EXPECT_GT(d.peer_id, s.peer_id);
+  EXPECT_EQ(d.assignment_version, 4u);
+  // Peers that do not come back expire after the grace period.
+  clock_.Advance(absl::Seconds(11));
+  ASSERT_TRUE(c->Heartbeat(a.peer_id, a.session_token).ok());
+  auto expired = c->ExpireLeases();
+  ASSERT_TRUE(expired.ok());
+  EXPECT_EQ(expired->size(), 3u);  // b, s and d (d joined 11 s ago)
+}
+
+TEST_F(SwarmCoordinatorTest, ADifferentJobOnTheSameStateDirIsRefused) {
+  { ASSERT_NE(Make(2, 1), nullptr); }
+  auto other = SwarmCoordinator::Create(TestOptions(&clock_, dir_.Sub("state"), 3, 1));
+  EXPECT_TRUE(absl::IsFailedPrecondition(other.status())) << other.status();
+}
+
+TEST_F(SwarmCoordinatorTest, ProbesAndProgressShowInStatus) {
+  auto c = Make(2, 1);
+  JoinResult a = MustJoin(*c, "a");
+  JoinResult b = MustJoin(*c, "b");
+  ASSERT_TRUE(c->ReportLinkProbe(a.peer_id, a.session_token, b.peer_id, 5e6, 0.03).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(c->ReportLinkProbe(a.peer_id, a.session_token, a.peer_id, 5e6, 0.03)));
+  EXPECT_TRUE(absl::IsNotFound(c->ReportLinkProbe(a.peer_id, a.session_token, 999, 5e6, 0.03)));
+  EXPECT_TRUE(absl::IsInvalidArgument(c->ReportLinkProbe(a.peer_id, a.session_token, b.peer_id, -1, 0.03)));
+  const Grid g = c->grid();
+  const JoinResult& last = g.at(1, 0) == a.peer_id ? a : b;
+  PeerProgress p{7, 3.0, 1234};
+  ASSERT_TRUE(c->Heartbeat(last.peer_id, last.session_token, &p).ok());
+  PeerProgress bad{7, -3.0, 1};
+  EXPECT_TRUE(absl::IsInvalidArgument(c->Heartbeat(last.peer_id, last.session_token, &bad).status()));
+  v1::StatusResponse s = c->GetStatus();
+  EXPECT_EQ(s.peers_size(), 2);
+  EXPECT_EQ(s.step(), 7);
+  EXPECT_EQ(s.loss(), 3.0);
+  EXPECT_EQ(s.tokens_per_second(), 1234);
+  EXPECT_TRUE(s.grid_complete());
+  const v1::PeerStatus& pa = s.peers(0).peer_id() == a.peer_id ? s.peers(0) : s.peers(1);
+  ASSERT_EQ(pa.links_size(), 1);
+  EXPECT_EQ(pa.links(0).to_peer_id(), b.peer_id);
+  EXPECT_EQ(pa.links(0).bandwidth_bytes_per_second(), 5e6);
+  EXPECT_EQ(pa.state(), v1::PeerStatus::ACTIVE);
+}
+
+TEST_F(SwarmCoordinatorTest, AwaitVersionAboveReturnsAtOnceWhenNewerAndTimesOutOtherwise) {
+  auto c = Make(1, 1);
+  MustJoin(*c, "a");
+  EXPECT_EQ(c->AwaitVersionAbove(0, absl::Seconds(30)), 1u);
+  EXPECT_EQ(c->AwaitVersionAbove(1, absl::Milliseconds(1)), 1u);
+}
+
+}  // namespace
+}  // namespace aqswarm::coordinator
