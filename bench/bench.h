@@ -107,8 +107,11 @@ struct SlownetBenchOptions {
   int threads = 1;
   double latency_ms = 0;
   // Steps per epoch of the synthetic corpus; steps skipped; steps timed.
-  int steps_per_epoch = 2;
+  int steps_per_epoch = 1;
   int skip_steps = 3;
+  // Steps dropped in the D x K grid (see slownet_bench.cc: with D > 1 a
+  // pipeline meets unseen samples in later epochs too).
+  int grid_skip_steps = 7;
   int steps = 8;
   // Keep the raw runs here (job.json, pipeline output, metrics.csv, stage
   // logs); empty = a temporary directory, removed at the end.

@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# Kernel-shaped check of the user-space link shaping (root only).
+#
+# Runs the slownet benchmark's pipeline with each stage in its own network
+# namespace, neighbours joined by a veth pair whose two ends each get a
+# `tc qdisc ... tbf` at the link rate (so each direction is shaped, as the
+# user-space token bucket in peer/link_transport.cc shapes each direction),
+# and the job's own shaping switched off. Then runs the same job with
+# `aqswarm pipeline` on 127.0.0.1 with user-space shaping at the same rate and
+# compares samples/s over the same steady-state window.
+#
+#   sudo deploy/netns/run_tc.sh                      # 10 and 100 Mbit/s, fp32 and aqsgd fw3bw6
+#   sudo BWS="10" MODES="fp32" deploy/netns/run_tc.sh
+#
+# Environment: AQSWARM (binary, default build/aqswarm), BWS (Mbit/s list),
+# MODES (fp32 | directq:FW:BW | aqsgd:FW:BW), STAGES (4), SKIP (steps dropped,
+# default 3), STEPS (timed steps, default 6), OUT (run dir, default a temp dir),
+# and the model knobs SEQ (64) DMODEL (32) MB (32) M (8) VOCAB (256) LAYERS (4)
+# HEADS (2): the same defaults as `aqswarm bench slownet`.
+#
+# Addresses: 10.77.<link>.1 (upstream end) / 10.77.<link>.2 (downstream end),
+# only inside the namespaces this script creates; all of them are removed on
+# exit (trap EXIT), as are the stage processes it started.
+# Needs: iproute2 (ip, tc) with sch_tbf; no netem (this kernel has none).
+set -euo pipefail
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "run_tc.sh: needs root (network namespaces, veth, tc); run it with sudo" >&2
+  exit 2
+fi
+for tool in ip tc; do
+  command -v "$tool" >/dev/null || { echo "run_tc.sh: '$tool' not found (install iproute2)" >&2; exit 2; }
+done
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+AQSWARM=${AQSWARM:-$ROOT/build/aqswarm}
+BWS=${BWS:-"10 100"}
+MODES=${MODES:-"fp32 aqsgd:3:6"}
+STAGES=${STAGES:-4}
+SKIP=${SKIP:-3}
+STEPS=${STEPS:-6}
+SEQ=${SEQ:-64}; DMODEL=${DMODEL:-32}; MB=${MB:-32}; M=${M:-8}; VOCAB=${VOCAB:-256}
+LAYERS=${LAYERS:-4}; HEADS=${HEADS:-2}
+SPE=2  # steps per epoch of the synthetic corpus (AQ-SGD's FULL epoch 0 = steps 0..1)
+OUT=${OUT:-$(mktemp -d /tmp/aqswarm-netns.XXXXXX)}
+PREFIX="aqsn$$"
+[[ -x $AQSWARM ]] || { echo "run_tc.sh: $AQSWARM not built (cmake --build build --target aqswarm)" >&2; exit 1; }
+mkdir -p "$OUT"
+
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for s in $(seq 0 $((STAGES - 1))); do ip netns del "${PREFIX}-$s" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+# ---------------------------------------------------------------- topology
+# ns <prefix>-s holds stage s; veth l joins ns l (10.77.l.1) and ns l+1 (10.77.l.2).
+make_topology() {
+  local bw=$1
+  cleanup
+  for s in $(seq 0 $((STAGES - 1))); do
+    ip netns add "${PREFIX}-$s"
+    ip -n "${PREFIX}-$s" link set lo up
+  done
+  # tbf: burst >= rate / HZ (and >= a few MTUs); the queue may hold 500 ms.
+  local burst=$(( bw * 1000000 / 8 / 250 ))
+  (( burst < 16384 )) && burst=16384
+  for l in $(seq 0 $((STAGES - 2))); do
+    local a="${PREFIX}-$l" b="${PREFIX}-$((l + 1))"
+    ip link add "sn${l}u$$" netns "$a" type veth peer name "sn${l}d$$" netns "$b"
+    ip -n "$a" addr add "10.77.$l.1/24" dev "sn${l}u$$"
+    ip -n "$b" addr add "10.77.$l.2/24" dev "sn${l}d$$"
+    ip -n "$a" link set "sn${l}u$$" up
+    ip -n "$b" link set "sn${l}d$$" up
+    ip netns exec "$a" tc qdisc add dev "sn${l}u$$" root tbf rate "${bw}mbit" burst "$burst" latency 500ms
+    ip netns exec "$b" tc qdisc add dev "sn${l}d$$" root tbf rate "${bw}mbit" burst "$burst" latency 500ms
+  done
+}
+
+# ---------------------------------------------------------------- job
+write_job() {  # file mode bandwidth(0 = none)
+  local file=$1 mode=$2 bw=$3 link=${2%%:*} fw=0 bwb=0
+  if [[ $mode == *:* ]]; then IFS=: read -r link fw bwb <<<"$mode"; fi
+  local train=$(( MB * M * SPE ))
+  local samples=$(( (train + 1) * 100 / 98 + 2 ))
+  cat >"$file" <<EOF
+{"name": "netns-check", "seed": 1,
+ "model": {"vocabSize": $VOCAB, "seqLen": $SEQ, "dModel": $DMODEL, "nLayer": $LAYERS, "nHead": $HEADS},
+ "data": {"syntheticTokens": $(( samples * SEQ + 1 )), "validationFraction": 0.02},
+ "optimizer": {"lr": 1e-4, "gradClip": 1.0},
+ "microBatchSize": $MB, "microBatchesPerStep": $M, "maxSteps": $(( SKIP + STEPS )), "epochs": 100,
+ "compression": {"mode": "$link", "fwBits": $(( fw > 0 ? fw : 4 )), "bwBits": $(( bwb > 0 ? bwb : 8 )), "warmupEpochs": 0},
+ "shaping": {"bandwidthMbps": $bw},
+ "stages": $STAGES, "dataParallel": 1, "threads": 1, "evalEverySteps": 0, "evalBatches": 1}
+EOF
+}
+
+# samples/s from stage-0 step lines (JSON, one per line) after SKIP steps.
+samples_per_s_from_steps() {
+  grep '"event":"step"' "$1" | sed -E 's/.*"step":([0-9]+),.*"step_seconds":([0-9.]+),.*/\1 \2/' |
+    awk -v skip="$SKIP" -v per=$(( MB * M )) '$1 >= skip { t += $2; n++ } END { if (n) printf "%.1f", n * per / t; else print "nan" }'
+}
+samples_per_s_from_csv() {
+  awk -F, -v skip="$SKIP" -v per=$(( MB * M )) 'NR > 1 && $1 >= skip { t += $5; n++ } END { if (n) printf "%.1f", n * per / t; else print "nan" }' "$1"
+}
+
+# ---------------------------------------------------------------- runs
+run_netns() {  # dir
+  local dir=$1 next="" line port
+  PIDS=()
+  for s in $(seq $((STAGES - 1)) -1 0); do
+    local listen="127.0.0.1:0"
+    (( s > 0 )) && listen="10.77.$((s - 1)).2:0"
+    local args=(stage --job="$dir/job.json" --stage="$s" --pipeline_index=0 --store_dir="$dir/store-$s"
+                --listen="$listen" --link_timeout_s=300)
+    [[ -n $next ]] && args+=(--next="$next")
+    ip netns exec "${PREFIX}-$s" "$AQSWARM" "${args[@]}" >"$dir/stage-$s.jsonl" 2>"$dir/stage-$s.log" &
+    PIDS+=($!)
+    for _ in $(seq 1 600); do
+      line=$(grep -m1 '"event":"listening"' "$dir/stage-$s.jsonl" 2>/dev/null || true)
+      [[ -n $line ]] && break
+      kill -0 "${PIDS[-1]}" 2>/dev/null || { echo "stage $s died:"; tail "$dir/stage-$s.log"; return 1; }
+      sleep 0.1
+    done
+    [[ -n $line ]] || { echo "stage $s did not start"; return 1; }
+    port=$(sed -E 's/.*"port":([0-9]+).*/\1/' <<<"$line")
+    (( s > 0 )) && next="10.77.$((s - 1)).2:$port"
+  done
+  local rc=0
+  for pid in "${PIDS[@]}"; do wait "$pid" || rc=1; done
+  PIDS=()
+  return $rc
+}
+
+printf '%-16s %8s %16s %16s %8s\n' mode Mbit/s "tc tbf samp/s" "user-space samp/s" "tc/user" | tee "$OUT/summary.txt"
+for bw in $BWS; do
+  make_topology "$bw"
+  for mode in $MODES; do
+    d="$OUT/${mode//:/_}-${bw}mbit"
+    mkdir -p "$d/tc" "$d/user"
+    write_job "$d/tc/job.json" "$mode" 0
+    run_netns "$d/tc" || { echo "run_tc.sh: netns run failed, logs in $d/tc" >&2; exit 1; }
+    tc_sps=$(samples_per_s_from_steps "$d/tc/stage-0.jsonl")
+    write_job "$d/user/job.json" "$mode" "$bw"
+    "$AQSWARM" pipeline --job="$d/user/job.json" --out_dir="$d/user/run" >"$d/user/pipeline.out" 2>&1 ||
+      { echo "run_tc.sh: user-space run failed, see $d/user" >&2; exit 1; }
+    user_sps=$(samples_per_s_from_csv "$d/user/run/metrics.csv")
+    printf '%-16s %8s %16s %16s %8s\n' "$mode" "$bw" "$tc_sps" "$user_sps" \
+      "$(awk -v a="$tc_sps" -v b="$user_sps" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "nan" }')" |
+      tee -a "$OUT/summary.txt"
+  done
+done
+# Unshaped reference over the same namespaces with no qdisc would need another
+# topology; the bench's unshaped cells give it.
+echo "runs in $OUT (stage JSON lines: */tc/stage-*.jsonl)"
