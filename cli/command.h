@@ -25,6 +25,7 @@ std::vector<Command> BenchCommands();
 std::vector<Command> PipelineCommands();
 std::vector<Command> CertsCommands();
 std::vector<Command> AllreduceCommands();
+std::vector<Command> CoordinatorCommands();
 
 }  // namespace aqswarm::cli
 

@@ -18,7 +18,8 @@ namespace {
 
 std::vector<Command> AllCommands() {
   std::vector<Command> all;
-  for (auto group : {VersionCommands, PipelineCommands, CertsCommands, BenchCommands, AllreduceCommands}) {
+  for (auto group : {VersionCommands, PipelineCommands, CertsCommands, BenchCommands, AllreduceCommands,
+                     CoordinatorCommands}) {
     for (auto& c : group()) all.push_back(std::move(c));
   }
   return all;

@@ -1,0 +1,201 @@
+// `aqswarm coordinator` (serve the Coordinator for one job from a state dir),
+// `aqswarm status` (ask a coordinator what the swarm is doing) and
+// `aqswarm bench coordinator` (heartbeat throughput at 1k/10k peers).
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bench/bench.h"
+#include "cli/command.h"
+#include "common/certs.h"
+#include "common/join_token.h"
+#include "coordinator/coordinator_service.h"
+#include "coordinator/swarm_coordinator.h"
+#include "google/protobuf/util/json_util.h"
+#include "grpcpp/grpcpp.h"
+#include "peer/tls.h"
+#include "pipeline/job_spec.h"
+#include "proto/coordinator.grpc.pb.h"
+
+ABSL_DECLARE_FLAG(std::string, job);
+ABSL_DECLARE_FLAG(int32_t, stages);
+ABSL_DECLARE_FLAG(int32_t, dp);
+ABSL_DECLARE_FLAG(std::string, listen);
+ABSL_DECLARE_FLAG(std::string, tls_dir);
+ABSL_DECLARE_FLAG(std::string, name);
+ABSL_DECLARE_FLAG(std::string, swarm);
+ABSL_DECLARE_FLAG(bool, json);
+
+ABSL_FLAG(std::string, state_dir, "", "Coordinator state dir (RocksDB in <dir>/db; join.secret here unless --tls_dir). "
+                                      "Restarting on the same dir resumes the job, members and assignment version.");
+ABSL_FLAG(double, lease_s, 10, "Coordinator: seconds a peer stays a member without a heartbeat.");
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:7000", "HOST:PORT of the coordinator.");
+ABSL_FLAG(std::string, coord_sizes, "1000,10000", "Coordinator bench: comma-separated simulated peer counts.");
+ABSL_FLAG(double, coord_seconds, 20, "Coordinator bench: measured seconds per peer count.");
+ABSL_FLAG(int32_t, coord_threads, 8, "Coordinator bench: client threads (one channel each).");
+
+namespace aqswarm::cli {
+namespace {
+
+int Fail(const std::string& cmd, const absl::Status& s) {
+  std::cerr << "aqswarm " << cmd << ": " << s << "\n";
+  return 1;
+}
+
+int RunCoordinator(const std::vector<std::string>& args) {
+  if (!args.empty()) return Fail("coordinator", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  const std::string job_path = absl::GetFlag(FLAGS_job), state_dir = absl::GetFlag(FLAGS_state_dir);
+  if (job_path.empty()) return Fail("coordinator", absl::InvalidArgumentError("--job is required"));
+  if (state_dir.empty()) return Fail("coordinator", absl::InvalidArgumentError("--state_dir is required"));
+  const double lease_s = absl::GetFlag(FLAGS_lease_s);
+  if (!(lease_s >= 0.1 && lease_s <= 86400)) {
+    return Fail("coordinator", absl::InvalidArgumentError("--lease_s must be in [0.1, 86400]"));
+  }
+  auto job = pipeline::LoadJobSpec(job_path);
+  if (!job.ok()) return Fail("coordinator", job.status());
+  if (absl::GetFlag(FLAGS_stages) > 0) job->set_stages(absl::GetFlag(FLAGS_stages));
+  if (absl::GetFlag(FLAGS_dp) > 0) job->set_data_parallel(absl::GetFlag(FLAGS_dp));
+  if (absl::Status s = pipeline::ValidateJobSpec(*job); !s.ok()) return Fail("coordinator", s);
+
+  std::error_code ec;
+  std::filesystem::create_directories(state_dir, ec);
+  if (ec) return Fail("coordinator", absl::InternalError(absl::StrCat("cannot create ", state_dir, ": ", ec.message())));
+  peer::TlsOptions tls{absl::GetFlag(FLAGS_tls_dir), absl::GetFlag(FLAGS_name)};
+  if (tls.enabled() && tls.name.empty()) tls.name = "coordinator";
+  const std::string secret_path =
+      absl::StrCat(tls.enabled() ? tls.dir : state_dir, "/", kJoinSecretFile);
+  auto secret = LoadOrCreateJoinSecret(secret_path);
+  if (!secret.ok()) return Fail("coordinator", secret.status());
+  auto creds = peer::MakeServerCredentials(tls);
+  if (!creds.ok()) return Fail("coordinator", creds.status());
+
+  coordinator::SwarmCoordinatorOptions o;
+  o.job = *job;
+  o.swarm_id = absl::GetFlag(FLAGS_swarm);
+  o.join_secret = *secret;
+  o.lease = absl::Seconds(lease_s);
+  o.state.dir = state_dir + "/db";
+  auto coord = coordinator::SwarmCoordinator::Create(std::move(o));
+  if (!coord.ok()) return Fail("coordinator", coord.status());
+  const std::string swarm_id = (*coord)->options().swarm_id;
+
+  // Block the stop signals before gRPC starts its threads; sigwait below.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  coordinator::CoordinatorServerOptions so;
+  so.listen = absl::GetFlag(FLAGS_listen);
+  so.credentials = *creds;
+  auto server = coordinator::CoordinatorServer::Start(*std::move(coord), so);
+  if (!server.ok()) return Fail("coordinator", server.status());
+  std::printf("{\"event\":\"listening\",\"port\":%d}\n", (*server)->port());
+  std::fflush(stdout);
+  std::cerr << "coordinator for job '" << job->name() << "' (swarm '" << swarm_id << "', " << job->stages()
+            << " stages x " << job->data_parallel() << " pipelines) on " << so.listen << " port "
+            << (*server)->port() << ", " << peer::DescribeTls(tls) << ", state " << state_dir
+            << ", join tokens checked with " << secret_path << " (aqswarm certs token --swarm " << swarm_id
+            << ")" << std::endl;
+  int sig = 0;
+  sigwait(&stop, &sig);
+  std::cerr << "signal " << sig << ": shutting down" << std::endl;
+  (*server)->Shutdown();
+  return 0;
+}
+
+std::string FormatBandwidth(double bytes_per_second) {
+  const double mbit = bytes_per_second * 8 / 1e6;
+  return mbit >= 1000 ? absl::StrFormat("%.1fGb/s", mbit / 1000) : absl::StrFormat("%.1fMb/s", mbit);
+}
+
+int RunStatus(const std::vector<std::string>& args) {
+  if (!args.empty()) return Fail("status", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  peer::TlsOptions tls{absl::GetFlag(FLAGS_tls_dir), absl::GetFlag(FLAGS_name)};
+  if (tls.enabled() && tls.name.empty()) {
+    return Fail("status", absl::InvalidArgumentError("--name (this machine's certificate) is required with --tls_dir"));
+  }
+  auto creds = peer::MakeChannelCredentials(tls);
+  if (!creds.ok()) return Fail("status", creds.status());
+  grpc::ChannelArguments chargs;
+  peer::ApplyTlsChannelArgs(tls, &chargs);
+  const std::string target = absl::GetFlag(FLAGS_coordinator);
+  auto stub = v1::Coordinator::NewStub(grpc::CreateCustomChannel(target, *creds, chargs));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::StatusResponse st;
+  grpc::Status s = stub->Status(&ctx, v1::StatusRequest(), &st);
+  if (!s.ok()) {
+    return Fail("status", absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                                       absl::StrCat(target, ": ", s.error_message())));
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    std::string json;
+    google::protobuf::util::JsonPrintOptions jo;
+    jo.always_print_primitive_fields = true;
+    jo.preserve_proto_field_names = true;
+    (void)google::protobuf::util::MessageToJsonString(st, &json, jo);
+    std::cout << json << "\n";
+    return 0;
+  }
+  std::cout << absl::StrFormat("job %s (swarm %s): %d stages x %d pipelines, grid %s, assignment version %d\n",
+                               st.job_name(), st.swarm_id(), st.num_stages(), st.num_pipelines(),
+                               st.grid_complete() ? "complete" : "INCOMPLETE", st.assignment_version());
+  std::cout << absl::StrFormat("step %d  loss %.4f  tokens/s %.1f  checkpoint step %d  peers %d\n", st.step(),
+                               st.loss(), st.tokens_per_second(), st.checkpoint_step(), st.peers_size());
+  std::cout << absl::StrFormat("%6s  %-20s %-8s %5s %8s %7s %6s  %s\n", "id", "name", "state", "stage", "pipeline",
+                               "lease_s", "step", "links (measured from this peer)");
+  for (const v1::PeerStatus& p : st.peers()) {
+    std::string links;
+    for (const v1::LinkSpeed& l : p.links()) {
+      absl::StrAppend(&links, links.empty() ? "" : ", ", "->", l.to_peer_id(), " ",
+                      FormatBandwidth(l.bandwidth_bytes_per_second()),
+                      absl::StrFormat(" %.0fms", l.rtt_seconds() * 1000));
+    }
+    std::string state = v1::PeerStatus::State_Name(p.state());
+    std::cout << absl::StrFormat("%6d  %-20s %-8s %5s %8s %7.1f %6d  %s\n", p.peer_id(), p.peer_name(), state,
+                                 p.stage() < 0 ? "-" : absl::StrCat(p.stage()),
+                                 p.pipeline() < 0 ? "-" : absl::StrCat(p.pipeline()), p.lease_remaining_seconds(),
+                                 p.progress().step(), links.empty() ? "-" : links);
+  }
+  return 0;
+}
+
+int RunBenchCoordinator(const std::vector<std::string>& args) {
+  if (!args.empty()) return Fail("bench coordinator", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  bench::CoordinatorBenchOptions o;
+  o.sizes = absl::GetFlag(FLAGS_coord_sizes);
+  o.seconds = absl::GetFlag(FLAGS_coord_seconds);
+  o.client_threads = absl::GetFlag(FLAGS_coord_threads);
+  o.json = absl::GetFlag(FLAGS_json);
+  absl::Status s = bench::RunCoordinatorBench(o, std::cout);
+  return s.ok() ? 0 : Fail("bench coordinator", s);
+}
+
+}  // namespace
+
+std::vector<Command> CoordinatorCommands() {
+  return {
+      {"coordinator", "Serve the Coordinator for one job: admit peers, hold leases, place them on stages.",
+       "Prints {\"event\":\"listening\",\"port\":N} first, then logs on stderr; SIGINT/SIGTERM stop it.\n"
+       "example: aqswarm coordinator --job job.json --listen 127.0.0.1:7000 --state_dir ./coord "
+       "[--tls_dir ./tls --name coordinator] [--lease_s 10]",
+       {"job", "stages", "dp", "listen", "state_dir", "tls_dir", "name", "swarm", "lease_s"}, RunCoordinator},
+      {"status", "Ask a coordinator for the swarm: peers, stages, links, assignment version, step, loss, tokens/s.",
+       "example: aqswarm status --coordinator 127.0.0.1:7000 [--json] [--tls_dir ./tls --name admin]",
+       {"coordinator", "json", "tls_dir", "name"}, RunStatus},
+      {"bench coordinator",
+       "Heartbeats/s and latency of a real Coordinator over loopback gRPC with 1k and 10k simulated peers at 1 Hz.",
+       "",
+       {"json", "coord_sizes", "coord_seconds", "coord_threads"}, RunBenchCoordinator},
+  };
+}
+
+}  // namespace aqswarm::cli
