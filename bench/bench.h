@@ -121,6 +121,19 @@ struct SlownetBenchOptions {
 };
 absl::Status RunSlownetBench(const SlownetBenchOptions& options, std::ostream& out);
 
+struct CoordinatorBenchOptions {
+  // Comma-separated simulated peer counts; each heartbeats at 1 Hz. Default: "1000,10000".
+  std::string sizes = "1000,10000";
+  // Measured seconds per peer count. Default: 20.
+  double seconds = 20;
+  // Client threads (one channel each) sharing the peer ids. Default: 8.
+  int client_threads = 8;
+  // Parent of the temporary state dir. Default: $TMPDIR or /tmp.
+  std::string dir;
+  bool json = false;
+};
+absl::Status RunCoordinatorBench(const CoordinatorBenchOptions& options, std::ostream& out);
+
 }  // namespace aqswarm::bench
 
 #endif  // AQSWARM_BENCH_BENCH_H_
