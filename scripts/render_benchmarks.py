@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Renders docs/data/*.jsonl (written by scripts/bench_docs.sh) into the
+compression, store, scheduler and allreduce sections of docs/BENCHMARKS.md,
+between <!-- NAME:begin --> / <!-- NAME:end --> markers. Other sections of the
+file (e.g. slownet) are left alone."""
+import json, os, re, sys
+
+root = os.path.join(os.path.dirname(__file__), "..")
+data = os.path.join(root, "docs", "data")
+doc = os.path.join(root, "docs", "BENCHMARKS.md")
+
+
+def load(name):
+    p = os.path.join(data, name + ".jsonl")
+    return [json.loads(l) for l in open(p)] if os.path.exists(p) else []
+
+
+def meta(name):
+    p = os.path.join(data, name + ".meta")
+    return open(p).read().strip() if os.path.exists(p) else "(no run recorded)"
+
+
+def compression():
+    rows = load("compression")
+    out = ["## Compression codecs (`aqswarm bench compression`)", "",
+           f"Command: `build/aqswarm bench compression --json --repeats 5` (64 MiB of float32, activation-like "
+           f"per-channel Laplace values, shape [21845, 768], one thread, best of 5). {meta('compression')}", "",
+           "GB/s of float32 input; memcpy of the same buffer is measured in the same run, next to each cell. "
+           "ratio = input bytes / (scales + payload bytes).", "",
+           "| codec | levels | bits | rounding | encode GB/s | decode GB/s | memcpy GB/s | encode % memcpy | decode % memcpy | ratio |",
+           "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for j in rows:
+        m = j["memcpy_gbps"]
+        out.append(f"| {j['codec']} | {j.get('levels','') or ''} | {j['bits']} | {j['rounding']} | {j['encode_gbps']:.2f} | "
+                   f"{j['decode_gbps']:.2f} | {m:.2f} | {100*j['encode_gbps']/m:.0f}% | {100*j['decode_gbps']/m:.0f}% | {j['ratio']:.2f} |")
+    fp = {(j['bits'], j['rounding']): j for j in rows if j['codec'] == 'fixed_point'}
+    if (4, 'nearest') in fp and (4, 'stochastic') in fp:
+        n, s = fp[(4, 'nearest')], fp[(4, 'stochastic')]
+        out += ["", f"Targets (issue 2): fixed-point 4-bit nearest encode and decode >= 25% of memcpy: "
+                f"**{100*n['encode_gbps']/n['memcpy_gbps']:.0f}% / {100*n['decode_gbps']/n['memcpy_gbps']:.0f}%**; "
+                f"stochastic >= 10%: **{100*s['encode_gbps']/s['memcpy_gbps']:.0f}% / {100*s['decode_gbps']/s['memcpy_gbps']:.0f}%**. "
+                "Global-QSGD and min-max encoders are scalar loops (not tuned yet)."]
+    return out
+
+
+def store():
+    rows = load("store")
+    out = ["## Message store (`aqswarm bench store`)", "",
+           f"Command: `build/aqswarm bench store --json` (fp16 rows; 10,000 samples of 128x768 and 655 of 1024x1600 "
+           f"-- the big shape is capped at 2 GiB of rows per workload to fit the run time; `--shapes 1024x1600:N` overrides; "
+           f"page cache dropped before each epoch). {meta('store')}", "",
+           "`direct`: get+put per micro-batch straight on the store; `prefetch`: through the prefetcher (epoch-permutation "
+           "order known in advance); `file_seq`: a plain sequential file read+write of the same bytes (baseline); "
+           "`hidden_Nx`: a consumer that spends N x the measured direct I/O time per micro-batch computing (a sleep: the "
+           "CPU stays free, as with a GPU) reports the fraction of time blocked on the store.", "",
+           "| shape | backend | mode | row bytes | rows/s | MB/s | p99 get us | stall (get / put) |",
+           "|---|---|---|---:|---:|---:|---:|---|"]
+    for j in rows:
+        stall = (f"{100*j['stall_fraction']:.1f}% ({100*j.get('stall_get_fraction',0):.1f}% / "
+                 f"{100*j.get('stall_put_fraction',0):.1f}%)") if 'stall_fraction' in j else ""
+        p99 = f"{j['p99_get_us']:.0f}" if j.get('p99_get_us') else ""
+        out.append(f"| {j['shape']} | {j['backend']} | {j['mode']} | {j.get('row_bytes','')} | {j['rows_per_s']:.0f} | "
+                   f"{j.get('mb_per_s',0):.0f} | {p99} | {stall} |")
+    hid = [j for j in rows if j['backend'] == 'rocksdb' and j['mode'].startswith('hidden')]
+    if hid:
+        out += ["", "Target (issue 3): stall < 2% when compute >= I/O time. Measured on RocksDB: " +
+                ", ".join(f"{j['shape']} {j['mode']} **{100*j['stall_fraction']:.1f}%**" for j in hid) +
+                ". Reads are hidden (the get share of the stall is < 1%); what remains is write-behind back-pressure: "
+                "the writer thread's encode + checksum + RocksDB write on this 2-core, ~150 MB/s RocksDB machine. "
+                "Not met at 1x; the memory backend's `hidden` rows show the prefetcher path itself costs more CPU than "
+                "the direct path it is budgeted against (an issue of its own)."]
+    return out
+
+
+def scheduler():
+    rows = load("scheduler")
+    out = ["## Placement scheduler (`aqswarm bench scheduler`)", "",
+           f"Command: `build/aqswarm bench scheduler --json` (seed 1; 20 instances per size for N = 8, 3 otherwise). "
+           f"{meta('scheduler')}", "",
+           "`optimum_ratio` = solver cost / exhaustive optimum (N <= 8); `random_ratio` = solver cost / mean of random "
+           "placements (lower is better); world = peers over Oregon / Virginia / Singapore (anchors_mission.md §1.2).", "",
+           "| scenario | N | D_PP x D_DP | cost (s) | optimum ratio | random ratio | best-random ratio | solve s |",
+           "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for j in rows:
+        opt = f"{j['optimum_ratio']:.3f}" if j.get('optimum_ratio') is not None else "n/a"
+        out.append(f"| {j['scenario']} | {j['n']} | {j['pp']} x {j['dp']} | {j['cost']:.3f} | {opt} | "
+                   f"{j['random_ratio']:.3f} | {j['best_random_ratio']:.3f} | {j['solve_seconds']:.3f} |")
+    out += ["", "Goals (issue 6): <= 1.05x the optimum (met: every N = 8 instance optimal); 256 peers in < 10 s (met)."]
+    return out
+
+
+def allreduce():
+    rows = load("allreduce")
+    out = ["## Data-parallel exchange (`aqswarm bench allreduce`)", "",
+           f"Command: `build/aqswarm bench allreduce --json --repeats 2` (D worker processes on 127.0.0.1, 25 M floats, "
+           f"scatter-reduce + all-gather of pipeline/dp_allreduce.h over the gRPC GradientExchange; compressed = min-max "
+           f"buckets of 512 with worker and server error feedback; best of 2 after a warm-up). {meta('allreduce')}", "",
+           "Each replica pair has its own emulated link (per-destination token bucket), so with D = 4 a replica "
+           "sends to 3 peers at once: the shaped D = 4 exchange is faster than D = 2. `wire MB` = bytes this replica "
+           "sent (scales + payload); speedup is against the fp32 exchange of the same D and link in the same run.", "",
+           "| D | link | bits | codec | seconds | wire MB / replica | speedup vs fp32 |", "|---:|---|---:|---|---:|---:|---:|"]
+    for j in rows:
+        link = "unshaped" if j['bandwidth_mbps'] == 0 else f"{j['bandwidth_mbps']:.0f} Mbit/s"
+        out.append(f"| {j['dp']} | {link} | {j['bits']} | {j['codec']} | {j['seconds']:.3f} | {j['wire_bytes']/1e6:.1f} | "
+                   f"{j['speedup_vs_fp32']:.2f}x |")
+    return out
+
+
+sections = {"compression": compression, "store": store, "scheduler": scheduler, "allreduce": allreduce}
+text = open(doc).read() if os.path.exists(doc) else "# Benchmarks\n"
+if not text.startswith("# Benchmarks"):
+    text = "# Benchmarks\n\n" + text
+intro = ("All figures come from the commands shown next to them, on this project's machines (2 cores, no GPU), and "
+         "each compares against a baseline measured in the same run. Raw JSON lines: `docs/data/`. Regenerate: "
+         "`scripts/bench_docs.sh` (compression, store, scheduler, allreduce) and `scripts/bench_slownet.sh`.")
+if "<!-- intro:begin -->" not in text:
+    text = text.replace("# Benchmarks\n", f"# Benchmarks\n\n<!-- intro:begin -->\n<!-- intro:end -->\n", 1)
+for name in ["intro"] + list(sections):
+    body = intro if name == "intro" else "\n".join(sections[name]())
+    block = f"<!-- {name}:begin -->\n{body}\n<!-- {name}:end -->"
+    pat = re.compile(rf"<!-- {name}:begin -->.*?<!-- {name}:end -->", re.S)
+    if pat.search(text):
+        text = pat.sub(lambda _: block, text)
+    else:
+        # New sections go before the slownet section (or at the end).
+        i = text.find("<!-- slownet:begin -->")
+        text = (text[:i] + block + "\n\n" + text[i:]) if i >= 0 else (text.rstrip() + "\n\n" + block + "\n")
+open(doc, "w").write(text)
+print("wrote", doc)
