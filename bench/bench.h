@@ -113,10 +113,14 @@ struct SlownetBenchOptions {
   // pipeline meets unseen samples in later epochs too).
   int grid_skip_steps = 7;
   int steps = 8;
+  // Passes over the whole table; each cell keeps its best pass. Default: 1.
+  int repeats = 1;
   // Keep the raw runs here (job.json, pipeline output, metrics.csv, stage
   // logs); empty = a temporary directory, removed at the end.
   std::string out_dir;
   int cell_timeout_s = 600;
+  // Set by RunSlownetBench (a private copy of this executable).
+  std::string executable;
   bool json = false;
 };
 absl::Status RunSlownetBench(const SlownetBenchOptions& options, std::ostream& out);

@@ -154,6 +154,7 @@ struct Cell {
   double fw_bytes_per_step = 0, bw_bytes_per_step = 0;  // busiest link, each direction
   double dp_bytes_per_step = 0;       // busiest DP sender (bytes it sent)
   double wall_seconds = 0;
+  std::vector<double> passes;  // samples/s of every pass (the best is kept)
   // Derived.
   double ratio_vs_fp32_unshaped = NAN;
   double compute_limit = NAN, link_limit = NAN, achieved_vs_limit = NAN;
@@ -221,7 +222,7 @@ absl::Status RunCell(const SlownetBenchOptions& o, const fs::path& root, Cell* c
   std::ofstream(job_path) << job.dump(2) << "\n";
 
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::string> argv = {SelfExecutable(), "pipeline", "--job=" + job_path.string(),
+  std::vector<std::string> argv = {o.executable, "pipeline", "--job=" + job_path.string(),
                                    "--out_dir=" + (dir / "run").string()};
   auto child = Subprocess::Spawn(argv, {.capture_stdout = true, .stderr_path = (dir / "pipeline.err").string()});
   if (!child.ok()) return child.status();
@@ -330,6 +331,7 @@ nlohmann::json CellJson(const SlownetBenchOptions& o, const Cell& c) {
           {"dp_bytes_per_step", c.dp_bytes_per_step},
           {"loopback_ms_per_step", (c.max_dir_bytes_per_step + c.dp_bytes_per_step) / 1.2e9 * 1e3},
           {"wall_seconds", c.wall_seconds},
+          {"samples_per_s_passes", c.passes},
           {"model",
            {{"vocab", o.vocab_size}, {"seq_len", o.seq_len}, {"d_model", o.d_model}, {"n_layer", o.n_layer},
             {"n_head", o.n_head}, {"micro_batch", o.micro_batch_size}, {"micro_batches", o.micro_batches},
@@ -375,6 +377,14 @@ absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
   fs::create_directories(root, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", root.string()));
 
+  // Run a private copy of this executable: the shared build directory may be
+  // relinked while the table runs (/proc/self/exe then names a deleted file).
+  SlownetBenchOptions opts = o;
+  const fs::path exe = root / "aqswarm-slownet-exe";
+  fs::copy_file(SelfExecutable(), exe, fs::copy_options::overwrite_existing, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot copy ", SelfExecutable(), " to ", exe.string(), ": ", ec.message()));
+  opts.executable = exe.string();
+
   std::vector<Cell> cells;
   auto plan = [&](int dp, const std::vector<Mode>& ms, const std::vector<double>& bws) {
     for (const Mode& m : ms) {
@@ -392,14 +402,25 @@ absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
   if (o.grid) plan(o.grid_dp, grid_modes, grid_bandwidths);
 
   const auto start = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < cells.size(); ++i) {
-    Cell& c = cells[i];
-    absl::Status s = RunCell(o, root, &c);
-    if (!s.ok()) return s;
-    std::cerr << absl::StrFormat("slownet [%2d/%d] %s %-22s %8s Mbit/s  %9.1f samples/s  (%d steps, %.1f s)\n",
-                                 static_cast<int>(i + 1), static_cast<int>(cells.size()), Grid(c), c.mode.Name(),
-                                 c.bandwidth_mbps > 0 ? absl::StrCat(c.bandwidth_mbps) : "unshaped", c.samples_per_s,
-                                 c.steps_timed, c.wall_seconds);
+  // Repeats run as whole passes over the table (the machine's load drifts
+  // over minutes; a pass spreads it over every cell); the best pass counts.
+  for (int r = 0; r < std::max(1, o.repeats); ++r) {
+    for (size_t i = 0; i < cells.size(); ++i) {
+      Cell c = cells[i];
+      absl::Status s = RunCell(opts, root, &c);
+      if (!s.ok()) return s;
+      std::cerr << absl::StrFormat(
+          "slownet [pass %d, %2d/%d] %s %-22s %8s Mbit/s  %9.1f samples/s  (%d steps, %.1f s)\n", r + 1,
+          static_cast<int>(i + 1), static_cast<int>(cells.size()), Grid(c), c.mode.Name(),
+          c.bandwidth_mbps > 0 ? absl::StrCat(c.bandwidth_mbps) : "unshaped", c.samples_per_s, c.steps_timed,
+          c.wall_seconds);
+      cells[i].passes.push_back(c.samples_per_s);
+      if (r == 0 || c.samples_per_s > cells[i].samples_per_s) {
+        std::vector<double> passes = std::move(cells[i].passes);
+        cells[i] = c;
+        cells[i].passes = std::move(passes);
+      }
+    }
   }
 
   // Baselines and limits.
@@ -453,6 +474,7 @@ absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
                            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
                            remove_root ? "(removed)" : root.string());
   }
+  fs::remove(exe, ec);
   if (remove_root) fs::remove_all(root, ec);
   return absl::OkStatus();
 }

@@ -39,6 +39,7 @@ ABSL_FLAG(double, slownet_latency_ms, 0, "Slownet bench: one-way link latency in
 ABSL_FLAG(int32_t, slownet_steps_per_epoch, 1, "Slownet bench: steps per epoch of the synthetic corpus.");
 ABSL_FLAG(int32_t, slownet_skip_steps, 3, "Slownet bench: steps dropped before timing (start-up, FULL epoch).");
 ABSL_FLAG(int32_t, slownet_grid_skip_steps, 7, "Slownet bench: steps dropped in the DP grid (AQ-SGD meets unseen samples in later epochs when D > 1).");
+ABSL_FLAG(int32_t, slownet_repeats, 1, "Slownet bench: passes over the table; each cell keeps its best.");
 ABSL_FLAG(int32_t, slownet_steps, 8, "Slownet bench: timed steps per cell.");
 ABSL_FLAG(std::string, slownet_out_dir, "", "Slownet bench: keep the raw runs here (default: a temporary "
           "directory, removed).");
@@ -114,7 +115,7 @@ std::vector<Command> BenchCommands() {
                   "slownet_grid_modes", "slownet_grid_bandwidths", "slownet_stages", "slownet_vocab",
                   "slownet_seq_len", "slownet_d_model", "slownet_layers", "slownet_heads", "slownet_micro_batch",
                   "slownet_micro_batches", "slownet_threads", "slownet_latency_ms", "slownet_steps_per_epoch",
-                  "slownet_skip_steps", "slownet_grid_skip_steps", "slownet_steps", "slownet_out_dir"},
+                  "slownet_skip_steps", "slownet_grid_skip_steps", "slownet_steps", "slownet_repeats", "slownet_out_dir"},
                  [](const std::vector<std::string>& args) {
                    if (int rc = NoArgs(args, "slownet")) return rc;
                    bench::SlownetBenchOptions o;
@@ -137,6 +138,7 @@ std::vector<Command> BenchCommands() {
                    o.steps_per_epoch = absl::GetFlag(FLAGS_slownet_steps_per_epoch);
                    o.skip_steps = absl::GetFlag(FLAGS_slownet_skip_steps);
                    o.grid_skip_steps = absl::GetFlag(FLAGS_slownet_grid_skip_steps);
+                   o.repeats = absl::GetFlag(FLAGS_slownet_repeats);
                    o.steps = absl::GetFlag(FLAGS_slownet_steps);
                    o.out_dir = absl::GetFlag(FLAGS_slownet_out_dir);
                    o.json = absl::GetFlag(FLAGS_json);

@@ -41,7 +41,7 @@ SKIP=${SKIP:-3}
 STEPS=${STEPS:-6}
 SEQ=${SEQ:-64}; DMODEL=${DMODEL:-32}; MB=${MB:-32}; M=${M:-8}; VOCAB=${VOCAB:-256}
 LAYERS=${LAYERS:-4}; HEADS=${HEADS:-2}
-SPE=2  # steps per epoch of the synthetic corpus (AQ-SGD's FULL epoch 0 = steps 0..1)
+SPE=1  # steps per epoch of the synthetic corpus (AQ-SGD FULL epoch 0 = step 0)
 OUT=${OUT:-$(mktemp -d /tmp/aqswarm-netns.XXXXXX)}
 PREFIX="aqsn$$"
 [[ -x $AQSWARM ]] || { echo "run_tc.sh: $AQSWARM not built (cmake --build build --target aqswarm)" >&2; exit 1; }
@@ -63,9 +63,10 @@ make_topology() {
     ip netns add "${PREFIX}-$s"
     ip -n "${PREFIX}-$s" link set lo up
   done
-  # tbf: burst >= rate / HZ (and >= a few MTUs); the queue may hold 500 ms.
+  # tbf: burst >= rate / HZ and >= the largest GSO packet veth hands over
+  # (64 KiB; smaller bursts make tbf segment or drop them); queue up to 500 ms.
   local burst=$(( bw * 1000000 / 8 / 250 ))
-  (( burst < 16384 )) && burst=16384
+  (( burst < 131072 )) && burst=131072
   for l in $(seq 0 $((STAGES - 2))); do
     local a="${PREFIX}-$l" b="${PREFIX}-$((l + 1))"
     ip link add "sn${l}u$$" netns "$a" type veth peer name "sn${l}d$$" netns "$b"
