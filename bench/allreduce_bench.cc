@@ -24,21 +24,6 @@
 namespace aqswarm::bench {
 namespace {
 
-absl::Status ReadStdinLine(std::string* line, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  line->clear();
-  char c;
-  while (true) {
-    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-    if (ms <= 0) return absl::DeadlineExceededError("no replica list on stdin");
-    pollfd pfd{0, POLLIN, 0};
-    if (::poll(&pfd, 1, static_cast<int>(ms)) <= 0) continue;
-    if (::read(0, &c, 1) <= 0) return absl::OutOfRangeError("stdin closed");
-    if (c == '\n') return absl::OkStatus();
-    line->push_back(c);
-  }
-}
-
 std::vector<int> ParseBits(const std::string& s) {
   std::vector<int> out;
   for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipEmpty())) out.push_back(std::stoi(std::string(p)));
@@ -57,7 +42,7 @@ absl::Status RunAllreduceWorker(const AllreduceWorkerOptions& o, std::ostream& o
   AQSWARM_ASSIGN_OR_RETURN(auto ex, peer::GrpcReplicaExchange::Start(eo));
   out << nlohmann::json({{"event", "listening"}, {"port", ex->port()}}).dump() << std::endl;
   std::string line;
-  AQSWARM_RETURN_IF_ERROR(ReadStdinLine(&line, absl::Seconds(120)));
+  AQSWARM_RETURN_IF_ERROR(ReadLineFromFd(0, &line, absl::Seconds(120)));
   nlohmann::json msg = nlohmann::json::parse(line, nullptr, false);
   if (msg.is_discarded() || !msg.contains("replicas")) return absl::InvalidArgumentError("bad replica list");
   AQSWARM_RETURN_IF_ERROR(ex->Connect(msg["replicas"].get<std::vector<std::string>>()));

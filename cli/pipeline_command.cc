@@ -56,24 +56,6 @@ int Fail(const char* cmd, const absl::Status& s) {
   return 1;
 }
 
-// One line from stdin within `timeout`.
-absl::Status ReadStdinLine(std::string* line, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  line->clear();
-  char c;
-  while (true) {
-    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-    if (ms <= 0) return absl::DeadlineExceededError("nothing on stdin in time");
-    pollfd pfd{0, POLLIN, 0};
-    if (::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(ms, 1 << 30))) <= 0) continue;
-    const ssize_t n = ::read(0, &c, 1);
-    if (n <= 0) return absl::OutOfRangeError("stdin closed");
-    if (c == '\n') return absl::OkStatus();
-    line->push_back(c);
-    if (line->size() > (1 << 20)) return absl::InvalidArgumentError("stdin line too long");
-  }
-}
-
 int RunStage(const std::vector<std::string>& args) {
   if (!args.empty()) return Fail("stage", absl::InvalidArgumentError("unexpected argument " + args[0]));
   auto job = LoadJobFromFlags();
@@ -101,7 +83,7 @@ int RunStage(const std::vector<std::string>& args) {
     // The launcher (or an operator) answers with the replicas' addresses:
     //   {"replicas": ["127.0.0.1:7001", "127.0.0.1:7002"]}
     std::string line;
-    absl::Status rs = ReadStdinLine(&line, o.link_timeout);
+    absl::Status rs = ReadLineFromFd(0, &line, o.link_timeout);
     nlohmann::json msg = nlohmann::json::parse(line, nullptr, false);
     if (!rs.ok() || msg.is_discarded() || !msg.contains("replicas") || !msg["replicas"].is_array()) {
       return Fail("stage", absl::InvalidArgumentError(absl::StrCat(

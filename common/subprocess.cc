@@ -22,6 +22,24 @@ std::string SelfExecutable() {
   return n > 0 ? std::string(buf, n) : std::string();
 }
 
+absl::Status ReadLineFromFd(int fd, std::string* line, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  line->clear();
+  char c;
+  while (true) {
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (ms <= 0) return absl::DeadlineExceededError("no complete line within the timeout");
+    pollfd pfd{fd, POLLIN, 0};
+    if (::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(ms, 1 << 30))) <= 0) continue;
+    const ssize_t n = ::read(fd, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::OutOfRangeError("end of input");
+    if (c == '\n') return absl::OkStatus();
+    line->push_back(c);
+    if (line->size() > (1 << 20)) return absl::InvalidArgumentError("line longer than 1 MiB");
+  }
+}
+
 absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const std::vector<std::string>& argv,
                                                               const SubprocessOptions& options) {
   if (argv.empty()) return absl::InvalidArgumentError("empty command");

@@ -71,6 +71,10 @@ class Subprocess {
 // Path of the running executable (/proc/self/exe).
 std::string SelfExecutable();
 
+// Reads one '\n'-terminated line from `fd` (e.g. 0 = stdin) within `timeout`
+// (DeadlineExceeded; OutOfRange at EOF; InvalidArgument past 1 MiB).
+absl::Status ReadLineFromFd(int fd, std::string* line, absl::Duration timeout);
+
 }  // namespace aqswarm
 
 #endif  // AQSWARM_COMMON_SUBPROCESS_H_

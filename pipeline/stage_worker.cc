@@ -75,12 +75,7 @@ class StageWorkerImpl final : public StageWorker {
                            absl::Span<const int32_t> targets, int64_t batch, double* loss) override {
     if (!is_last()) return absl::FailedPreconditionError("ForwardLoss on a stage without the head");
     AQSWARM_ASSIGN_OR_RETURN(torch::Tensor t, TokenTensor(targets, batch));
-    torch::Tensor x;
-    if (is_first()) {
-      AQSWARM_ASSIGN_OR_RETURN(x, TokenTensor(tokens, batch));
-    } else {
-      AQSWARM_ASSIGN_OR_RETURN(x, HiddenTensor(in, batch));
-    }
+    AQSWARM_ASSIGN_OR_RETURN(torch::Tensor x, StageInput(in, tokens, batch));
     return Guard("forward", [&] {
       if (!is_first()) x.requires_grad_(true);
       torch::Tensor l = GptStageImpl::Loss(model_->forward(x), t);
@@ -115,12 +110,7 @@ class StageWorkerImpl final : public StageWorker {
   absl::Status EvalHidden(absl::Span<const float> in, absl::Span<const int32_t> tokens, int64_t batch,
                           std::vector<float>* out) override {
     torch::NoGradGuard ng;
-    torch::Tensor x;
-    if (is_first()) {
-      AQSWARM_ASSIGN_OR_RETURN(x, TokenTensor(tokens, batch));
-    } else {
-      AQSWARM_ASSIGN_OR_RETURN(x, HiddenTensor(in, batch));
-    }
+    AQSWARM_ASSIGN_OR_RETURN(torch::Tensor x, StageInput(in, tokens, batch));
     return Guard("eval", [&] {
       CopyOut(model_->forward(x), out);
       return absl::OkStatus();
@@ -130,12 +120,7 @@ class StageWorkerImpl final : public StageWorker {
   absl::Status EvalLoss(absl::Span<const float> in, absl::Span<const int32_t> tokens,
                         absl::Span<const int32_t> targets, int64_t batch, double* loss) override {
     torch::NoGradGuard ng;
-    torch::Tensor x;
-    if (is_first()) {
-      AQSWARM_ASSIGN_OR_RETURN(x, TokenTensor(tokens, batch));
-    } else {
-      AQSWARM_ASSIGN_OR_RETURN(x, HiddenTensor(in, batch));
-    }
+    AQSWARM_ASSIGN_OR_RETURN(torch::Tensor x, StageInput(in, tokens, batch));
     AQSWARM_ASSIGN_OR_RETURN(torch::Tensor t, TokenTensor(targets, batch));
     return Guard("eval", [&] {
       *loss = GptStageImpl::Loss(model_->forward(x), t).item<double>();
@@ -244,6 +229,12 @@ class StageWorkerImpl final : public StageWorker {
     }
     return torch::from_blob(const_cast<float*>(in.data()), {batch, t, d}, torch::kFloat32)
         .to(device_, /*non_blocking=*/false, /*copy=*/true);
+  }
+
+  // The stage's input: token ids on stage 0, hidden activations elsewhere.
+  absl::StatusOr<torch::Tensor> StageInput(absl::Span<const float> in, absl::Span<const int32_t> tokens,
+                                           int64_t batch) {
+    return is_first() ? TokenTensor(tokens, batch) : HiddenTensor(in, batch);
   }
 
   static void CopyOut(const torch::Tensor& t, std::vector<float>* out) {
