@@ -106,6 +106,10 @@ std::vector<std::pair<std::string, std::vector<float>*>> QuantizedAdam::NamedSta
   return {{"m", &m_}, {"v", &v_}, {"worker_error", &worker_error_}, {"server_error", &server_error_}};
 }
 
+std::vector<std::pair<std::string, const std::vector<float>*>> QuantizedAdam::NamedState() const {
+  return {{"m", &m_}, {"v", &v_}, {"worker_error", &worker_error_}, {"server_error", &server_error_}};
+}
+
 absl::Status QuantizedAdam::LoadState(const std::vector<std::pair<std::string, std::vector<float>>>& state,
                                       int64_t step, bool frozen) {
   for (auto& [name, buf] : NamedState()) {

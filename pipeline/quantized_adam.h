@@ -75,6 +75,7 @@ class QuantizedAdam {
   const AllReduceStats& stats() const { return stats_; }
   // Named flat buffers: "m", "v", "worker_error", "server_error".
   std::vector<std::pair<std::string, std::vector<float>*>> NamedState();
+  std::vector<std::pair<std::string, const std::vector<float>*>> NamedState() const;
   absl::Status LoadState(const std::vector<std::pair<std::string, std::vector<float>>>& state, int64_t step,
                          bool frozen);
 

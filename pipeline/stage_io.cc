@@ -58,21 +58,28 @@ absl::Status LoadGpt2Weights(const SafetensorsFile& file, GptStageImpl& stage) {
 }
 
 absl::Status SaveStageCheckpoint(const std::string& path, const GptStageImpl& stage, const AdamW& optimizer,
-                                 const std::string& job_name) {
+                                 const std::string& job_name, const ExtraCheckpointState* extra) {
   std::vector<torch::Tensor> keep;
   std::vector<StTensor> tensors = Flatten(stage.named_params(), "", &keep);
   std::vector<StTensor> state = Flatten(optimizer.NamedState(), "optim/", &keep);
   tensors.insert(tensors.end(), state.begin(), state.end());
   const StageRange& r = stage.range();
-  return WriteSafetensors(path, tensors,
-                          {{"format", "aqswarm-stage-checkpoint-v1"},
-                           {"stage", std::to_string(r.stage)},
-                           {"num_stages", std::to_string(r.num_stages)},
-                           {"step", std::to_string(optimizer.step())},
-                           {"job", job_name}});
+  std::map<std::string, std::string> metadata = {{"format", "aqswarm-stage-checkpoint-v1"},
+                                                 {"stage", std::to_string(r.stage)},
+                                                 {"num_stages", std::to_string(r.num_stages)},
+                                                 {"step", std::to_string(optimizer.step())},
+                                                 {"job", job_name}};
+  if (extra != nullptr) {
+    for (const auto& [name, values] : extra->tensors) {
+      tensors.push_back({"extra/" + name, {static_cast<int64_t>(values.size())}, values});
+    }
+    for (const auto& [k, v] : extra->metadata) metadata.emplace(k, v);
+  }
+  return WriteSafetensors(path, tensors, metadata);
 }
 
-absl::Status LoadStageCheckpoint(const std::string& path, GptStageImpl& stage, AdamW& optimizer) {
+absl::Status LoadStageCheckpoint(const std::string& path, GptStageImpl& stage, AdamW& optimizer,
+                                 ExtraCheckpointState* extra) {
   AQSWARM_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path));
   const auto& md = file->metadata();
   auto get = [&](const char* k) -> std::string {
@@ -106,6 +113,13 @@ absl::Status LoadStageCheckpoint(const std::string& path, GptStageImpl& stage, A
   AQSWARM_RETURN_IF_ERROR(optimizer.LoadState(state, step));
   torch::NoGradGuard ng;
   for (auto& [p, e] : plan) p.copy_(ToTensor(*file, *e));
+  if (extra != nullptr) {
+    extra->tensors.clear();
+    for (const auto& e : file->entries()) {
+      if (e.name.rfind("extra/", 0) == 0) extra->tensors.emplace_back(e.name.substr(6), file->ToFloat32(e));
+    }
+    extra->metadata = md;
+  }
   return absl::OkStatus();
 }
 

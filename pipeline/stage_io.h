@@ -13,7 +13,10 @@
 #ifndef AQSWARM_PIPELINE_STAGE_IO_H_
 #define AQSWARM_PIPELINE_STAGE_IO_H_
 
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "pipeline/gpt.h"
@@ -24,11 +27,20 @@ namespace aqswarm::pipeline {
 
 absl::Status LoadGpt2Weights(const SafetensorsFile& file, GptStageImpl& stage);
 
+// Extra flat float state stored beside the optimizer (e.g. the data-parallel
+// optimizer's moments and error buffers), under "extra/<name>", plus metadata.
+struct ExtraCheckpointState {
+  std::vector<std::pair<std::string, std::vector<float>>> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
 absl::Status SaveStageCheckpoint(const std::string& path, const GptStageImpl& stage, const AdamW& optimizer,
-                                 const std::string& job_name);
+                                 const std::string& job_name, const ExtraCheckpointState* extra = nullptr);
 // Restores parameters and optimizer state; checks that the checkpoint is for
-// the same stage of the same split.
-absl::Status LoadStageCheckpoint(const std::string& path, GptStageImpl& stage, AdamW& optimizer);
+// the same stage of the same split. `extra` (optional) receives the extra
+// state and all metadata.
+absl::Status LoadStageCheckpoint(const std::string& path, GptStageImpl& stage, AdamW& optimizer,
+                                 ExtraCheckpointState* extra = nullptr);
 
 }  // namespace aqswarm::pipeline
 

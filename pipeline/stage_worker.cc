@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
 #include "compression/codec.h"
@@ -192,11 +193,30 @@ class StageWorkerImpl final : public StageWorker {
     return c.Digest();
   }
 
+  // With data parallelism the checkpoint also holds QuantizedAdam's state
+  // (m, v, worker and server error, step, frozen flag): a replica that
+  // replaces a lost one resumes exactly where the group is.
   absl::Status SaveCheckpoint(const std::string& path) const override {
-    return SaveStageCheckpoint(path, *model_, opt_, job_.name());
+    if (dp_ == nullptr) return SaveStageCheckpoint(path, *model_, opt_, job_.name());
+    ExtraCheckpointState extra;
+    for (const auto& [name, buf] : dp_->NamedState()) extra.tensors.emplace_back("dp/" + name, *buf);
+    extra.metadata = {{"dp_step", std::to_string(dp_->step())}, {"dp_frozen", dp_->frozen() ? "1" : "0"}};
+    return SaveStageCheckpoint(path, *model_, opt_, job_.name(), &extra);
   }
   absl::Status LoadCheckpoint(const std::string& path) override {
-    return LoadStageCheckpoint(path, *model_, opt_);
+    ExtraCheckpointState extra;
+    AQSWARM_RETURN_IF_ERROR(LoadStageCheckpoint(path, *model_, opt_, &extra));
+    if (extra.tensors.empty()) return absl::OkStatus();
+    if (dp_ == nullptr) InitDataParallel();
+    std::vector<std::pair<std::string, std::vector<float>>> state;
+    for (auto& [name, values] : extra.tensors) {
+      if (name.rfind("dp/", 0) == 0) state.emplace_back(name.substr(3), std::move(values));
+    }
+    int64_t step = 0;
+    if (!absl::SimpleAtoi(extra.metadata["dp_step"], &step) || step < 0) {
+      return absl::DataLossError(absl::StrCat(path, ": bad dp_step"));
+    }
+    return dp_->LoadState(state, step, extra.metadata["dp_frozen"] == "1");
   }
   int64_t optimizer_step() const override { return opt_.step(); }
 

@@ -1,6 +1,9 @@
 #include "pipeline/stage_worker.h"
 
+#include <thread>
+
 #include "gtest/gtest.h"
+#include "pipeline/dp_test_util.h"
 #include "pipeline/job_spec.h"
 
 namespace aqswarm::pipeline {
@@ -102,6 +105,57 @@ TEST(StageWorkerTest, ReplicasWithTheSameSeedHashEqual) {
   job.set_seed(4);
   auto c = StageWorker::Create(job, 1);
   EXPECT_NE((*a)->ParameterHash(), (*c)->ParameterHash());
+}
+
+}  // namespace
+}  // namespace aqswarm::pipeline
+
+namespace aqswarm::pipeline {
+namespace {
+
+// Data parallelism in one process: two replicas of a one-stage job exchange
+// through the in-process hub; a third worker restored from replica 0's
+// checkpoint takes replica 1's place.
+TEST(StageWorkerDataParallelTest, ReplicasStayBitIdenticalAndACheckpointedJoinerContinuesInLockstep) {
+  v1::JobSpec job = Job(1);
+  job.set_data_parallel(2);
+  job.mutable_dp()->set_optimizer(v1::DataParallelSpec::quantized_adam);
+  job.mutable_dp()->set_warmup_steps(2);
+  job.mutable_dp()->set_bits(4);
+  std::vector<std::unique_ptr<StageWorker>> w;
+  for (int r = 0; r < 3; ++r) w.push_back(*StageWorker::Create(job, 0));
+  const int b = job.micro_batch_size(), t = job.model().seq_len();
+  auto step = [&](int a, int c, int s) {
+    for (int r : {a, c}) {
+      double loss;
+      ASSERT_TRUE(w[r]->ForwardLoss(0, {}, Tokens(0, s + 7 * r, b * t), Tokens(1, s + 7 * r, b * t), b, &loss).ok());
+      ASSERT_TRUE(w[r]->Backward(0, {}, nullptr).ok());
+    }
+    testing::Hub hub;
+    absl::Status sa, sc;
+    std::thread ta([&] {
+      testing::HubExchange ex(&hub, 0, 2);
+      sa = w[a]->StepDataParallel(s, w[a]->GradSquaredNorm(), ex);
+    });
+    std::thread tc([&] {
+      testing::HubExchange ex(&hub, 1, 2);
+      sc = w[c]->StepDataParallel(s, w[c]->GradSquaredNorm(), ex);
+    });
+    ta.join();
+    tc.join();
+    ASSERT_TRUE(sa.ok()) << sa;
+    ASSERT_TRUE(sc.ok()) << sc;
+    ASSERT_EQ(w[a]->ParameterHash(), w[c]->ParameterHash()) << "step " << s;
+  };
+  const uint64_t initial = w[0]->ParameterHash();
+  for (int s = 0; s < 4; ++s) step(0, 1, s);  // two warm-up steps, two compressed
+  EXPECT_NE(w[0]->ParameterHash(), initial);
+  EXPECT_GT(w[0]->dp_bytes_sent(), 0u);
+  const std::string path = ::testing::TempDir() + "/dp_ckpt.safetensors";
+  ASSERT_TRUE(w[0]->SaveCheckpoint(path).ok());
+  ASSERT_TRUE(w[2]->LoadCheckpoint(path).ok());
+  EXPECT_EQ(w[2]->ParameterHash(), w[0]->ParameterHash());
+  for (int s = 4; s < 6; ++s) step(0, 2, s);  // replica 1 is gone; the joiner keeps lockstep
 }
 
 }  // namespace
