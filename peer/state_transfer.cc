@@ -1,0 +1,125 @@
+#include "peer/state_transfer.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/checksum.h"
+#include "grpcpp/grpcpp.h"
+
+namespace aqswarm::peer {
+
+class StateTransferServer::Service final : public v1::StateTransfer::Service {
+ public:
+  Service(StateProvider provider, size_t chunk) : provider_(std::move(provider)), chunk_(chunk) {}
+
+  grpc::Status Fetch(grpc::ServerContext* ctx, const v1::StateRequest* req,
+                     grpc::ServerWriter<v1::StateChunk>* writer) override {
+    absl::StatusOr<StateSnapshot> snap = provider_(*req);
+    if (!snap.ok()) {
+      return grpc::Status(static_cast<grpc::StatusCode>(snap.status().code()), std::string(snap.status().message()));
+    }
+    const std::string& b = snap->bytes;
+    const uint64_t sum = Checksum64(b.data(), b.size());
+    size_t off = 0;
+    do {
+      if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "joiner went away");
+      const size_t len = std::min(chunk_, b.size() - off);
+      v1::StateChunk c;
+      c.set_total_bytes(b.size());
+      c.set_offset(off);
+      c.set_step(snap->step);
+      c.set_data(b.substr(off, len));
+      off += len;
+      if (off == b.size()) c.set_checksum(sum);
+      if (!writer->Write(c)) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "joiner went away");
+    } while (off < b.size());
+    return grpc::Status::OK;
+  }
+
+ private:
+  StateProvider provider_;
+  size_t chunk_;
+};
+
+absl::StatusOr<std::unique_ptr<StateTransferServer>> StateTransferServer::Start(const std::string& listen,
+                                                                                StateProvider provider,
+                                                                                size_t chunk_bytes) {
+  std::unique_ptr<StateTransferServer> s(new StateTransferServer());
+  s->service_ = std::make_unique<Service>(std::move(provider), std::max<size_t>(chunk_bytes, 1));
+  grpc::ServerBuilder b;
+  b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &s->port_);
+  b.RegisterService(s->service_.get());
+  s->server_ = b.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+  return s;
+}
+
+StateTransferServer::~StateTransferServer() {
+  if (server_) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    server_->Wait();
+  }
+}
+
+absl::StatusOr<StateSnapshot> FetchState(const std::string& target, const v1::StateRequest& request,
+                                         const FetchOptions& options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  auto stub = v1::StateTransfer::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options.timeout));
+  auto reader = stub->Fetch(&ctx, request);
+  StateSnapshot out;
+  v1::StateChunk c;
+  uint64_t total = 0;
+  bool first = true, done = false;
+  absl::Status bad;
+  while (reader->Read(&c)) {
+    if (done) {
+      bad = absl::DataLossError("state transfer: data after the last chunk");
+      break;
+    }
+    if (first) {
+      total = c.total_bytes();
+      if (total > options.max_bytes) {
+        bad = absl::ResourceExhaustedError(absl::StrCat("state transfer: ", total, " bytes exceed the limit of ",
+                                                        options.max_bytes));
+        break;
+      }
+      out.bytes.reserve(total);
+      out.step = c.step();
+      first = false;
+    }
+    if (c.total_bytes() != total || c.offset() != out.bytes.size() || c.data().size() > total - out.bytes.size() ||
+        c.step() != out.step) {
+      bad = absl::DataLossError(absl::StrCat("state transfer: chunk at offset ", c.offset(), " (", c.data().size(),
+                                             " bytes, total ", c.total_bytes(), ") does not continue the ",
+                                             out.bytes.size(), " bytes received"));
+      break;
+    }
+    out.bytes += c.data();
+    if (out.bytes.size() == total) {
+      if (c.checksum() != Checksum64(out.bytes.data(), out.bytes.size())) {
+        bad = absl::DataLossError("state transfer: checksum of the received state does not match");
+        break;
+      }
+      done = true;
+    }
+  }
+  if (!bad.ok()) {
+    ctx.TryCancel();
+    reader->Finish().ok();
+    return bad;
+  }
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("state transfer from ", target, ": ", s.error_message()));
+  }
+  if (first || !done) {
+    return absl::DataLossError(absl::StrCat("state transfer from ", target, " ended after ", out.bytes.size(), " of ",
+                                            total, " bytes"));
+  }
+  return out;
+}
+
+}  // namespace aqswarm::peer
