@@ -352,19 +352,32 @@ int64_t SamplePlan::steps_per_epoch() const {
          (int64_t{options_.micro_batch_size} * options_.micro_batches_per_step);
 }
 
-ShardSchedule SamplePlan::Schedule(int64_t epoch, int32_t shard) const {
+std::vector<int64_t> SamplePlan::ShardMembers(int32_t shard) const {
   AQSWARM_CHECK(shard >= 0 && shard < options_.num_shards)
       << "shard " << shard << " of " << options_.num_shards;
-  const std::vector<int64_t> permutation = EpochPermutation(epoch);
+  const std::vector<int64_t> assignment = EpochPermutation(kShardAssignmentEpoch);
+  const int64_t n = samples_per_shard();
+  std::vector<int64_t> ids;
+  ids.reserve(n);
+  for (int64_t k = 0; k < n; ++k) ids.push_back(assignment[k * options_.num_shards + shard]);
+  return ids;
+}
+
+ShardSchedule SamplePlan::Schedule(int64_t epoch, int32_t shard) const {
   ShardSchedule s;
   s.epoch_ = epoch;
   s.shard_ = shard;
   s.micro_batch_size_ = options_.micro_batch_size;
   s.micro_batches_per_step_ = options_.micro_batches_per_step;
   s.num_steps_ = steps_per_epoch();
-  const int64_t n = samples_per_shard();
-  s.ids_.reserve(n);
-  for (int64_t k = 0; k < n; ++k) s.ids_.push_back(permutation[k * options_.num_shards + shard]);
+  s.ids_ = ShardMembers(shard);
+  // This epoch's order of the shard's (fixed) members: Fisher-Yates keyed by
+  // (seed, epoch, shard).
+  Rng rng(EpochSeed(options_.seed, epoch) ^ Mix64(static_cast<uint64_t>(shard) + 1));
+  for (int64_t i = static_cast<int64_t>(s.ids_.size()) - 1; i > 0; --i) {
+    const auto j = static_cast<int64_t>(rng.Uniform(static_cast<uint64_t>(i) + 1));
+    std::swap(s.ids_[i], s.ids_[j]);
+  }
   return s;
 }
 

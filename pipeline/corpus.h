@@ -38,11 +38,15 @@
 //     train = the ids before them.
 //   * Epoch e's order = Fisher-Yates shuffle of the train ids with
 //     Rng(EpochSeed(seed, e)) (common/random.h): same on every machine.
-//   * Shard p of D (strided): positions k of the epoch permutation with
-//     k % D == p, in order, truncated to samples_per_shard() =
-//     floor(num_train / D) so every pipeline runs the same number of steps.
-//     The < D left-over ids of an epoch are skipped that epoch (different ones
-//     each epoch).
+//   * Shard p of D is FIXED for the whole job (AQ-SGD keeps every sample's
+//     previous message on its pipeline's links, so a pipeline must meet the
+//     same samples every epoch): positions k with k % D == p of the
+//     assignment permutation (EpochPermutation(kShardAssignmentEpoch)),
+//     truncated to samples_per_shard() = floor(num_train / D) so every
+//     pipeline runs the same number of steps; the < D left-over ids are never
+//     trained on.
+//   * Epoch e's order within shard p: Fisher-Yates of its members with
+//     Rng(EpochSeed(seed, e) ^ Mix64(p + 1)).
 //   * Step s of a shard covers its positions [s*B*M, (s+1)*B*M), micro-batch
 //     m the B ids at [s*B*M + m*B, ...). A trailing partial step is dropped.
 #ifndef AQSWARM_PIPELINE_CORPUS_H_
@@ -199,6 +203,10 @@ class SamplePlan {
   int64_t steps_per_epoch() const;
   // Shard `shard`'s ordered ids for `epoch` with its step layout.
   ShardSchedule Schedule(int64_t epoch, int32_t shard) const;
+  // The fixed members of shard `shard` (in assignment order).
+  std::vector<int64_t> ShardMembers(int32_t shard) const;
+  // The "epoch" whose permutation assigns samples to shards.
+  static constexpr int64_t kShardAssignmentEpoch = -1;
 
   // The seed of epoch `epoch`'s Rng: Mix64 of (seed, epoch).
   static uint64_t EpochSeed(uint64_t seed, int64_t epoch);
