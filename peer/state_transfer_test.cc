@@ -1,0 +1,95 @@
+#include "peer/state_transfer.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "pipeline/job_spec.h"
+#include "pipeline/stage_worker.h"
+
+namespace aqswarm::peer {
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(StateTransferTest, JoinerFetchesALiveReplicasCheckpointAndMatchesItExactly) {
+  auto job = pipeline::ParseJobSpec(R"({"seed":3,"model":{"vocabSize":61,"seqLen":8,"dModel":16,"nLayer":2,"nHead":2},
+      "microBatchSize":2,"microBatchesPerStep":1,"stages":2})");
+  ASSERT_TRUE(job.ok());
+  auto live = *pipeline::StageWorker::Create(*job, 1);
+  std::vector<float> in(2 * 8 * 16, 0.1f);
+  double loss;
+  ASSERT_TRUE(live->ForwardLoss(0, in, {}, std::vector<int32_t>(16, 5), 2, &loss).ok());
+  ASSERT_TRUE(live->Backward(0, {}, nullptr).ok());
+  ASSERT_TRUE(live->Step(0, live->GradSquaredNorm()).ok());
+  const std::string dir = ::testing::TempDir();
+  auto server = StateTransferServer::Start("127.0.0.1:0", [&](const v1::StateRequest& r) -> absl::StatusOr<StateSnapshot> {
+    if (r.stage() != 1) return absl::NotFoundError("this peer serves stage 1");
+    const std::string path = absl::StrCat(dir, "/live-", ::getpid(), ".ckpt");
+    absl::Status s = live->SaveCheckpoint(path);
+    if (!s.ok()) return s;
+    return StateSnapshot{ReadFile(path), static_cast<uint64_t>(live->optimizer_step())};
+  }, /*chunk_bytes=*/4096);
+  ASSERT_TRUE(server.ok());
+  v1::StateRequest req;
+  req.set_stage(1);
+  auto snap = FetchState(absl::StrCat("127.0.0.1:", (*server)->port()), req);
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  EXPECT_EQ(snap->step, 1u);
+  const std::string got = absl::StrCat(dir, "/joiner-", ::getpid(), ".ckpt");
+  std::ofstream(got, std::ios::binary) << snap->bytes;
+  auto joiner = *pipeline::StageWorker::Create(*job, 1);
+  EXPECT_NE(joiner->ParameterHash(), live->ParameterHash());  // it trained a step; the joiner did not
+  ASSERT_TRUE(joiner->LoadCheckpoint(got).ok());
+  EXPECT_EQ(joiner->ParameterHash(), live->ParameterHash());
+  EXPECT_EQ(joiner->optimizer_step(), 1);
+
+  req.set_stage(0);
+  EXPECT_EQ(FetchState(absl::StrCat("127.0.0.1:", (*server)->port()), req).status().code(), absl::StatusCode::kNotFound);
+}
+
+// A hostile or broken server: every malformed stream is a DataLoss (or the
+// limit), never a crash or a huge allocation.
+class RogueService final : public v1::StateTransfer::Service {
+ public:
+  explicit RogueService(int mode) : mode_(mode) {}
+  grpc::Status Fetch(grpc::ServerContext*, const v1::StateRequest*, grpc::ServerWriter<v1::StateChunk>* w) override {
+    v1::StateChunk c;
+    c.set_total_bytes(mode_ == 0 ? (1ull << 62) : 10);
+    c.set_offset(mode_ == 1 ? 3 : 0);
+    c.set_data(mode_ == 3 ? std::string(20, 'x') : std::string(mode_ == 4 ? 4 : 10, 'x'));
+    c.set_checksum(mode_ == 2 ? 42 : 0);
+    w->Write(c);
+    return grpc::Status::OK;
+  }
+
+ private:
+  int mode_;
+};
+
+TEST(StateTransferTest, MalformedStreamsAreRejected) {
+  for (int mode = 0; mode < 5; ++mode) {
+    RogueService svc(mode);
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(&svc);
+    auto server = b.BuildAndStart();
+    auto r = FetchState(absl::StrCat("127.0.0.1:", port), v1::StateRequest(), {.max_bytes = 1 << 20});
+    EXPECT_FALSE(r.ok()) << "mode " << mode;
+    EXPECT_TRUE(absl::IsDataLoss(r.status()) || absl::IsResourceExhausted(r.status())) << mode << " " << r.status();
+    server->Shutdown();
+  }
+}
+
+}  // namespace
+}  // namespace aqswarm::peer
