@@ -63,10 +63,12 @@ make_topology() {
     ip netns add "${PREFIX}-$s"
     ip -n "${PREFIX}-$s" link set lo up
   done
-  # tbf: burst >= rate / HZ and >= the largest GSO packet veth hands over
-  # (64 KiB; smaller bursts make tbf segment or drop them); queue up to 500 ms.
+  # tbf: burst = one 4 ms tick of the rate (>= 16 KiB; tbf segments larger GSO
+  # packets). Keep it small: the user-space bucket gives no burst credit at all,
+  # and a 128 KiB burst let AQ-SGD's small bursty frames through at 1.7x the
+  # user-space rate at 10 Mbit/s. Queue up to 500 ms.
   local burst=$(( bw * 1000000 / 8 / 250 ))
-  (( burst < 131072 )) && burst=131072
+  (( burst < 16384 )) && burst=16384
   for l in $(seq 0 $((STAGES - 2))); do
     local a="${PREFIX}-$l" b="${PREFIX}-$((l + 1))"
     ip link add "sn${l}u$$" netns "$a" type veth peer name "sn${l}d$$" netns "$b"
