@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -21,6 +22,9 @@
 #include "nlohmann/json.hpp"
 #include "peer/stage_runner.h"
 #include "pipeline/job_spec.h"
+
+ABSL_DECLARE_FLAG(std::string, tls_dir);
+ABSL_DECLARE_FLAG(std::string, name);
 
 ABSL_FLAG(std::string, job, "", "Path of the job spec (JSON, see proto/job.proto).");
 ABSL_FLAG(int32_t, stages, 0, "Pipeline stages K (overrides the job's `stages` when > 0).");
@@ -69,6 +73,11 @@ int RunStage(const std::vector<std::string>& args) {
   o.store_dir = absl::GetFlag(FLAGS_store_dir);
   o.generation = absl::GetFlag(FLAGS_generation);
   o.link_timeout = absl::Seconds(absl::GetFlag(FLAGS_link_timeout_s));
+  o.tls.dir = absl::GetFlag(FLAGS_tls_dir);
+  o.tls.name = absl::GetFlag(FLAGS_name);
+  if (o.tls.enabled() && o.tls.name.empty()) {
+    return Fail("stage", absl::InvalidArgumentError("--tls_dir needs --name (this process's certificate)"));
+  }
   std::mutex out_mu;
   o.report = [&](const std::string& line) {
     std::lock_guard<std::mutex> l(out_mu);
@@ -119,6 +128,9 @@ int RunPipeline(const std::vector<std::string>& args) {
   if (!args.empty()) return Fail("pipeline", absl::InvalidArgumentError("unexpected argument " + args[0]));
   auto job = LoadJobFromFlags();
   if (!job.ok()) return Fail("pipeline", job.status());
+  if (!absl::GetFlag(FLAGS_tls_dir).empty() && absl::GetFlag(FLAGS_name).empty()) {
+    return Fail("pipeline", absl::InvalidArgumentError("--tls_dir needs --name (the certificate the stages use)"));
+  }
   const int k = job->stages(), d = job->data_parallel(), n = k * d;
   namespace fs = std::filesystem;
   const fs::path out = absl::GetFlag(FLAGS_out_dir).empty() ? fs::path("runs") / job->name()
@@ -156,6 +168,10 @@ int RunPipeline(const std::vector<std::string>& args) {
                                        "--store_dir=" + (out / ("store-" + name(p, s))).string(),
                                        absl::StrCat("--link_timeout_s=", absl::GetFlag(FLAGS_link_timeout_s))};
       if (!next.empty()) argv.push_back("--next=" + next);
+      if (!absl::GetFlag(FLAGS_tls_dir).empty()) {
+        argv.push_back("--tls_dir=" + absl::GetFlag(FLAGS_tls_dir));
+        argv.push_back("--name=" + absl::GetFlag(FLAGS_name));
+      }
       auto child = Subprocess::Spawn(argv, {.capture_stdout = true, .stderr_path = log_of(i), .pipe_stdin = d > 1});
       if (!child.ok()) return Fail("pipeline", child.status());
       children[i] = std::move(*child);
@@ -184,6 +200,8 @@ int RunPipeline(const std::vector<std::string>& args) {
             << job->compression().ShortDebugString() << (d > 1 ? "; dp " + job->dp().ShortDebugString() : "")
             << "); logs and metrics in " << out.string() << "\n";
 
+  // Every stage's JSON progress line, verbatim (per-stage compute/wait/bytes).
+  std::ofstream events(out / "events.jsonl");
   std::ofstream csv(out / "metrics.csv");
   csv << "step,epoch,loss,val_loss,step_seconds,tokens_per_second";
   for (int l = 0; l + 1 < k; ++l) csv << ",fw_bytes_link" << l << ",bw_bytes_link" << l;
@@ -219,6 +237,7 @@ int RunPipeline(const std::vector<std::string>& args) {
       for (const auto& line : lines) {
         nlohmann::json ev = nlohmann::json::parse(line, nullptr, false);
         if (ev.is_discarded()) continue;
+        events << line << "\n";
         const std::string kind = ev.value("event", "");
         if (kind == "done") ++done;
         if (kind == "eval" && i == 0) {
@@ -310,14 +329,14 @@ std::vector<Command> PipelineCommands() {
       {"pipeline",
        "Train a job on K local stage processes joined by StageLink over 127.0.0.1.",
        "Prints per step: loss, tokens/s, MB sent per link (forward/backward); writes\n"
-       "<out_dir>/metrics.csv and one log per stage.",
-       {"job", "stages", "dp", "out_dir", "keep_stores", "link_timeout_s"},
+       "<out_dir>/metrics.csv, <out_dir>/events.jsonl (every stage's JSON lines) and one log per stage.",
+       {"job", "stages", "dp", "out_dir", "keep_stores", "link_timeout_s", "tls_dir", "name"},
        RunPipeline},
       {"stage",
        "Run one pipeline stage (used by `aqswarm pipeline`; prints JSON progress lines).",
        "",
        {"job", "stages", "dp", "stage", "pipeline_index", "listen", "next", "store_dir", "generation",
-        "link_timeout_s"},
+        "link_timeout_s", "tls_dir", "name"},
        RunStage},
   };
 }

@@ -42,8 +42,9 @@ absl::StatusOr<std::unique_ptr<GrpcReplicaExchange>> GrpcReplicaExchange::Start(
   }
   std::unique_ptr<GrpcReplicaExchange> ex(new GrpcReplicaExchange(o));
   ex->service_ = std::make_unique<Service>(ex.get());
+  AQSWARM_ASSIGN_OR_RETURN(auto creds, MakeServerCredentials(o.tls));
   grpc::ServerBuilder b;
-  b.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &ex->port_);
+  b.AddListeningPort(o.listen, creds, &ex->port_);
   b.SetMaxReceiveMessageSize(kMaxLinkFrameBytes);
   b.RegisterService(ex->service_.get());
   ex->server_ = b.BuildAndStart();
@@ -62,12 +63,14 @@ absl::Status GrpcReplicaExchange::Connect(const std::vector<std::string>& addres
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(kMaxLinkFrameBytes);
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  ApplyTlsChannelArgs(options_.tls, &args);
+  AQSWARM_ASSIGN_OR_RETURN(auto creds, MakeChannelCredentials(options_.tls));
   for (int r = 0; r < options_.size; ++r) {
     auto p = std::make_unique<Peer>();
     p->rank = r;
     p->address = addresses[r];
     if (r != options_.rank) {
-      p->channel = grpc::CreateCustomChannel(addresses[r], grpc::InsecureChannelCredentials(), args);
+      p->channel = grpc::CreateCustomChannel(addresses[r], creds, args);
       p->stub = v1::GradientExchange::NewStub(p->channel);
       Peer* raw = p.get();
       p->thread = std::thread([this, raw] { SenderLoop(raw); });

@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "peer/link_transport.h"
+#include "peer/tls.h"
 #include "pipeline/dp_allreduce.h"
 #include "proto/exchange.grpc.pb.h"
 
@@ -46,6 +47,8 @@ struct ReplicaExchangeOptions {
   absl::Duration timeout = absl::Seconds(120);
   // Bound on chunk bytes buffered before Receive takes them. Default: 1 GiB.
   uint64_t max_buffered_bytes = 1ull << 30;
+  // Mutual TLS on the server and on every channel to a replica. Default: off.
+  TlsOptions tls;
 };
 
 class GrpcReplicaExchange final : public pipeline::ReplicaExchange {

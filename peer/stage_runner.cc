@@ -98,7 +98,7 @@ class StageRunnerImpl final : public StageRunner {
     }
     ShapingOptions shaping{job_.shaping().bandwidth_mbps(), job_.shaping().latency_ms()};
     if (!first_) {
-      AQSWARM_ASSIGN_OR_RETURN(server_, StageLinkServer::Start(o_.listen, shaping));
+      AQSWARM_ASSIGN_OR_RETURN(server_, StageLinkServer::Start(o_.listen, shaping, o_.tls));
     }
     if (job_.data_parallel() > 1) {
       ReplicaExchangeOptions eo;
@@ -108,6 +108,7 @@ class StageRunnerImpl final : public StageRunner {
       eo.listen = o_.listen;
       eo.shaping = shaping;
       eo.timeout = o_.link_timeout;
+      eo.tls = o_.tls;
       AQSWARM_ASSIGN_OR_RETURN(exchange_, GrpcReplicaExchange::Start(eo));
     }
     return absl::OkStatus();
@@ -159,7 +160,7 @@ class StageRunnerImpl final : public StageRunner {
     const absl::Duration t = o_.link_timeout;
     if (!last_) {
       const ShapingOptions shaping{job_.shaping().bandwidth_mbps(), job_.shaping().latency_ms()};
-      AQSWARM_ASSIGN_OR_RETURN(down_, LinkConnection::Dial(o_.next, shaping, t));
+      AQSWARM_ASSIGN_OR_RETURN(down_, LinkConnection::Dial(o_.next, shaping, t, o_.tls));
       v1::LinkFrame f;
       *f.mutable_hello() = Hello();
       AQSWARM_RETURN_IF_ERROR(down_->Send(std::move(f)));

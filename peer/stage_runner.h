@@ -31,6 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "peer/tls.h"
 #include "proto/job.pb.h"
 
 namespace aqswarm::peer {
@@ -52,6 +53,9 @@ struct StageRunnerOptions {
   uint64_t generation = 1;
   // Bound on every wait for a neighbour. Default: 120 s.
   absl::Duration link_timeout = absl::Seconds(120);
+  // Mutual TLS for every connection of this stage (StageLink both ways,
+  // GradientExchange). Default: plaintext.
+  TlsOptions tls;
   // Receives progress lines (JSON). Default: none.
   std::function<void(const std::string&)> report;
 };

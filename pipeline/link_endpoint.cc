@@ -57,6 +57,10 @@ absl::StatusOr<LinkEndpointOptions> LinkOptionsFromJob(const v1::JobSpec& job, u
   }
   o.codec.quantizer.codec = v1::CODEC_FIXED_POINT;
   o.codec.quantizer.bits = static_cast<int>(job.compression().fw_bits());
+  // A link row is one sample's activations: always quantize it, however small
+  // (the codec's default raw pass-through for tiny tensors is meant for
+  // biases and norms, not for rows; below 1024 values it silently sent fp32).
+  o.codec.quantizer.min_compress_elements = 1;
   o.codec.stored = o.link.precision;
   o.codec.warmup_epochs = job.compression().warmup_epochs();
   o.micro_batch = job.micro_batch_size();
@@ -331,6 +335,7 @@ GradientCodec::GradientCodec(v1::LinkCompression::Mode mode, int bw_bits, int64_
   } else {
     options_.codec = v1::CODEC_FIXED_POINT;
     options_.bits = bw_bits;
+    options_.min_compress_elements = 1;
   }
 }
 

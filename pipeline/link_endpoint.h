@@ -141,6 +141,8 @@ class ActivationReceiver {
 // per-channel over d_model), or raw float32 in fp32 mode. Stateless.
 class GradientCodec {
  public:
+  // Micro-batch gradients are quantized whatever their size (no raw
+  // pass-through for small tensors).
   GradientCodec(v1::LinkCompression::Mode mode, int bw_bits, int64_t seq_len, int64_t d_model);
   absl::Status Encode(absl::Span<const float> grad, int64_t batch, uint32_t rng_key, v1::EncodedTensor* out) const;
   // Validates the shape [batch, seq_len, d_model] and decodes.

@@ -155,6 +155,49 @@ TEST_F(PipelineTest, TwoByTwoGridWithQuantizedAdamTrainsAndKeepsReplicasBitIdent
   EXPECT_LT(loss.back(), loss.front() - 0.1) << output_;
 }
 
+// Runs `aqswarm ARGS...` to completion; returns its exit code.
+int RunAqswarm(std::vector<std::string> args) {
+  args.insert(args.begin(), kBinary);
+  auto p = Subprocess::Spawn(args, {.capture_stdout = true});
+  if (!p.ok()) return -1;
+  std::string line;
+  while ((*p)->ReadLine(&line, absl::Seconds(60)).ok()) {
+  }
+  auto code = (*p)->Wait(absl::Seconds(60));
+  return code.ok() ? *code : -1;
+}
+
+TEST_F(PipelineTest, GridRunsOverMutualTlsAndAPlaintextNeighbourIsRejected) {
+  const std::string tls = (dir_ / "tls").string();
+  ASSERT_EQ(RunAqswarm({"certs", "init", "--tls_dir=" + tls}), 0);
+  ASSERT_EQ(RunAqswarm({"certs", "issue", "--tls_dir=" + tls, "--name=local", "--ip=127.0.0.1"}), 0);
+  const std::string job = WriteJob("tlsgrid", "aqsgd", 2, 3, 10, 3,
+                                   R"(,"dataParallel":2,"dp":{"optimizer":"quantized_adam","warmupSteps":1,"bits":4})");
+  ASSERT_EQ(RunPipeline(job, (dir_ / "tlsrun").string(), {"--tls_dir=" + tls, "--name=local"}), 0) << output_;
+  EXPECT_NE(output_.find("replicas identical"), std::string::npos);
+
+  // A TLS stage 1, and a stage 0 that dials it in plaintext: refused.
+  const std::string job2 = WriteJob("tlsmix", "aqsgd", 2, 3, 1);
+  auto down = Subprocess::Spawn({kBinary, "stage", "--job=" + job2, "--stage=1", "--store_dir=" + (dir_ / "m1").string(),
+                                 "--tls_dir=" + tls, "--name=local"},
+                                {.capture_stdout = true, .stderr_path = (dir_ / "m1.err").string()});
+  ASSERT_TRUE(down.ok());
+  std::string line;
+  ASSERT_TRUE((*down)->ReadLine(&line, absl::Seconds(120)).ok());
+  const int port = nlohmann::json::parse(line)["port"].get<int>();
+  auto up = Subprocess::Spawn({kBinary, "stage", "--job=" + job2, "--stage=0", "--store_dir=" + (dir_ / "m0").string(),
+                               absl::StrCat("--next=127.0.0.1:", port), "--link_timeout_s=5"},
+                              {.capture_stdout = true, .stderr_path = (dir_ / "m0.err").string()});
+  ASSERT_TRUE(up.ok());
+  auto cu = (*up)->Wait(absl::Seconds(60));
+  ASSERT_TRUE(cu.ok());
+  EXPECT_EQ(*cu, 1);
+  std::ifstream in(dir_ / "m0.err");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_NE(ss.str().find("plaintext"), std::string::npos) << ss.str();
+}
+
 struct Stage {
   std::unique_ptr<Subprocess> proc;
   std::string err;
