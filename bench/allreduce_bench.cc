@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench.h"
 #include "common/random.h"
@@ -24,9 +25,19 @@
 namespace aqswarm::bench {
 namespace {
 
-std::vector<int> ParseBits(const std::string& s) {
-  std::vector<int> out;
-  for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipEmpty())) out.push_back(std::stoi(std::string(p)));
+// "32" = fp32, "4" = min-max 4 bits with error feedback, "gq8" = Global-QSGD
+// (exponential levels) 8 bits through the integer-sum path.
+struct Cell {
+  std::string name;
+  int bits;
+  bool global_qsgd;
+};
+std::vector<Cell> ParseBits(const std::string& s) {
+  std::vector<Cell> out;
+  for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipEmpty())) {
+    const bool gq = absl::StartsWith(p, "gq");
+    out.push_back({std::string(p), std::stoi(std::string(gq ? p.substr(2) : p)), gq});
+  }
   return out;
 }
 
@@ -54,7 +65,8 @@ absl::Status RunAllreduceWorker(const AllreduceWorkerOptions& o, std::ostream& o
     x = static_cast<float>((u - 0.5) * 1e-3 * (rng.UnitDouble() < 0.01 ? 50 : 1));
   }
   uint64_t step = 0;
-  for (int bits : ParseBits(o.bits)) {
+  for (const Cell& cell : ParseBits(o.bits)) {
+    const int bits = cell.bits;
     pipeline::AllReduceOptions ao;
     ao.bucket_elements = 4 << 20;
     if (bits < 32) {
@@ -68,15 +80,21 @@ absl::Status RunAllreduceWorker(const AllreduceWorkerOptions& o, std::ostream& o
     for (int r = 0; r <= o.repeats; ++r) {  // r == 0 warms the connections up
       pipeline::AllReduceStats s;
       const absl::Time start = absl::Now();
-      AQSWARM_RETURN_IF_ERROR(pipeline::AllReduceMean(*ex, ao, step++, 0, in, absl::MakeSpan(res),
-                                                      bits < 32 ? &we : nullptr, bits < 32 ? &se : nullptr, &s));
+      if (cell.global_qsgd) {
+        pipeline::GlobalQsgdAllReduceOptions go;
+        go.bits = bits;
+        AQSWARM_RETURN_IF_ERROR(pipeline::GlobalQsgdAllReduceMean(*ex, go, step++, 0, in, absl::MakeSpan(res), &s));
+      } else {
+        AQSWARM_RETURN_IF_ERROR(pipeline::AllReduceMean(*ex, ao, step++, 0, in, absl::MakeSpan(res),
+                                                        bits < 32 ? &we : nullptr, bits < 32 ? &se : nullptr, &s));
+      }
       const double secs = absl::ToDoubleSeconds(absl::Now() - start);
       if (r > 0 && secs < best) {
         best = secs;
         stats = s;
       }
     }
-    out << nlohmann::json({{"event", "result"}, {"bits", bits}, {"seconds", best},
+    out << nlohmann::json({{"event", "result"}, {"cell", cell.name}, {"bits", bits}, {"seconds", best},
                            {"wire_bytes", stats.bytes_sent}, {"raw_bytes", stats.raw_bytes}})
                .dump()
         << std::endl;
@@ -113,20 +131,25 @@ absl::Status RunAllreduceBench(const AllreduceBenchOptions& o, std::ostream& out
         w.push_back(std::move(p));
       }
       for (auto& p : w) AQSWARM_RETURN_IF_ERROR(p->WriteStdin(nlohmann::json({{"replicas", replicas}}).dump() + "\n"));
-      std::map<int, nlohmann::json> results;
+      std::vector<nlohmann::json> results;
       std::string line;
       while (w[0]->ReadLine(&line, absl::Seconds(1800)).ok()) {
         auto j = nlohmann::json::parse(line, nullptr, false);
-        if (!j.is_discarded() && j.value("event", "") == "result") results[j["bits"].get<int>()] = j;
+        if (!j.is_discarded() && j.value("event", "") == "result") results.push_back(j);
       }
       for (auto& p : w) {
         AQSWARM_ASSIGN_OR_RETURN(int code, p->Wait(absl::Seconds(120)));
         if (code != 0) return absl::InternalError(absl::StrCat("allreduce worker exited with ", code));
       }
-      const double fp32 = results.count(32) ? results[32]["seconds"].get<double>() : 0;
-      for (auto& [bits, j] : results) {
+      double fp32 = 0;
+      for (const auto& j : results) {
+        if (j["cell"] == "32") fp32 = j["seconds"].get<double>();
+      }
+      for (const auto& j : results) {
+        const int bits = j["bits"].get<int>();
         const double secs = j["seconds"].get<double>();
-        const char* codec = bits == 32 ? "raw_f32" : "minmax";
+        const std::string cell = j["cell"].get<std::string>();
+        const char* codec = bits == 32 ? "raw_f32" : absl::StartsWith(cell, "gq") ? "global_qsgd" : "minmax";
         const double speedup = fp32 > 0 ? fp32 / secs : 0;
         if (o.json) {
           out << nlohmann::json({{"bench", "allreduce"}, {"dp", d}, {"bits", bits}, {"codec", codec},

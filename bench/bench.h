@@ -56,8 +56,10 @@ struct AllreduceBenchOptions {
   std::string dps = "2,4";
   // Comma-separated link bandwidths in Mbit/s (0 = unshaped). Default: "0,100".
   std::string bandwidths_mbps = "0,100";
-  // Comma-separated bits (32 = uncompressed fp32). Default: "32,8,4,1".
-  std::string bits = "32,8,4,1";
+  // Comma-separated cells: 32 = uncompressed fp32, N = min-max N bits with
+  // error feedback, gqN = Global-QSGD N bits (exponential levels, integer-sum
+  // path). Default: "32,8,4,1,gq8".
+  std::string bits = "32,8,4,1,gq8";
   // Floats averaged per exchange. Default: 25 M.
   int64_t elements = 25'000'000;
   // Timed exchanges per cell (after one warm-up); the best is reported. Default: 2.
@@ -74,7 +76,7 @@ struct AllreduceWorkerOptions {
   int size = 2;
   int64_t elements = 25'000'000;
   double bandwidth_mbps = 0;
-  std::string bits = "32,8,4,1";
+  std::string bits = "32,8,4,1,gq8";
   int repeats = 2;
 };
 absl::Status RunAllreduceWorker(const AllreduceWorkerOptions& options, std::ostream& out);

@@ -11,7 +11,8 @@ ABSL_DECLARE_FLAG(int32_t, repeats);
 
 ABSL_FLAG(std::string, ar_dps, "2,4", "Allreduce bench: comma-separated replica counts.");
 ABSL_FLAG(std::string, ar_bandwidths, "0,100", "Allreduce bench: link Mbit/s list (0 = unshaped).");
-ABSL_FLAG(std::string, ar_bits, "32,8,4,1", "Allreduce bench: bits list (32 = uncompressed fp32).");
+ABSL_FLAG(std::string, ar_bits, "32,8,4,1,gq8",
+          "Allreduce bench: cells (32 = fp32, N = min-max N bits + error feedback, gqN = Global-QSGD N bits).");
 ABSL_FLAG(int64_t, ar_elements, 25000000, "Allreduce bench: floats averaged per exchange.");
 ABSL_FLAG(int32_t, rank, 0, "Allreduce worker: this replica's rank.");
 ABSL_FLAG(int32_t, size, 2, "Allreduce worker: number of replicas.");

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/random.h"
 #include "common/status_macros.h"
+#include "compression/global_qsgd.h"
 
 namespace aqswarm::pipeline {
 namespace {
@@ -143,6 +144,122 @@ absl::Status AllReduceMean(ReplicaExchange& ex, const AllReduceOptions& options,
       AQSWARM_ASSIGN_OR_RETURN(v1::ExchangeChunk c, ex.Receive(src, step, round, v1::ExchangeChunk::GATHER, bucket, src));
       AQSWARM_RETURN_IF_ERROR(DecodeChunk(c.tensor(), out.subspan(bs + sa, sb - sa)));
     }
+  }
+  if (stats != nullptr) {
+    stats->bytes_sent += local.bytes_sent;
+    stats->raw_bytes += local.raw_bytes;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GlobalQsgdAllReduceMean(ReplicaExchange& ex, const GlobalQsgdAllReduceOptions& options, uint64_t step,
+                                     uint32_t round, absl::Span<const float> in, absl::Span<float> out,
+                                     AllReduceStats* stats) {
+  const int d = ex.size(), r = ex.rank();
+  const int64_t n = static_cast<int64_t>(in.size());
+  const int64_t b = options.bucket_size;
+  if (static_cast<int64_t>(out.size()) != n) return absl::InvalidArgumentError("allreduce: in/out sizes differ");
+  if (b <= 0) return absl::InvalidArgumentError("allreduce: bucket_size must be > 0");
+  const int64_t nb = (n + b - 1) / b;
+  AllReduceStats local;
+  // 1. Shared scales: all-gather local maxima, take the element-wise max.
+  std::vector<float> scales(nb);
+  AQSWARM_RETURN_IF_ERROR(compression::LocalBucketMaxAbs(in, b, absl::MakeSpan(scales)));
+  compression::CodecOptions raw;
+  raw.codec = v1::CODEC_RAW_F32;
+  const uint32_t scale_round = round + (1u << 20);
+  v1::ExchangeChunk mine;
+  mine.set_step(step);
+  mine.set_round(scale_round);
+  mine.set_phase(v1::ExchangeChunk::GATHER);
+  mine.set_chunk(r);
+  mine.set_from_rank(r);
+  AQSWARM_RETURN_IF_ERROR(EncodeChunk(raw, scales, 0, mine.mutable_tensor()));
+  for (int k = 0; k < d; ++k) {
+    if (k != r) AQSWARM_RETURN_IF_ERROR(ex.Send(k, mine));
+  }
+  std::vector<float> theirs(nb);
+  for (int src = 0; src < d; ++src) {
+    if (src == r) continue;
+    AQSWARM_ASSIGN_OR_RETURN(v1::ExchangeChunk c, ex.Receive(src, step, scale_round, v1::ExchangeChunk::GATHER, 0, src));
+    AQSWARM_RETURN_IF_ERROR(DecodeChunk(c.tensor(), absl::MakeSpan(theirs)));
+    for (int64_t i = 0; i < nb; ++i) scales[i] = std::max(scales[i], theirs[i]);
+  }
+  compression::GlobalQsgdOptions go;
+  go.bits = options.bits;
+  go.levels = options.levels;
+  go.bucket_size = static_cast<size_t>(b);
+  go.num_workers = d;
+  // 2. Encode every chunk (whole buckets) against the shared scales; scatter.
+  auto chunk_range = [&](int k) {
+    const auto [ba, bb] = ChunkRange(nb, k, d);
+    return std::make_pair(std::min(n, ba * b), std::min(n, bb * b));
+  };
+  auto encode = [&](int k, v1::ExchangeChunk* msg) -> absl::Status {
+    const auto [a, e] = chunk_range(k);
+    const auto [ba, bb] = ChunkRange(nb, k, d);
+    msg->set_step(step);
+    msg->set_round(round);
+    msg->set_phase(v1::ExchangeChunk::SCATTER);
+    msg->set_chunk(k);
+    msg->set_from_rank(r);
+    const int64_t shape[] = {e - a};
+    return compression::EncodeGlobalQsgd(go, in.subspan(a, e - a), shape,
+                                         absl::MakeConstSpan(scales).subspan(ba, bb - ba),
+                                         StreamKey(step * 1024 + round, k * 64 + r), msg->mutable_tensor());
+  };
+  v1::ExchangeChunk own;
+  for (int k = 0; k < d; ++k) {
+    v1::ExchangeChunk msg;
+    AQSWARM_RETURN_IF_ERROR(encode(k, &msg));
+    if (k == r) {
+      own = std::move(msg);
+      continue;
+    }
+    local.bytes_sent += compression::EncodedBytes(msg.tensor());
+    local.raw_bytes += (chunk_range(k).second - chunk_range(k).first) * 4;
+    AQSWARM_RETURN_IF_ERROR(ex.Send(k, msg));
+  }
+  // 3. Combine the D code messages of my chunk in a balanced tree over ranks.
+  std::vector<v1::EncodedTensor> level(d);
+  for (int src = 0; src < d; ++src) {
+    if (src == r) {
+      level[src] = own.tensor();
+    } else {
+      AQSWARM_ASSIGN_OR_RETURN(v1::ExchangeChunk c, ex.Receive(src, step, round, v1::ExchangeChunk::SCATTER, 0, r));
+      level[src] = std::move(*c.mutable_tensor());
+    }
+  }
+  for (int width = 1, hop = 0; width < d; width *= 2, ++hop) {
+    for (int i = 0; i + width < d; i += 2 * width) {
+      compression::CombineOptions co;
+      co.rng_key = StreamKey(step * 1024 + round, (1u << 24) + hop * 4096 + i * 64 + r);
+      v1::EncodedTensor sum;
+      AQSWARM_RETURN_IF_ERROR(compression::CombineGlobalQsgd(level[i], level[i + width], co, &sum));
+      level[i] = std::move(sum);
+    }
+  }
+  // 4. Gather: everyone decodes the same combined bytes.
+  v1::ExchangeChunk combined;
+  combined.set_step(step);
+  combined.set_round(round);
+  combined.set_phase(v1::ExchangeChunk::GATHER);
+  combined.set_chunk(r);
+  combined.set_from_rank(r);
+  *combined.mutable_tensor() = std::move(level[0]);
+  const auto [ra, re] = chunk_range(r);
+  for (int k = 0; k < d; ++k) {
+    if (k == r) continue;
+    local.bytes_sent += compression::EncodedBytes(combined.tensor());
+    local.raw_bytes += (re - ra) * 4;
+    AQSWARM_RETURN_IF_ERROR(ex.Send(k, combined));
+  }
+  AQSWARM_RETURN_IF_ERROR(DecodeChunk(combined.tensor(), out.subspan(ra, re - ra)));
+  for (int src = 0; src < d; ++src) {
+    if (src == r) continue;
+    const auto [sa, se] = chunk_range(src);
+    AQSWARM_ASSIGN_OR_RETURN(v1::ExchangeChunk c, ex.Receive(src, step, round, v1::ExchangeChunk::GATHER, 0, src));
+    AQSWARM_RETURN_IF_ERROR(DecodeChunk(c.tensor(), out.subspan(sa, se - sa)));
   }
   if (stats != nullptr) {
     stats->bytes_sent += local.bytes_sent;

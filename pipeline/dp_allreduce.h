@@ -80,6 +80,27 @@ absl::Status AllReduceMean(ReplicaExchange& ex, const AllReduceOptions& options,
                            absl::Span<const float> in, absl::Span<float> out, std::vector<float>* worker_error,
                            std::vector<float>* server_error, AllReduceStats* stats = nullptr);
 
+// Global-QSGD integer-sum allreduce (ALGORITHMS.md §1.4): every replica
+// quantizes onto the SAME per-bucket grid, so codes are combined without
+// decoding.
+//   1. scales: each replica's per-bucket max |x| is all-gathered and the
+//      element-wise max taken (exact, order-free: identical everywhere);
+//   2. SCATTER: chunk k (whole buckets) of the codes goes to owner k;
+//   3. the owner combines the D code messages pairwise in a fixed balanced
+//      tree over ranks (integer sums for uniform levels; the stochastic
+//      exponential reducer, log2 D hops, for exponential levels);
+//   4. GATHER: the owner's combined codes go to everyone; each decodes the
+//      same bytes to the mean.
+// No error feedback (the paper's estimator is unbiased as it is).
+struct GlobalQsgdAllReduceOptions {
+  int bits = 8;                                          // wire width of every code
+  v1::LevelFamily levels = v1::LEVELS_EXPONENTIAL;       // the paper's choice for Adam
+  int64_t bucket_size = 1024;                            // values per shared scale
+};
+absl::Status GlobalQsgdAllReduceMean(ReplicaExchange& ex, const GlobalQsgdAllReduceOptions& options, uint64_t step,
+                                     uint32_t round, absl::Span<const float> in, absl::Span<float> out,
+                                     AllReduceStats* stats = nullptr);
+
 }  // namespace aqswarm::pipeline
 
 #endif  // AQSWARM_PIPELINE_DP_ALLREDUCE_H_

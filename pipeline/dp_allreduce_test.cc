@@ -136,6 +136,46 @@ TEST(AllReduceTest, ChunksCoverTheBucket) {
   }
 }
 
+class GlobalQsgdAllReduceTest : public ::testing::TestWithParam<v1::LevelFamily> {};
+
+TEST_P(GlobalQsgdAllReduceTest, IntegerSumPathGivesTheMeanOnEveryReplicaBitIdentically) {
+  for (int d : {2, 3, 4}) {
+    const int64_t n = 10000;
+    Hub hub;
+    std::vector<std::vector<float>> in(d), out(d, std::vector<float>(n));
+    for (int r = 0; r < d; ++r) in[r] = Random(n, 40 + r);
+    GlobalQsgdAllReduceOptions o;
+    o.bits = 8;
+    o.levels = GetParam();
+    o.bucket_size = 512;
+    auto st = RunReplicas(d, hub, [&](int r, ReplicaExchange& ex) {
+      return GlobalQsgdAllReduceMean(ex, o, 3, 0, in[r], absl::MakeSpan(out[r]));
+    });
+    for (auto& s : st) ASSERT_TRUE(s.ok()) << s;
+    for (int r = 1; r < d; ++r) ASSERT_EQ(0, std::memcmp(out[0].data(), out[r].data(), n * 4)) << "d=" << d;
+    // Unbiased and close: the mean error over many coordinates is ~0 and the
+    // per-coordinate error is bounded by the grid.
+    // Exponential levels round to a neighbouring power of two, so one
+    // coordinate can be off by up to its own magnitude (<= the scale, 1 here);
+    // in aggregate the relative squared error stays small.
+    double bias = 0, worst = 0, err2 = 0, norm2 = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      double mean = 0;
+      for (int r = 0; r < d; ++r) mean += in[r][i] / d;
+      bias += out[0][i] - mean;
+      worst = std::max(worst, std::fabs(out[0][i] - mean));
+      err2 += (out[0][i] - mean) * (out[0][i] - mean);
+      norm2 += mean * mean;
+    }
+    EXPECT_LT(std::fabs(bias / n), 2e-3) << "d=" << d;
+    EXPECT_LT(worst, GetParam() == v1::LEVELS_UNIFORM ? 0.05 : 1.0) << "d=" << d;
+    EXPECT_LT(err2 / norm2, GetParam() == v1::LEVELS_UNIFORM ? 0.01 : 0.5) << "d=" << d;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, GlobalQsgdAllReduceTest,
+                         ::testing::Values(v1::LEVELS_UNIFORM, v1::LEVELS_EXPONENTIAL));
+
 // Reference Adam on the mean gradient, in the same float arithmetic.
 struct RefAdam {
   std::vector<float> m, v;
