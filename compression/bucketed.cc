@@ -1,4 +1,5 @@
 #include "compression/bucketed.h"
+#include "compression/max_abs.h"
 
 #include <algorithm>
 #include <cfloat>
@@ -12,6 +13,8 @@
 
 namespace aqswarm::compression {
 namespace {
+
+using internal::MaxAbsBits;
 
 constexpr size_t kChunk = 4096;  // multiple of 8: chunks start byte-aligned
 
@@ -28,17 +31,6 @@ void ForEachBucketSegment(size_t start, size_t end, size_t bucket_size, Seg&& se
   }
 }
 
-__attribute__((target_clones("avx2", "default")))
-uint32_t MaxAbsBits(const float* x, size_t len) {
-  uint32_t m = 0;
-  for (size_t j = 0; j < len; ++j) {
-    uint32_t u;
-    std::memcpy(&u, x + j, 4);
-    u &= 0x7fffffffu;
-    m = u > m ? u : m;
-  }
-  return m;
-}
 
 double SumSquares(const float* x, size_t len) {
   // Four independent accumulators: a fixed order, so the result does not

@@ -1,4 +1,5 @@
 #include "compression/codec.h"
+#include "compression/max_abs.h"
 
 #include <cstring>
 #include <vector>
@@ -14,6 +15,8 @@
 
 namespace aqswarm::compression {
 namespace {
+
+using internal::MaxAbsBits;
 
 uint8_t* MutableBytes(std::string* s, size_t n) {
   s->resize(n);
@@ -36,19 +39,7 @@ absl::Status CheckShape(absl::Span<const float> values, absl::Span<const int64_t
   return absl::OkStatus();
 }
 
-// Vectorisable finite check (integer max of |x| bit patterns; NaN/Inf sort
-// above every finite value); the error names the first bad index.
-__attribute__((target_clones("avx2", "default")))
-uint32_t MaxAbsBits(const float* x, size_t n) {
-  uint32_t m = 0;
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, x + i, 4);
-    u &= 0x7fffffffu;
-    m = u > m ? u : m;
-  }
-  return m;
-}
+// Finite check via MaxAbsBits (max_abs.h); the error names the first bad index.
 
 absl::Status CheckFinite(absl::Span<const float> values) {
   if (MaxAbsBits(values.data(), values.size()) < 0x7f800000u) return absl::OkStatus();
