@@ -95,6 +95,11 @@ absl::StatusOr<JoinClaims> VerifyJoinToken(absl::string_view secret, absl::strin
   if (!absl::WebSafeBase64Unescape(parts[2], &mac) || mac.size() != kMacBytes) {
     return Malformed("the signature part is not a base64url HMAC-SHA256");
   }
+  // Only the canonical encoding: the last character of a 32-byte MAC carries
+  // 2 unused bits, and a token that differs there must not verify too.
+  if (absl::WebSafeBase64Escape(mac) != parts[2]) {
+    return Malformed("the signature part is not canonical base64url");
+  }
   std::string payload;
   if (parts[1].empty() || !absl::WebSafeBase64Unescape(parts[1], &payload)) {
     return Malformed("the payload part is not base64url");

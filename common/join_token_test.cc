@@ -72,10 +72,27 @@ TEST_F(JoinTokenTest, TamperedPayloadIsUnauthenticated) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;
   EXPECT_THAT(s.message(), HasSubstr("signature does not match"));
 
-  // Flip one character of the MAC.
+  // Flip one character inside the MAC (all 6 bits there are MAC bits).
   std::string flipped = token;
-  flipped.back() = flipped.back() == 'A' ? 'B' : 'A';
+  const size_t mid = token.size() - 10;
+  flipped[mid] = flipped[mid] == 'A' ? 'B' : 'A';
   EXPECT_EQ(VerifyJoinToken(secret_, flipped, kNow).status().code(), absl::StatusCode::kUnauthenticated);
+}
+
+TEST_F(JoinTokenTest, NonCanonicalSignatureEncodingIsRejected) {
+  // The last base64url character of a 32-byte MAC has 2 unused low bits:
+  // setting them gives a string that decodes to the same MAC. It must not
+  // verify (tokens are not malleable).
+  const std::string token = Issue("peer-a");
+  const std::string alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+  const size_t v = alphabet.find(token.back());
+  ASSERT_NE(v, std::string::npos);
+  ASSERT_EQ(v & 3u, 0u) << "canonical encodings leave the unused bits zero";
+  std::string variant = token;
+  variant.back() = alphabet[v | 1u];
+  auto s = VerifyJoinToken(secret_, variant, kNow).status();
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("canonical"));
 }
 
 TEST_F(JoinTokenTest, MalformedTokensAreInvalidArgumentAndSayWhy) {
