@@ -28,10 +28,7 @@ std::vector<Command> AllreduceCommands() {
        "",
        {"json", "repeats", "ar_dps", "ar_bandwidths", "ar_bits", "ar_elements"},
        [](const std::vector<std::string>& args) {
-         if (!args.empty()) {
-           std::cerr << "aqswarm bench allreduce: unexpected argument '" << args[0] << "'\n";
-           return 2;
-         }
+         if (int rc = BenchNoArgs(args, "allreduce")) return rc;
          bench::AllreduceBenchOptions o;
          o.dps = absl::GetFlag(FLAGS_ar_dps);
          o.bandwidths_mbps = absl::GetFlag(FLAGS_ar_bandwidths);
@@ -39,15 +36,14 @@ std::vector<Command> AllreduceCommands() {
          o.elements = absl::GetFlag(FLAGS_ar_elements);
          o.repeats = absl::GetFlag(FLAGS_repeats);
          o.json = absl::GetFlag(FLAGS_json);
-         absl::Status s = bench::RunAllreduceBench(o, std::cout);
-         if (!s.ok()) std::cerr << "aqswarm bench allreduce: " << s << "\n";
-         return s.ok() ? 0 : 1;
+         return BenchReport(bench::RunAllreduceBench(o, std::cout), "allreduce");
        }},
       {"bench allreduce-worker",
        "One replica of `aqswarm bench allreduce` (started by it; JSON lines on stdout).",
        "",
        {"rank", "size", "ar_elements", "bandwidth_mbps", "ar_bits", "repeats"},
        [](const std::vector<std::string>& args) {
+         if (int rc = BenchNoArgs(args, "allreduce-worker")) return rc;
          bench::AllreduceWorkerOptions o;
          o.rank = absl::GetFlag(FLAGS_rank);
          o.size = absl::GetFlag(FLAGS_size);
@@ -55,9 +51,7 @@ std::vector<Command> AllreduceCommands() {
          o.bandwidth_mbps = absl::GetFlag(FLAGS_bandwidth_mbps);
          o.bits = absl::GetFlag(FLAGS_ar_bits);
          o.repeats = absl::GetFlag(FLAGS_repeats);
-         absl::Status s = bench::RunAllreduceWorker(o, std::cout);
-         if (!s.ok()) std::cerr << "aqswarm bench allreduce-worker: " << s << "\n";
-         return s.ok() ? 0 : 1;
+         return BenchReport(bench::RunAllreduceWorker(o, std::cout), "allreduce-worker");
        }},
   };
 }

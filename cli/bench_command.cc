@@ -45,21 +45,17 @@ ABSL_FLAG(std::string, slownet_out_dir, "", "Slownet bench: keep the raw runs he
           "directory, removed).");
 
 namespace aqswarm::cli {
-namespace {
-
-int Report(const absl::Status& s, const char* name) {
+int BenchReport(const absl::Status& s, const char* name) {
   if (s.ok()) return 0;
   std::cerr << "aqswarm bench " << name << ": " << s << "\n";
   return 1;
 }
 
-int NoArgs(const std::vector<std::string>& args, const char* name) {
+int BenchNoArgs(const std::vector<std::string>& args, const char* name) {
   if (args.empty()) return 0;
   std::cerr << "aqswarm bench " << name << ": unexpected argument '" << args[0] << "'\n";
   return 2;
 }
-
-}  // namespace
 
 std::vector<Command> BenchCommands() {
   std::vector<Command> out;
@@ -68,13 +64,13 @@ std::vector<Command> BenchCommands() {
                  "Input: float32 drawn from a heavy-tailed activation-like distribution.",
                  {"json", "mib", "repeats", "codecs"},
                  [](const std::vector<std::string>& args) {
-                   if (int rc = NoArgs(args, "compression")) return rc;
+                   if (int rc = BenchNoArgs(args, "compression")) return rc;
                    bench::CompressionBenchOptions o;
                    o.mebibytes = absl::GetFlag(FLAGS_mib);
                    o.repeats = absl::GetFlag(FLAGS_repeats);
                    o.codecs = absl::GetFlag(FLAGS_codecs);
                    o.json = absl::GetFlag(FLAGS_json);
-                   return Report(bench::RunCompressionBench(o, std::cout), "compression");
+                   return BenchReport(bench::RunCompressionBench(o, std::cout), "compression");
                  }});
   out.push_back({"bench store",
                  "Per-sample message store through the prefetcher: RocksDB vs in-memory vs a "
@@ -82,7 +78,7 @@ std::vector<Command> BenchCommands() {
                  "",
                  {"json", "dir", "samples", "micro_batch", "prefetch", "shapes"},
                  [](const std::vector<std::string>& args) {
-                   if (int rc = NoArgs(args, "store")) return rc;
+                   if (int rc = BenchNoArgs(args, "store")) return rc;
                    bench::StoreBenchOptions o;
                    o.dir = absl::GetFlag(FLAGS_dir);
                    o.samples = absl::GetFlag(FLAGS_samples);
@@ -90,7 +86,7 @@ std::vector<Command> BenchCommands() {
                    o.prefetch_batches = absl::GetFlag(FLAGS_prefetch);
                    o.shapes = absl::GetFlag(FLAGS_shapes);
                    o.json = absl::GetFlag(FLAGS_json);
-                   return Report(bench::RunStoreBench(o, std::cout), "store");
+                   return BenchReport(bench::RunStoreBench(o, std::cout), "store");
                  }});
   out.push_back({"bench scheduler",
                  "Placement solver (coordinator/placement.h): cost vs the exhaustive optimum (N <= 8) "
@@ -98,13 +94,13 @@ std::vector<Command> BenchCommands() {
                  "repeats = random instances per scenario and size (at least 20 when N <= 8).",
                  {"json", "sched_sizes", "seed", "repeats"},
                  [](const std::vector<std::string>& args) {
-                   if (int rc = NoArgs(args, "scheduler")) return rc;
+                   if (int rc = BenchNoArgs(args, "scheduler")) return rc;
                    bench::SchedulerBenchOptions o;
                    o.sizes = absl::GetFlag(FLAGS_sched_sizes);
                    o.seed = absl::GetFlag(FLAGS_seed);
                    o.repeats = absl::GetFlag(FLAGS_repeats);
                    o.json = absl::GetFlag(FLAGS_json);
-                   return Report(bench::RunSchedulerBench(o, std::cout), "scheduler");
+                   return BenchReport(bench::RunSchedulerBench(o, std::cout), "scheduler");
                  }});
   out.push_back({"bench slownet",
                  "AQ-SGD paper Table 2 as ratios: samples/s of a K-stage GPT pipeline (and a D x K grid) "
@@ -117,7 +113,7 @@ std::vector<Command> BenchCommands() {
                   "slownet_micro_batches", "slownet_threads", "slownet_latency_ms", "slownet_steps_per_epoch",
                   "slownet_skip_steps", "slownet_grid_skip_steps", "slownet_steps", "slownet_repeats", "slownet_out_dir"},
                  [](const std::vector<std::string>& args) {
-                   if (int rc = NoArgs(args, "slownet")) return rc;
+                   if (int rc = BenchNoArgs(args, "slownet")) return rc;
                    bench::SlownetBenchOptions o;
                    o.bandwidths = absl::GetFlag(FLAGS_slownet_bandwidths);
                    o.modes = absl::GetFlag(FLAGS_slownet_modes);
@@ -142,7 +138,7 @@ std::vector<Command> BenchCommands() {
                    o.steps = absl::GetFlag(FLAGS_slownet_steps);
                    o.out_dir = absl::GetFlag(FLAGS_slownet_out_dir);
                    o.json = absl::GetFlag(FLAGS_json);
-                   return Report(bench::RunSlownetBench(o, std::cout), "slownet");
+                   return BenchReport(bench::RunSlownetBench(o, std::cout), "slownet");
                  }});
   return out;
 }

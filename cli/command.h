@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+
 namespace aqswarm::cli {
 
 struct Command {
@@ -18,6 +20,12 @@ struct Command {
   // Gets the positional arguments left after flag parsing; returns the exit code.
   std::function<int(const std::vector<std::string>& args)> run;
 };
+
+// Shared by the `bench ...` commands: 2 (with a message) when positional
+// arguments were given, else 0.
+int BenchNoArgs(const std::vector<std::string>& args, const char* name);
+// 0 for OK; otherwise prints "aqswarm bench NAME: STATUS" and returns 1.
+int BenchReport(const absl::Status& s, const char* name);
 
 // Each group of commands lives in its own file.
 std::vector<Command> VersionCommands();
