@@ -40,6 +40,7 @@ grpc::Status CoordinatorGrpcService::Join(grpc::ServerContext*, const v1::JoinRe
   p.join_token = req->join_token();
   p.stage_link_address = req->stage_link_address();
   p.gradient_exchange_address = req->gradient_exchange_address();
+  p.state_transfer_address = req->state_transfer_address();
   p.seconds_per_layer = req->seconds_per_layer();
   p.memory_bytes = req->memory_bytes();
   // Shape first, so a malformed request is INVALID_ARGUMENT whatever its token.

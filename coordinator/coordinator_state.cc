@@ -49,6 +49,7 @@ void CoordinatorState::Change::PutMember(const Member& m) {
   r.set_session_token(m.session_token);
   r.set_stage_link_address(m.stage_link_address);
   r.set_gradient_exchange_address(m.gradient_exchange_address);
+  r.set_state_transfer_address(m.state_transfer_address);
   r.set_seconds_per_layer(m.seconds_per_layer);
   r.set_memory_bytes(m.memory_bytes);
   r.set_joined_unix_ms(absl::ToUnixMillis(m.joined_at));
@@ -65,6 +66,8 @@ void CoordinatorState::Change::PutGrid(const Grid& g) {
   for (uint64_t s : g.slots) r.add_slots(s);
   for (uint64_t s : g.forward_generation) r.add_forward_generation(s);
   for (uint64_t s : g.replica_generation) r.add_replica_generation(s);
+  r.set_plan_version(g.plan_version);
+  r.set_resume_step(g.resume_step);
   batch_.Put(kGrid, r.SerializeAsString());
 }
 
@@ -117,6 +120,7 @@ absl::StatusOr<PersistedState> CoordinatorState::Load() const {
     m.session_token = r.session_token();
     m.stage_link_address = r.stage_link_address();
     m.gradient_exchange_address = r.gradient_exchange_address();
+    m.state_transfer_address = r.state_transfer_address();
     m.seconds_per_layer = r.seconds_per_layer();
     m.memory_bytes = r.memory_bytes();
     m.joined_at = absl::FromUnixMillis(r.joined_unix_ms());
@@ -136,6 +140,8 @@ absl::StatusOr<PersistedState> CoordinatorState::Load() const {
     g.slots.assign(r.slots().begin(), r.slots().end());
     g.forward_generation.assign(r.forward_generation().begin(), r.forward_generation().end());
     g.replica_generation.assign(r.replica_generation().begin(), r.replica_generation().end());
+    g.plan_version = r.plan_version();
+    g.resume_step = r.resume_step();
     s.grid = std::move(g);
   } else if (!absl::IsNotFound(grid.status())) {
     return grid.status();

@@ -93,6 +93,9 @@ absl::Status ValidateJoinParams(const JoinParams& params) {
   if (!params.gradient_exchange_address.empty()) {
     AQSWARM_RETURN_IF_ERROR(ValidateAddress("gradient_exchange_address", params.gradient_exchange_address));
   }
+  if (!params.state_transfer_address.empty()) {
+    AQSWARM_RETURN_IF_ERROR(ValidateAddress("state_transfer_address", params.state_transfer_address));
+  }
   if (!std::isfinite(params.seconds_per_layer) || params.seconds_per_layer < 0 ||
       params.seconds_per_layer > kMaxSecondsPerLayer) {
     return absl::InvalidArgumentError(absl::StrCat("seconds_per_layer ", params.seconds_per_layer,
@@ -144,6 +147,7 @@ absl::StatusOr<Member> Membership::Admit(const JoinParams& params, uint64_t id) 
   m.session_token = absl::BytesToHexString(random.substr(0, 16));
   m.stage_link_address = params.stage_link_address;
   m.gradient_exchange_address = params.gradient_exchange_address;
+  m.state_transfer_address = params.state_transfer_address;
   m.seconds_per_layer = params.seconds_per_layer;
   m.memory_bytes = params.memory_bytes;
   m.joined_at = now;

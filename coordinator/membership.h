@@ -46,6 +46,7 @@ struct JoinParams {
   std::string join_token;
   std::string stage_link_address;
   std::string gradient_exchange_address;  // may be empty
+  std::string state_transfer_address;     // may be empty
   double seconds_per_layer = 0;           // 0 = unknown
   uint64_t memory_bytes = 0;              // 0 = unknown (unlimited)
 };
@@ -56,6 +57,7 @@ struct Member {
   std::string session_token;  // random, 32 hex digits; proves later calls come from this peer
   std::string stage_link_address;
   std::string gradient_exchange_address;
+  std::string state_transfer_address;
   double seconds_per_layer = 0;
   uint64_t memory_bytes = 0;
   absl::Time joined_at;

@@ -54,6 +54,10 @@ struct Grid {
   std::vector<uint64_t> forward_generation;
   // [stage]: generation of the stage's DP group. 0 = none yet.
   std::vector<uint64_t> replica_generation;
+  // Bumped by SwarmCoordinator whenever `slots` change; with the steps
+  // completed every placed peer restarts from (see v1::Assignment).
+  uint64_t plan_version = 0;
+  int64_t resume_step = 0;
 
   static Grid Empty(int num_stages, int num_pipelines);
   uint64_t at(int stage, int pipeline) const { return slots[stage * num_pipelines + pipeline]; }
@@ -65,7 +69,8 @@ struct Grid {
   std::optional<std::pair<int, int>> Find(uint64_t peer) const;
   bool operator==(const Grid& o) const {
     return num_stages == o.num_stages && num_pipelines == o.num_pipelines && slots == o.slots &&
-           forward_generation == o.forward_generation && replica_generation == o.replica_generation;
+           forward_generation == o.forward_generation && replica_generation == o.replica_generation &&
+           plan_version == o.plan_version && resume_step == o.resume_step;
   }
 };
 

@@ -119,6 +119,23 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
       AQSWARM_LOG(WARNING) << "re-plan failed, keeping the grid with holes: " << planned.status();
     }
   }
+  grid.plan_version = grid_.plan_version;
+  grid.resume_step = grid_.resume_step;
+  const bool replanned = grid.slots != grid_.slots;
+  if (replanned) {
+    // Every placed peer restarts at the same step: the fewest steps any peer
+    // that keeps a place has completed (peers ahead roll back; newcomers pull
+    // that step's state from a replica). A grid of newcomers starts at 0.
+    grid.plan_version += 1;
+    std::optional<int64_t> resume;
+    for (uint64_t id : grid.slots) {
+      if (id == 0 || !grid_.Find(id).has_value()) continue;
+      if (const Member* m = membership_.Find(id)) {
+        resume = std::min(resume.value_or(m->progress.step), m->progress.step);
+      }
+    }
+    grid.resume_step = resume.value_or(0);
+  }
   counters.assignment_version += 1;
   if (added.has_value()) counters.next_peer_id = std::max(counters.next_peer_id, added->id + 1);
 
@@ -134,6 +151,18 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
     links_.RemovePeer(id);
   }
   if (added.has_value()) membership_.Add(*added);
+  if (replanned) {
+    // Until they report again, placed peers (newcomers included) are where
+    // the plan restarts them.
+    for (uint64_t id : grid.slots) {
+      if (id == 0) continue;
+      if (const Member* m = membership_.Find(id)) {
+        PeerProgress p = m->progress;
+        p.step = grid.resume_step;
+        membership_.SetProgress(id, p);
+      }
+    }
+  }
   grid_ = std::move(grid);
   counters_ = counters;
   version_changed_.SignalAll();
@@ -241,6 +270,7 @@ v1::Neighbor SwarmCoordinator::NeighborLocked(uint64_t peer, int stage, int pipe
     n.set_peer_name(m->name);
     n.set_stage_link_address(m->stage_link_address);
     n.set_gradient_exchange_address(m->gradient_exchange_address);
+    n.set_state_transfer_address(m->state_transfer_address);
   }
   n.set_stage(stage);
   n.set_pipeline(pipeline);
@@ -258,7 +288,8 @@ absl::StatusOr<v1::Assignment> SwarmCoordinator::GetAssignment(uint64_t peer_id,
   a.set_num_stages(grid_.num_stages);
   a.set_num_pipelines(grid_.num_pipelines);
   a.set_grid_complete(grid_.complete());
-  a.set_resume_step(progress_.progress.step);
+  a.set_resume_step(grid_.resume_step);
+  a.set_plan_version(grid_.plan_version);
   a.set_checkpoint_step(progress_.checkpoint_step);
   const auto pos = grid_.Find(peer_id);
   if (!pos.has_value()) {

@@ -97,6 +97,44 @@ TEST_F(SwarmCoordinatorTest, LeaseExpiryWithoutSleepingPromotesTheStandbyWithNew
   EXPECT_TRUE(absl::IsNotFound(c->Heartbeat(gone.peer_id, gone.session_token).status()));
 }
 
+TEST_F(SwarmCoordinatorTest, AGridChangeRestartsEveryPeerAtTheFewestStepsASurvivorCompleted) {
+  auto c = Make(2, 2);
+  std::vector<JoinResult> j;
+  for (const char* n : {"a", "b", "c", "d"}) j.push_back(MustJoin(*c, n));
+  auto first = c->GetAssignment(j[0].peer_id, j[0].session_token);
+  ASSERT_TRUE(first.ok());
+  EXPECT_TRUE(first->grid_complete());
+  EXPECT_EQ(first->resume_step(), 0);
+  const uint64_t plan = first->plan_version();
+  EXPECT_GT(plan, 0u);
+  // A standby joining changes no slot: same plan, nobody restarts.
+  JoinResult s = MustJoin(*c, "s");
+  auto same = c->GetAssignment(j[0].peer_id, j[0].session_token);
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->plan_version(), plan);
+  // Peers report 7, 8, 8, 8 completed steps; then "d" leaves.
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(c->ReportProgress(j[i].peer_id, j[i].session_token, PeerProgress{i == 1 ? 7 : 8, 5.0, 10}, 0).ok());
+  }
+  ASSERT_TRUE(c->Leave(j[3].peer_id, j[3].session_token).ok());
+  auto after = c->GetAssignment(s.peer_id, s.session_token);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->role(), v1::Assignment::STAGE);  // promoted
+  EXPECT_EQ(after->plan_version(), plan + 1);
+  EXPECT_EQ(after->resume_step(), 7);  // b had completed only 7 steps
+  auto a = c->GetAssignment(j[0].peer_id, j[0].session_token);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->resume_step(), 7);
+  EXPECT_EQ(a->plan_version(), plan + 1);
+  // Survivors count as being at the resume step until they report again.
+  ASSERT_TRUE(c->Leave(j[2].peer_id, j[2].session_token).ok());
+  auto hole = c->GetAssignment(j[0].peer_id, j[0].session_token);
+  ASSERT_TRUE(hole.ok());
+  EXPECT_FALSE(hole->grid_complete());
+  EXPECT_EQ(hole->resume_step(), 7);
+  EXPECT_EQ(hole->plan_version(), plan + 2);
+}
+
 TEST_F(SwarmCoordinatorTest, LeaveRemovesAtOnceAndRejoinReplacesTheOldId) {
   auto c = Make(1, 1);
   JoinResult a = MustJoin(*c, "a");
