@@ -5,10 +5,16 @@
 #define AQSWARM_CLI_COMMAND_H_
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace aqswarm {
+class MetricsServer;
+}
 
 namespace aqswarm::cli {
 
@@ -34,6 +40,11 @@ std::vector<Command> PipelineCommands();
 std::vector<Command> CertsCommands();
 std::vector<Command> AllreduceCommands();
 std::vector<Command> CoordinatorCommands();
+std::vector<Command> MetricsCommands();
+
+// The metrics endpoint named by --metrics_listen (cli/metrics_command.cc);
+// null when the flag is empty.
+absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsFromFlags();
 
 }  // namespace aqswarm::cli
 

@@ -15,6 +15,8 @@
 #include "cli/command.h"
 #include "common/certs.h"
 #include "common/join_token.h"
+#include "common/metrics.h"
+#include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/swarm_coordinator.h"
 #include "google/protobuf/util/json_util.h"
@@ -84,6 +86,9 @@ int RunCoordinator(const std::vector<std::string>& args) {
   auto coord = coordinator::SwarmCoordinator::Create(std::move(o));
   if (!coord.ok()) return Fail("coordinator", coord.status());
   const std::string swarm_id = (*coord)->options().swarm_id;
+  const coordinator::SwarmCoordinator* coord_ptr = coord->get();
+  auto metrics = StartMetricsFromFlags();
+  if (!metrics.ok()) return Fail("coordinator", metrics.status());
 
   // Block the stop signals before gRPC starts its threads; sigwait below.
   sigset_t stop;
@@ -97,7 +102,10 @@ int RunCoordinator(const std::vector<std::string>& args) {
   so.credentials = *creds;
   auto server = coordinator::CoordinatorServer::Start(*std::move(coord), so);
   if (!server.ok()) return Fail("coordinator", server.status());
-  std::printf("{\"event\":\"listening\",\"port\":%d}\n", (*server)->port());
+  // Declared after the server (which owns the coordinator): destroyed first.
+  coordinator::CoordinatorStatusSampler sampler(coord_ptr);
+  std::printf("{\"event\":\"listening\",\"port\":%d,\"metrics_port\":%d}\n", (*server)->port(),
+              *metrics ? (**metrics).port() : 0);
   std::fflush(stdout);
   std::cerr << "coordinator for job '" << job->name() << "' (swarm '" << swarm_id << "', " << job->stages()
             << " stages x " << job->data_parallel() << " pipelines) on " << so.listen << " port "
@@ -187,7 +195,8 @@ std::vector<Command> CoordinatorCommands() {
        "Prints {\"event\":\"listening\",\"port\":N} first, then logs on stderr; SIGINT/SIGTERM stop it.\n"
        "example: aqswarm coordinator --job job.json --listen 127.0.0.1:7000 --state_dir ./coord "
        "[--tls_dir ./tls --name coordinator] [--lease_s 10]",
-       {"job", "stages", "dp", "listen", "state_dir", "tls_dir", "name", "swarm", "lease_s"}, RunCoordinator},
+       {"job", "stages", "dp", "listen", "state_dir", "tls_dir", "name", "swarm", "lease_s", "metrics_listen"},
+       RunCoordinator},
       {"status", "Ask a coordinator for the swarm: peers, stages, links, assignment version, step, loss, tokens/s.",
        "example: aqswarm status --coordinator 127.0.0.1:7000 [--json] [--tls_dir ./tls --name admin]",
        {"coordinator", "json", "tls_dir", "name"}, RunStatus},

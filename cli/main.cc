@@ -13,6 +13,10 @@
 #include "absl/strings/str_split.h"
 #include "cli/command.h"
 
+ABSL_FLAG(bool, dry_run, false,
+          "Every command: parse and check the flags (unknown flags and bad values are rejected as usual), print "
+          "'dry run: flags accepted' and exit 0 without running the command.");
+
 namespace aqswarm::cli {
 namespace {
 
@@ -45,6 +49,7 @@ void PrintCommandHelp(const Command& c) {
     std::cout << "  --" << name << " (default: " << f->DefaultValue() << ")\n      " << f->Help()
               << "\n";
   }
+  std::cout << "\nevery command also takes --dry_run: check the flags, then exit 0 without running.\n";
 }
 
 // Returns the flag name of a "--name[=value]" / "-name" argument, or "".
@@ -104,7 +109,7 @@ int Main(int argc, char** argv) {
       PrintCommandHelp(*cmd);
       return 0;
     }
-    bool known = false;
+    bool known = (name == "dry_run") || (name == "nodry_run");
     for (const auto& f : cmd->flags) {
       known |= (name == f) || (name == "no" + f);
     }
@@ -122,6 +127,13 @@ int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(cmd->summary);
   std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(sub_argv.size()), sub_argv.data());
   std::vector<std::string> pos(positional.begin() + 1, positional.end());
+  if (absl::GetFlag(FLAGS_dry_run)) {
+    // For deployment checks (deploy/): the command line parses; nothing runs.
+    std::cout << "dry run: flags accepted by aqswarm " << cmd->name;
+    if (!pos.empty()) std::cout << " (" << pos.size() << " positional argument(s) not checked)";
+    std::cout << "\n";
+    return 0;
+  }
   return cmd->run(pos);
 }
 

@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "cli/command.h"
+#include "common/metrics.h"
 #include "common/subprocess.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
@@ -25,6 +26,7 @@
 
 ABSL_DECLARE_FLAG(std::string, tls_dir);
 ABSL_DECLARE_FLAG(std::string, name);
+ABSL_DECLARE_FLAG(int32_t, metrics_port_base);  // cli/metrics_command.cc
 
 ABSL_FLAG(std::string, job, "", "Path of the job spec (JSON, see proto/job.proto).");
 ABSL_FLAG(int32_t, stages, 0, "Pipeline stages K (overrides the job's `stages` when > 0).");
@@ -84,10 +86,14 @@ int RunStage(const std::vector<std::string>& args) {
     std::fprintf(stdout, "%s\n", line.c_str());
     std::fflush(stdout);
   };
+  auto metrics = StartMetricsFromFlags();  // --metrics_listen
+  if (!metrics.ok()) return Fail("stage", metrics.status());
   auto runner = peer::StageRunner::Create(o);
   if (!runner.ok()) return Fail("stage", runner.status());
-  o.report(absl::StrFormat(R"({"event":"listening","stage":%d,"pipeline":%d,"port":%d,"exchange_port":%d})", o.stage,
-                           o.pipeline, (*runner)->port(), (*runner)->exchange_port()));
+  o.report(absl::StrFormat(R"({"event":"listening","stage":%d,"pipeline":%d,"port":%d,"exchange_port":%d,)"
+                           R"("metrics_port":%d})",
+                           o.stage, o.pipeline, (*runner)->port(), (*runner)->exchange_port(),
+                           *metrics ? (**metrics).port() : 0));
   if (job->data_parallel() > 1) {
     // The launcher (or an operator) answers with the replicas' addresses:
     //   {"replicas": ["127.0.0.1:7001", "127.0.0.1:7002"]}
@@ -168,6 +174,9 @@ int RunPipeline(const std::vector<std::string>& args) {
                                        "--store_dir=" + (out / ("store-" + name(p, s))).string(),
                                        absl::StrCat("--link_timeout_s=", absl::GetFlag(FLAGS_link_timeout_s))};
       if (!next.empty()) argv.push_back("--next=" + next);
+      if (absl::GetFlag(FLAGS_metrics_port_base) > 0) {
+        argv.push_back(absl::StrCat("--metrics_listen=127.0.0.1:", absl::GetFlag(FLAGS_metrics_port_base) + i));
+      }
       if (!absl::GetFlag(FLAGS_tls_dir).empty()) {
         argv.push_back("--tls_dir=" + absl::GetFlag(FLAGS_tls_dir));
         argv.push_back("--name=" + absl::GetFlag(FLAGS_name));
@@ -330,13 +339,13 @@ std::vector<Command> PipelineCommands() {
        "Train a job on K local stage processes joined by StageLink over 127.0.0.1.",
        "Prints per step: loss, tokens/s, MB sent per link (forward/backward); writes\n"
        "<out_dir>/metrics.csv, <out_dir>/events.jsonl (every stage's JSON lines) and one log per stage.",
-       {"job", "stages", "dp", "out_dir", "keep_stores", "link_timeout_s", "tls_dir", "name"},
+       {"job", "stages", "dp", "out_dir", "keep_stores", "link_timeout_s", "tls_dir", "name", "metrics_port_base"},
        RunPipeline},
       {"stage",
        "Run one pipeline stage (used by `aqswarm pipeline`; prints JSON progress lines).",
        "",
        {"job", "stages", "dp", "stage", "pipeline_index", "listen", "next", "store_dir", "generation",
-        "link_timeout_s", "tls_dir", "name"},
+        "link_timeout_s", "tls_dir", "name", "metrics_listen"},
        RunStage},
   };
 }

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "coordinator/coordinator_metrics.h"
 
 namespace aqswarm::coordinator {
 namespace {
@@ -23,6 +24,7 @@ PeerProgress FromProto(const v1::Progress& p) { return {p.step(), p.loss(), p.to
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
+  CountRejectedRequest(status.code());
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
@@ -67,6 +69,7 @@ grpc::Status CoordinatorGrpcService::Heartbeat(grpc::ServerContext*, const v1::H
   absl::StatusOr<HeartbeatResult> r =
       coordinator_->Heartbeat(req->peer_id(), req->session_token(), req->has_progress() ? &progress : nullptr);
   if (!r.ok()) return ToGrpcStatus(r.status());
+  CountHeartbeat();
   resp->set_lease_expiry_unix_ms(absl::ToUnixMillis(r->lease_expiry));
   resp->set_assignment_version(r->assignment_version);
   return grpc::Status::OK;
@@ -158,6 +161,7 @@ void CoordinatorServer::ExpiryLoop() {
     mu_.Unlock();
     absl::StatusOr<std::vector<uint64_t>> expired = coordinator_->ExpireLeases();
     if (!expired.ok()) AQSWARM_LOG(ERROR) << "lease sweep failed (will retry): " << expired.status();
+    if (expired.ok()) CountLeaseExpiries(expired->size());
     mu_.Lock();
   }
 }

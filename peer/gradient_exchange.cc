@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "peer/peer_metrics.h"
 #include "grpcpp/grpcpp.h"
 
 namespace aqswarm::peer {
@@ -155,12 +156,14 @@ void GrpcReplicaExchange::SenderLoop(Peer* p) {
 
 absl::Status GrpcReplicaExchange::Deliver(v1::ExchangeChunk chunk) {
   if (chunk.group() != options_.group) {
+    CountRejectedMessage("dp_wrong_group");
     return absl::PermissionDeniedError(absl::StrCat("chunk for group '", chunk.group(), "', this is '",
                                                     options_.group, "'"));
   }
   if (chunk.from_rank() >= static_cast<uint32_t>(options_.size) || chunk.from_rank() == static_cast<uint32_t>(options_.rank) ||
       chunk.chunk() >= static_cast<uint32_t>(options_.size) ||
       (chunk.phase() != v1::ExchangeChunk::SCATTER && chunk.phase() != v1::ExchangeChunk::GATHER)) {
+    CountRejectedMessage("dp_chunk_invalid");
     return absl::InvalidArgumentError("chunk with an impossible rank, chunk index or phase");
   }
   if (options_.shaping.latency_ms > 0) {
@@ -171,6 +174,7 @@ absl::Status GrpcReplicaExchange::Deliver(v1::ExchangeChunk chunk) {
   const uint64_t bytes = chunk.ByteSizeLong();
   absl::MutexLock l(&mu_);
   if (buffered_bytes_ + bytes > options_.max_buffered_bytes) {
+    CountRejectedMessage("dp_mailbox_full");
     return absl::ResourceExhaustedError("exchange mailbox full");
   }
   buffered_bytes_ += bytes;

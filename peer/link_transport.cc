@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "peer/peer_metrics.h"
 #include "grpcpp/grpcpp.h"
 
 namespace aqswarm::peer {
@@ -282,6 +283,7 @@ class StageLinkServer::Service final : public v1::StageLink::Service {
     {
       absl::MutexLock l(&mu_);
       if (link_ != nullptr || shutdown_) {
+        if (link_ != nullptr) CountRejectedMessage("second_upstream");
         return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
                             "this stage already has an upstream neighbour (or is shutting down)");
       }

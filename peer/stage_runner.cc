@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "peer/gradient_exchange.h"
 #include "peer/link_transport.h"
+#include "peer/peer_metrics.h"
 #include "pipeline/corpus.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/link_endpoint.h"
@@ -89,6 +90,7 @@ class StageRunnerImpl final : public StageRunner {
                                                         " training samples: too few for one step"));
     }
     AQSWARM_ASSIGN_OR_RETURN(worker_, pipeline::StageWorker::Create(job_, o_.stage));
+    metrics_ = std::make_unique<StageMetrics>(job_, o_.stage, o_.pipeline);
     if (job_.compression().mode() == v1::LinkCompression::aqsgd && num_stages_ > 1) {
       if (o_.store_dir.empty()) return absl::InvalidArgumentError("aqsgd links need a store directory");
       storage::RocksDbMessageStore::Options so;
@@ -185,11 +187,13 @@ class StageRunnerImpl final : public StageRunner {
                                                          "}, expected {", want.ShortDebugString(), "}"));
       }
       AQSWARM_RETURN_IF_ERROR(up_->Send(ack));
+      if (!same) CountRejectedMessage("link_hello_mismatch");
       if (!same) return absl::FailedPreconditionError(ack.hello_ack().reason());
       AQSWARM_ASSIGN_OR_RETURN(auto lo,
                                pipeline::LinkOptionsFromJob(job_, o_.pipeline, o_.stage - 1, o_.generation));
       AQSWARM_ASSIGN_OR_RETURN(receiver_, ActivationReceiver::Create(store_.get(), lo));
     }
+    metrics_->SetSources({down_.get(), up_, sender_.get(), receiver_.get(), store_.get()});
     return absl::OkStatus();
   }
 
@@ -282,7 +286,7 @@ class StageRunnerImpl final : public StageRunner {
             AQSWARM_RETURN_IF_ERROR(ServeResend(sched, epoch, s, gs, f.resend(), outputs));
             continue;
           }
-          AQSWARM_RETURN_IF_ERROR(grads.Decode(f.gradients().grad(), b, &g));
+          AQSWARM_RETURN_IF_ERROR(CountIfRejected("gradient_invalid", grads.Decode(f.gradients().grad(), b, &g)));
           if (mb == 0) {
             below_sq = f.gradients().partial_grad_sq_norm();
             loss = f.gradients().loss();
@@ -349,6 +353,11 @@ class StageRunnerImpl final : public StageRunner {
                             st.full_rows, st.delta_rows, st.direct_rows, st.resend_rows, st.payload_bytes,
                             st.raw_bytes);
     }
+    metrics_->ObserveStep({.step = gs, .has_loss = first_ || last_, .loss = loss,
+                           .tokens = static_cast<int64_t>(m) * job_.micro_batch_size() * t, .step_seconds = secs,
+                           .compute_seconds = compute_s_, .network_wait_seconds = wait_s_, .dp_seconds = dp_s_,
+                           .dp_bytes_sent = worker_->dp_bytes_sent(), .dp_raw_bytes = worker_->dp_raw_bytes()},
+                          grads.stats());
     Report(line + "}");
     return absl::OkStatus();
   }
@@ -366,7 +375,7 @@ class StageRunnerImpl final : public StageRunner {
     std::vector<uint64_t> missing;
     {
       Timer tm(&compute_s_);
-      AQSWARM_RETURN_IF_ERROR(receiver_->Apply(f.activations(), &missing));
+      AQSWARM_RETURN_IF_ERROR(CountIfRejected("activation_invalid", receiver_->Apply(f.activations(), &missing)));
     }
     for (int tries = 0; !missing.empty(); ++tries) {
       if (tries == 3) return absl::DataLossError("resent rows still do not match after 3 tries");
@@ -379,7 +388,7 @@ class StageRunnerImpl final : public StageRunner {
       AQSWARM_RETURN_IF_ERROR(up_->Send(std::move(req), o_.link_timeout));
       AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame r, FromUp(is_batch(true)));
       Timer tm(&compute_s_);
-      AQSWARM_RETURN_IF_ERROR(receiver_->Apply(r.activations(), &missing));
+      AQSWARM_RETURN_IF_ERROR(CountIfRejected("activation_invalid", receiver_->Apply(r.activations(), &missing)));
     }
     Timer tm(&compute_s_);
     return receiver_->Take(in);
@@ -388,6 +397,7 @@ class StageRunnerImpl final : public StageRunner {
   absl::Status ServeResend(const pipeline::ShardSchedule& sched, int64_t epoch, int64_t s, int64_t gs,
                            const v1::ResendRequest& req, const std::map<int, std::vector<float>>& outputs) {
     if (req.step() != static_cast<uint64_t>(gs) || !outputs.count(req.micro_batch())) {
+      CountRejectedMessage("resend_invalid");
       return absl::InvalidArgumentError(absl::StrCat("resend request for step ", req.step(), " micro-batch ",
                                                      req.micro_batch(), " which is not in flight"));
     }
@@ -469,6 +479,7 @@ class StageRunnerImpl final : public StageRunner {
   std::unique_ptr<ActivationReceiver> receiver_;
   std::unique_ptr<GrpcReplicaExchange> exchange_;
   double compute_s_ = 0, wait_s_ = 0, dp_s_ = 0;
+  std::unique_ptr<StageMetrics> metrics_;  // last: samples the members above
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
 #include "grpcpp/grpcpp.h"
+#include "peer/peer_metrics.h"
 
 namespace aqswarm::peer {
 
@@ -106,6 +107,7 @@ absl::StatusOr<StateSnapshot> FetchState(const std::string& target, const v1::St
     }
   }
   if (!bad.ok()) {
+    CountRejectedMessage("state_chunk_invalid");
     ctx.TryCancel();
     reader->Finish().ok();
     return bad;

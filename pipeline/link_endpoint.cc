@@ -40,6 +40,32 @@ void CountRow(const v1::AqsgdRow& row, int64_t values, LinkEndpointStats* s) {
   s->raw_bytes += static_cast<uint64_t>(values) * 4;
 }
 
+// Adds ||a - rec||^2 and ||a||^2 to the error sums.
+void AddError(absl::Span<const float> a, absl::Span<const float> rec, double* error_sq, double* signal_sq) {
+  double e = 0, s = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - rec[i];
+    e += d * d;
+    s += static_cast<double>(a[i]) * a[i];
+  }
+  *error_sq += e;
+  *signal_sq += s;
+}
+
+// What the receiver of `row` reconstructs for `a`: m after the update for
+// AQ-SGD rows, the decoded row for DIRECT ones.
+absl::Status AddRowError(const v1::AqsgdRow& row, absl::Span<const float> a, absl::Span<const float> m,
+                         std::vector<float>* scratch, LinkEndpointStats* s) {
+  if (row.kind() != v1::AqsgdRow::KIND_DIRECT) {
+    AddError(a, m, &s->error_sq, &s->signal_sq);
+    return absl::OkStatus();
+  }
+  scratch->resize(a.size());
+  AQSWARM_RETURN_IF_ERROR(compression::Decode(row.tensor(), absl::MakeSpan(*scratch)));
+  AddError(a, *scratch, &s->error_sq, &s->signal_sq);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<LinkEndpointOptions> LinkOptionsFromJob(const v1::JobSpec& job, uint32_t pipeline,
@@ -115,6 +141,7 @@ absl::Status ActivationSender::Encode(uint64_t step, uint32_t mb, uint32_t epoch
     AQSWARM_RETURN_IF_ERROR(codec_->EncodeRow(ctx, acts.subspan(i * n, n), options_.link.rows, options_.link.cols,
                                               absl::MakeSpan(rows[i]), RowKey(step, mb, samples[i]), row));
     CountRow(*row, n, &stats_);
+    AQSWARM_RETURN_IF_ERROR(AddRowError(*row, acts.subspan(i * n, n), rows[i], &decoded_, &stats_));
   }
   if (prefetcher_ != nullptr) AQSWARM_RETURN_IF_ERROR(prefetcher_->PutBatch(samples, std::move(rows)));
   return absl::OkStatus();
@@ -148,6 +175,7 @@ absl::Status ActivationSender::EncodeResend(uint64_t step, uint32_t mb, uint32_t
     AQSWARM_RETURN_IF_ERROR(codec_->EncodeRow(ctx, acts.subspan(i * n, n), options_.link.rows, options_.link.cols,
                                               absl::MakeSpan(rows.back()), RowKey(step, mb, id), row));
     CountRow(*row, n, &stats_);
+    AQSWARM_RETURN_IF_ERROR(AddRowError(*row, acts.subspan(i * n, n), rows.back(), &decoded_, &stats_));
     ++stats_.resend_rows;
     ids.push_back(id);
   }
@@ -172,6 +200,10 @@ absl::Status ActivationSender::EncodeEval(uint64_t step, uint32_t mb, absl::Span
                                                 0, row->mutable_tensor()));
   }
   return absl::OkStatus();
+}
+
+storage::PrefetcherStats ActivationSender::prefetcher_stats() const {
+  return prefetcher_ != nullptr ? prefetcher_->GetStats() : storage::PrefetcherStats();
 }
 
 absl::Status ActivationSender::Close() {
@@ -319,6 +351,10 @@ absl::Status ActivationReceiver::ApplyEval(const v1::ActivationBatch& batch, int
   return absl::OkStatus();
 }
 
+storage::PrefetcherStats ActivationReceiver::prefetcher_stats() const {
+  return prefetcher_ != nullptr ? prefetcher_->GetStats() : storage::PrefetcherStats();
+}
+
 absl::Status ActivationReceiver::Close() {
   if (prefetcher_ == nullptr) return absl::OkStatus();
   absl::Status s = prefetcher_->Close();
@@ -341,7 +377,18 @@ GradientCodec::GradientCodec(v1::LinkCompression::Mode mode, int bw_bits, int64_
 
 absl::Status GradientCodec::Encode(absl::Span<const float> grad, int64_t batch, uint32_t rng_key,
                                    v1::EncodedTensor* out) const {
-  return compression::Encode(options_, grad, {batch, seq_len_, d_model_}, rng_key, out);
+  AQSWARM_RETURN_IF_ERROR(compression::Encode(options_, grad, {batch, seq_len_, d_model_}, rng_key, out));
+  ++stats_.tensors;
+  stats_.payload_bytes += compression::EncodedBytes(*out);
+  stats_.raw_bytes += grad.size() * sizeof(float);
+  if (out->codec() == v1::CODEC_RAW_F32) {
+    AddError(grad, grad, &stats_.error_sq, &stats_.signal_sq);
+  } else {
+    decoded_.resize(grad.size());
+    AQSWARM_RETURN_IF_ERROR(compression::Decode(*out, absl::MakeSpan(decoded_)));
+    AddError(grad, decoded_, &stats_.error_sq, &stats_.signal_sq);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status GradientCodec::Decode(const v1::EncodedTensor& msg, int64_t batch, std::vector<float>* out) const {

@@ -61,6 +61,11 @@ struct LinkEndpointStats {
   uint64_t resend_rows = 0;     // sender: FULL rows sent for resends; receiver: rows asked again
   uint64_t payload_bytes = 0;   // encoded scales+payload of rows (sender: sent, receiver: received)
   uint64_t raw_bytes = 0;       // what the same rows cost as float32
+  // Sender: over every row encoded, sum of ||a - a_hat||^2 (a_hat = what the
+  // receiver reconstructs: m after the update, or the decoded DIRECT row) and
+  // of ||a||^2; relative quantization error = sqrt(error_sq / signal_sq).
+  double error_sq = 0;
+  double signal_sq = 0;
 };
 
 class ActivationSender {
@@ -87,6 +92,8 @@ class ActivationSender {
   // Flushes queued store writes and stops the prefetcher.
   absl::Status Close();
   const LinkEndpointStats& stats() const { return stats_; }
+  // The m(xi) prefetcher's counters (zeros for stateless modes and after Close).
+  storage::PrefetcherStats prefetcher_stats() const;
 
  private:
   ActivationSender(storage::MessageStore* store, const LinkEndpointOptions& options);
@@ -95,6 +102,7 @@ class ActivationSender {
   std::unique_ptr<storage::Prefetcher> prefetcher_;
   std::unique_ptr<compression::AqsgdLinkCodec> codec_;
   LinkEndpointStats stats_;
+  std::vector<float> decoded_;  // scratch: a DIRECT row as the receiver decodes it
 };
 
 class ActivationReceiver {
@@ -118,6 +126,7 @@ class ActivationReceiver {
   absl::Status ApplyEval(const v1::ActivationBatch& batch, int64_t batch_size, std::vector<float>* acts);
   absl::Status Close();
   const LinkEndpointStats& stats() const { return stats_; }
+  storage::PrefetcherStats prefetcher_stats() const;
 
  private:
   ActivationReceiver(storage::MessageStore* store, const LinkEndpointOptions& options);
@@ -137,6 +146,14 @@ class ActivationReceiver {
   std::vector<bool> dirty_;              // m row changed: write it back
 };
 
+// Counters of a GradientCodec's Encode calls.
+struct GradientCodecStats {
+  uint64_t tensors = 0;
+  uint64_t payload_bytes = 0;  // scales + payload
+  uint64_t raw_bytes = 0;      // the same gradients as float32
+  double error_sq = 0;         // sum of ||g - decode(encode(g))||^2
+  double signal_sq = 0;        // sum of ||g||^2
+};
 // Gradients on the way back: directly quantized (fixed point, bw bits,
 // per-channel over d_model), or raw float32 in fp32 mode. Stateless.
 class GradientCodec {
@@ -147,10 +164,14 @@ class GradientCodec {
   absl::Status Encode(absl::Span<const float> grad, int64_t batch, uint32_t rng_key, v1::EncodedTensor* out) const;
   // Validates the shape [batch, seq_len, d_model] and decodes.
   absl::Status Decode(const v1::EncodedTensor& msg, int64_t batch, std::vector<float>* out) const;
+  const GradientCodecStats& stats() const { return stats_; }
 
  private:
   compression::CodecOptions options_;
   int64_t seq_len_, d_model_;
+  // Encode measures its own error (one extra decode per tensor).
+  mutable GradientCodecStats stats_;
+  mutable std::vector<float> decoded_;
 };
 
 }  // namespace aqswarm::pipeline

@@ -28,4 +28,9 @@ check foreign-flag 2 "unknown flag" -- "$bin" bench compression --samples=3
 check bad-value 1 "Illegal value" -- "$bin" bench compression --mib=lots
 check extra-arg 2 "unexpected argument" -- "$bin" bench compression extra
 check version-arg 2 "no arguments" -- "$bin" version x
+# --dry_run (every command): flags are checked, nothing runs (a coordinator
+# without --job would otherwise fail), bad flags and values still fail.
+check dry-run 0 "dry run: flags accepted" -- "$bin" coordinator --listen=0.0.0.0:7000 --dry_run
+check dry-run-bad-flag 2 "unknown flag" -- "$bin" coordinator --nope=1 --dry_run
+check dry-run-bad-value 1 "Illegal value" -- "$bin" bench compression --mib=lots --dry_run
 exit $fail
