@@ -56,18 +56,28 @@ Prefetcher::Prefetcher(MessageStore* store, const Options& options)
     : store_(store),
       options_(options),
       row_bytes_(static_cast<uint64_t>(options.link.num_values()) * sizeof(float)) {
-  max_pool_rows_ = static_cast<size_t>(2 * options.micro_batch);
+  // Every buffer that can be in use at once: the prefetch window, the write
+  // queue (which always accepts one batch) and two batches held by the
+  // consumer. Idle buffers are kept only while pool + prefetched + queued rows
+  // stay within that, so the pool never raises the memory bound; a steady
+  // epoch then allocates (and page-faults, and zero-fills) nothing.
+  const uint64_t bound_bytes = options.max_prefetch_bytes + options.max_write_behind_bytes;
+  max_pool_rows_ = static_cast<size_t>(bound_bytes / row_bytes_ + 3 * options.micro_batch);
 }
 
 std::vector<float> Prefetcher::NewBufferLocked() {
-  if (pool_.empty()) return std::vector<float>(options_.link.num_values());
+  if (pool_.empty()) {
+    ++stats_.buffers_allocated;
+    return std::vector<float>(options_.link.num_values());
+  }
   std::vector<float> b = std::move(pool_.back());
   pool_.pop_back();
   return b;
 }
 
 void Prefetcher::RecycleLocked(std::vector<float> buffer) {
-  if (pool_.size() < max_pool_rows_ &&
+  const size_t in_use = static_cast<size_t>((cache_bytes_ + write_bytes_) / row_bytes_);
+  if (pool_.size() + in_use < max_pool_rows_ &&
       buffer.size() == static_cast<size_t>(options_.link.num_values())) {
     pool_.push_back(std::move(buffer));
   }
@@ -129,9 +139,15 @@ void Prefetcher::AdvanceConsumerLocked(int64_t batch) {
 
 void Prefetcher::LoaderLoop() {
   const LinkSpec& link = options_.link;
+  // Reused across batches: the loader allocates nothing per batch.
+  std::vector<uint64_t> samples, tickets;
+  std::vector<std::vector<float>> rows;
+  std::vector<absl::Span<float>> spans;
+  std::vector<RowRead> reads;
   while (true) {
-    std::vector<uint64_t> samples;
-    std::vector<uint64_t> tickets;
+    samples.clear();
+    tickets.clear();
+    rows.clear();
     {
       absl::MutexLock lock(&mu_);
       while (!stop_ && !LoaderHasWork()) loader_cv_.Wait(&mu_);
@@ -148,17 +164,13 @@ void Prefetcher::LoaderLoop() {
         cache_bytes_ += row_bytes_;
         samples.push_back(s);
         tickets.push_back(slot.ticket);
+        rows.push_back(NewBufferLocked());
       }
     }
     if (samples.empty()) continue;
-    std::vector<std::vector<float>> rows;
-    {
-      absl::MutexLock lock(&mu_);
-      for (size_t i = 0; i < samples.size(); ++i) rows.push_back(NewBufferLocked());
-    }
-    std::vector<absl::Span<float>> spans;
+    spans.clear();
     for (auto& r : rows) spans.emplace_back(absl::MakeSpan(r));
-    std::vector<RowRead> reads(samples.size());
+    reads.assign(samples.size(), RowRead());
     absl::Status status = store_->GetBatch(link, samples, spans, absl::MakeSpan(reads));
     absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < samples.size(); ++i) {

@@ -65,6 +65,7 @@ struct PrefetcherStats {
   uint64_t put_stall_nanos = 0;     // PutBatch time blocked by back-pressure
   uint64_t prefetched_bytes = 0;    // now held (reserved) for prefetched rows
   uint64_t write_behind_bytes = 0;  // now queued for writing
+  uint64_t buffers_allocated = 0;   // row buffers allocated (not recycled from the pool)
 };
 
 class Prefetcher {

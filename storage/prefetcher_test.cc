@@ -276,6 +276,39 @@ TEST_F(PrefetcherTest, ZeroCopyTakeAndPutRoundTrip) {
   for (int64_t b = 0; b < 8; ++b) ExpectVersion(q.get(), Batch(order, b), 2);
 }
 
+TEST_F(PrefetcherTest, SteadyZeroCopyEpochsRecycleBuffers) {
+  Populate(256, 1);
+  const uint64_t batch_bytes = kMicroBatch * kLink.num_values() * sizeof(float);
+  // Window: 3 micro-batches, write-behind: 2 -> at most 5 batches queued or
+  // prefetched, plus the consumer's; the pool may keep (5 + 3) batches.
+  auto p = MakePrefetcher(/*k=*/2, 3 * batch_bytes, 2 * batch_bytes);
+  uint64_t rows_moved = 0;
+  for (uint64_t epoch = 0; epoch < 3; ++epoch) {
+    const std::vector<uint64_t> order = Permutation(256, 40 + epoch);
+    ASSERT_TRUE(p->SetOrder(order).ok());
+    for (int64_t b = 0; b < 64; ++b) {
+      const std::vector<uint64_t> samples = Batch(order, b);
+      std::vector<std::vector<float>> rows;
+      std::vector<RowRead> reads(samples.size());
+      ASSERT_TRUE(p->TakeBatch(samples, &rows, absl::MakeSpan(reads)).ok());
+      for (size_t i = 0; i < samples.size(); ++i) {
+        ASSERT_TRUE(reads[i].status.ok()) << reads[i].status;
+        ASSERT_TRUE(SameBits(rows[i], StoredValues(kLink, samples[i], epoch + 1)));
+        const std::vector<float> next = RowValues(kLink, samples[i], epoch + 2);
+        std::copy(next.begin(), next.end(), rows[i].begin());  // update in place
+      }
+      ASSERT_TRUE(p->PutBatch(samples, std::move(rows)).ok());
+      rows_moved += samples.size();
+    }
+    ASSERT_TRUE(p->Flush().ok());
+  }
+  const PrefetcherStats stats = p->GetStats();
+  EXPECT_EQ(rows_moved, 768u);
+  // Buffers come from the pool, not one allocation per row moved.
+  EXPECT_LE(stats.buffers_allocated, static_cast<uint64_t>(8 * kMicroBatch));
+  ASSERT_TRUE(p->Close().ok());
+}
+
 TEST(PrefetcherRocksDbTest, EpochOverRocksDbIsExact) {
   ScratchDir dir;
   RocksDbMessageStore::Options o;

@@ -28,6 +28,24 @@ absl::Status FsyncPath(const std::string& path) {
   return absl::OkStatus();
 }
 
+// Whether files in `dir` can be opened with O_DIRECT (not on every
+// filesystem, e.g. older tmpfs). Creates `dir` if needed; false on any error
+// (opening the DB then reports it with its own message).
+bool SupportsDirectIo(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return false;
+  const std::string probe = (std::filesystem::path(dir) / "AQSWARM_DIRECT_IO_PROBE").string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+  if (fd < 0) {
+    ::unlink(probe.c_str());
+    return false;
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return true;
+}
+
 }  // namespace
 
 RocksDbMessageStore::RocksDbMessageStore(const Options& options)
@@ -74,6 +92,7 @@ absl::Status RocksDbMessageStore::Init() {
   o.max_bytes_for_level_base = 256ull << 20;
   o.avoid_flush_during_shutdown = false;  // flush memtables on close (WAL off)
   o.keep_log_file_num = 4;
+  o.use_direct_io_for_flush_and_compaction = options_.direct_io_writes && SupportsDirectIo(path);
   auto db = internal::OpenRocksDb(o, path, "message store");
   if (!db.ok()) return db.status();
   db_ = std::move(db).value();

@@ -76,6 +76,14 @@ class RocksDbMessageStore final : public internal::RowStoreBase {
     int max_write_buffers = 4;
     // Background flush + compaction threads. Default: 2.
     int background_jobs = 2;
+    // Write blob and table files with O_DIRECT (flush and compaction) when
+    // the directory's filesystem supports it (probed at open; silently
+    // buffered otherwise). Each row is written once and read back at most
+    // once per epoch, so the page cache buys nothing, while copying every
+    // written byte into it was the largest CPU cost of the store (measured:
+    // ~35% of the process's CPU in `bench store`). Reads stay buffered.
+    // Default: true.
+    bool direct_io_writes = true;
   };
 
   // Opens (creating if needed) the store at options.path. Fails with a
