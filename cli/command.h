@@ -45,6 +45,7 @@ std::vector<Command> MetricsCommands();
 // The metrics endpoint named by --metrics_listen (cli/metrics_command.cc);
 // null when the flag is empty.
 absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsFromFlags();
+std::vector<Command> PeerCommands();
 
 }  // namespace aqswarm::cli
 

@@ -1,6 +1,7 @@
 // `aqswarm stage` (one stage process) and `aqswarm pipeline` (a static local
 // launcher of K stage processes on 127.0.0.1; the coordinator comes later).
 #include <poll.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "cli/command.h"
 #include "common/metrics.h"
 #include "common/subprocess.h"
@@ -37,6 +39,19 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0", "Address the StageLink server bind
 ABSL_FLAG(std::string, next, "", "HOST:PORT of the next stage (all but the last stage).");
 ABSL_FLAG(std::string, store_dir, "", "Directory of this stage's AQ-SGD message store.");
 ABSL_FLAG(uint64_t, generation, 1, "AQ-SGD link generation (both ends of a link must agree).");
+ABSL_FLAG(uint64_t, next_generation, 0, "Generation of the link to stage+1 when it differs (0 = --generation).");
+ABSL_FLAG(uint64_t, previous_generation, 0, "Generation of the link from stage-1 when it differs (0 = --generation).");
+ABSL_FLAG(std::string, exchange_listen, "", "Address the GradientExchange server binds (default: --listen's host, any port).");
+ABSL_FLAG(std::string, replicas, "", "GradientExchange addresses of the stage's replicas, comma-separated, indexed by "
+                                     "pipeline (default with data parallelism: read {\"replicas\": [...]} on stdin).");
+ABSL_FLAG(uint64_t, replica_generation, 0, "Generation of the stage's data-parallel group.");
+ABSL_FLAG(uint64_t, plan, 0, "Swarm plan version of this run (set by `aqswarm peer`; neighbours of older plans "
+                             "are stale incarnations).");
+ABSL_FLAG(bool, die_with_parent, false, "Exit when the parent process dies (set by `aqswarm peer` for its stage).");
+ABSL_FLAG(int64_t, start_step, 0, "Steps already completed: training starts at this global step.");
+ABSL_FLAG(std::string, init_checkpoint, "", "Stage state to load first (holding --start_step completed steps).");
+ABSL_FLAG(std::string, checkpoint_dir, "", "Write the stage state after every step here (state-<steps>.ckpt).");
+ABSL_FLAG(int32_t, keep_checkpoints, 4, "Newest checkpoints kept in --checkpoint_dir.");
 ABSL_FLAG(int32_t, link_timeout_s, 120, "Bound in seconds on every wait for a neighbour.");
 ABSL_FLAG(std::string, out_dir, "", "Run directory: job.json, stage logs, stores, metrics.csv "
                                     "(default runs/<job name>).");
@@ -64,6 +79,11 @@ int Fail(const char* cmd, const absl::Status& s) {
 
 int RunStage(const std::vector<std::string>& args) {
   if (!args.empty()) return Fail("stage", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  if (absl::GetFlag(FLAGS_die_with_parent)) {
+    const pid_t parent = getppid();
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) return Fail("stage", absl::AbortedError("the parent process is gone"));
+  }
   auto job = LoadJobFromFlags();
   if (!job.ok()) return Fail("stage", job.status());
   peer::StageRunnerOptions o;
@@ -74,6 +94,16 @@ int RunStage(const std::vector<std::string>& args) {
   o.next = absl::GetFlag(FLAGS_next);
   o.store_dir = absl::GetFlag(FLAGS_store_dir);
   o.generation = absl::GetFlag(FLAGS_generation);
+  o.next_generation = absl::GetFlag(FLAGS_next_generation);
+  o.previous_generation = absl::GetFlag(FLAGS_previous_generation);
+  o.exchange_listen = absl::GetFlag(FLAGS_exchange_listen);
+  o.replica_generation = absl::GetFlag(FLAGS_replica_generation);
+  o.start_step = absl::GetFlag(FLAGS_start_step);
+  o.plan = absl::GetFlag(FLAGS_plan);
+  o.init_checkpoint = absl::GetFlag(FLAGS_init_checkpoint);
+  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  if (o.start_step < 0) return Fail("stage", absl::InvalidArgumentError("--start_step must be >= 0"));
   o.link_timeout = absl::Seconds(absl::GetFlag(FLAGS_link_timeout_s));
   o.tls.dir = absl::GetFlag(FLAGS_tls_dir);
   o.tls.name = absl::GetFlag(FLAGS_name);
@@ -94,7 +124,11 @@ int RunStage(const std::vector<std::string>& args) {
                            R"("metrics_port":%d})",
                            o.stage, o.pipeline, (*runner)->port(), (*runner)->exchange_port(),
                            *metrics ? (**metrics).port() : 0));
-  if (job->data_parallel() > 1) {
+  if (job->data_parallel() > 1 && !absl::GetFlag(FLAGS_replicas).empty()) {
+    std::vector<std::string> replicas = absl::StrSplit(absl::GetFlag(FLAGS_replicas), ',');
+    absl::Status cs = (*runner)->SetReplicas(replicas);
+    if (!cs.ok()) return Fail("stage", cs);
+  } else if (job->data_parallel() > 1) {
     // The launcher (or an operator) answers with the replicas' addresses:
     //   {"replicas": ["127.0.0.1:7001", "127.0.0.1:7002"]}
     std::string line;
@@ -345,7 +379,9 @@ std::vector<Command> PipelineCommands() {
        "Run one pipeline stage (used by `aqswarm pipeline`; prints JSON progress lines).",
        "",
        {"job", "stages", "dp", "stage", "pipeline_index", "listen", "next", "store_dir", "generation",
-        "link_timeout_s", "tls_dir", "name", "metrics_listen"},
+        "next_generation", "previous_generation", "exchange_listen", "replicas", "replica_generation", "plan", "start_step", "die_with_parent",
+        "init_checkpoint", "checkpoint_dir", "keep_checkpoints", "link_timeout_s", "tls_dir", "name",
+        "metrics_listen"},
        RunStage},
   };
 }

@@ -143,6 +143,23 @@ void GrpcReplicaExchange::SenderLoop(Peer* p) {
     ctx.set_wait_for_ready(true);
     v1::ExchangeAck ack;
     grpc::Status s = p->stub->Push(&ctx, c, &ack);
+    // A replica of another group refused it: under a swarm that is an old
+    // incarnation still listening where the current one will; retry until
+    // the timeout (see ReplicaExchangeOptions::group).
+    const absl::Time give_up = absl::Now() + options_.timeout;
+    for (absl::Duration backoff = absl::Milliseconds(50);
+         s.error_code() == grpc::StatusCode::PERMISSION_DENIED && absl::Now() + backoff < give_up;
+         backoff = std::min(backoff * 2, absl::Seconds(1))) {
+      {
+        absl::MutexLock l(&p->mu);
+        if (p->closing) return;
+      }
+      absl::SleepFor(backoff);  // retry backoff, not synchronisation
+      grpc::ClientContext retry;
+      retry.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(give_up - absl::Now()));
+      retry.set_wait_for_ready(true);
+      s = p->stub->Push(&retry, c, &ack);
+    }
     if (!s.ok()) {
       absl::MutexLock l(&p->mu);
       p->failed = absl::UnavailableError(absl::StrCat("replica ", p->rank, " at ", p->address,

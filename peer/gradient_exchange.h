@@ -36,7 +36,9 @@
 namespace aqswarm::peer {
 
 struct ReplicaExchangeOptions {
-  // Names the group (e.g. "<job>/stage-1"); chunks of other groups are refused.
+  // Names the group (e.g. "<job>/stage-1/gen-3/plan-5"); chunks of other groups
+  // are refused with PERMISSION_DENIED, which a sender retries until `timeout`
+  // (an old incarnation of a replica may still hold the address).
   std::string group;
   int rank = 0;
   int size = 1;

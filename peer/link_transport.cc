@@ -303,6 +303,16 @@ class StageLinkServer::Service final : public v1::StageLink::Service {
     return link_.get();
   }
 
+  void Release(LinkConnection* connection) {
+    std::shared_ptr<ServerLink> link;
+    {
+      absl::MutexLock l(&mu_);
+      if (link_.get() != connection) return;
+      link.swap(link_);
+    }
+    link->CloseSend();
+  }
+
   void Shutdown() {
     std::shared_ptr<ServerLink> link;
     {
@@ -342,6 +352,8 @@ absl::StatusOr<std::unique_ptr<StageLinkServer>> StageLinkServer::Start(const st
 }
 
 absl::StatusOr<LinkConnection*> StageLinkServer::Accept(absl::Duration timeout) { return service_->Accept(timeout); }
+
+void StageLinkServer::Release(LinkConnection* connection) { service_->Release(connection); }
 
 void StageLinkServer::Shutdown(absl::Duration grace) {
   if (server_ == nullptr) return;

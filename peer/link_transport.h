@@ -124,6 +124,9 @@ class StageLinkServer {
   int port() const { return port_; }
   // Waits for the upstream stage to connect.
   absl::StatusOr<LinkConnection*> Accept(absl::Duration timeout);
+  // Closes an accepted connection that was refused (e.g. a stale
+  // incarnation) so that the next Accept can take another one.
+  void Release(LinkConnection* connection);
   // Stops serving: our side of the stream closes after queued frames are
   // sent; the upstream gets `grace` to finish its side, then is cancelled.
   void Shutdown(absl::Duration grace = absl::Seconds(5));

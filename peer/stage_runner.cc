@@ -91,6 +91,7 @@ class StageRunnerImpl final : public StageRunner {
     }
     AQSWARM_ASSIGN_OR_RETURN(worker_, pipeline::StageWorker::Create(job_, o_.stage));
     metrics_ = std::make_unique<StageMetrics>(job_, o_.stage, o_.pipeline);
+    if (!o_.init_checkpoint.empty()) AQSWARM_RETURN_IF_ERROR(worker_->LoadCheckpoint(o_.init_checkpoint));
     if (job_.compression().mode() == v1::LinkCompression::aqsgd && num_stages_ > 1) {
       if (o_.store_dir.empty()) return absl::InvalidArgumentError("aqsgd links need a store directory");
       storage::RocksDbMessageStore::Options so;
@@ -104,10 +105,10 @@ class StageRunnerImpl final : public StageRunner {
     }
     if (job_.data_parallel() > 1) {
       ReplicaExchangeOptions eo;
-      eo.group = absl::StrCat(job_.name(), "/stage-", o_.stage);
+      eo.group = absl::StrCat(job_.name(), "/stage-", o_.stage, "/gen-", o_.replica_generation, "/plan-", o_.plan);
       eo.rank = o_.pipeline;
       eo.size = static_cast<int>(job_.data_parallel());
-      eo.listen = o_.listen;
+      eo.listen = o_.exchange_listen.empty() ? o_.listen.substr(0, o_.listen.rfind(':')) + ":0" : o_.exchange_listen;
       eo.shaping = shaping;
       eo.timeout = o_.link_timeout;
       eo.tls = o_.tls;
@@ -141,12 +142,15 @@ class StageRunnerImpl final : public StageRunner {
   }
 
  private:
+  uint64_t NextGeneration() const { return o_.next_generation ? o_.next_generation : o_.generation; }
+  uint64_t PreviousGeneration() const { return o_.previous_generation ? o_.previous_generation : o_.generation; }
+
   v1::LinkHello Hello() const {
     v1::LinkHello h;
     h.set_job_name(job_.name());
     h.set_pipeline(o_.pipeline);
     h.set_boundary(o_.stage);  // as the upstream end of boundary `stage`
-    h.set_generation(o_.generation);
+    h.set_generation(NextGeneration());
     h.set_seq_len(job_.model().seq_len());
     h.set_d_model(job_.model().d_model());
     h.set_micro_batch_size(job_.micro_batch_size());
@@ -155,42 +159,87 @@ class StageRunnerImpl final : public StageRunner {
     h.set_fw_bits(job_.compression().fw_bits());
     h.set_bw_bits(job_.compression().bw_bits());
     h.set_m_precision(job_.compression().m_precision());
+    h.set_plan(o_.plan);
     return h;
   }
 
-  absl::Status Connect() {
-    const absl::Duration t = o_.link_timeout;
-    if (!last_) {
-      const ShapingOptions shaping{job_.shaping().bandwidth_mbps(), job_.shaping().latency_ms()};
-      AQSWARM_ASSIGN_OR_RETURN(down_, LinkConnection::Dial(o_.next, shaping, t, o_.tls));
+  // Dials stage+1 and exchanges hellos. An end of an older plan (an
+  // incarnation about to be stopped) answers `retry`: dial again, backing
+  // off, until the link timeout.
+  absl::Status DialNext() {
+    const absl::Time deadline = absl::Now() + o_.link_timeout;
+    const ShapingOptions shaping{job_.shaping().bandwidth_mbps(), job_.shaping().latency_ms()};
+    absl::Duration backoff = absl::Milliseconds(50);
+    while (true) {
+      const absl::Duration left = deadline - absl::Now();
+      AQSWARM_ASSIGN_OR_RETURN(down_, LinkConnection::Dial(o_.next, shaping, left, o_.tls));
       v1::LinkFrame f;
       *f.mutable_hello() = Hello();
       AQSWARM_RETURN_IF_ERROR(down_->Send(std::move(f)));
-      AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame ack, down_->Receive([](auto& x) { return x.has_hello_ack(); }, t));
-      if (!ack.hello_ack().accepted()) {
-        return absl::FailedPreconditionError(absl::StrCat("stage ", o_.stage + 1, " refused the link: ",
-                                                          ack.hello_ack().reason()));
-      }
-      AQSWARM_ASSIGN_OR_RETURN(auto lo, pipeline::LinkOptionsFromJob(job_, o_.pipeline, o_.stage, o_.generation));
-      AQSWARM_ASSIGN_OR_RETURN(sender_, ActivationSender::Create(store_.get(), lo));
+      AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame ack, down_->Receive([](auto& x) { return x.has_hello_ack(); }, left));
+      if (ack.hello_ack().accepted()) return absl::OkStatus();
+      const absl::Status refused = absl::FailedPreconditionError(
+          absl::StrCat("stage ", o_.stage + 1, " refused the link: ", ack.hello_ack().reason()));
+      down_->CloseSend();
+      down_.reset();
+      if (!ack.hello_ack().retry() || absl::Now() + backoff > deadline) return refused;
+      AQSWARM_LOG(INFO) << "stage " << o_.stage << ": " << refused.message() << "; dialing again";
+      absl::SleepFor(backoff);  // retry backoff, not synchronisation
+      backoff = std::min(backoff * 2, absl::Seconds(1));
     }
-    if (!first_) {
-      AQSWARM_ASSIGN_OR_RETURN(up_, server_->Accept(t));
-      AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame hello, up_->Receive([](auto& x) { return x.has_hello(); }, t));
-      v1::LinkHello want = Hello();
-      want.set_boundary(o_.stage - 1);
+  }
+
+  // Accepts stage-1's connection; refuses (and keeps waiting past) dialers
+  // of an older plan.
+  absl::Status AcceptPrevious() {
+    const absl::Time deadline = absl::Now() + o_.link_timeout;
+    v1::LinkHello want = Hello();
+    want.set_boundary(o_.stage - 1);
+    want.set_generation(PreviousGeneration());
+    while (true) {
+      const absl::Duration left = deadline - absl::Now();
+      AQSWARM_ASSIGN_OR_RETURN(up_, server_->Accept(left));
+      AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame hello, up_->Receive([](auto& x) { return x.has_hello(); }, left));
       v1::LinkFrame ack;
-      const bool same = hello.hello().SerializeAsString() == want.SerializeAsString();
+      const v1::LinkHello& got = hello.hello();
+      if (got.plan() < o_.plan) {  // a stale dialer: not for us; keep waiting
+        ack.mutable_hello_ack()->set_reason(absl::StrCat("plan ", got.plan(), " is older than this stage's ", o_.plan));
+        (void)up_->Send(ack);
+        server_->Release(up_);
+        up_ = nullptr;
+        continue;
+      }
+      if (got.plan() > o_.plan) {  // we are the stale end: the dialer should retry
+        ack.mutable_hello_ack()->set_retry(true);
+        ack.mutable_hello_ack()->set_reason(absl::StrCat("this stage runs plan ", o_.plan, ", older than ", got.plan()));
+        (void)up_->Send(ack);
+        return absl::AbortedError(absl::StrCat("stage ", o_.stage - 1, " runs a newer plan (", got.plan(), " > ",
+                                               o_.plan, "): this incarnation is stale"));
+      }
+      const bool same = got.SerializeAsString() == want.SerializeAsString();
       ack.mutable_hello_ack()->set_accepted(same);
       if (!same) {
-        ack.mutable_hello_ack()->set_reason(absl::StrCat("link parameters differ: got {", hello.hello().ShortDebugString(),
+        ack.mutable_hello_ack()->set_reason(absl::StrCat("link parameters differ: got {", got.ShortDebugString(),
                                                          "}, expected {", want.ShortDebugString(), "}"));
       }
       AQSWARM_RETURN_IF_ERROR(up_->Send(ack));
       if (!same) CountRejectedMessage("link_hello_mismatch");
       if (!same) return absl::FailedPreconditionError(ack.hello_ack().reason());
+      return absl::OkStatus();
+    }
+  }
+
+  absl::Status Connect() {
+    if (!last_) {
+      AQSWARM_RETURN_IF_ERROR(DialNext());
       AQSWARM_ASSIGN_OR_RETURN(auto lo,
-                               pipeline::LinkOptionsFromJob(job_, o_.pipeline, o_.stage - 1, o_.generation));
+                               pipeline::LinkOptionsFromJob(job_, o_.pipeline, o_.stage, NextGeneration()));
+      AQSWARM_ASSIGN_OR_RETURN(sender_, ActivationSender::Create(store_.get(), lo));
+    }
+    if (!first_) {
+      AQSWARM_RETURN_IF_ERROR(AcceptPrevious());
+      AQSWARM_ASSIGN_OR_RETURN(auto lo,
+                               pipeline::LinkOptionsFromJob(job_, o_.pipeline, o_.stage - 1, PreviousGeneration()));
       AQSWARM_ASSIGN_OR_RETURN(receiver_, ActivationReceiver::Create(store_.get(), lo));
     }
     metrics_->SetSources({down_.get(), up_, sender_.get(), receiver_.get(), store_.get()});
@@ -206,21 +255,49 @@ class StageRunnerImpl final : public StageRunner {
     return down_->Receive(m, o_.link_timeout);
   }
 
+  // Writes the state after `steps` completed steps (see StageRunnerOptions).
+  absl::Status SaveState(int64_t steps) {
+    if (o_.checkpoint_dir.empty()) return absl::OkStatus();
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    fs::create_directories(o_.checkpoint_dir, ec);
+    const fs::path dir(o_.checkpoint_dir);
+    const fs::path tmp = dir / absl::StrCat(".state-", steps, ".tmp");
+    AQSWARM_RETURN_IF_ERROR(worker_->SaveCheckpoint(tmp.string()));
+    fs::rename(tmp, dir / absl::StrCat("state-", steps, ".ckpt"), ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot publish checkpoint in ", dir.string(), ": ", ec.message()));
+    const int64_t oldest_kept = steps - std::max(1, o_.keep_checkpoints) + 1;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      int64_t n = 0;
+      const std::string name = e.path().filename().string();
+      if (std::sscanf(name.c_str(), "state-%ld.ckpt", &n) == 1 && n < oldest_kept) fs::remove(e.path(), ec);
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status RunInner() {
+    AQSWARM_RETURN_IF_ERROR(SaveState(o_.start_step));
     AQSWARM_RETURN_IF_ERROR(Connect());
     const int64_t max_steps = job_.max_steps();
     int64_t global = 0;
     for (int64_t epoch = 0; epoch < job_.epochs(); ++epoch) {
       pipeline::ShardSchedule sched = plan_->Schedule(epoch, o_.pipeline);
+      if (global + sched.num_steps() <= o_.start_step) {  // resuming past this epoch
+        global += sched.num_steps();
+        continue;
+      }
+      const int64_t first = std::max<int64_t>(0, o_.start_step - global);
+      global += first;
       std::vector<uint64_t> order;
-      for (int64_t s = 0; s < sched.num_steps(); ++s) {
+      for (int64_t s = first; s < sched.num_steps(); ++s) {
         for (int64_t id : sched.Step(s)) order.push_back(static_cast<uint64_t>(id));
       }
       if (sender_) AQSWARM_RETURN_IF_ERROR(sender_->StartEpoch(order));
       if (receiver_) AQSWARM_RETURN_IF_ERROR(receiver_->StartEpoch(order));
-      for (int64_t s = 0; s < sched.num_steps(); ++s, ++global) {
+      for (int64_t s = first; s < sched.num_steps(); ++s, ++global) {
         if (max_steps > 0 && global >= max_steps) return absl::OkStatus();
         AQSWARM_RETURN_IF_ERROR(RunStep(sched, epoch, s, global));
+        AQSWARM_RETURN_IF_ERROR(SaveState(global + 1));
         const bool final_step = (max_steps > 0 && global + 1 == max_steps) ||
                                 (epoch + 1 == job_.epochs() && s + 1 == sched.num_steps());
         if ((job_.eval_every_steps() > 0 && (global + 1) % job_.eval_every_steps() == 0) || final_step) {

@@ -51,6 +51,33 @@ struct StageRunnerOptions {
   uint64_t store_capacity_bytes = 0;
   // AQ-SGD link generation; both ends of a link must agree. Default: 1.
   uint64_t generation = 1;
+  // Generations of the link to stage+1 and from stage-1 when they differ
+  // (a swarm renews only the links that lost a peer). 0 = `generation`.
+  uint64_t next_generation = 0;
+  uint64_t previous_generation = 0;
+  // Address the GradientExchange server binds (D > 1). Default: the host of
+  // `listen`, any port.
+  std::string exchange_listen;
+  // Generation of the stage's data-parallel group: chunks of other
+  // generations are refused. Default: 0.
+  uint64_t replica_generation = 0;
+  // Swarm plan version this run belongs to (v1::Assignment::plan_version).
+  // Neighbours of an older plan are stale incarnations: StageLink dialers
+  // retry past them, GradientExchange chunks are refused by them and retried
+  // (see DialNext/AcceptPrevious). Default: 0 (no swarm).
+  uint64_t plan = 0;
+  // Steps completed before this run: training starts at this global step
+  // (its epoch and position follow from the sample plan). Default: 0.
+  int64_t start_step = 0;
+  // Stage state (pipeline/stage_io.h checkpoint) to load first; it must hold
+  // `start_step` completed steps. Default: none (fresh, seeded initialisation).
+  std::string init_checkpoint;
+  // When set, the state after `start_step` and after every step is written
+  // here as state-<steps completed>.ckpt (atomically: temp file + rename) and
+  // only the newest `keep_checkpoints` are kept: what a rollback or a joining
+  // replica (StateTransfer) needs. Default: none.
+  std::string checkpoint_dir;
+  int keep_checkpoints = 4;
   // Bound on every wait for a neighbour. Default: 120 s.
   absl::Duration link_timeout = absl::Seconds(120);
   // Mutual TLS for every connection of this stage (StageLink both ways,

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
+#include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "peer/peer_metrics.h"
 
@@ -42,11 +43,13 @@ class StateTransferServer::Service final : public v1::StateTransfer::Service {
 
 absl::StatusOr<std::unique_ptr<StateTransferServer>> StateTransferServer::Start(const std::string& listen,
                                                                                 StateProvider provider,
-                                                                                size_t chunk_bytes) {
+                                                                                size_t chunk_bytes,
+                                                                                const TlsOptions& tls) {
   std::unique_ptr<StateTransferServer> s(new StateTransferServer());
   s->service_ = std::make_unique<Service>(std::move(provider), std::max<size_t>(chunk_bytes, 1));
+  AQSWARM_ASSIGN_OR_RETURN(auto creds, MakeServerCredentials(tls));
   grpc::ServerBuilder b;
-  b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &s->port_);
+  b.AddListeningPort(listen, creds, &s->port_);
   b.RegisterService(s->service_.get());
   s->server_ = b.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
@@ -64,7 +67,9 @@ absl::StatusOr<StateSnapshot> FetchState(const std::string& target, const v1::St
                                          const FetchOptions& options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  ApplyTlsChannelArgs(options.tls, &args);
+  AQSWARM_ASSIGN_OR_RETURN(auto creds, MakeChannelCredentials(options.tls));
+  auto channel = grpc::CreateCustomChannel(target, creds, args);
   auto stub = v1::StateTransfer::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options.timeout));

@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "peer/tls.h"
 #include "proto/state.grpc.pb.h"
 
 namespace aqswarm::peer {
@@ -35,7 +36,8 @@ class StateTransferServer {
   // Serves Fetch on `listen` (e.g. "127.0.0.1:0"); chunks of `chunk_bytes`.
   static absl::StatusOr<std::unique_ptr<StateTransferServer>> Start(const std::string& listen,
                                                                     StateProvider provider,
-                                                                    size_t chunk_bytes = 1 << 20);
+                                                                    size_t chunk_bytes = 1 << 20,
+                                                                    const TlsOptions& tls = {});
   ~StateTransferServer();
   int port() const { return port_; }
 
@@ -52,6 +54,8 @@ struct FetchOptions {
   uint64_t max_bytes = 8ull << 30;
   // Bound on the whole transfer. Default: 10 min.
   absl::Duration timeout = absl::Minutes(10);
+  // Mutual TLS to the server. Default: plaintext.
+  TlsOptions tls;
 };
 
 absl::StatusOr<StateSnapshot> FetchState(const std::string& target, const v1::StateRequest& request,

@@ -1,0 +1,639 @@
+#include "peer/peer_daemon.h"
+
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "common/subprocess.h"
+#include "google/protobuf/util/json_util.h"
+#include "grpcpp/grpcpp.h"
+#include "nlohmann/json.hpp"
+#include "peer/state_transfer.h"
+#include "proto/coordinator.grpc.pb.h"
+
+namespace aqswarm::peer {
+namespace {
+
+namespace fs = std::filesystem;
+
+absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat(what, ": ", s.error_message()));
+}
+
+bool HasFixedPort(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon + 1 == address.size()) return false;
+  const std::string port = address.substr(colon + 1);
+  return port.find_first_not_of("0123456789") == std::string::npos && std::stoi(port) > 0 &&
+         std::stoi(port) < 65536;
+}
+
+std::string Host(const std::string& address) { return address.substr(0, address.rfind(':')); }
+
+std::string CheckpointName(int64_t steps) { return absl::StrCat("state-", steps, ".ckpt"); }
+
+// What a running child was started for: a new plan or place restarts it.
+struct RunKey {
+  uint64_t plan_version = 0;
+  uint32_t stage = 0, pipeline = 0;
+  bool operator==(const RunKey& o) const {
+    return plan_version == o.plan_version && stage == o.stage && pipeline == o.pipeline;
+  }
+};
+
+// The checks an assignment from the network must pass before we act on it.
+absl::Status ValidateAssignment(const v1::Assignment& a, const v1::JobSpec& job) {
+  if (a.role() != v1::Assignment::STAGE) return absl::OkStatus();
+  if (a.num_stages() != job.stages() || a.num_pipelines() != job.data_parallel()) {
+    return absl::InvalidArgumentError(absl::StrCat("assignment grid ", a.num_stages(), "x", a.num_pipelines(),
+                                                   " differs from the job's ", job.stages(), "x",
+                                                   job.data_parallel()));
+  }
+  if (a.stage() >= a.num_stages() || a.pipeline() >= a.num_pipelines()) {
+    return absl::InvalidArgumentError(absl::StrCat("assignment slot (stage ", a.stage(), ", pipeline ", a.pipeline(),
+                                                   ") is outside the grid"));
+  }
+  if (a.resume_step() < 0) return absl::InvalidArgumentError("assignment resume_step < 0");
+  if (!a.grid_complete()) return absl::OkStatus();
+  if (a.stage() + 1 < a.num_stages() && a.next().stage_link_address().empty()) {
+    return absl::InvalidArgumentError("complete grid but no address for the next stage");
+  }
+  for (const auto& r : a.replicas()) {
+    if (r.pipeline() >= a.num_pipelines() || r.pipeline() == a.pipeline()) {
+      return absl::InvalidArgumentError(absl::StrCat("replica with pipeline ", r.pipeline(), " is invalid"));
+    }
+  }
+  if (a.num_pipelines() > 1 && a.replicas_size() + 1 != static_cast<int>(a.num_pipelines())) {
+    return absl::InvalidArgumentError(absl::StrCat("complete grid but ", a.replicas_size(), " replicas for ",
+                                                   a.num_pipelines(), " pipelines"));
+  }
+  return absl::OkStatus();
+}
+
+class PeerDaemonImpl final : public PeerDaemon {
+ public:
+  explicit PeerDaemonImpl(const PeerDaemonOptions& o) : o_(o) {}
+
+  ~PeerDaemonImpl() override {
+    Stop();
+    JoinThreads();
+  }
+
+  absl::Status Init() {
+    std::error_code ec;
+    fs::create_directories(o_.work_dir, ec);
+    if (ec) return absl::FailedPreconditionError(absl::StrCat("cannot create work dir ", o_.work_dir, ": ", ec.message()));
+    if (o_.executable.empty()) o_.executable = SelfExecutable();
+    if (o_.advertise.empty()) o_.advertise = o_.listen;
+    if (o_.exchange_advertise.empty()) o_.exchange_advertise = o_.exchange_listen;
+    if (o_.state_listen.empty()) o_.state_listen = Host(o_.listen) + ":0";
+    AQSWARM_ASSIGN_OR_RETURN(
+        state_server_, StateTransferServer::Start(
+                           o_.state_listen, [this](const v1::StateRequest& r) { return ServeState(r); }, 1 << 20,
+                           o_.tls));
+    if (o_.state_advertise.empty()) {
+      std::string host = Host(o_.state_listen);
+      if (host == "0.0.0.0" || host == "[::]") host = Host(o_.advertise);
+      o_.state_advertise = absl::StrCat(host, ":", state_server_->port());
+    }
+    AQSWARM_ASSIGN_OR_RETURN(auto creds, MakeChannelCredentials(o_.tls));
+    grpc::ChannelArguments args;
+    ApplyTlsChannelArgs(o_.tls, &args);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+    stub_ = v1::Coordinator::NewStub(grpc::CreateCustomChannel(o_.coordinator, creds, args));
+    return absl::OkStatus();
+  }
+
+  int state_port() const override { return state_server_->port(); }
+
+  void Stop() override {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+    if (watch_ctx_ != nullptr) watch_ctx_->TryCancel();
+  }
+
+  absl::Status Run() override {
+    absl::Status s = RunInner();
+    StopChild();
+    {
+      absl::MutexLock l(&mu_);
+      stop_ = true;
+      if (watch_ctx_ != nullptr) watch_ctx_->TryCancel();
+    }
+    JoinThreads();
+    if (Session().first != 0) {
+      absl::Status ls = LeaveQuietly();
+      Event(absl::StrFormat(R"({"event":"left","peer_id":%d,"ok":%s})", Session().first, ls.ok() ? "true" : "false"));
+    }
+    return s;
+  }
+
+ private:
+  absl::Status RunInner() {
+    AQSWARM_RETURN_IF_ERROR(Join());
+    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+    watch_ = std::thread([this] { WatchLoop(); });
+    uint64_t applied_version = 0;
+    std::optional<absl::Time> failed_at;
+    while (true) {
+      const absl::Duration wait =
+          failed_at.has_value() ? std::max(absl::ZeroDuration(), *failed_at + ReplanWait() - absl::Now())
+                                : absl::Seconds(30);
+      mu_.LockWhenWithTimeout(absl::Condition(
+                                  +[](PeerDaemonImpl* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu_) {
+                                    return d->stop_ || d->rejoin_ || d->job_done_ || d->child_exit_.has_value() ||
+                                           (d->latest_.has_value() && d->latest_->version() != d->applied_);
+                                  },
+                                  this),
+                              wait);
+      const bool stop = stop_, rejoin = rejoin_, done = job_done_;
+      std::optional<int> exit = child_exit_;
+      std::optional<v1::Assignment> a = latest_;
+      mu_.Unlock();
+      if (stop) return absl::OkStatus();
+      if (done) {  // the stage said so; its exit follows (bounded by StopChild)
+        StopChild();
+        Event(R"({"event":"job_done"})");
+        return absl::OkStatus();
+      }
+      if (exit.has_value()) {
+        ReapChild();
+        if (*exit == 0) {
+          Event(R"({"event":"job_done"})");
+          return absl::OkStatus();
+        }
+        failed_at = absl::Now();
+        Event(absl::StrFormat(R"({"event":"child_exit","code":%d,"waiting_for_plan_s":%.1f})", *exit,
+                              absl::ToDoubleSeconds(ReplanWait())));
+        continue;
+      }
+      if (!rejoin && failed_at.has_value() && absl::Now() >= *failed_at + ReplanWait()) {
+        Event(R"({"event":"rejoin","reason":"no new plan after the stage failed"})");
+        (void)LeaveQuietly();
+        MarkRejoin();
+        continue;
+      }
+      if (rejoin) {
+        StopChild();
+        failed_at.reset();
+        AQSWARM_RETURN_IF_ERROR(Join());
+        continue;
+      }
+      if (!a.has_value() || a->version() == applied_version) continue;
+      applied_version = a->version();
+      {
+        absl::MutexLock l(&mu_);
+        applied_ = applied_version;
+      }
+      absl::Status as = Apply(*a, &failed_at);
+      if (!as.ok()) {
+        AQSWARM_LOG(WARNING) << "peer " << o_.name << ": cannot run assignment v" << a->version() << ": " << as;
+        Event(absl::StrFormat(R"({"event":"assignment_failed","version":%d,"error":%s})", a->version(),
+                              nlohmann::json(std::string(as.message())).dump()));
+        failed_at = absl::Now();  // rejoin unless a new plan comes
+      }
+    }
+  }
+
+  absl::Duration ReplanWait() {
+    absl::MutexLock l(&mu_);
+    return o_.replan_wait > absl::ZeroDuration() ? o_.replan_wait : 2 * lease_ + absl::Seconds(5);
+  }
+
+  std::pair<uint64_t, std::string> Session() {
+    absl::MutexLock l(&mu_);
+    return {peer_id_, session_};
+  }
+
+  void MarkRejoin() {
+    absl::MutexLock l(&mu_);
+    rejoin_ = true;
+  }
+
+  void Event(const std::string& line) {
+    if (o_.report) o_.report(line);
+  }
+
+  // ---- coordinator ------------------------------------------------------
+
+  absl::Status Join() {
+    const absl::Time deadline = absl::Now() + o_.join_timeout;
+    absl::Duration backoff = absl::Milliseconds(200);
+    v1::JoinRequest req;
+    req.set_peer_name(o_.name);
+    req.set_join_token(o_.join_token);
+    req.set_stage_link_address(o_.advertise);
+    req.set_gradient_exchange_address(o_.exchange_advertise);
+    req.set_state_transfer_address(o_.state_advertise);
+    req.set_seconds_per_layer(o_.seconds_per_layer);
+    req.set_memory_bytes(o_.memory_bytes);
+    while (true) {
+      v1::JoinResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      ctx.set_wait_for_ready(true);
+      absl::Status s = FromGrpc(stub_->Join(&ctx, req, &resp), absl::StrCat("join ", o_.coordinator));
+      if (s.ok()) {
+        AQSWARM_RETURN_IF_ERROR(WriteJob(resp.job()));
+        absl::MutexLock l(&mu_);
+        peer_id_ = resp.peer_id();
+        session_ = resp.session_token();
+        lease_ = absl::Seconds(std::max(0.5, resp.lease_seconds()));
+        rejoin_ = false;
+        latest_.reset();
+        applied_ = 0;
+        Event(absl::StrFormat(R"({"event":"joined","peer_id":%d,"lease_s":%.1f,"state_port":%d})", peer_id_,
+                              resp.lease_seconds(), state_server_->port()));
+        return absl::OkStatus();
+      }
+      // Refusals are final; an unreachable coordinator is retried.
+      if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s)) return s;
+      if (absl::Now() + backoff > deadline) {
+        return absl::UnavailableError(absl::StrCat("coordinator ", o_.coordinator, " unreachable for ",
+                                                   absl::FormatDuration(o_.join_timeout), ": ", s.message()));
+      }
+      absl::MutexLock l(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_), backoff)) return absl::CancelledError("stopped");
+      backoff = std::min(backoff * 2, absl::Seconds(2));
+    }
+  }
+
+  absl::Status LeaveQuietly() {
+    v1::LeaveRequest req;
+    const auto [id, session] = Session();
+    req.set_peer_id(id);
+    req.set_session_token(session);
+    v1::LeaveResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    return FromGrpc(stub_->Leave(&ctx, req, &resp), "leave");
+  }
+
+  absl::Status WriteJob(const v1::JobSpec& job) {
+    if (job_.name().empty()) job_ = job;  // set before the threads start; the job never changes
+    std::string json;
+    google::protobuf::util::JsonPrintOptions jo;
+    jo.preserve_proto_field_names = true;
+    if (!google::protobuf::util::MessageToJsonString(job, &json, jo).ok()) {
+      return absl::InternalError("cannot print the job spec");
+    }
+    const fs::path path = fs::path(o_.work_dir) / "job.json";
+    std::ofstream out(path.string() + ".tmp", std::ios::trunc);
+    out << json << "\n";
+    out.close();
+    std::error_code ec;
+    fs::rename(path.string() + ".tmp", path, ec);
+    if (!out || ec) return absl::FailedPreconditionError(absl::StrCat("cannot write ", path.string()));
+    return absl::OkStatus();
+  }
+
+  void HeartbeatLoop() {
+    while (true) {
+      v1::HeartbeatRequest req;
+      absl::Duration period;
+      {
+        absl::MutexLock l(&mu_);
+        period = lease_ / 3;
+        if (mu_.AwaitWithTimeout(absl::Condition(&stop_), period)) return;
+        if (rejoin_) continue;
+        req.set_peer_id(peer_id_);
+        req.set_session_token(session_);
+      }
+      v1::HeartbeatResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(period));
+      grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
+      if ((s.error_code() == grpc::StatusCode::NOT_FOUND || s.error_code() == grpc::StatusCode::UNAUTHENTICATED) &&
+          Session().second == req.session_token()) {
+        AQSWARM_LOG(WARNING) << "peer " << o_.name << ": the coordinator no longer knows us (" << s.error_message()
+                             << "); joining again";
+        MarkRejoin();
+      }
+    }
+  }
+
+  void WatchLoop() {
+    absl::Duration backoff = absl::Milliseconds(200);
+    while (true) {
+      grpc::ClientContext ctx;
+      v1::WatchAssignmentRequest req;
+      {
+        absl::MutexLock l(&mu_);
+        mu_.Await(absl::Condition(
+            +[](PeerDaemonImpl* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu_) { return d->stop_ || !d->rejoin_; },
+            this));
+        if (stop_) return;
+        req.set_peer_id(peer_id_);
+        req.set_session_token(session_);
+        watch_ctx_ = &ctx;
+      }
+      ctx.set_wait_for_ready(true);
+      auto reader = stub_->WatchAssignment(&ctx, req);
+      v1::Assignment a;
+      while (reader->Read(&a)) {
+        backoff = absl::Milliseconds(200);
+        absl::Status v = ValidateAssignment(a, job_);
+        absl::MutexLock l(&mu_);
+        if (!v.ok()) {
+          AQSWARM_LOG(WARNING) << "peer " << o_.name << ": ignoring assignment v" << a.version() << ": " << v;
+          continue;
+        }
+        if (a.peer_id() == peer_id_ && (!latest_.has_value() || a.version() > latest_->version())) latest_ = a;
+      }
+      grpc::Status s = reader->Finish();
+      absl::MutexLock l(&mu_);
+      watch_ctx_ = nullptr;
+      if (stop_) return;
+      if (s.error_code() == grpc::StatusCode::NOT_FOUND || s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+        if (session_ == req.session_token()) rejoin_ = true;  // else we already joined again
+        continue;
+      }
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(2));
+    }
+  }
+
+  void ReportProgress(int64_t steps, double loss, double tokens_per_second) {
+    v1::ProgressReport req;
+    {
+      absl::MutexLock l(&mu_);
+      req.set_peer_id(peer_id_);
+      req.set_session_token(session_);
+    }
+    req.mutable_progress()->set_step(steps);
+    req.mutable_progress()->set_loss(loss);
+    req.mutable_progress()->set_tokens_per_second(tokens_per_second);
+    v1::ReportResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::Status s = stub_->ReportProgress(&ctx, req, &resp);
+    if (!s.ok()) {
+      AQSWARM_LOG(DEBUG) << "progress report failed: " << s.error_message();
+    }
+  }
+
+  // ---- stage state --------------------------------------------------------
+
+  fs::path CheckpointDir(uint32_t stage) const {
+    return fs::path(o_.work_dir) / "checkpoints" / absl::StrCat("stage-", stage);
+  }
+
+  absl::StatusOr<StateSnapshot> ServeState(const v1::StateRequest& r) {
+    if (r.job_name() != job_.name()) {
+      return absl::FailedPreconditionError(absl::StrCat("this peer trains job '", job_.name(), "', not '",
+                                                        r.job_name(), "'"));
+    }
+    const fs::path dir = CheckpointDir(r.stage());
+    int64_t step = r.step();
+    std::error_code ec;
+    if (step == 0) {  // the newest
+      step = -1;
+      for (const auto& e : fs::directory_iterator(dir, ec)) {
+        int64_t n = 0;
+        if (std::sscanf(e.path().filename().c_str(), "state-%ld.ckpt", &n) == 1) step = std::max(step, n);
+      }
+      if (step < 0) return absl::NotFoundError(absl::StrCat("no state of stage ", r.stage(), " here"));
+    }
+    std::ifstream in(dir / CheckpointName(step), std::ios::binary);
+    if (!in) {
+      return absl::NotFoundError(absl::StrCat("no state of stage ", r.stage(), " at step ", step,
+                                              " here (only the newest ", o_.keep_checkpoints, " are kept)"));
+    }
+    std::ostringstream buf;
+    buf << in.rdbuf();
+    return StateSnapshot{buf.str(), static_cast<uint64_t>(step)};
+  }
+
+  // The state the child starts from: "" for step 0, else a local file
+  // (kept, or fetched from a replica).
+  absl::StatusOr<std::string> PrepareState(const v1::Assignment& a) {
+    const fs::path dir = CheckpointDir(a.stage());
+    const fs::path want = dir / CheckpointName(a.resume_step());
+    std::error_code ec;
+    if (fs::exists(want, ec)) return want.string();
+    if (a.resume_step() == 0) return std::string();
+    fs::create_directories(dir, ec);
+    v1::StateRequest req;
+    req.set_job_name(job_.name());
+    req.set_stage(a.stage());
+    req.set_step(a.resume_step());
+    FetchOptions fo;
+    fo.tls = o_.tls;
+    fo.timeout = absl::Minutes(5);
+    std::vector<std::string> tried;
+    for (const auto& r : a.replicas()) {
+      if (r.state_transfer_address().empty()) continue;
+      absl::StatusOr<StateSnapshot> s = FetchState(r.state_transfer_address(), req, fo);
+      if (!s.ok() || s->step != static_cast<uint64_t>(a.resume_step())) {
+        tried.push_back(absl::StrCat(r.peer_name(), ": ", s.ok() ? "wrong step" : s.status().message()));
+        continue;
+      }
+      const fs::path tmp = dir / ".fetched.tmp";
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      out.write(s->bytes.data(), static_cast<std::streamsize>(s->bytes.size()));
+      out.close();
+      fs::rename(tmp, want, ec);
+      if (!out || ec) return absl::FailedPreconditionError(absl::StrCat("cannot write ", want.string()));
+      Event(absl::StrFormat(R"({"event":"state_fetched","stage":%d,"step":%d,"from":"%s","bytes":%d})", a.stage(),
+                            a.resume_step(), r.peer_name(), s->bytes.size()));
+      return want.string();
+    }
+    return absl::NotFoundError(absl::StrCat("no state of stage ", a.stage(), " at step ", a.resume_step(),
+                                            ": not kept here and no replica served it [",
+                                            absl::StrJoin(tried, "; "), "]"));
+  }
+
+  // ---- the child --------------------------------------------------------
+
+  absl::Status Apply(const v1::Assignment& a, std::optional<absl::Time>* failed_at) {
+    const bool run = a.role() == v1::Assignment::STAGE && a.grid_complete();
+    const RunKey key{a.plan_version(), a.stage(), a.pipeline()};
+    Event(absl::StrFormat(
+        R"({"event":"assignment","version":%d,"plan":%d,"role":"%s","stage":%d,"pipeline":%d,"resume_step":%d,"grid_complete":%s})",
+        a.version(), a.plan_version(), a.role() == v1::Assignment::STAGE ? "stage" : "standby", a.stage(),
+        a.pipeline(), a.resume_step(), a.grid_complete() ? "true" : "false"));
+    if (run && child_ != nullptr && running_ == key) return absl::OkStatus();  // same plan: keep training
+    if (run && child_ == nullptr && running_ == key && failed_at->has_value()) {
+      return absl::OkStatus();  // our stage failed under this plan: wait for the next one
+    }
+    StopChild();
+    failed_at->reset();
+    if (!run) return absl::OkStatus();
+    AQSWARM_ASSIGN_OR_RETURN(std::string init, PrepareState(a));
+    std::vector<std::string> argv = {
+        o_.executable,
+        "stage",
+        absl::StrCat("--job=", (fs::path(o_.work_dir) / "job.json").string()),
+        absl::StrCat("--stage=", a.stage()),
+        absl::StrCat("--pipeline_index=", a.pipeline()),
+        absl::StrCat("--listen=", o_.listen),
+        absl::StrCat("--store_dir=", (fs::path(o_.work_dir) / "store").string()),
+        absl::StrCat("--start_step=", a.resume_step()),
+        absl::StrCat("--plan=", a.plan_version()),
+        "--die_with_parent",
+        absl::StrCat("--checkpoint_dir=", CheckpointDir(a.stage()).string()),
+        absl::StrCat("--keep_checkpoints=", o_.keep_checkpoints),
+        absl::StrCat("--link_timeout_s=", std::max<int64_t>(1, absl::ToInt64Seconds(o_.link_timeout))),
+    };
+    if (!init.empty()) argv.push_back(absl::StrCat("--init_checkpoint=", init));
+    if (a.has_next()) {
+      argv.push_back(absl::StrCat("--next=", a.next().stage_link_address()));
+      argv.push_back(absl::StrCat("--next_generation=", a.next().link_generation()));
+    }
+    if (a.has_previous()) argv.push_back(absl::StrCat("--previous_generation=", a.previous().link_generation()));
+    if (a.num_pipelines() > 1) {
+      std::vector<std::string> replicas(a.num_pipelines());
+      replicas[a.pipeline()] = o_.exchange_advertise;
+      uint64_t generation = 0;
+      for (const auto& r : a.replicas()) {
+        replicas[r.pipeline()] = r.gradient_exchange_address();
+        generation = r.link_generation();
+      }
+      argv.push_back(absl::StrCat("--exchange_listen=", o_.exchange_listen));
+      argv.push_back(absl::StrCat("--replicas=", absl::StrJoin(replicas, ",")));
+      argv.push_back(absl::StrCat("--replica_generation=", generation));
+    }
+    if (!o_.metrics_listen.empty()) argv.push_back(absl::StrCat("--metrics_listen=", o_.metrics_listen));
+    if (o_.tls.enabled()) {
+      argv.push_back(absl::StrCat("--tls_dir=", o_.tls.dir));
+      argv.push_back(absl::StrCat("--name=", o_.tls.name));
+    }
+    SubprocessOptions so;
+    so.stderr_path = (fs::path(o_.work_dir) / "stage.log").string();
+    AQSWARM_ASSIGN_OR_RETURN(child_, Subprocess::Spawn(argv, so));
+    running_ = key;
+    {
+      absl::MutexLock l(&mu_);
+      child_exit_.reset();
+    }
+    Event(absl::StrFormat(R"({"event":"stage_started","stage":%d,"pipeline":%d,"start_step":%d,"pid":%d})", a.stage(),
+                          a.pipeline(), a.resume_step(), child_->pid()));
+    reader_ = std::thread([this, child = child_.get()] { ReadChild(child); });
+    return absl::OkStatus();
+  }
+
+  // Owns the child's stdout and its exit; posts the exit code.
+  void ReadChild(Subprocess* child) {
+    std::string line;
+    while (true) {
+      absl::Status s = child->ReadLine(&line, absl::Hours(24));
+      if (absl::IsOutOfRange(s) || (!s.ok() && !absl::IsDeadlineExceeded(s))) break;
+      if (!s.ok()) continue;
+      Event(line);
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.value("event", "") == "done") {
+        absl::MutexLock l(&mu_);
+        job_done_ = true;
+      }
+      if (j.is_object() && j.value("event", "") == "step") {
+        const double secs = j.value("step_seconds", 0.0);
+        ReportProgress(j.value("step", int64_t{0}) + 1, j.value("loss", 0.0),
+                       secs > 0 ? j.value("tokens", 0.0) / secs : 0.0);
+      }
+    }
+    absl::StatusOr<int> code = child->Wait(absl::Hours(24));
+    absl::MutexLock l(&mu_);
+    child_exit_ = code.ok() ? *code : 255;
+  }
+
+  void ReapChild() {
+    if (reader_.joinable()) reader_.join();
+    child_.reset();
+    absl::MutexLock l(&mu_);
+    child_exit_.reset();
+  }
+
+  // SIGTERM, then SIGKILL after stop_grace; always reaps.
+  void StopChild() {
+    if (child_ == nullptr) return;
+    child_->Signal(SIGTERM);
+    {
+      absl::MutexLock l(&mu_);
+      if (!mu_.AwaitWithTimeout(absl::Condition(
+                                    +[](PeerDaemonImpl* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu_) {
+                                      return d->child_exit_.has_value();
+                                    },
+                                    this),
+                                o_.stop_grace)) {
+        child_->Signal(SIGKILL);
+      }
+    }
+    ReapChild();
+    Event(R"({"event":"stage_stopped"})");
+  }
+
+  void JoinThreads() {
+    if (heartbeat_.joinable()) heartbeat_.join();
+    if (watch_.joinable()) watch_.join();
+  }
+
+  PeerDaemonOptions o_;
+  std::unique_ptr<StateTransferServer> state_server_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  v1::JobSpec job_;  // from Join; read by the watch thread after Join
+  std::thread heartbeat_, watch_, reader_;
+  std::unique_ptr<Subprocess> child_;
+  RunKey running_;
+
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool rejoin_ ABSL_GUARDED_BY(mu_) = false;
+  bool job_done_ ABSL_GUARDED_BY(mu_) = false;  // the child printed {"event":"done"}
+  uint64_t peer_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string session_ ABSL_GUARDED_BY(mu_);
+  absl::Duration lease_ ABSL_GUARDED_BY(mu_) = absl::Seconds(10);
+  std::optional<v1::Assignment> latest_ ABSL_GUARDED_BY(mu_);
+  uint64_t applied_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<int> child_exit_ ABSL_GUARDED_BY(mu_);
+  grpc::ClientContext* watch_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PeerDaemon>> PeerDaemon::Create(const PeerDaemonOptions& options) {
+  auto need = [](const std::string& v, const char* flag) -> absl::Status {
+    return v.empty() ? absl::InvalidArgumentError(absl::StrCat(flag, " is required")) : absl::OkStatus();
+  };
+  AQSWARM_RETURN_IF_ERROR(need(options.coordinator, "--coordinator"));
+  AQSWARM_RETURN_IF_ERROR(need(options.join_token, "--join_token"));
+  AQSWARM_RETURN_IF_ERROR(need(options.name, "--name"));
+  AQSWARM_RETURN_IF_ERROR(need(options.work_dir, "--work_dir"));
+  for (const auto& [value, flag] : {std::pair{options.listen, "--listen"}, {options.exchange_listen, "--exchange_listen"}}) {
+    if (!HasFixedPort(value)) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, " must be HOST:PORT with a fixed port, got '", value, "'"));
+    }
+  }
+  for (const auto& [value, flag] :
+       {std::pair{options.advertise.empty() ? options.listen : options.advertise, "--advertise"},
+        {options.exchange_advertise.empty() ? options.exchange_listen : options.exchange_advertise,
+         "--exchange_advertise"}}) {
+    if (absl::StartsWith(value, "0.0.0.0:") || absl::StartsWith(value, "[::]:")) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, " is needed: '", value,
+                                                     "' binds every interface but is no address to dial"));
+    }
+  }
+  if (options.keep_checkpoints < 2) return absl::InvalidArgumentError("--keep_checkpoints must be >= 2");
+  if (options.tls.enabled() && options.tls.name.empty()) {
+    return absl::InvalidArgumentError("TLS needs this peer's certificate name");
+  }
+  auto d = std::make_unique<PeerDaemonImpl>(options);
+  AQSWARM_RETURN_IF_ERROR(d->Init());
+  return std::unique_ptr<PeerDaemon>(std::move(d));
+}
+
+}  // namespace aqswarm::peer

@@ -1,0 +1,121 @@
+// PeerDaemon: `aqswarm peer`. Joins the coordinator, keeps its lease, follows
+// its assignment and runs the assigned pipeline stage as a child process
+// (`aqswarm stage`), restarting it whenever the plan changes.
+//
+//   PeerDaemonOptions o;
+//   o.coordinator = "10.0.0.1:7000";  o.join_token = token;  o.name = "gpu-7";
+//   o.listen = "0.0.0.0:7101";  o.advertise = "10.0.0.7:7101";  ...
+//   AQSWARM_ASSIGN_OR_RETURN(auto daemon, PeerDaemon::Create(o));
+//   std::thread t([&] { status = daemon->Run(); });
+//   ... SIGTERM ...  daemon->Stop();  t.join();        // leaves the swarm
+//
+// How it follows the swarm (see v1::Assignment):
+//   - A STAGE assignment on a complete grid starts `aqswarm stage` for
+//     (stage, pipeline) at the plan's resume_step, wired to the neighbours and
+//     replicas the assignment names, with their link generations.
+//   - A new plan_version (someone joined a hole or left) stops the child
+//     (SIGTERM, then SIGKILL after `stop_grace`) and starts it again under the
+//     new plan: every placed peer restarts at the same resume_step, so peers
+//     that got ahead roll back. Assignment versions that keep the plan (a
+//     standby came or went) change nothing.
+//   - State for the resume step: the newest `keep_checkpoints` states of the
+//     stage are kept on disk (the child writes one per step); when the step is
+//     not there (a newcomer, or a peer moved to another stage) it is fetched
+//     from a live replica's StateTransfer server; step 0 needs nothing (the
+//     initialisation is seeded, so replicas start identical).
+//   - Standby, or a grid with holes: no child; the daemon waits.
+//   - A child that fails (a neighbour vanished) is not restarted on its own:
+//     the daemon waits up to `replan_wait` for the plan the coordinator
+//     publishes once the lost peer's lease expires; if none comes, it rejoins,
+//     which forces a re-plan.
+//   - The coordinator unreachable: the child keeps training; heartbeats and
+//     the assignment watch retry with backoff; a coordinator that forgot us
+//     (NOT_FOUND) is joined again.
+//   - A child that finishes the job (exit 0) ends Run() with OK after Leave.
+//
+// Ports: the StageLink (`listen`) and GradientExchange (`exchange_listen`)
+// servers live in the child and are bound again by each child, so they must
+// be fixed ports; the StateTransfer server (`state_listen`) lives in the
+// daemon. Every one is advertised to the coordinator as given by the
+// corresponding *advertise option (default: the listen address).
+//
+// Progress: the child's JSON lines (stage_runner.h) are copied to `report`
+// together with the daemon's own events ({"event":"joined"|"assignment"|
+// "child_exit"|...}); every step line becomes a ReportProgress.
+//
+// Thread-safety: Stop() may be called from any thread; the rest from one.
+#ifndef AQSWARM_PEER_PEER_DAEMON_H_
+#define AQSWARM_PEER_PEER_DAEMON_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "peer/tls.h"
+
+namespace aqswarm::peer {
+
+struct PeerDaemonOptions {
+  // HOST:PORT of the coordinator. Required.
+  std::string coordinator;
+  // From `aqswarm certs token`. Required.
+  std::string join_token;
+  // This peer's name (1-128 of [A-Za-z0-9._-]; the token must be for it). Required.
+  std::string name;
+  // StageLink server of the child: HOST:PORT with a fixed port. Required.
+  std::string listen;
+  std::string advertise;  // default: listen
+  // GradientExchange server of the child (data parallelism): fixed port. Required.
+  std::string exchange_listen;
+  std::string exchange_advertise;  // default: exchange_listen
+  // StateTransfer server of the daemon. Default: listen's host, any port.
+  std::string state_listen;
+  std::string state_advertise;  // default: state_listen with the bound port
+  // Job file, message store, checkpoints and the child's log live here. Required.
+  std::string work_dir;
+  // Where the running stage serves its Prometheus metrics (the child's
+  // --metrics_listen; a standby serves none). Default: off.
+  std::string metrics_listen;
+  // Mutual TLS for every connection (coordinator, child, StateTransfer).
+  TlsOptions tls;
+  // The `aqswarm` binary that runs stages. Default: this executable.
+  std::string executable;
+  // Compute claim sent with Join (0 = unknown).
+  double seconds_per_layer = 0;
+  uint64_t memory_bytes = 0;
+  // The child's bound on every wait for a neighbour.
+  absl::Duration link_timeout = absl::Seconds(60);
+  // Newest stage states kept on disk (rollback + StateTransfer). Default: 4.
+  int keep_checkpoints = 4;
+  // How long a failed child waits for a new plan before the daemon rejoins.
+  // Default: 0 = 2 x lease + 5 s.
+  absl::Duration replan_wait = absl::ZeroDuration();
+  // Bound on joining (the coordinator may still be starting). Default: 60 s.
+  absl::Duration join_timeout = absl::Seconds(60);
+  // SIGTERM to SIGKILL for a child being stopped. Default: 10 s.
+  absl::Duration stop_grace = absl::Seconds(10);
+  // Receives JSON lines (the child's and the daemon's). Default: none.
+  std::function<void(const std::string&)> report;
+};
+
+class PeerDaemon {
+ public:
+  // Validates options and starts the StateTransfer server (no coordinator
+  // contact yet).
+  static absl::StatusOr<std::unique_ptr<PeerDaemon>> Create(const PeerDaemonOptions& options);
+  virtual ~PeerDaemon() = default;
+  // Joins and follows assignments until Stop() or the job is done. Errors:
+  // the coordinator unreachable for `join_timeout`, the join refused (bad
+  // token: UNAUTHENTICATED), the work dir unusable.
+  virtual absl::Status Run() = 0;
+  // Stops the child, leaves the swarm, and makes Run() return OK. Any thread.
+  virtual void Stop() = 0;
+  // Bound port of the StateTransfer server.
+  virtual int state_port() const = 0;
+};
+
+}  // namespace aqswarm::peer
+
+#endif  // AQSWARM_PEER_PEER_DAEMON_H_

@@ -1,0 +1,238 @@
+// End-to-end churn: a real `aqswarm coordinator` and real `aqswarm peer`
+// daemons (each running its stage as a child process) train a 2-stage x
+// 2-pipeline GPT on 127.0.0.1. A peer is SIGKILLed and the standby takes its
+// place; the coordinator is SIGKILLed and restarted on its state dir. Every
+// wait polls the coordinator's Status with a deadline.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/certs.h"
+#include "common/join_token.h"
+#include "common/subprocess.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "proto/coordinator.grpc.pb.h"
+
+namespace aqswarm {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* kBinary = AQSWARM_BINARY;
+const char* kData = AQSWARM_DATA_DIR;
+
+// A port nobody listens on now (the kernel's pick for an ephemeral bind).
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+class SwarmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(fs::path(kData) / "sotu")) GTEST_SKIP() << "no corpus in " << kData << ": run scripts/setup.sh";
+    dir_ = fs::temp_directory_path() / absl::StrCat("aqswarm_swarm_it_", ::getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    job_ = (dir_ / "job.json").string();
+    std::ofstream(job_) << R"({"name":"swarm-it","seed":3,
+      "model":{"seqLen":32,"dModel":32,"nLayer":2,"nHead":2},
+      "data":{"corpus":")" << kData << R"(/sotu","tokenizerDir":")" << kData << R"(/gpt2"},
+      "optimizer":{"lr":0.005,"minLr":0.001,"warmupSteps":2,"totalSteps":400,"weightDecay":0.0,"gradClip":1.0},
+      "microBatchSize":2,"microBatchesPerStep":2,"epochs":1,"maxSteps":400,
+      "compression":{"mode":"aqsgd","fwBits":3,"bwBits":6,"warmupEpochs":0,"mPrecision":"fp16"},
+      "stages":2,"dataParallel":2,
+      "dp":{"optimizer":"quantized_adam","warmupSteps":3,"bits":4,"bucketSize":512},
+      "threads":1,"evalEverySteps":0,"evalBatches":1})";
+    coordinator_port_ = FreePort();
+  }
+
+  void TearDown() override {
+    for (auto& [name, p] : peers_) p.reset();  // SIGKILL + reap whatever still runs
+    coordinator_.reset();
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  void StartCoordinator() {
+    auto p = Subprocess::Spawn({kBinary, "coordinator", "--job=" + job_,
+                                absl::StrCat("--listen=127.0.0.1:", coordinator_port_),
+                                "--state_dir=" + (dir_ / "coord").string(), "--lease_s=3"},
+                               {.capture_stdout = true, .stderr_path = (dir_ / "coordinator.err").string()});
+    ASSERT_TRUE(p.ok()) << p.status();
+    coordinator_ = *std::move(p);
+    std::string line;
+    ASSERT_TRUE(coordinator_->ReadLine(&line, absl::Seconds(60)).ok()) << "see " << dir_ / "coordinator.err";
+    stub_ = v1::Coordinator::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", coordinator_port_),
+                                                         grpc::InsecureChannelCredentials()));
+  }
+
+  std::string Token() {
+    auto secret = LoadJoinSecret((dir_ / "coord" / kJoinSecretFile).string());
+    EXPECT_TRUE(secret.ok()) << secret.status();
+    auto token = IssueJoinToken(*secret, "swarm-it", "*", absl::ToUnixSeconds(absl::Now()) + 3600);
+    EXPECT_TRUE(token.ok()) << token.status();
+    return token.ok() ? *token : "";
+  }
+
+  // `aqswarm peer` with its JSON lines in <dir>/<name>.out.
+  void StartPeer(const std::string& name, const std::string& token) {
+    const fs::path work = dir_ / name;
+    const std::string cmd = absl::StrCat(
+        "exec ", kBinary, " peer --coordinator=127.0.0.1:", coordinator_port_, " --join_token=", token,
+        " --name=", name, " --listen=127.0.0.1:", FreePort(), " --exchange_listen=127.0.0.1:", FreePort(),
+        " --work_dir=", work.string(), " --link_timeout_s=20 > ", (dir_ / (name + ".out")).string());
+    auto p = Subprocess::Spawn({"/bin/sh", "-c", cmd},
+                               {.capture_stdout = false, .stderr_path = (dir_ / (name + ".err")).string()});
+    ASSERT_TRUE(p.ok()) << p.status();
+    peers_[name] = *std::move(p);
+  }
+
+  v1::StatusResponse Status() {
+    v1::StatusResponse st;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    last_status_ = stub_->Status(&ctx, v1::StatusRequest(), &st);
+    return st;
+  }
+
+  // Polls Status until `done` holds (true) or `timeout` passes (false).
+  bool WaitFor(const std::function<bool(const v1::StatusResponse&)>& done, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      v1::StatusResponse st = Status();
+      if (last_status_.ok() && done(st)) {
+        status_ = st;
+        return true;
+      }
+      absl::SleepFor(absl::Milliseconds(200));  // polling interval of a bounded wait
+    }
+    return false;
+  }
+
+  static const v1::PeerStatus* At(const v1::StatusResponse& st, int stage, int pipeline) {
+    for (const auto& p : st.peers()) {
+      if (p.stage() == stage && p.pipeline() == pipeline) return &p;
+    }
+    return nullptr;
+  }
+
+  std::string Logs() {
+    std::string all;
+    for (const auto& [name, p] : peers_) {
+      std::ifstream in(dir_ / name / "stage.log");
+      all += absl::StrCat("\n--- ", name, " stage.log:\n", std::string(std::istreambuf_iterator<char>(in), {}));
+    }
+    return all;
+  }
+
+  fs::path dir_;
+  std::string job_;
+  int coordinator_port_ = 0;
+  std::unique_ptr<Subprocess> coordinator_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::map<std::string, std::unique_ptr<Subprocess>> peers_;
+  grpc::Status last_status_;
+  v1::StatusResponse status_;
+};
+
+TEST_F(SwarmTest, AKilledPeerIsReplacedByTheStandbyAndTrainingGoesOn) {
+  StartCoordinator();
+  const std::string token = Token();
+  for (const char* n : {"p1", "p2", "p3", "p4", "p5"}) StartPeer(n, token);
+  ASSERT_TRUE(WaitFor([](const auto& st) { return st.grid_complete() && st.peers_size() == 5 && st.step() >= 5; },
+                      absl::Seconds(180)))
+      << "the swarm did not train 5 steps" << Logs();
+  const int64_t killed_at = status_.step();
+  const double loss_at_kill = status_.loss();
+  const v1::PeerStatus* victim = At(status_, 1, 1);
+  ASSERT_NE(victim, nullptr);
+  const std::string victim_name = victim->peer_name();
+  std::string standby;
+  for (const auto& p : status_.peers()) {
+    if (p.state() == v1::PeerStatus::STANDBY) standby = p.peer_name();
+  }
+  ASSERT_FALSE(standby.empty());
+  peers_.at(victim_name)->Signal(SIGKILL);  // its stage dies with it (--die_with_parent)
+
+  // Within the lease (3 s) plus a re-plan, the standby holds the slot.
+  ASSERT_TRUE(WaitFor(
+      [&](const auto& st) {
+        const v1::PeerStatus* p = At(st, 1, 1);
+        return st.peers_size() == 4 && st.grid_complete() && p != nullptr && p->peer_name() == standby;
+      },
+      absl::Seconds(20)))
+      << "the standby did not take the killed peer's place" << Logs();
+  // Training goes on from where the survivors were, and the loss keeps falling.
+  ASSERT_TRUE(WaitFor([&](const auto& st) { return st.step() >= killed_at + 15; }, absl::Seconds(180)))
+      << "training did not resume after the kill (step " << status_.step() << ")" << Logs();
+  EXPECT_LT(status_.loss(), loss_at_kill - 0.05) << "loss " << status_.loss() << " vs " << loss_at_kill;
+  std::ifstream fetched(dir_ / (standby + ".out"));
+  const std::string out(std::istreambuf_iterator<char>(fetched), {});
+  EXPECT_NE(out.find("\"event\":\"state_fetched\""), std::string::npos)
+      << "the standby should have pulled its stage's state from a live replica";
+
+  // SIGTERM: every daemon leaves and exits, bounded.
+  for (auto& [name, p] : peers_) {
+    if (name != victim_name) p->Signal(SIGTERM);
+  }
+  for (auto& [name, p] : peers_) {
+    if (name == victim_name) continue;
+    auto code = p->Wait(absl::Seconds(30));
+    ASSERT_TRUE(code.ok()) << name << " did not exit after SIGTERM";
+    EXPECT_EQ(*code, 0) << name;
+  }
+  EXPECT_TRUE(WaitFor([](const auto& st) { return st.peers_size() == 0; }, absl::Seconds(10)))
+      << "peers did not leave";
+}
+
+TEST_F(SwarmTest, ARestartedCoordinatorResumesTheSameJobAndPeersCarryOn) {
+  StartCoordinator();
+  const std::string token = Token();
+  for (const char* n : {"a", "b", "c", "d"}) StartPeer(n, token);
+  ASSERT_TRUE(WaitFor([](const auto& st) { return st.grid_complete() && st.step() >= 3; }, absl::Seconds(180)))
+      << Logs();
+  const uint64_t version = status_.assignment_version();
+  coordinator_->Signal(SIGKILL);
+  ASSERT_TRUE(coordinator_->Wait(absl::Seconds(10)).ok());
+  StartCoordinator();  // same port, same state dir
+  ASSERT_TRUE(WaitFor([&](const auto& st) { return st.grid_complete() && st.step() >= 3; }, absl::Seconds(30)));
+  const int64_t resumed_at = status_.step();
+  EXPECT_EQ(status_.assignment_version(), version) << "the restart re-planned; peers should have reconnected";
+  ASSERT_TRUE(WaitFor([&](const auto& st) { return st.step() >= resumed_at + 5 && st.peers_size() == 4; },
+                      absl::Seconds(120)))
+      << "training did not go on under the restarted coordinator" << Logs();
+  EXPECT_EQ(status_.assignment_version(), version);
+
+  // A peer with a bad token is refused with a clear error and exits.
+  auto bad = Subprocess::Spawn({kBinary, "peer", absl::StrCat("--coordinator=127.0.0.1:", coordinator_port_),
+                                "--join_token=aqj1.bogus.token", "--name=intruder", "--listen=127.0.0.1:1",
+                                "--exchange_listen=127.0.0.1:2", "--work_dir=" + (dir_ / "intruder").string()},
+                               {.capture_stdout = true, .stderr_path = (dir_ / "intruder.err").string()});
+  ASSERT_TRUE(bad.ok());
+  auto code = (*bad)->Wait(absl::Seconds(30));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 1);
+  std::ifstream err(dir_ / "intruder.err");
+  const std::string msg(std::istreambuf_iterator<char>(err), {});
+  EXPECT_NE(msg.find("token"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace aqswarm
