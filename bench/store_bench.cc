@@ -13,6 +13,20 @@
 //              micro-batch (sleep: the GPU works, the CPU is free) equal to
 //              1x and 2x the direct I/O time; stall_fraction = time blocked in
 //              GetBatch/PutBatch (and the final flush) / total time.
+//              The I/O time is the honest one: the `direct` epoch's wall time
+//              per micro-batch on the same backend, same shape, same run (a
+//              single thread doing get + put synchronously, with RocksDB's own
+//              background threads running beside it as they would anyway).
+//              Compute is a sleep, not a busy-spin: on a GPU stage the kernels
+//              run on the device and the host thread mostly waits, so the
+//              loader/writer/RocksDB threads get the CPU cores. On this
+//              project's 2-core machines a spinning consumer would take one of
+//              the two cores the direct run's I/O was measured with, so a spin
+//              at "1x" would measure CPU starvation, not I/O hiding. The
+//              consumer touches one value per row (row[0] += 1), i.e. it
+//              does not pull the rows into its cache the way a real update of
+//              every value would; the store's per-put finiteness check then
+//              reads rows cold (a slight pessimism for the prefetcher).
 // file_seq: read a micro-batch of raw row bytes sequentially from one file,
 // write it sequentially to another (no codec, no checksum): the disk's pace.
 //
