@@ -1,18 +1,53 @@
 #!/usr/bin/env bash
-# The aqswarm demo: a GPT split over 4 stage processes on this machine,
-# links shaped to 100 Mbit/s + 5 ms, trained with AQ-SGD (3-bit activation
-# deltas forward, 6-bit gradients back) on State of the Union speeches.
-# Watch the per-link MB and the forward compression ratio: the first pass over
-# each sample is sent in full, later passes as deltas.
-#   scripts/demo.sh            # the pipeline demo (~1-2 minutes)
-#   scripts/demo.sh bench      # the compression benchmark instead
+# The aqswarm demo: a coordinator and 4 peer daemons on this machine form a
+# 2-stage x 2-pipeline swarm, links shaped to 100 Mbit/s + 5 ms, and train a
+# small GPT on State of the Union speeches with AQ-SGD (3-bit activation
+# deltas forward, 6-bit gradients back) and QuantizedAdam (4-bit all-reduce).
+# One line per step; at the end, bytes on the wire vs fp32 and a loss curve.
+# Ctrl-C stops every process (peers leave the swarm); runs start clean.
+#   scripts/demo.sh            # the swarm demo (~2-4 minutes)
+#   scripts/demo.sh pipeline   # 4 local stage processes without a coordinator
+#   scripts/demo.sh bench      # the compression benchmark
+# AQSWARM_DEMO_PORT (default 17400) is the first of the ports it uses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh >/dev/null
-if [[ "${1:-}" == bench ]]; then
-  exec build/aqswarm bench compression --mib "${AQSWARM_DEMO_MIB:-16}"
-fi
+A=build/aqswarm
 # A small corpus (the first 3 speeches) so epochs are short and deltas start early.
 mkdir -p runs/demo-corpus
 ls data/sotu/*.txt | sort | head -n 3 | while read -r f; do cp "$f" runs/demo-corpus/; done
-exec build/aqswarm pipeline --job examples/demo.json --out_dir runs/demo "$@"
+case "${1:-}" in
+  bench) exec $A bench compression --mib "${AQSWARM_DEMO_MIB:-16}" ;;
+  pipeline) shift; exec $A pipeline --job examples/demo.json --out_dir runs/demo "$@" ;;
+esac
+
+RUN=runs/swarm-demo
+BASE=${AQSWARM_DEMO_PORT:-17400}
+rm -rf "$RUN"
+mkdir -p "$RUN"
+pids=()
+cleanup() {
+  trap - INT TERM EXIT
+  ((${#pids[@]})) && kill -TERM "${pids[@]}" 2>/dev/null || true
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'echo; echo "demo: stopping (peers leave the swarm)"; exit 130' INT TERM
+
+$A coordinator --job examples/swarm_demo.json --listen "127.0.0.1:$BASE" --state_dir "$RUN/coord" \
+  --lease_s 5 --metrics_listen "127.0.0.1:$((BASE + 90))" > "$RUN/coordinator.out" 2> "$RUN/coordinator.log" &
+pids+=($!)
+for _ in $(seq 100); do [[ -s "$RUN/coordinator.out" ]] && break; sleep 0.1; done
+TOKEN=$($A certs token --tls_dir "$RUN/coord" --swarm swarm-demo --peer '*' 2>/dev/null)
+for i in 1 2 3 4; do
+  $A peer --coordinator "127.0.0.1:$BASE" --join_token "$TOKEN" --name "peer$i" \
+    --listen "127.0.0.1:$((BASE + 10 * i))" --exchange_listen "127.0.0.1:$((BASE + 10 * i + 1))" \
+    --work_dir "$RUN/peer$i" --metrics_listen "127.0.0.1:$((BASE + 90 + i))" \
+    > "$RUN/peer$i.out" 2> "$RUN/peer$i.log" &
+  pids+=($!)
+done
+echo "swarm: coordinator 127.0.0.1:$BASE + 4 peers (2 stages x 2 pipelines), links 100 Mbit/s + 5 ms"
+echo "metrics: http://127.0.0.1:$((BASE + 90))/metrics (coordinator), " \
+     "http://127.0.0.1:$((BASE + 91))..$((BASE + 94))/metrics (peers' stages)"
+echo "status:  $A status --coordinator 127.0.0.1:$BASE      logs: $RUN/"
+python3 scripts/swarm_demo.py "$RUN" 4 96
