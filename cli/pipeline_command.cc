@@ -84,6 +84,9 @@ int RunStage(const std::vector<std::string>& args) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) return Fail("stage", absl::AbortedError("the parent process is gone"));
   }
+  if (absl::GetFlag(FLAGS_start_step) < 0) {
+    return Fail("stage", absl::InvalidArgumentError("--start_step must be >= 0"));
+  }
   auto job = LoadJobFromFlags();
   if (!job.ok()) return Fail("stage", job.status());
   peer::StageRunnerOptions o;
@@ -103,7 +106,6 @@ int RunStage(const std::vector<std::string>& args) {
   o.init_checkpoint = absl::GetFlag(FLAGS_init_checkpoint);
   o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
-  if (o.start_step < 0) return Fail("stage", absl::InvalidArgumentError("--start_step must be >= 0"));
   o.link_timeout = absl::Seconds(absl::GetFlag(FLAGS_link_timeout_s));
   o.tls.dir = absl::GetFlag(FLAGS_tls_dir);
   o.tls.name = absl::GetFlag(FLAGS_name);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "peer/grpc_status.h"
 #include "peer/peer_metrics.h"
 #include "grpcpp/grpcpp.h"
 
@@ -25,10 +26,6 @@ grpc::ChannelArguments LinkChannelArgs() {
   return args;
 }
 
-absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat(what, ": ", s.error_message()));
-}
 
 }  // namespace
 

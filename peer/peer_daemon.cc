@@ -15,12 +15,15 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "common/certs.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/subprocess.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
+#include "peer/grpc_status.h"
+#include "peer/stage_runner.h"
 #include "peer/state_transfer.h"
 #include "proto/coordinator.grpc.pb.h"
 
@@ -28,11 +31,6 @@ namespace aqswarm::peer {
 namespace {
 
 namespace fs = std::filesystem;
-
-absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat(what, ": ", s.error_message()));
-}
 
 bool HasFixedPort(const std::string& address) {
   const size_t colon = address.rfind(':');
@@ -43,8 +41,6 @@ bool HasFixedPort(const std::string& address) {
 }
 
 std::string Host(const std::string& address) { return address.substr(0, address.rfind(':')); }
-
-std::string CheckpointName(int64_t steps) { return absl::StrCat("state-", steps, ".ckpt"); }
 
 // What a running child was started for: a new plan or place restarts it.
 struct RunKey {
@@ -292,14 +288,7 @@ class PeerDaemonImpl final : public PeerDaemon {
     if (!google::protobuf::util::MessageToJsonString(job, &json, jo).ok()) {
       return absl::InternalError("cannot print the job spec");
     }
-    const fs::path path = fs::path(o_.work_dir) / "job.json";
-    std::ofstream out(path.string() + ".tmp", std::ios::trunc);
-    out << json << "\n";
-    out.close();
-    std::error_code ec;
-    fs::rename(path.string() + ".tmp", path, ec);
-    if (!out || ec) return absl::FailedPreconditionError(absl::StrCat("cannot write ", path.string()));
-    return absl::OkStatus();
+    return WriteFileAtomically((fs::path(o_.work_dir) / "job.json").string(), json + "\n", 0644);
   }
 
   void HeartbeatLoop() {
@@ -398,18 +387,14 @@ class PeerDaemonImpl final : public PeerDaemon {
       return absl::FailedPreconditionError(absl::StrCat("this peer trains job '", job_.name(), "', not '",
                                                         r.job_name(), "'"));
     }
-    const fs::path dir = CheckpointDir(r.stage());
+    const std::string dir = CheckpointDir(r.stage()).string();
     int64_t step = r.step();
-    std::error_code ec;
     if (step == 0) {  // the newest
-      step = -1;
-      for (const auto& e : fs::directory_iterator(dir, ec)) {
-        int64_t n = 0;
-        if (std::sscanf(e.path().filename().c_str(), "state-%ld.ckpt", &n) == 1) step = std::max(step, n);
-      }
-      if (step < 0) return absl::NotFoundError(absl::StrCat("no state of stage ", r.stage(), " here"));
+      const std::vector<int64_t> kept = StageCheckpointSteps(dir);
+      if (kept.empty()) return absl::NotFoundError(absl::StrCat("no state of stage ", r.stage(), " here"));
+      step = kept.back();
     }
-    std::ifstream in(dir / CheckpointName(step), std::ios::binary);
+    std::ifstream in(StageCheckpointPath(dir, step), std::ios::binary);
     if (!in) {
       return absl::NotFoundError(absl::StrCat("no state of stage ", r.stage(), " at step ", step,
                                               " here (only the newest ", o_.keep_checkpoints, " are kept)"));
@@ -423,9 +408,9 @@ class PeerDaemonImpl final : public PeerDaemon {
   // (kept, or fetched from a replica).
   absl::StatusOr<std::string> PrepareState(const v1::Assignment& a) {
     const fs::path dir = CheckpointDir(a.stage());
-    const fs::path want = dir / CheckpointName(a.resume_step());
+    const std::string want = StageCheckpointPath(dir.string(), a.resume_step());
     std::error_code ec;
-    if (fs::exists(want, ec)) return want.string();
+    if (fs::exists(want, ec)) return want;
     if (a.resume_step() == 0) return std::string();
     fs::create_directories(dir, ec);
     v1::StateRequest req;
@@ -443,15 +428,10 @@ class PeerDaemonImpl final : public PeerDaemon {
         tried.push_back(absl::StrCat(r.peer_name(), ": ", s.ok() ? "wrong step" : s.status().message()));
         continue;
       }
-      const fs::path tmp = dir / ".fetched.tmp";
-      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-      out.write(s->bytes.data(), static_cast<std::streamsize>(s->bytes.size()));
-      out.close();
-      fs::rename(tmp, want, ec);
-      if (!out || ec) return absl::FailedPreconditionError(absl::StrCat("cannot write ", want.string()));
+      AQSWARM_RETURN_IF_ERROR(WriteFileAtomically(want, s->bytes, 0644));
       Event(absl::StrFormat(R"({"event":"state_fetched","stage":%d,"step":%d,"from":"%s","bytes":%d})", a.stage(),
                             a.resume_step(), r.peer_name(), s->bytes.size()));
-      return want.string();
+      return want;
     }
     return absl::NotFoundError(absl::StrCat("no state of stage ", a.stage(), " at step ", a.resume_step(),
                                             ": not kept here and no replica served it [",

@@ -1,11 +1,14 @@
 #include "peer/stage_runner.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
 #include <optional>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/random.h"
@@ -264,13 +267,11 @@ class StageRunnerImpl final : public StageRunner {
     const fs::path dir(o_.checkpoint_dir);
     const fs::path tmp = dir / absl::StrCat(".state-", steps, ".tmp");
     AQSWARM_RETURN_IF_ERROR(worker_->SaveCheckpoint(tmp.string()));
-    fs::rename(tmp, dir / absl::StrCat("state-", steps, ".ckpt"), ec);
+    fs::rename(tmp, StageCheckpointPath(o_.checkpoint_dir, steps), ec);
     if (ec) return absl::InternalError(absl::StrCat("cannot publish checkpoint in ", dir.string(), ": ", ec.message()));
     const int64_t oldest_kept = steps - std::max(1, o_.keep_checkpoints) + 1;
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
-      int64_t n = 0;
-      const std::string name = e.path().filename().string();
-      if (std::sscanf(name.c_str(), "state-%ld.ckpt", &n) == 1 && n < oldest_kept) fs::remove(e.path(), ec);
+    for (int64_t n : StageCheckpointSteps(o_.checkpoint_dir)) {
+      if (n < oldest_kept) fs::remove(StageCheckpointPath(o_.checkpoint_dir, n), ec);
     }
     return absl::OkStatus();
   }
@@ -560,6 +561,24 @@ class StageRunnerImpl final : public StageRunner {
 };
 
 }  // namespace
+
+std::string StageCheckpointPath(const std::string& dir, int64_t steps) {
+  return (std::filesystem::path(dir) / absl::StrCat("state-", steps, ".ckpt")).string();
+}
+
+std::vector<int64_t> StageCheckpointSteps(const std::string& dir) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    absl::string_view name = e.path().filename().c_str();
+    int64_t n = 0;
+    if (absl::ConsumePrefix(&name, "state-") && absl::ConsumeSuffix(&name, ".ckpt") && absl::SimpleAtoi(name, &n)) {
+      steps.push_back(n);
+    }
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
 
 absl::StatusOr<std::unique_ptr<StageRunner>> StageRunner::Create(const StageRunnerOptions& options) {
   AQSWARM_RETURN_IF_ERROR(pipeline::ValidateJobSpec(options.job));

@@ -87,6 +87,11 @@ struct StageRunnerOptions {
   std::function<void(const std::string&)> report;
 };
 
+// Stage checkpoints in a StageRunnerOptions::checkpoint_dir:
+// <dir>/state-<steps completed>.ckpt, and the steps of those present, ascending.
+std::string StageCheckpointPath(const std::string& dir, int64_t steps);
+std::vector<int64_t> StageCheckpointSteps(const std::string& dir);
+
 class StageRunner {
  public:
   // Validates options, loads the corpus, builds the stage, opens the store

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
 #include "common/status_macros.h"
+#include "peer/grpc_status.h"
 #include "grpcpp/grpcpp.h"
 #include "peer/peer_metrics.h"
 
@@ -117,11 +118,7 @@ absl::StatusOr<StateSnapshot> FetchState(const std::string& target, const v1::St
     reader->Finish().ok();
     return bad;
   }
-  grpc::Status s = reader->Finish();
-  if (!s.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        absl::StrCat("state transfer from ", target, ": ", s.error_message()));
-  }
+  AQSWARM_RETURN_IF_ERROR(FromGrpc(reader->Finish(), absl::StrCat("state transfer from ", target)));
   if (first || !done) {
     return absl::DataLossError(absl::StrCat("state transfer from ", target, " ended after ", out.bytes.size(), " of ",
                                             total, " bytes"));

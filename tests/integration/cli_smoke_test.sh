@@ -33,4 +33,12 @@ check version-arg 2 "no arguments" -- "$bin" version x
 check dry-run 0 "dry run: flags accepted" -- "$bin" coordinator --listen=0.0.0.0:7000 --dry_run
 check dry-run-bad-flag 2 "unknown flag" -- "$bin" coordinator --nope=1 --dry_run
 check dry-run-bad-value 1 "Illegal value" -- "$bin" bench compression --mib=lots --dry_run
+# aqswarm peer refuses unusable options before contacting anyone.
+peer=("$bin" peer --coordinator=127.0.0.1:1 --join_token=t --name=p --work_dir="${TMPDIR:-/tmp}/aqswarm_smoke_peer_$$")
+check peer-no-token 1 "join_token is required" -- "$bin" peer --coordinator=127.0.0.1:1 --name=p --work_dir=/tmp/x
+check peer-port-0 1 "fixed port" -- "${peer[@]}" --listen=127.0.0.1:0 --exchange_listen=127.0.0.1:7002
+check peer-any-addr 1 "advertise is needed" -- "${peer[@]}" --listen=0.0.0.0:7001 --exchange_listen=127.0.0.1:7002
+check peer-keep 1 "keep_checkpoints" -- "${peer[@]}" --listen=127.0.0.1:7001 --exchange_listen=127.0.0.1:7002 --keep_checkpoints=1
+check stage-negative-start 1 "start_step must be" -- "$bin" stage --job=/nonexistent.json --start_step=-1
+rm -rf "${TMPDIR:-/tmp}/aqswarm_smoke_peer_$$"
 exit $fail
