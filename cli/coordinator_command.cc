@@ -36,6 +36,13 @@ ABSL_DECLARE_FLAG(bool, json);
 
 ABSL_FLAG(std::string, state_dir, "", "Coordinator state dir (RocksDB in <dir>/db; join.secret here unless --tls_dir). "
                                       "Restarting on the same dir resumes the job, members and assignment version.");
+ABSL_FLAG(bool, mirror_checkpoints, false,
+          "Coordinator: each placed peer copies the next stage's state after every checkpoint, so a stage that "
+          "loses every replica resumes from the copy instead of step 0 (costs one stage state per checkpoint "
+          "interval on that link).");
+ABSL_FLAG(double, probe_max_age_s, 600,
+          "Coordinator: heartbeats ask peers to probe links unmeasured or older than this (0 = no probing).");
+ABSL_FLAG(int32_t, probes_per_heartbeat, 2, "Coordinator: at most this many probe requests per heartbeat answer.");
 ABSL_FLAG(double, lease_s, 10, "Coordinator: seconds a peer stays a member without a heartbeat.");
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7000", "HOST:PORT of the coordinator.");
 ABSL_FLAG(std::string, coord_sizes, "1000,10000", "Coordinator bench: comma-separated simulated peer counts.");
@@ -83,6 +90,16 @@ int RunCoordinator(const std::vector<std::string>& args) {
   o.join_secret = *secret;
   o.lease = absl::Seconds(lease_s);
   o.state.dir = state_dir + "/db";
+  o.mirror_checkpoints = absl::GetFlag(FLAGS_mirror_checkpoints);
+  const double probe_age = absl::GetFlag(FLAGS_probe_max_age_s);
+  if (!(probe_age >= 0 && probe_age <= 30 * 86400)) {
+    return Fail("coordinator", absl::InvalidArgumentError("--probe_max_age_s must be in [0, 2592000]"));
+  }
+  o.probe_max_age = absl::Seconds(probe_age);
+  o.probes_per_heartbeat = absl::GetFlag(FLAGS_probes_per_heartbeat);
+  if (o.probes_per_heartbeat < 0 || o.probes_per_heartbeat > 64) {
+    return Fail("coordinator", absl::InvalidArgumentError("--probes_per_heartbeat must be in [0, 64]"));
+  }
   auto coord = coordinator::SwarmCoordinator::Create(std::move(o));
   if (!coord.ok()) return Fail("coordinator", coord.status());
   const std::string swarm_id = (*coord)->options().swarm_id;
@@ -195,7 +212,8 @@ std::vector<Command> CoordinatorCommands() {
        "Prints {\"event\":\"listening\",\"port\":N} first, then logs on stderr; SIGINT/SIGTERM stop it.\n"
        "example: aqswarm coordinator --job job.json --listen 127.0.0.1:7000 --state_dir ./coord "
        "[--tls_dir ./tls --name coordinator] [--lease_s 10]",
-       {"job", "stages", "dp", "listen", "state_dir", "tls_dir", "name", "swarm", "lease_s", "metrics_listen"},
+       {"job", "stages", "dp", "listen", "state_dir", "tls_dir", "name", "swarm", "lease_s", "mirror_checkpoints",
+        "probe_max_age_s", "probes_per_heartbeat", "metrics_listen"},
        RunCoordinator},
       {"status", "Ask a coordinator for the swarm: peers, stages, links, assignment version, step, loss, tokens/s.",
        "example: aqswarm status --coordinator 127.0.0.1:7000 [--json] [--tls_dir ./tls --name admin]",

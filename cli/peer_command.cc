@@ -34,6 +34,8 @@ ABSL_FLAG(std::string, state_listen, "", "Address of this peer's StateTransfer s
 ABSL_FLAG(std::string, state_advertise, "", "HOST:PORT joiners dial for --state_listen (default: it).");
 ABSL_FLAG(std::string, work_dir, "", "This peer's directory: job, message store, stage checkpoints, stage.log.");
 ABSL_FLAG(double, seconds_per_layer, 0, "Compute claim for placement: seconds per layer per micro-batch (0 = unknown).");
+ABSL_FLAG(uint64_t, probe_bytes, 1 << 20,
+          "Bytes per timed link-probe transfer when the coordinator asks for probes (0 = never probe; at most 3 MiB).");
 ABSL_FLAG(uint64_t, memory_bytes, 0, "Memory claim for placement: bytes for one stage (0 = unknown).");
 
 namespace aqswarm::cli {
@@ -68,6 +70,7 @@ int RunPeer(const std::vector<std::string>& args) {
   o.memory_bytes = absl::GetFlag(FLAGS_memory_bytes);
   o.link_timeout = absl::Seconds(absl::GetFlag(FLAGS_link_timeout_s));
   o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  o.probe_bytes = absl::GetFlag(FLAGS_probe_bytes);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   std::mutex out_mu;
   o.report = [&](const std::string& line) {
@@ -108,10 +111,11 @@ std::vector<Command> PeerCommands() {
        "Join a swarm: run whatever pipeline stage the coordinator assigns; leave on SIGTERM.",
        "Ports: --listen (StageLink) and --exchange_listen (GradientExchange) need fixed ports;\n"
        "the StateTransfer server picks one unless --state_listen says. Prints JSON lines: the daemon's\n"
-       "events (joined, assignment, stage_started, state_fetched, child_exit, left) and the stage's.",
+       "events (joined, assignment, stage_started, state_fetched, mirrored, link_probe, child_exit, left)\n"
+       "and the stage's.",
        {"coordinator", "join_token", "name", "listen", "advertise", "exchange_listen", "exchange_advertise",
         "state_listen", "state_advertise", "work_dir", "tls_dir", "seconds_per_layer", "memory_bytes",
-        "link_timeout_s", "keep_checkpoints", "metrics_listen"},
+        "link_timeout_s", "keep_checkpoints", "probe_bytes", "metrics_listen"},
        RunPeer},
   };
 }

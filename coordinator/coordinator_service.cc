@@ -1,5 +1,7 @@
 #include "coordinator/coordinator_service.h"
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "coordinator/coordinator_metrics.h"
@@ -19,6 +21,22 @@ absl::Status CheckPeerRef(uint64_t peer_id, const std::string& session_token) {
 }
 
 PeerProgress FromProto(const v1::Progress& p) { return {p.step(), p.loss(), p.tokens_per_second()}; }
+
+// Shape only (stage range and step order: ValidateHeldStates).
+absl::StatusOr<HeldStates> FromProto(const google::protobuf::RepeatedPtrField<v1::StageCheckpoints>& held) {
+  if (held.size() > 4096) return absl::InvalidArgumentError("held: more than 4096 stages");
+  HeldStates out;
+  for (const v1::StageCheckpoints& h : held) {
+    if (h.steps_size() > static_cast<int>(kMaxHeldStepsPerStage)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("held: stage ", h.stage(), " lists ", h.steps_size(), " steps, at most ", kMaxHeldStepsPerStage));
+    }
+    if (!out.emplace(h.stage(), std::vector<int64_t>(h.steps().begin(), h.steps().end())).second) {
+      return absl::InvalidArgumentError(absl::StrCat("held: stage ", h.stage(), " is listed twice"));
+    }
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -45,6 +63,9 @@ grpc::Status CoordinatorGrpcService::Join(grpc::ServerContext*, const v1::JoinRe
   p.state_transfer_address = req->state_transfer_address();
   p.seconds_per_layer = req->seconds_per_layer();
   p.memory_bytes = req->memory_bytes();
+  absl::StatusOr<HeldStates> held = FromProto(req->held());
+  if (!held.ok()) return ToGrpcStatus(held.status());
+  p.held = *std::move(held);
   // Shape first, so a malformed request is INVALID_ARGUMENT whatever its token.
   if (absl::Status s = ValidateJoinParams(p); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<JoinResult> r = coordinator_->Join(p);
@@ -72,6 +93,7 @@ grpc::Status CoordinatorGrpcService::Heartbeat(grpc::ServerContext*, const v1::H
   CountHeartbeat();
   resp->set_lease_expiry_unix_ms(absl::ToUnixMillis(r->lease_expiry));
   resp->set_assignment_version(r->assignment_version);
+  for (v1::Neighbor& n : r->probe) *resp->add_probe() = std::move(n);
   return grpc::Status::OK;
 }
 
@@ -114,8 +136,14 @@ grpc::Status CoordinatorGrpcService::ReportProgress(grpc::ServerContext*, const 
                                                     v1::ReportResponse*) {
   if (absl::Status s = CheckPeerRef(req->peer_id(), req->session_token()); !s.ok()) return ToGrpcStatus(s);
   if (!req->has_progress()) return ToGrpcStatus(absl::InvalidArgumentError("progress is required"));
+  std::optional<HeldStates> held;
+  if (req->has_held()) {
+    absl::StatusOr<HeldStates> h = FromProto(req->held());
+    if (!h.ok()) return ToGrpcStatus(h.status());
+    held = *std::move(h);
+  }
   return ToGrpcStatus(coordinator_->ReportProgress(req->peer_id(), req->session_token(), FromProto(req->progress()),
-                                                   req->checkpoint_step()));
+                                                   req->checkpoint_step(), held.has_value() ? &*held : nullptr));
 }
 
 grpc::Status CoordinatorGrpcService::Status(grpc::ServerContext*, const v1::StatusRequest*,

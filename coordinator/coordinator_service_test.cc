@@ -118,6 +118,10 @@ TEST_F(CoordinatorServiceTest, MalformedRequestsAreInvalidArgument) {
   r = JoinRequestFor("a");
   r.set_memory_bytes(~uint64_t{0});
   expect_invalid(r, "memory_bytes");
+  r = JoinRequestFor("a");
+  r.add_held()->set_stage(0);
+  r.add_held()->set_stage(0);
+  expect_invalid(r, "held");
 
   EXPECT_EQ(Heartbeat(0, "x").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   v1::JoinResponse a = MustJoin("a");
@@ -142,6 +146,15 @@ TEST_F(CoordinatorServiceTest, MalformedRequestsAreInvalidArgument) {
   pr.set_session_token(a.session_token());
   grpc::ClientContext ctx3;
   EXPECT_EQ(stub_->ReportProgress(&ctx3, pr, &rr).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  pr.mutable_progress()->set_step(3);
+  pr.set_has_held(true);
+  v1::StageCheckpoints* h = pr.add_held();
+  h->set_stage(0);
+  for (int i = 0; i < 65; ++i) h->add_steps(i);
+  grpc::ClientContext ctx4;
+  s = stub_->ReportProgress(&ctx4, pr, &rr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("at most 64"));
 }
 
 TEST_F(CoordinatorServiceTest, UnknownPeerHeartbeatIsNotFoundAndWrongSessionUnauthenticated) {

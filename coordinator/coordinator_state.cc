@@ -1,5 +1,7 @@
 #include "coordinator/coordinator_state.h"
 
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -21,8 +23,11 @@ const StateKey<int64_t> kCheckpointStep("progress/checkpoint_step");
 const StateKey<double> kLoss("progress/loss");
 const StateKey<double> kTokensPerSecond("progress/tokens_per_second");
 constexpr char kMembersPrefix[] = "members/";
+constexpr char kLinksPrefix[] = "links/";
 
 std::string MemberKey(uint64_t id) { return absl::StrFormat("%s%020d", kMembersPrefix, id); }
+std::string LinksFromPrefix(uint64_t from) { return absl::StrFormat("%s%020d/", kLinksPrefix, from); }
+std::string LinkKey(uint64_t from, uint64_t to) { return absl::StrFormat("%s%020d", LinksFromPrefix(from), to); }
 
 // Missing keys read as `fallback`; other errors propagate.
 template <typename T>
@@ -54,10 +59,28 @@ void CoordinatorState::Change::PutMember(const Member& m) {
   r.set_memory_bytes(m.memory_bytes);
   r.set_joined_unix_ms(absl::ToUnixMillis(m.joined_at));
   r.set_lease_expiry_unix_ms(absl::ToUnixMillis(m.lease_expiry));
+  for (const auto& [stage, steps] : m.held) {
+    v1::StageCheckpoints* h = r.add_held();
+    h->set_stage(stage);
+    for (int64_t s : steps) h->add_steps(s);
+  }
   batch_.Put(StateKey<std::string>(MemberKey(m.id)), r.SerializeAsString());
 }
 
-void CoordinatorState::Change::DeleteMember(uint64_t id) { batch_.Delete(MemberKey(id)); }
+void CoordinatorState::Change::DeleteMember(uint64_t id) {
+  batch_.Delete(MemberKey(id));
+  batch_.DeletePrefix(LinksFromPrefix(id));
+}
+
+void CoordinatorState::Change::PutLink(uint64_t from, uint64_t to, const LinkEstimate& e) {
+  v1::LinkRecord r;
+  r.set_from_peer_id(from);
+  r.set_to_peer_id(to);
+  r.set_bandwidth_bytes_per_second(e.bandwidth_bytes_per_second);
+  r.set_rtt_seconds(e.rtt_seconds);
+  if (e.measured_at != absl::InfinitePast()) r.set_measured_unix_ms(absl::ToUnixMillis(e.measured_at));
+  batch_.Put(StateKey<std::string>(LinkKey(from, to)), r.SerializeAsString());
+}
 
 void CoordinatorState::Change::PutGrid(const Grid& g) {
   v1::GridRecord r;
@@ -125,7 +148,28 @@ absl::StatusOr<PersistedState> CoordinatorState::Load() const {
     m.memory_bytes = r.memory_bytes();
     m.joined_at = absl::FromUnixMillis(r.joined_unix_ms());
     m.lease_expiry = absl::FromUnixMillis(r.lease_expiry_unix_ms());
+    for (const v1::StageCheckpoints& h : r.held()) {
+      m.held[h.stage()].assign(h.steps().begin(), h.steps().end());
+    }
     s.members.push_back(std::move(m));
+  }
+
+  std::set<uint64_t> member_ids;
+  for (const Member& m : s.members) member_ids.insert(m.id);
+  AQSWARM_ASSIGN_OR_RETURN(auto links, store_->Scan(kLinksPrefix));
+  for (const auto& [key, tagged] : links) {
+    AQSWARM_ASSIGN_OR_RETURN(std::string raw, StateStore::Untag<std::string>(key, tagged));
+    v1::LinkRecord r;
+    if (!r.ParseFromString(raw) || key != LinkKey(r.from_peer_id(), r.to_peer_id()) ||
+        !ValidateLinkEstimate(r.bandwidth_bytes_per_second(), r.rtt_seconds()).ok()) {
+      return absl::DataLossError(absl::StrCat("coordinator state: link record '", key, "' is corrupt"));
+    }
+    // Links to a member that has since gone are dropped (only links *from* a
+    // removed member are deleted with it).
+    if (!member_ids.count(r.from_peer_id()) || !member_ids.count(r.to_peer_id())) continue;
+    LinkEstimate e{r.bandwidth_bytes_per_second(), r.rtt_seconds(), true,
+                   r.measured_unix_ms() != 0 ? absl::FromUnixMillis(r.measured_unix_ms()) : absl::InfinitePast()};
+    s.links.push_back({r.from_peer_id(), r.to_peer_id(), e});
   }
 
   absl::StatusOr<std::string> grid = store_->Get(kGrid);

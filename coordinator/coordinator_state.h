@@ -16,6 +16,7 @@
 //   counters/next_generation         uint64
 //   members/<peer id, 20 digits>     string   serialized v1::MemberRecord
 //   grid                             string   serialized v1::GridRecord
+//   links/<from id>/<to id>          string   serialized v1::LinkRecord (measured links)
 //   progress/step, progress/checkpoint_step   int64
 //   progress/loss, progress/tokens_per_second double
 // Lease expiries are stored as of the last membership change, not per
@@ -33,6 +34,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "coordinator/link_matrix.h"
 #include "coordinator/membership.h"
 #include "coordinator/planner.h"
 #include "proto/job.pb.h"
@@ -51,12 +53,18 @@ struct SwarmProgress {
   int64_t checkpoint_step = 0;
 };
 
+struct LinkRow {
+  uint64_t from = 0, to = 0;
+  LinkEstimate estimate;
+};
+
 struct PersistedState {
   std::optional<v1::JobSpec> job;  // nullopt: a fresh state dir
   Counters counters;
   std::vector<Member> members;     // by id
   std::optional<Grid> grid;
   SwarmProgress progress;
+  std::vector<LinkRow> links;      // between members only
 };
 
 class CoordinatorState {
@@ -73,7 +81,9 @@ class CoordinatorState {
     void PutJob(const v1::JobSpec& job);
     void PutCounters(const Counters& counters);
     void PutMember(const Member& member);
+    // Also deletes the links measured from it.
     void DeleteMember(uint64_t id);
+    void PutLink(uint64_t from, uint64_t to, const LinkEstimate& estimate);
     void PutGrid(const Grid& grid);
     void PutProgress(const SwarmProgress& progress);
     bool empty() const { return batch_.empty(); }

@@ -17,8 +17,13 @@ absl::Status ValidateLinkEstimate(double bandwidth, double rtt) {
   return absl::OkStatus();
 }
 
-void LinkMatrix::Report(uint64_t from, uint64_t to, double bandwidth, double rtt) {
-  measured_[{from, to}] = LinkEstimate{bandwidth, rtt, true};
+void LinkMatrix::Report(uint64_t from, uint64_t to, double bandwidth, double rtt, absl::Time at) {
+  measured_[{from, to}] = LinkEstimate{bandwidth, rtt, true, at};
+}
+
+const LinkEstimate* LinkMatrix::Measured(uint64_t from, uint64_t to) const {
+  auto it = measured_.find({from, to});
+  return it == measured_.end() ? nullptr : &it->second;
 }
 
 LinkEstimate LinkMatrix::Get(uint64_t from, uint64_t to) const {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 
 namespace aqswarm::coordinator {
 
@@ -27,6 +28,7 @@ struct LinkEstimate {
   // Seconds, >= 0. Default: 0.05.
   double rtt_seconds = 0.05;
   bool measured = false;
+  absl::Time measured_at = absl::InfinitePast();
 };
 
 // INVALID_ARGUMENT unless bandwidth is finite in (0, 1e12] B/s and rtt finite in [0, 60] s.
@@ -37,7 +39,10 @@ class LinkMatrix {
   // `guess`: what an unmeasured pair is assumed to be.
   explicit LinkMatrix(LinkEstimate guess = {}) : guess_(guess) {}
 
-  void Report(uint64_t from, uint64_t to, double bandwidth_bytes_per_second, double rtt_seconds);
+  void Report(uint64_t from, uint64_t to, double bandwidth_bytes_per_second, double rtt_seconds,
+              absl::Time at = absl::InfinitePast());
+  // The from->to measurement itself (not the reverse or the guess), if any.
+  const LinkEstimate* Measured(uint64_t from, uint64_t to) const;
   LinkEstimate Get(uint64_t from, uint64_t to) const;
   // Measured links from `from` (to, estimate), by `to`.
   std::vector<std::pair<uint64_t, LinkEstimate>> MeasuredFrom(uint64_t from) const;

@@ -150,6 +150,7 @@ absl::StatusOr<Member> Membership::Admit(const JoinParams& params, uint64_t id) 
   m.state_transfer_address = params.state_transfer_address;
   m.seconds_per_layer = params.seconds_per_layer;
   m.memory_bytes = params.memory_bytes;
+  m.held = params.held;
   m.joined_at = now;
   m.lease_expiry = now + options_.lease;
   return m;
@@ -182,6 +183,28 @@ absl::StatusOr<const Member*> Membership::Authenticate(uint64_t id, absl::string
 }
 
 void Membership::SetProgress(uint64_t id, const PeerProgress& progress) { members_.at(id).progress = progress; }
+
+void Membership::SetHeld(uint64_t id, HeldStates held) { members_.at(id).held = std::move(held); }
+
+absl::Status ValidateHeldStates(const HeldStates& held, int num_stages) {
+  for (const auto& [stage, steps] : held) {
+    if (stage >= static_cast<uint32_t>(num_stages)) {
+      return absl::InvalidArgumentError(absl::StrCat("held state of stage ", stage, " but the job has ", num_stages,
+                                                     " stages"));
+    }
+    if (steps.size() > kMaxHeldStepsPerStage) {
+      return absl::InvalidArgumentError(absl::StrCat("held states of stage ", stage, ": ", steps.size(),
+                                                     " steps, at most ", kMaxHeldStepsPerStage));
+    }
+    for (size_t i = 0; i < steps.size(); ++i) {
+      if (steps[i] < 0 || (i > 0 && steps[i] <= steps[i - 1])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("held states of stage ", stage, ": steps must be >= 0 and strictly ascending"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Time Membership::Renew(uint64_t id) {
   Member& m = members_.at(id);

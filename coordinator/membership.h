@@ -41,6 +41,11 @@ struct PeerProgress {
   double tokens_per_second = 0;
 };
 
+// Stage -> steps completed of the stage states (checkpoints) a peer holds
+// and serves; steps ascending, unique.
+using HeldStates = std::map<uint32_t, std::vector<int64_t>>;
+inline constexpr size_t kMaxHeldStepsPerStage = 64;
+
 struct JoinParams {
   std::string peer_name;
   std::string join_token;
@@ -49,6 +54,7 @@ struct JoinParams {
   std::string state_transfer_address;     // may be empty
   double seconds_per_layer = 0;           // 0 = unknown
   uint64_t memory_bytes = 0;              // 0 = unknown (unlimited)
+  HeldStates held;                        // states it already holds (a restarted peer)
 };
 
 struct Member {
@@ -63,6 +69,7 @@ struct Member {
   absl::Time joined_at;
   absl::Time lease_expiry;
   PeerProgress progress;  // latest reported (not persisted)
+  HeldStates held;        // latest reported (persisted)
 };
 
 // Limits on what a peer may claim; beyond them a request is INVALID_ARGUMENT.
@@ -77,6 +84,9 @@ absl::Status ValidateAddress(absl::string_view field, absl::string_view address)
 absl::Status ValidateJoinParams(const JoinParams& params);
 // Finite, non-negative, below generous ceilings.
 absl::Status ValidateProgress(const PeerProgress& progress);
+// Stages < num_stages, steps >= 0 and ascending without repeats, at most
+// kMaxHeldStepsPerStage per stage.
+absl::Status ValidateHeldStates(const HeldStates& held, int num_stages);
 
 struct MembershipOptions {
   // Swarm id the join tokens must name. Required.
@@ -105,6 +115,8 @@ class Membership {
   absl::StatusOr<const Member*> Authenticate(uint64_t id, absl::string_view session_token) const;
   // Records the latest progress a member reported. The id must exist.
   void SetProgress(uint64_t id, const PeerProgress& progress);
+  // Records the stage states a member holds. The id must exist.
+  void SetHeld(uint64_t id, HeldStates held);
   // Extends the lease to now + lease; returns the new expiry. The id must exist.
   absl::Time Renew(uint64_t id);
   // Members whose lease expired (expiry <= now), by id.

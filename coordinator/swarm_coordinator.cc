@@ -1,6 +1,8 @@
 #include "coordinator/swarm_coordinator.h"
 
 #include <algorithm>
+#include <functional>
+#include <set>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +31,33 @@ Grid WithHoles(Grid grid, const std::unordered_set<uint64_t>& gone) {
 }
 
 }  // namespace
+
+int64_t PickResumeStep(const Grid& grid, const Membership& members, std::optional<int64_t> bound) {
+  std::set<int64_t, std::greater<>> candidates = {0};
+  for (const auto& [id, m] : members.members()) {
+    for (const auto& [stage, steps] : m.held) {
+      for (int64_t s : steps) {
+        if (!bound.has_value() || s <= *bound) candidates.insert(s);
+      }
+    }
+  }
+  for (int64_t s : candidates) {
+    bool everywhere = true;
+    for (int j = 0; j < grid.num_stages && everywhere && s > 0; ++j) {
+      bool held = false;
+      for (const auto& [id, m] : members.members()) {
+        auto it = m.held.find(j);
+        if (it != m.held.end() && std::binary_search(it->second.begin(), it->second.end(), s)) {
+          held = true;
+          break;
+        }
+      }
+      everywhere = held;
+    }
+    if (everywhere) return s;
+  }
+  return 0;
+}
 
 SwarmCoordinator::SwarmCoordinator(SwarmCoordinatorOptions options, std::unique_ptr<CoordinatorState> state)
     : options_(std::move(options)),
@@ -92,6 +121,10 @@ absl::Status SwarmCoordinator::Restore(const PersistedState& persisted) {
     counters_.next_peer_id = std::max(counters_.next_peer_id, m.id + 1);
     membership_.Add(m);
   }
+  for (const LinkRow& l : persisted.links) {
+    links_.Report(l.from, l.to, l.estimate.bandwidth_bytes_per_second, l.estimate.rtt_seconds,
+                  l.estimate.measured_at);
+  }
   membership_.ExtendAllLeases(options_.restart_grace);
   AQSWARM_LOG(INFO) << "coordinator state restored: job '" << options_.job.name() << "', "
                     << membership_.size() << " members, assignment version " << counters_.assignment_version
@@ -123,18 +156,28 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
   grid.resume_step = grid_.resume_step;
   const bool replanned = grid.slots != grid_.slots;
   if (replanned) {
-    // Every placed peer restarts at the same step: the fewest steps any peer
-    // that keeps a place has completed (peers ahead roll back; newcomers pull
-    // that step's state from a replica). A grid of newcomers starts at 0.
+    // Every placed peer restarts at the same step: the most steps completed,
+    // at most the fewest any peer that keeps a place has completed, for which
+    // every stage has a state some live member holds (its replicas, a mirror,
+    // a restarted peer's disk). Peers ahead roll back; peers without that
+    // state pull it (Assignment.state_sources). With no state for some stage
+    // anywhere, the job starts over at step 0.
     grid.plan_version += 1;
-    std::optional<int64_t> resume;
+    std::optional<int64_t> bound;
     for (uint64_t id : grid.slots) {
       if (id == 0 || !grid_.Find(id).has_value()) continue;
       if (const Member* m = membership_.Find(id)) {
-        resume = std::min(resume.value_or(m->progress.step), m->progress.step);
+        bound = std::min(bound.value_or(m->progress.step), m->progress.step);
       }
     }
-    grid.resume_step = resume.value_or(0);
+    Membership live = membership_;
+    for (uint64_t id : removed) live.Remove(id);
+    if (added.has_value()) live.Add(*added);
+    grid.resume_step = PickResumeStep(grid, live, bound);
+    if (bound.has_value() && grid.resume_step < *bound) {
+      AQSWARM_LOG(WARNING) << "re-plan resumes at step " << grid.resume_step << ", behind the " << *bound
+                           << " steps the survivors completed: the newest state held for every stage";
+    }
   }
   counters.assignment_version += 1;
   if (added.has_value()) counters.next_peer_id = std::max(counters.next_peer_id, added->id + 1);
@@ -171,6 +214,7 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
 
 absl::StatusOr<JoinResult> SwarmCoordinator::Join(const JoinParams& params) {
   absl::MutexLock lock(&mu_);
+  AQSWARM_RETURN_IF_ERROR(ValidateHeldStates(params.held, planner_.num_stages()));
   AQSWARM_ASSIGN_OR_RETURN(Member m, membership_.Admit(params, counters_.next_peer_id));
   std::vector<uint64_t> removed;
   if (const Member* old = membership_.FindByName(m.name)) {
@@ -192,6 +236,28 @@ absl::StatusOr<HeartbeatResult> SwarmCoordinator::Heartbeat(uint64_t peer_id, ab
   r.lease_expiry = membership_.Renew(peer_id);
   if (progress != nullptr) AQSWARM_RETURN_IF_ERROR(RecordProgressLocked(*m, *progress, 0));
   r.assignment_version = counters_.assignment_version;
+  if (options_.probe_max_age > absl::ZeroDuration() && !m->state_transfer_address.empty()) {
+    // Links from this peer that nobody measured or that went stale, starting
+    // after its own id so peers spread their probes over different targets.
+    const absl::Time now = clock_->Now();
+    const auto& all = membership_.members();
+    auto start = all.upper_bound(peer_id);
+    for (size_t i = 0; i < all.size() && static_cast<int>(r.probe.size()) < options_.probes_per_heartbeat; ++i) {
+      if (start == all.end()) start = all.begin();
+      const Member& to = (start++)->second;
+      if (to.id == peer_id || to.state_transfer_address.empty()) continue;
+      const LinkEstimate* e = links_.Measured(peer_id, to.id);
+      if (e != nullptr && now - e->measured_at < options_.probe_max_age) continue;
+      auto asked = probe_asked_.find({peer_id, to.id});
+      if (asked != probe_asked_.end() && now - asked->second < options_.probe_retry) continue;
+      probe_asked_[{peer_id, to.id}] = now;
+      v1::Neighbor n;
+      n.set_peer_id(to.id);
+      n.set_peer_name(to.name);
+      n.set_state_transfer_address(to.state_transfer_address);
+      r.probe.push_back(std::move(n));
+    }
+  }
   return r;
 }
 
@@ -211,12 +277,16 @@ absl::Status SwarmCoordinator::ReportLinkProbe(uint64_t peer_id, absl::string_vi
   if (membership_.Find(to_peer_id) == nullptr) {
     return absl::NotFoundError(absl::StrCat("to_peer_id ", to_peer_id, " is not a member"));
   }
-  links_.Report(peer_id, to_peer_id, bandwidth, rtt);
-  return absl::OkStatus();
+  links_.Report(peer_id, to_peer_id, bandwidth, rtt, clock_->Now());
+  CoordinatorState::Change change;
+  change.PutLink(peer_id, to_peer_id, *links_.Measured(peer_id, to_peer_id));
+  return state_->Commit(change);
 }
 
 absl::Status SwarmCoordinator::ReportProgress(uint64_t peer_id, absl::string_view session_token,
-                                              const PeerProgress& progress, int64_t checkpoint_step) {
+                                              const PeerProgress& progress, int64_t checkpoint_step,
+                                              const HeldStates* held) {
+  if (held != nullptr) AQSWARM_RETURN_IF_ERROR(ValidateHeldStates(*held, planner_.num_stages()));
   AQSWARM_RETURN_IF_ERROR(ValidateProgress(progress));
   if (checkpoint_step < 0 || checkpoint_step > progress.step) {
     return absl::InvalidArgumentError(
@@ -224,6 +294,14 @@ absl::Status SwarmCoordinator::ReportProgress(uint64_t peer_id, absl::string_vie
   }
   absl::MutexLock lock(&mu_);
   AQSWARM_ASSIGN_OR_RETURN(const Member* m, membership_.Authenticate(peer_id, session_token));
+  if (held != nullptr && *held != m->held) {
+    Member updated = *m;
+    updated.held = *held;
+    CoordinatorState::Change change;
+    change.PutMember(updated);
+    AQSWARM_RETURN_IF_ERROR(state_->Commit(change));
+    membership_.SetHeld(peer_id, *held);
+  }
   return RecordProgressLocked(*m, progress, checkpoint_step);
 }
 
@@ -310,6 +388,21 @@ absl::StatusOr<v1::Assignment> SwarmCoordinator::GetAssignment(uint64_t peer_id,
     if (q != p && grid_.at(j, q) != 0) {
       *a.add_replicas() = NeighborLocked(grid_.at(j, q), j, q, grid_.replica_generation[j]);
     }
+  }
+  if (grid_.resume_step > 0) {
+    for (const auto& [id, m] : membership_.members()) {
+      auto it = m.held.find(j);
+      if (id == peer_id || m.state_transfer_address.empty() || it == m.held.end() ||
+          !std::binary_search(it->second.begin(), it->second.end(), grid_.resume_step)) {
+        continue;
+      }
+      const auto at = grid_.Find(id);
+      *a.add_state_sources() = NeighborLocked(id, j, at.has_value() ? at->second : 0, 0);
+    }
+  }
+  if (options_.mirror_checkpoints && grid_.num_stages > 1) {
+    const int k = (j + 1) % grid_.num_stages;
+    if (grid_.at(k, p) != 0) *a.mutable_mirror() = NeighborLocked(grid_.at(k, p), k, p, 0);
   }
   return a;
 }

@@ -32,6 +32,7 @@
 #define AQSWARM_COORDINATOR_SWARM_COORDINATOR_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -66,6 +67,18 @@ struct SwarmCoordinatorOptions {
   int64_t max_members = 100000;
   // Assumed link for pairs nobody probed.
   LinkEstimate link_guess;
+  // Heartbeat answers ask a peer to probe up to `probes_per_heartbeat` peers
+  // whose link from it is unmeasured or older than `probe_max_age` (a peer
+  // is not asked about the same link again within `probe_retry`).
+  // probe_max_age 0 = no probing.
+  absl::Duration probe_max_age = absl::Minutes(10);
+  int probes_per_heartbeat = 2;
+  absl::Duration probe_retry = absl::Minutes(1);
+  // Placed peer (stage j, pipeline p) copies the state of (j + 1 mod K, p)
+  // after each checkpoint (Assignment.mirror), so a stage that loses every
+  // replica resumes from a copy instead of step 0. Costs one stage state per
+  // checkpoint interval on that link. Default: off.
+  bool mirror_checkpoints = false;
   PlannerOptions planner;
   // Where the state lives. `state.dir` is required.
   CoordinatorState::Options state;
@@ -83,7 +96,13 @@ struct JoinResult {
 struct HeartbeatResult {
   absl::Time lease_expiry;
   uint64_t assignment_version = 0;
+  std::vector<v1::Neighbor> probe;  // peers to probe (see probe_max_age)
 };
+
+// The most steps completed, at most `bound` (none: unbounded), at which every
+// stage of `grid` has a state held by some member of `members` (step 0 always
+// qualifies: the initialisation is seeded).
+int64_t PickResumeStep(const Grid& grid, const Membership& members, std::optional<int64_t> bound);
 
 class SwarmCoordinator {
  public:
@@ -99,8 +118,9 @@ class SwarmCoordinator {
   absl::StatusOr<uint64_t> Leave(uint64_t peer_id, absl::string_view session_token);
   absl::Status ReportLinkProbe(uint64_t peer_id, absl::string_view session_token, uint64_t to_peer_id,
                                double bandwidth_bytes_per_second, double rtt_seconds);
+  // `held` (optional) replaces the stage states the peer holds.
   absl::Status ReportProgress(uint64_t peer_id, absl::string_view session_token, const PeerProgress& progress,
-                              int64_t checkpoint_step);
+                              int64_t checkpoint_step, const HeldStates* held = nullptr);
   absl::StatusOr<v1::Assignment> GetAssignment(uint64_t peer_id, absl::string_view session_token) const;
 
   // Blocks until the assignment version exceeds `known` or `timeout` passes
@@ -140,6 +160,8 @@ class SwarmCoordinator {
   Grid grid_ ABSL_GUARDED_BY(mu_);
   Counters counters_ ABSL_GUARDED_BY(mu_);
   SwarmProgress progress_ ABSL_GUARDED_BY(mu_);
+  // When a peer was last asked to probe a link (from, to): not persisted.
+  std::map<std::pair<uint64_t, uint64_t>, absl::Time> probe_asked_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace aqswarm::coordinator

@@ -112,9 +112,14 @@ TEST_F(SwarmCoordinatorTest, AGridChangeRestartsEveryPeerAtTheFewestStepsASurviv
   auto same = c->GetAssignment(j[0].peer_id, j[0].session_token);
   ASSERT_TRUE(same.ok());
   EXPECT_EQ(same->plan_version(), plan);
-  // Peers report 7, 8, 8, 8 completed steps; then "d" leaves.
+  // Peers report 7, 8, 8, 8 completed steps (each holding the states of its
+  // stage after every step); then "d" leaves.
+  const Grid g = c->grid();
   for (int i = 0; i < 4; ++i) {
-    ASSERT_TRUE(c->ReportProgress(j[i].peer_id, j[i].session_token, PeerProgress{i == 1 ? 7 : 8, 5.0, 10}, 0).ok());
+    const int steps = i == 1 ? 7 : 8;
+    HeldStates held{{g.Find(j[i].peer_id)->first, {steps - 2, steps - 1, steps}}};
+    ASSERT_TRUE(
+        c->ReportProgress(j[i].peer_id, j[i].session_token, PeerProgress{steps, 5.0, 10}, 0, &held).ok());
   }
   ASSERT_TRUE(c->Leave(j[3].peer_id, j[3].session_token).ok());
   auto after = c->GetAssignment(s.peer_id, s.session_token);
@@ -127,6 +132,8 @@ TEST_F(SwarmCoordinatorTest, AGridChangeRestartsEveryPeerAtTheFewestStepsASurviv
   EXPECT_EQ(a->resume_step(), 7);
   EXPECT_EQ(a->plan_version(), plan + 1);
   // Survivors count as being at the resume step until they report again.
+  HeldStates fetched{{after->stage(), {7}}};
+  ASSERT_TRUE(c->ReportProgress(s.peer_id, s.session_token, PeerProgress{7, 5.0, 10}, 0, &fetched).ok());
   ASSERT_TRUE(c->Leave(j[2].peer_id, j[2].session_token).ok());
   auto hole = c->GetAssignment(j[0].peer_id, j[0].session_token);
   ASSERT_TRUE(hole.ok());
@@ -221,6 +228,139 @@ TEST_F(SwarmCoordinatorTest, ProbesAndProgressShowInStatus) {
   EXPECT_EQ(pa.links(0).to_peer_id(), b.peer_id);
   EXPECT_EQ(pa.links(0).bandwidth_bytes_per_second(), 5e6);
   EXPECT_EQ(pa.state(), v1::PeerStatus::ACTIVE);
+}
+
+TEST_F(SwarmCoordinatorTest, AStageWithNoLiveReplicaResumesFromTheNewestStateAMirrorHolds) {
+  SwarmCoordinatorOptions o = TestOptions(&clock_, dir_.Sub("state"), 2, 1);
+  o.mirror_checkpoints = true;
+  auto c = *SwarmCoordinator::Create(o);
+  auto join = [&](const std::string& name, int port) {
+    JoinParams p = JoinAs(clock_, name, port);
+    p.state_transfer_address = absl::StrCat("127.0.0.1:", port + 2);
+    return *c->Join(p);
+  };
+  JoinResult a = join("a", 5000), b = join("b", 6000), s = join("s", 7000);
+  const Grid g = c->grid();
+  const JoinResult& first = g.at(0, 0) == a.peer_id ? a : b;
+  const JoinResult& second = g.at(0, 0) == a.peer_id ? b : a;
+  // Each placed peer mirrors the other stage.
+  auto fa = c->GetAssignment(first.peer_id, first.session_token);
+  ASSERT_TRUE(fa.ok());
+  EXPECT_EQ(fa->mirror().peer_id(), second.peer_id);
+  EXPECT_EQ(fa->mirror().stage(), 1u);
+  EXPECT_EQ(fa->mirror().state_transfer_address(), second.peer_id == b.peer_id ? "127.0.0.1:6002" : "127.0.0.1:5002");
+  EXPECT_FALSE(c->GetAssignment(s.peer_id, s.session_token)->has_mirror()) << "standbys mirror nothing";
+  // Stage 0 holds its own states at 4 and 6 and a copy of stage 1 at 4 (the
+  // copy of 6 is not there yet); both completed 6 steps.
+  HeldStates first_holds{{0, {4, 6}}, {1, {4}}}, second_holds{{1, {4, 6}}};
+  ASSERT_TRUE(c->ReportProgress(first.peer_id, first.session_token, {6, 3.0, 10}, 6, &first_holds).ok());
+  ASSERT_TRUE(c->ReportProgress(second.peer_id, second.session_token, {6, 3.0, 10}, 6, &second_holds).ok());
+  // Stage 1's only peer leaves: the standby takes it over from the mirror's
+  // copy at step 4, and stage 0 rolls back to 4.
+  ASSERT_TRUE(c->Leave(second.peer_id, second.session_token).ok());
+  auto sa = c->GetAssignment(s.peer_id, s.session_token);
+  ASSERT_TRUE(sa.ok());
+  EXPECT_EQ(sa->role(), v1::Assignment::STAGE);
+  EXPECT_EQ(sa->stage(), 1u);
+  EXPECT_EQ(sa->resume_step(), 4);
+  ASSERT_EQ(sa->state_sources_size(), 1);
+  EXPECT_EQ(sa->state_sources(0).peer_id(), first.peer_id);
+  EXPECT_EQ(sa->state_sources(0).state_transfer_address(), first.peer_id == a.peer_id ? "127.0.0.1:5002" : "127.0.0.1:6002");
+  EXPECT_EQ(sa->mirror().peer_id(), first.peer_id);
+  EXPECT_EQ(c->GetAssignment(first.peer_id, first.session_token)->resume_step(), 4);
+  // Malformed holdings are refused and change nothing.
+  HeldStates unordered{{0, {6, 4}}}, no_such_stage{{2, {4}}};
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      c->ReportProgress(first.peer_id, first.session_token, {4, 3.0, 10}, 0, &unordered)));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      c->ReportProgress(first.peer_id, first.session_token, {4, 3.0, 10}, 0, &no_such_stage)));
+}
+
+TEST_F(SwarmCoordinatorTest, WithNoStateOfSomeStageAnywhereTheJobStartsOver) {
+  auto c = Make(2, 1);
+  JoinResult a = MustJoin(*c, "a"), b = MustJoin(*c, "b");
+  MustJoin(*c, "s");
+  const Grid g = c->grid();
+  const JoinResult& first = g.at(0, 0) == a.peer_id ? a : b;
+  const JoinResult& second = g.at(0, 0) == a.peer_id ? b : a;
+  HeldStates h0{{0, {5}}}, h1{{1, {5}}};
+  ASSERT_TRUE(c->ReportProgress(first.peer_id, first.session_token, {5, 3.0, 10}, 5, &h0).ok());
+  ASSERT_TRUE(c->ReportProgress(second.peer_id, second.session_token, {5, 3.0, 10}, 5, &h1).ok());
+  ASSERT_TRUE(c->Leave(second.peer_id, second.session_token).ok());
+  EXPECT_EQ(c->grid().resume_step, 0);
+  EXPECT_EQ(c->GetAssignment(first.peer_id, first.session_token)->state_sources_size(), 0);
+}
+
+TEST_F(SwarmCoordinatorTest, PeersWithCheckpointsOnDiskRestartAStoppedJobWhereItWas) {
+  // A whole swarm restarted (new coordinator state, peers keep their disks):
+  // the peers' held states at Join let the first plan resume at step 9.
+  auto c = Make(2, 1);
+  JoinParams a = JoinAs(clock_, "a", 5000), b = JoinAs(clock_, "b", 6000);
+  a.held = {{0, {8, 9}}, {1, {9}}};
+  b.held = {{1, {8, 9}}};
+  ASSERT_TRUE(c->Join(a).ok());
+  ASSERT_TRUE(c->Join(b).ok());
+  EXPECT_EQ(c->grid().resume_step, 9);
+  JoinParams bad = JoinAs(clock_, "c", 7000);
+  bad.held = {{7, {1}}};
+  EXPECT_TRUE(absl::IsInvalidArgument(c->Join(bad).status()));
+}
+
+TEST_F(SwarmCoordinatorTest, HeartbeatsAskForProbesOfUnmeasuredOrStaleLinksAndMeasurementsPersist) {
+  SwarmCoordinatorOptions o = TestOptions(&clock_, dir_.Sub("state"), 2, 1);
+  o.probe_max_age = absl::Minutes(10);
+  o.probe_retry = absl::Minutes(1);
+  o.probes_per_heartbeat = 2;
+  JoinResult a, b, s;
+  {
+    auto c = *SwarmCoordinator::Create(o);
+    auto join = [&](const std::string& name, int port) {
+      JoinParams p = JoinAs(clock_, name, port);
+      p.state_transfer_address = absl::StrCat("127.0.0.1:", port + 2);
+      return *c->Join(p);
+    };
+    a = join("a", 5000);
+    b = join("b", 6000);
+    s = join("s", 7000);
+    auto hb = c->Heartbeat(a.peer_id, a.session_token);
+    ASSERT_TRUE(hb.ok());
+    std::set<uint64_t> asked;
+    for (const auto& n : hb->probe) {
+      asked.insert(n.peer_id());
+      EXPECT_FALSE(n.state_transfer_address().empty());
+    }
+    EXPECT_EQ(asked, (std::set<uint64_t>{b.peer_id, s.peer_id}));
+    // Not asked again while the probe may still be running...
+    EXPECT_TRUE(c->Heartbeat(a.peer_id, a.session_token)->probe.empty());
+    ASSERT_TRUE(c->ReportLinkProbe(a.peer_id, a.session_token, b.peer_id, 2e6, 0.04).ok());
+    // ...and after the retry period only the unmeasured link is.
+    clock_.Advance(absl::Minutes(2));
+    ASSERT_TRUE(c->Heartbeat(b.peer_id, b.session_token).ok());
+    ASSERT_TRUE(c->Heartbeat(s.peer_id, s.session_token).ok());
+    hb = c->Heartbeat(a.peer_id, a.session_token);
+    ASSERT_EQ(hb->probe.size(), 1u);
+    EXPECT_EQ(hb->probe[0].peer_id(), s.peer_id);
+  }
+  // The measured link survives a restart; it goes stale after probe_max_age.
+  auto c = *SwarmCoordinator::Create(o);
+  v1::StatusResponse st = c->GetStatus();
+  bool found = false;
+  for (const auto& p : st.peers()) {
+    for (const auto& l : p.links()) {
+      if (p.peer_id() == a.peer_id && l.to_peer_id() == b.peer_id) {
+        found = true;
+        EXPECT_EQ(l.bandwidth_bytes_per_second(), 2e6);
+        EXPECT_EQ(l.rtt_seconds(), 0.04);
+      }
+    }
+  }
+  EXPECT_TRUE(found);
+  clock_.Advance(absl::Minutes(11));
+  auto hb = c->Heartbeat(a.peer_id, a.session_token);
+  ASSERT_TRUE(hb.ok());
+  std::set<uint64_t> asked;
+  for (const auto& n : hb->probe) asked.insert(n.peer_id());
+  EXPECT_TRUE(asked.count(b.peer_id)) << "stale after 10 min";
 }
 
 TEST_F(SwarmCoordinatorTest, AwaitVersionAboveReturnsAtOnceWhenNewerAndTimesOutOtherwise) {

@@ -2,15 +2,19 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -41,6 +45,36 @@ bool HasFixedPort(const std::string& address) {
 }
 
 std::string Host(const std::string& address) { return address.substr(0, address.rfind(':')); }
+
+// The stage states under `root`/stage-<j> (the newest 64 of each stage).
+std::vector<v1::StageCheckpoints> ListHeld(const fs::path& root) {
+  std::vector<v1::StageCheckpoints> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    uint32_t stage = 0;
+    if (!absl::StartsWith(name, "stage-") || !absl::SimpleAtoi(name.substr(6), &stage)) continue;
+    std::vector<int64_t> steps = StageCheckpointSteps(entry.path().string());
+    if (steps.empty()) continue;
+    v1::StageCheckpoints h;
+    h.set_stage(stage);
+    for (size_t i = steps.size() > 64 ? steps.size() - 64 : 0; i < steps.size(); ++i) h.add_steps(steps[i]);
+    out.push_back(std::move(h));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.stage() < b.stage(); });
+  return out;
+}
+
+// Deletes the states in `dir` past `step` and all but the newest `keep`.
+void PruneStates(const std::string& dir, int64_t past, size_t keep) {
+  std::vector<int64_t> steps = StageCheckpointSteps(dir);
+  std::error_code ec;
+  while (!steps.empty() && steps.back() > past) {
+    fs::remove(StageCheckpointPath(dir, steps.back()), ec);
+    steps.pop_back();
+  }
+  for (size_t i = 0; i + keep < steps.size(); ++i) fs::remove(StageCheckpointPath(dir, steps[i]), ec);
+}
 
 // What a running child was started for: a new plan or place restarts it.
 struct RunKey {
@@ -144,6 +178,8 @@ class PeerDaemonImpl final : public PeerDaemon {
     AQSWARM_RETURN_IF_ERROR(Join());
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
     watch_ = std::thread([this] { WatchLoop(); });
+    prober_ = std::thread([this] { ProbeLoop(); });
+    mirror_ = std::thread([this] { MirrorLoop(); });
     uint64_t applied_version = 0;
     std::optional<absl::Time> failed_at;
     while (true) {
@@ -238,6 +274,7 @@ class PeerDaemonImpl final : public PeerDaemon {
     req.set_state_transfer_address(o_.state_advertise);
     req.set_seconds_per_layer(o_.seconds_per_layer);
     req.set_memory_bytes(o_.memory_bytes);
+    for (v1::StageCheckpoints& h : ListHeld(fs::path(o_.work_dir) / "checkpoints")) *req.add_held() = std::move(h);
     while (true) {
       v1::JoinResponse resp;
       grpc::ClientContext ctx;
@@ -307,6 +344,14 @@ class PeerDaemonImpl final : public PeerDaemon {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(period));
       grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
+      if (s.ok() && resp.probe_size() > 0 && o_.probe_bytes > 0) {
+        absl::MutexLock l(&mu_);
+        for (const v1::Neighbor& n : resp.probe()) {
+          const bool queued = std::any_of(probes_.begin(), probes_.end(),
+                                          [&](const v1::Neighbor& q) { return q.peer_id() == n.peer_id(); });
+          if (!queued && probes_.size() < 64 && !n.state_transfer_address().empty()) probes_.push_back(n);
+        }
+      }
       if ((s.error_code() == grpc::StatusCode::NOT_FOUND || s.error_code() == grpc::StatusCode::UNAUTHENTICATED) &&
           Session().second == req.session_token()) {
         AQSWARM_LOG(WARNING) << "peer " << o_.name << ": the coordinator no longer knows us (" << s.error_message()
@@ -357,22 +402,140 @@ class PeerDaemonImpl final : public PeerDaemon {
     }
   }
 
-  void ReportProgress(int64_t steps, double loss, double tokens_per_second) {
+  // With the stage states held now; no argument: the last progress again
+  // (after a mirror copy landed).
+  void ReportProgress(std::optional<v1::Progress> progress = std::nullopt) {
     v1::ProgressReport req;
     {
       absl::MutexLock l(&mu_);
+      if (progress.has_value()) last_progress_ = *progress;
       req.set_peer_id(peer_id_);
       req.set_session_token(session_);
+      *req.mutable_progress() = last_progress_;
     }
-    req.mutable_progress()->set_step(steps);
-    req.mutable_progress()->set_loss(loss);
-    req.mutable_progress()->set_tokens_per_second(tokens_per_second);
+    req.set_has_held(true);
+    for (v1::StageCheckpoints& h : ListHeld(fs::path(o_.work_dir) / "checkpoints")) *req.add_held() = std::move(h);
     v1::ReportResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     grpc::Status s = stub_->ReportProgress(&ctx, req, &resp);
     if (!s.ok()) {
       AQSWARM_LOG(DEBUG) << "progress report failed: " << s.error_message();
+    }
+  }
+
+  // ---- probes and mirrors ------------------------------------------------
+
+  // Probes the peers heartbeat answers asked for, one at a time.
+  void ProbeLoop() {
+    while (true) {
+      v1::Neighbor target;
+      {
+        absl::MutexLock l(&mu_);
+        mu_.Await(absl::Condition(
+            +[](PeerDaemonImpl* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu_) { return d->stop_ || !d->probes_.empty(); },
+            this));
+        if (stop_) return;
+        target = probes_.front();
+      }
+      ProbeOptions po;
+      po.payload_bytes = o_.probe_bytes;
+      po.tls = o_.tls;
+      po.timeout = absl::Seconds(10);
+      absl::StatusOr<LinkProbeResult> r = ProbeLink(target.state_transfer_address(), po);
+      {
+        absl::MutexLock l(&mu_);
+        probes_.pop_front();
+      }
+      if (!r.ok()) {
+        AQSWARM_LOG(INFO) << "peer " << o_.name << ": probe of " << target.peer_name() << " failed: " << r.status();
+        continue;
+      }
+      v1::LinkProbeReport req;
+      {
+        absl::MutexLock l(&mu_);
+        req.set_peer_id(peer_id_);
+        req.set_session_token(session_);
+      }
+      req.set_to_peer_id(target.peer_id());
+      req.set_bandwidth_bytes_per_second(r->bandwidth_bytes_per_second);
+      req.set_rtt_seconds(r->rtt_seconds);
+      v1::ReportResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      const absl::Status s = FromGrpc(stub_->ReportLinkProbe(&ctx, req, &resp), "report link probe");
+      Event(absl::StrFormat(R"({"event":"link_probe","to":%d,"mbit_s":%.1f,"rtt_ms":%.2f,"reported":%s})",
+                            target.peer_id(), r->bandwidth_bytes_per_second * 8 / 1e6, r->rtt_seconds * 1e3,
+                            s.ok() ? "true" : "false"));
+    }
+  }
+
+  // Copies the mirrored peer's state after each of our checkpoints.
+  void MirrorLoop() {
+    while (true) {
+      v1::Neighbor target;
+      int64_t want = 0;
+      uint64_t plan = 0;
+      {
+        absl::MutexLock l(&mu_);
+        mu_.Await(absl::Condition(
+            +[](PeerDaemonImpl* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu_) {
+              return d->stop_ || (d->mirror_target_.has_value() && d->mirror_want_ > d->mirror_done_);
+            },
+            this));
+        if (stop_) return;
+        target = *mirror_target_;
+        want = mirror_want_;
+        plan = plan_;
+      }
+      const absl::Status s = CopyMirror(target, want, plan);
+      {
+        absl::MutexLock l(&mu_);
+        mirror_done_ = std::max(mirror_done_, want);  // on failure too: the next checkpoint tries again
+      }
+      if (s.ok()) {
+        Event(absl::StrFormat(R"({"event":"mirrored","stage":%d,"step":%d,"from":"%s"})", target.stage(), want,
+                              target.peer_name()));
+        ReportProgress();
+      } else if (!absl::IsCancelled(s)) {
+        AQSWARM_LOG(WARNING) << "peer " << o_.name << ": no copy of stage " << target.stage() << " at step " << want
+                             << ": " << s;
+      }
+    }
+  }
+
+  absl::Status CopyMirror(const v1::Neighbor& target, int64_t step, uint64_t plan) {
+    v1::StateRequest req;
+    req.set_job_name(job_.name());
+    req.set_stage(target.stage());
+    req.set_step(step);
+    FetchOptions fo;
+    fo.tls = o_.tls;
+    fo.timeout = absl::Minutes(5);
+    // The mirrored peer completes the same step at about the same time; until
+    // it has, it answers NOT_FOUND.
+    const absl::Time deadline = absl::Now() + o_.link_timeout;
+    while (true) {
+      absl::StatusOr<StateSnapshot> s = FetchState(target.state_transfer_address(), req, fo);
+      if (s.ok()) {
+        if (s->step != static_cast<uint64_t>(step)) return absl::DataLossError("mirror sent another step");
+        const fs::path dir = CheckpointDir(target.stage());
+        std::error_code ec;
+        fs::create_directories(dir, ec);
+        const std::string path = StageCheckpointPath(dir.string(), step);
+        AQSWARM_RETURN_IF_ERROR(WriteFileAtomically(path, s->bytes, 0644));
+        absl::MutexLock l(&mu_);
+        if (plan_ != plan) {  // a re-plan pruned while we fetched: this state may be from its abandoned timeline
+          fs::remove(path, ec);
+          return absl::CancelledError("the plan changed");
+        }
+        PruneStates(dir.string(), std::numeric_limits<int64_t>::max(), o_.keep_checkpoints);
+        return absl::OkStatus();
+      }
+      if (!absl::IsNotFound(s.status()) || absl::Now() > deadline) return s.status();
+      absl::MutexLock l(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(200))) return absl::CancelledError("stopped");
+      if (plan_ != plan) return absl::CancelledError("the plan changed");
     }
   }
 
@@ -421,7 +584,9 @@ class PeerDaemonImpl final : public PeerDaemon {
     fo.tls = o_.tls;
     fo.timeout = absl::Minutes(5);
     std::vector<std::string> tried;
-    for (const auto& r : a.replicas()) {
+    std::vector<v1::Neighbor> sources(a.state_sources().begin(), a.state_sources().end());
+    sources.insert(sources.end(), a.replicas().begin(), a.replicas().end());
+    for (const auto& r : sources) {
       if (r.state_transfer_address().empty()) continue;
       absl::StatusOr<StateSnapshot> s = FetchState(r.state_transfer_address(), req, fo);
       if (!s.ok() || s->step != static_cast<uint64_t>(a.resume_step())) {
@@ -434,7 +599,7 @@ class PeerDaemonImpl final : public PeerDaemon {
       return want;
     }
     return absl::NotFoundError(absl::StrCat("no state of stage ", a.stage(), " at step ", a.resume_step(),
-                                            ": not kept here and no replica served it [",
+                                            ": not kept here and no holder or replica served it [",
                                             absl::StrJoin(tried, "; "), "]"));
   }
 
@@ -447,6 +612,25 @@ class PeerDaemonImpl final : public PeerDaemon {
         R"({"event":"assignment","version":%d,"plan":%d,"role":"%s","stage":%d,"pipeline":%d,"resume_step":%d,"grid_complete":%s})",
         a.version(), a.plan_version(), a.role() == v1::Assignment::STAGE ? "stage" : "standby", a.stage(),
         a.pipeline(), a.resume_step(), a.grid_complete() ? "true" : "false"));
+    {
+      absl::MutexLock l(&mu_);
+      if (a.has_mirror() && !a.mirror().state_transfer_address().empty()) {
+        mirror_target_ = a.mirror();
+      } else {
+        mirror_target_.reset();
+      }
+      if (a.plan_version() != plan_) {
+        // A new plan restarts everyone at resume_step: states past it are
+        // from the abandoned timeline, and pending mirror copies with them.
+        plan_ = a.plan_version();
+        mirror_want_ = std::min(mirror_want_, a.resume_step());
+        mirror_done_ = std::min(mirror_done_, a.resume_step());
+        std::error_code ec;
+        for (const auto& entry : fs::directory_iterator(fs::path(o_.work_dir) / "checkpoints", ec)) {
+          PruneStates(entry.path().string(), a.resume_step(), o_.keep_checkpoints);
+        }
+      }
+    }
     if (run && child_ != nullptr && running_ == key) return absl::OkStatus();  // same plan: keep training
     if (run && child_ == nullptr && running_ == key && failed_at->has_value()) {
       return absl::OkStatus();  // our stage failed under this plan: wait for the next one
@@ -522,8 +706,16 @@ class PeerDaemonImpl final : public PeerDaemon {
       }
       if (j.is_object() && j.value("event", "") == "step") {
         const double secs = j.value("step_seconds", 0.0);
-        ReportProgress(j.value("step", int64_t{0}) + 1, j.value("loss", 0.0),
-                       secs > 0 ? j.value("tokens", 0.0) / secs : 0.0);
+        v1::Progress p;
+        p.set_step(j.value("step", int64_t{0}) + 1);
+        p.set_loss(j.value("loss", 0.0));
+        p.set_tokens_per_second(secs > 0 ? j.value("tokens", 0.0) / secs : 0.0);
+        const int64_t every = std::max<uint32_t>(1, job_.checkpoint_every_steps());
+        if (p.step() % every == 0) {
+          absl::MutexLock l(&mu_);
+          mirror_want_ = std::max(mirror_want_, p.step());
+        }
+        ReportProgress(p);
       }
     }
     absl::StatusOr<int> code = child->Wait(absl::Hours(24));
@@ -560,13 +752,15 @@ class PeerDaemonImpl final : public PeerDaemon {
   void JoinThreads() {
     if (heartbeat_.joinable()) heartbeat_.join();
     if (watch_.joinable()) watch_.join();
+    if (prober_.joinable()) prober_.join();
+    if (mirror_.joinable()) mirror_.join();
   }
 
   PeerDaemonOptions o_;
   std::unique_ptr<StateTransferServer> state_server_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   v1::JobSpec job_;  // from Join; read by the watch thread after Join
-  std::thread heartbeat_, watch_, reader_;
+  std::thread heartbeat_, watch_, reader_, prober_, mirror_;
   std::unique_ptr<Subprocess> child_;
   RunKey running_;
 
@@ -581,6 +775,12 @@ class PeerDaemonImpl final : public PeerDaemon {
   uint64_t applied_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<int> child_exit_ ABSL_GUARDED_BY(mu_);
   grpc::ClientContext* watch_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
+  v1::Progress last_progress_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::Neighbor> probes_ ABSL_GUARDED_BY(mu_);  // peers to probe
+  std::optional<v1::Neighbor> mirror_target_ ABSL_GUARDED_BY(mu_);
+  int64_t mirror_want_ ABSL_GUARDED_BY(mu_) = 0;  // step whose copy is wanted
+  int64_t mirror_done_ ABSL_GUARDED_BY(mu_) = 0;  // newest step copied
+  uint64_t plan_ ABSL_GUARDED_BY(mu_) = 0;        // plan of the last assignment applied
 };
 
 }  // namespace
@@ -608,6 +808,9 @@ absl::StatusOr<std::unique_ptr<PeerDaemon>> PeerDaemon::Create(const PeerDaemonO
     }
   }
   if (options.keep_checkpoints < 2) return absl::InvalidArgumentError("--keep_checkpoints must be >= 2");
+  if (options.probe_bytes > kMaxProbeBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("--probe_bytes must be at most ", kMaxProbeBytes));
+  }
   if (options.tls.enabled() && options.tls.name.empty()) {
     return absl::InvalidArgumentError("TLS needs this peer's certificate name");
   }

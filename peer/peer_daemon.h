@@ -19,10 +19,22 @@
 //     that got ahead roll back. Assignment versions that keep the plan (a
 //     standby came or went) change nothing.
 //   - State for the resume step: the newest `keep_checkpoints` states of the
-//     stage are kept on disk (the child writes one per step); when the step is
-//     not there (a newcomer, or a peer moved to another stage) it is fetched
-//     from a live replica's StateTransfer server; step 0 needs nothing (the
-//     initialisation is seeded, so replicas start identical).
+//     stage are kept on disk (the child writes one every job
+//     checkpoint_every_steps); when the step is not there (a newcomer, or a
+//     peer moved to another stage) it is fetched from a peer the assignment
+//     names as holding it (state_sources: replicas, mirrors), then from the
+//     replicas; step 0 needs nothing (the initialisation is seeded, so
+//     replicas start identical). A new plan first deletes every state past its
+//     resume step: they belong to the abandoned timeline.
+//   - Held states: the daemon tells the coordinator which stage states it
+//     holds (Join, and every progress report), so a re-plan can resume at a
+//     step someone can serve for every stage.
+//   - Mirror (Assignment.mirror, coordinator --mirror_checkpoints): after each
+//     of its own checkpoints the daemon copies the mirrored peer's state of
+//     the same step and serves it, so that stage survives losing its peer.
+//   - Probes: heartbeat answers name peers whose link from here is unmeasured
+//     or stale; a background thread times transfers to their StateTransfer
+//     server (ProbeLink) and reports bandwidth and RTT (ReportLinkProbe).
 //   - Standby, or a grid with holes: no child; the daemon waits.
 //   - A child that fails (a neighbour vanished) is not restarted on its own:
 //     the daemon waits up to `replan_wait` for the plan the coordinator
@@ -87,8 +99,11 @@ struct PeerDaemonOptions {
   uint64_t memory_bytes = 0;
   // The child's bound on every wait for a neighbour.
   absl::Duration link_timeout = absl::Seconds(60);
-  // Newest stage states kept on disk (rollback + StateTransfer). Default: 4.
+  // Newest stage states kept on disk per stage (rollback + StateTransfer). Default: 4.
   int keep_checkpoints = 4;
+  // Bytes per timed probe transfer (peer/state_transfer.h). 0 = never probe.
+  // Default: 1 MiB.
+  size_t probe_bytes = 1 << 20;
   // How long a failed child waits for a new plan before the daemon rejoins.
   // Default: 0 = 2 x lease + 5 s.
   absl::Duration replan_wait = absl::ZeroDuration();

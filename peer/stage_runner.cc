@@ -261,6 +261,8 @@ class StageRunnerImpl final : public StageRunner {
   // Writes the state after `steps` completed steps (see StageRunnerOptions).
   absl::Status SaveState(int64_t steps) {
     if (o_.checkpoint_dir.empty()) return absl::OkStatus();
+    const int64_t every = std::max<uint32_t>(1, job_.checkpoint_every_steps());
+    if (steps != o_.start_step && steps % every != 0) return absl::OkStatus();
     namespace fs = std::filesystem;
     std::error_code ec;
     fs::create_directories(o_.checkpoint_dir, ec);
@@ -269,9 +271,16 @@ class StageRunnerImpl final : public StageRunner {
     AQSWARM_RETURN_IF_ERROR(worker_->SaveCheckpoint(tmp.string()));
     fs::rename(tmp, StageCheckpointPath(o_.checkpoint_dir, steps), ec);
     if (ec) return absl::InternalError(absl::StrCat("cannot publish checkpoint in ", dir.string(), ": ", ec.message()));
-    const int64_t oldest_kept = steps - std::max(1, o_.keep_checkpoints) + 1;
-    for (int64_t n : StageCheckpointSteps(o_.checkpoint_dir)) {
-      if (n < oldest_kept) fs::remove(StageCheckpointPath(o_.checkpoint_dir, n), ec);
+    std::vector<int64_t> kept = StageCheckpointSteps(o_.checkpoint_dir);  // ascending
+    if (steps == o_.start_step) {  // states past the start belong to a timeline this run abandons
+      while (!kept.empty() && kept.back() > steps) {
+        fs::remove(StageCheckpointPath(o_.checkpoint_dir, kept.back()), ec);
+        kept.pop_back();
+      }
+    }
+    const size_t keep = std::max(1, o_.keep_checkpoints);
+    for (size_t i = 0; i + keep < kept.size(); ++i) {
+      fs::remove(StageCheckpointPath(o_.checkpoint_dir, kept[i]), ec);
     }
     return absl::OkStatus();
   }

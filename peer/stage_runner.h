@@ -72,10 +72,11 @@ struct StageRunnerOptions {
   // Stage state (pipeline/stage_io.h checkpoint) to load first; it must hold
   // `start_step` completed steps. Default: none (fresh, seeded initialisation).
   std::string init_checkpoint;
-  // When set, the state after `start_step` and after every step is written
-  // here as state-<steps completed>.ckpt (atomically: temp file + rename) and
-  // only the newest `keep_checkpoints` are kept: what a rollback or a joining
-  // replica (StateTransfer) needs. Default: none.
+  // When set, the state after `start_step` and after every step whose
+  // count is a multiple of the job's checkpoint_every_steps is written here
+  // as state-<steps completed>.ckpt (atomically: temp file + rename) and only
+  // the newest `keep_checkpoints` files are kept: what a rollback or a
+  // joining replica (StateTransfer) needs. Default: none.
   std::string checkpoint_dir;
   int keep_checkpoints = 4;
   // Bound on every wait for a neighbour. Default: 120 s.

@@ -37,6 +37,11 @@ class StateTransferServer::Service final : public v1::StateTransfer::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status Probe(grpc::ServerContext*, const v1::ProbeRequest* req, v1::ProbeResponse* resp) override {
+    resp->set_received_bytes(req->payload().size());
+    return grpc::Status::OK;
+  }
+
  private:
   StateProvider provider_;
   size_t chunk_;
@@ -124,6 +129,47 @@ absl::StatusOr<StateSnapshot> FetchState(const std::string& target, const v1::St
                                             total, " bytes"));
   }
   return out;
+}
+
+absl::StatusOr<LinkProbeResult> ProbeLink(const std::string& target, const ProbeOptions& options) {
+  if (options.payload_bytes < 1 || options.payload_bytes > kMaxProbeBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("probe payload must be in [1, ", kMaxProbeBytes, "] bytes"));
+  }
+  if (options.rounds < 1 || options.rounds > 100) return absl::InvalidArgumentError("probe rounds must be in [1, 100]");
+  grpc::ChannelArguments args;
+  ApplyTlsChannelArgs(options.tls, &args);
+  AQSWARM_ASSIGN_OR_RETURN(auto creds, MakeChannelCredentials(options.tls));
+  auto stub = v1::StateTransfer::NewStub(grpc::CreateCustomChannel(target, creds, args));
+  const auto deadline = std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options.timeout);
+  // Returns the call's wall time.
+  auto timed_call = [&](const v1::ProbeRequest& req) -> absl::StatusOr<absl::Duration> {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline);
+    v1::ProbeResponse resp;
+    const absl::Time start = absl::Now();
+    AQSWARM_RETURN_IF_ERROR(FromGrpc(stub->Probe(&ctx, req, &resp), absl::StrCat("link probe to ", target)));
+    const absl::Duration took = absl::Now() - start;
+    if (resp.received_bytes() != req.payload().size()) {
+      return absl::DataLossError(absl::StrCat("link probe to ", target, ": it received ", resp.received_bytes(),
+                                              " of ", req.payload().size(), " bytes"));
+    }
+    return took;
+  };
+  v1::ProbeRequest empty, full;
+  full.mutable_payload()->assign(options.payload_bytes, '\x5a');
+  AQSWARM_RETURN_IF_ERROR(timed_call(empty).status());  // connects (TLS handshake, HTTP/2 setup): not timed
+  absl::Duration rtt = absl::InfiniteDuration(), transfer = absl::InfiniteDuration();
+  for (int i = 0; i < options.rounds; ++i) {
+    AQSWARM_ASSIGN_OR_RETURN(absl::Duration e, timed_call(empty));
+    rtt = std::min(rtt, e);
+  }
+  for (int i = 0; i < options.rounds; ++i) {
+    AQSWARM_ASSIGN_OR_RETURN(absl::Duration t, timed_call(full));
+    transfer = std::min(transfer, t);
+  }
+  const double seconds = std::max(absl::ToDoubleSeconds(transfer - rtt), 1e-6);
+  return LinkProbeResult{std::min(1e12, static_cast<double>(options.payload_bytes) / seconds),
+                         std::min(60.0, absl::ToDoubleSeconds(rtt))};
 }
 
 }  // namespace aqswarm::peer

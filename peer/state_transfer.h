@@ -1,4 +1,5 @@
-// StateTransfer: serve a stage's checkpoint bytes to a joiner, and fetch them.
+// StateTransfer: serve a stage's checkpoint bytes to a joiner, and fetch them;
+// and the timed transfers peers probe each other's links with.
 //
 //   // live replica
 //   StateTransferServer server(listen, [&](const v1::StateRequest& r) -> absl::StatusOr<StateSnapshot> {
@@ -6,6 +7,8 @@
 //   });
 //   // joiner
 //   AQSWARM_ASSIGN_OR_RETURN(StateSnapshot s, FetchState("10.0.0.5:7003", request, options));
+//
+//   AQSWARM_ASSIGN_OR_RETURN(LinkProbeResult p, ProbeLink("10.0.0.5:7003", {}));
 //
 // The client checks everything the network sends before using it: chunk
 // offsets contiguous, total size constant and under `max_bytes`, the stream
@@ -60,6 +63,31 @@ struct FetchOptions {
 
 absl::StatusOr<StateSnapshot> FetchState(const std::string& target, const v1::StateRequest& request,
                                          const FetchOptions& options = {});
+
+// Largest probe payload (under gRPC's default 4 MiB message limit).
+inline constexpr size_t kMaxProbeBytes = 3 << 20;
+
+struct ProbeOptions {
+  // Bytes sent per timed transfer, in [1, kMaxProbeBytes]. Default: 1 MiB.
+  size_t payload_bytes = 1 << 20;
+  // RTT = the least of `rounds` empty calls; bandwidth from the fastest of
+  // `rounds` transfers. Default: 3.
+  int rounds = 3;
+  // Bound on the whole probe. Default: 30 s.
+  absl::Duration timeout = absl::Seconds(30);
+  TlsOptions tls;
+};
+
+struct LinkProbeResult {
+  double bandwidth_bytes_per_second = 0;  // this peer -> target
+  double rtt_seconds = 0;
+};
+
+// Times calls to the target's StateTransfer.Probe over one warmed-up
+// channel: bandwidth = payload / (transfer time - RTT). Short transfers
+// under-estimate fast links (TCP slow start, per-call overhead); the
+// coordinator only needs their order of magnitude for placement.
+absl::StatusOr<LinkProbeResult> ProbeLink(const std::string& target, const ProbeOptions& options = {});
 
 }  // namespace aqswarm::peer
 

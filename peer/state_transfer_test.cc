@@ -71,6 +71,10 @@ class RogueService final : public v1::StateTransfer::Service {
     w->Write(c);
     return grpc::Status::OK;
   }
+  grpc::Status Probe(grpc::ServerContext*, const v1::ProbeRequest*, v1::ProbeResponse* resp) override {
+    resp->set_received_bytes(mode_);  // not what was sent
+    return grpc::Status::OK;
+  }
 
  private:
   int mode_;
@@ -89,6 +93,32 @@ TEST(StateTransferTest, MalformedStreamsAreRejected) {
     EXPECT_TRUE(absl::IsDataLoss(r.status()) || absl::IsResourceExhausted(r.status())) << mode << " " << r.status();
     server->Shutdown();
   }
+}
+
+TEST(StateTransferTest, ProbeMeasuresALinkAndRejectsLiesAndBadOptions) {
+  auto server = StateTransferServer::Start(
+      "127.0.0.1:0", [](const v1::StateRequest&) -> absl::StatusOr<StateSnapshot> { return StateSnapshot{}; });
+  ASSERT_TRUE(server.ok());
+  const std::string target = absl::StrCat("127.0.0.1:", (*server)->port());
+  auto p = ProbeLink(target, {.payload_bytes = 256 << 10, .rounds = 2});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_GT(p->bandwidth_bytes_per_second, 1e6) << "loopback moves more than 1 MB/s";
+  EXPECT_GT(p->rtt_seconds, 0);
+  EXPECT_LT(p->rtt_seconds, 1);
+  EXPECT_TRUE(absl::IsInvalidArgument(ProbeLink(target, {.payload_bytes = kMaxProbeBytes + 1}).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(ProbeLink(target, {.rounds = 0}).status()));
+
+  RogueService rogue(7);
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&rogue);
+  auto liar = b.BuildAndStart();
+  EXPECT_TRUE(absl::IsDataLoss(ProbeLink(absl::StrCat("127.0.0.1:", port)).status()));
+  liar->Shutdown();
+  // Nobody listening: a bounded failure, not a hang.
+  auto gone = ProbeLink(absl::StrCat("127.0.0.1:", port), {.timeout = absl::Seconds(2)});
+  EXPECT_FALSE(gone.ok());
 }
 
 }  // namespace

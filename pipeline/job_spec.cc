@@ -112,6 +112,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   if (dp.bucket_size() < 8 || dp.bucket_size() > (1u << 24)) {
     return Invalid("dp.bucket_size", "must be in [8, 2^24]");
   }
+  if (job.checkpoint_every_steps() > 1000000) return Invalid("checkpoint_every_steps", "at most 1000000");
   return absl::OkStatus();
 }
 
