@@ -1,8 +1,10 @@
 // End-to-end churn: a real `aqswarm coordinator` and real `aqswarm peer`
 // daemons (each running its stage as a child process) train a 2-stage x
 // 2-pipeline GPT on 127.0.0.1. A peer is SIGKILLed and the standby takes its
-// place; the coordinator is SIGKILLed and restarted on its state dir. Every
-// wait polls the coordinator's Status with a deadline.
+// place; the coordinator is SIGKILLed and restarted on its state dir. Under
+// mutual TLS, a 2 x 1 grid (no replicas) loses a stage's only peer and the
+// standby resumes it from a mirror's copy; peers probe each other's links.
+// Every wait polls the coordinator's Status with a deadline.
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -70,21 +72,49 @@ class SwarmTest : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
-  void StartCoordinator() {
-    auto p = Subprocess::Spawn({kBinary, "coordinator", "--job=" + job_,
-                                absl::StrCat("--listen=127.0.0.1:", coordinator_port_),
-                                "--state_dir=" + (dir_ / "coord").string(), "--lease_s=3"},
-                               {.capture_stdout = true, .stderr_path = (dir_ / "coordinator.err").string()});
+  // With tls_dir_ set, the coordinator, every peer and this test's Status
+  // calls use mutual TLS with certificates from it.
+  void StartCoordinator(std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {kBinary, "coordinator", "--job=" + job_,
+                                     absl::StrCat("--listen=127.0.0.1:", coordinator_port_),
+                                     "--state_dir=" + (dir_ / "coord").string(), "--lease_s=3"};
+    if (!tls_dir_.empty()) {
+      argv.push_back("--tls_dir=" + tls_dir_);
+      argv.push_back("--name=coordinator");
+    }
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto p = Subprocess::Spawn(argv, {.capture_stdout = true, .stderr_path = (dir_ / "coordinator.err").string()});
     ASSERT_TRUE(p.ok()) << p.status();
     coordinator_ = *std::move(p);
     std::string line;
     ASSERT_TRUE(coordinator_->ReadLine(&line, absl::Seconds(60)).ok()) << "see " << dir_ / "coordinator.err";
-    stub_ = v1::Coordinator::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", coordinator_port_),
-                                                         grpc::InsecureChannelCredentials()));
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+    if (!tls_dir_.empty()) {
+      auto files = LoadTlsFiles(tls_dir_, "admin");
+      ASSERT_TRUE(files.ok()) << files.status();
+      creds = grpc::SslCredentials({files->ca_cert_pem, files->key_pem, files->cert_pem});
+    }
+    stub_ = v1::Coordinator::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", coordinator_port_), creds));
+  }
+
+  // A CA and certificates (IP 127.0.0.1) for the coordinator, `peers` and "admin".
+  void MakeTlsDir(const std::vector<std::string>& peers) {
+    tls_dir_ = (dir_ / "tls").string();
+    ASSERT_TRUE(InitCaDir(tls_dir_, {}).ok());
+    std::vector<std::string> names = peers;
+    names.push_back("coordinator");
+    names.push_back("admin");
+    for (const std::string& n : names) {
+      LeafOptions leaf;
+      leaf.name = n;
+      leaf.ip_addresses = {"127.0.0.1"};
+      ASSERT_TRUE(IssueCertInDir(tls_dir_, leaf).ok()) << n;
+    }
   }
 
   std::string Token() {
-    auto secret = LoadJoinSecret((dir_ / "coord" / kJoinSecretFile).string());
+    auto secret = LoadJoinSecret(
+        (tls_dir_.empty() ? dir_ / "coord" / kJoinSecretFile : fs::path(tls_dir_) / kJoinSecretFile).string());
     EXPECT_TRUE(secret.ok()) << secret.status();
     auto token = IssueJoinToken(*secret, "swarm-it", "*", absl::ToUnixSeconds(absl::Now()) + 3600);
     EXPECT_TRUE(token.ok()) << token.status();
@@ -97,7 +127,9 @@ class SwarmTest : public ::testing::Test {
     const std::string cmd = absl::StrCat(
         "exec ", kBinary, " peer --coordinator=127.0.0.1:", coordinator_port_, " --join_token=", token,
         " --name=", name, " --listen=127.0.0.1:", FreePort(), " --exchange_listen=127.0.0.1:", FreePort(),
-        " --work_dir=", work.string(), " --link_timeout_s=20 > ", (dir_ / (name + ".out")).string());
+        " --work_dir=", work.string(), " --link_timeout_s=20",
+        tls_dir_.empty() ? "" : absl::StrCat(" --tls_dir=", tls_dir_, " --name=", name), " > ",
+        (dir_ / (name + ".out")).string());
     auto p = Subprocess::Spawn({"/bin/sh", "-c", cmd},
                                {.capture_stdout = false, .stderr_path = (dir_ / (name + ".err")).string()});
     ASSERT_TRUE(p.ok()) << p.status();
@@ -142,7 +174,13 @@ class SwarmTest : public ::testing::Test {
     return all;
   }
 
+  std::string Out(const std::string& peer) {
+    std::ifstream in(dir_ / (peer + ".out"));
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
   fs::path dir_;
+  std::string tls_dir_;  // empty: plaintext
   std::string job_;
   int coordinator_port_ = 0;
   std::unique_ptr<Subprocess> coordinator_;
@@ -232,6 +270,74 @@ TEST_F(SwarmTest, ARestartedCoordinatorResumesTheSameJobAndPeersCarryOn) {
   std::ifstream err(dir_ / "intruder.err");
   const std::string msg(std::istreambuf_iterator<char>(err), {});
   EXPECT_NE(msg.find("token"), std::string::npos) << msg;
+}
+
+TEST_F(SwarmTest, UnderMutualTlsAStageWithNoReplicaResumesFromAMirrorsCopyAndLinksGetProbed) {
+  std::ofstream(job_) << R"({"name":"swarm-it","seed":5,
+      "model":{"seqLen":32,"dModel":32,"nLayer":2,"nHead":2},
+      "data":{"corpus":")" << kData << R"(/sotu","tokenizerDir":")" << kData << R"(/gpt2"},
+      "optimizer":{"lr":0.005,"minLr":0.001,"warmupSteps":2,"totalSteps":400,"weightDecay":0.0,"gradClip":1.0},
+      "microBatchSize":2,"microBatchesPerStep":2,"epochs":1,"maxSteps":400,
+      "compression":{"mode":"aqsgd","fwBits":3,"bwBits":6,"warmupEpochs":0,"mPrecision":"fp16"},
+      "stages":2,"dataParallel":1,"checkpointEverySteps":2,
+      "threads":1,"evalEverySteps":0,"evalBatches":1})";
+  MakeTlsDir({"q1", "q2", "q3"});
+  StartCoordinator({"--mirror_checkpoints"});
+  const std::string token = Token();
+  for (const char* n : {"q1", "q2", "q3"}) StartPeer(n, token);
+  // Train, and wait until some placed peer measured a link (heartbeat answers
+  // ask for probes; the result shows in Status).
+  ASSERT_TRUE(WaitFor(
+      [](const auto& st) {
+        int links = 0;
+        for (const auto& p : st.peers()) links += p.links_size();
+        return st.grid_complete() && st.peers_size() == 3 && st.step() >= 6 && links >= 2;
+      },
+      absl::Seconds(180)))
+      << "the swarm did not train 6 steps with probed links" << Logs();
+  for (const auto& p : status_.peers()) {
+    for (const auto& l : p.links()) {
+      EXPECT_GT(l.bandwidth_bytes_per_second(), 1e6) << p.peer_name() << " -> " << l.to_peer_id() << " on loopback";
+    }
+  }
+  const v1::PeerStatus* first = At(status_, 0, 0);
+  const v1::PeerStatus* victim = At(status_, 1, 0);
+  ASSERT_TRUE(first != nullptr && victim != nullptr);
+  const std::string first_name = first->peer_name(), victim_name = victim->peer_name();
+  const int64_t killed_at = status_.step();
+  // The stage-0 peer copies stage 1's state after its checkpoints.
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (Out(first_name).find(R"("event":"mirrored","stage":1)") == std::string::npos && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(200));  // polling interval of a bounded wait
+  }
+  ASSERT_NE(Out(first_name).find(R"("event":"mirrored","stage":1)"), std::string::npos) << Out(first_name);
+  peers_.at(victim_name)->Signal(SIGKILL);
+
+  // Stage 1 had no replica: the standby takes it over from the mirror's copy.
+  ASSERT_TRUE(WaitFor(
+      [&](const auto& st) {
+        const v1::PeerStatus* p = At(st, 1, 0);
+        return st.peers_size() == 2 && st.grid_complete() && p != nullptr && p->peer_name() != victim_name;
+      },
+      absl::Seconds(20)))
+      << "the standby did not take the killed peer's place" << Logs();
+  const std::string standby = At(status_, 1, 0)->peer_name();
+  ASSERT_TRUE(WaitFor([&](const auto& st) { return st.step() >= killed_at + 6; }, absl::Seconds(120)))
+      << "training did not resume after the kill (step " << status_.step() << ")" << Logs();
+  const std::string out = Out(standby);
+  EXPECT_NE(out.find(absl::StrCat(R"("event":"state_fetched","stage":1)")), std::string::npos) << out;
+  EXPECT_NE(out.find(absl::StrCat(R"("from":")", first_name, R"(")")), std::string::npos)
+      << "the state should come from the stage-0 peer's mirror copy: " << out;
+
+  for (auto& [name, p] : peers_) {
+    if (name != victim_name) p->Signal(SIGTERM);
+  }
+  for (auto& [name, p] : peers_) {
+    if (name == victim_name) continue;
+    auto code = p->Wait(absl::Seconds(30));
+    ASSERT_TRUE(code.ok()) << name << " did not exit after SIGTERM";
+    EXPECT_EQ(*code, 0) << name;
+  }
 }
 
 }  // namespace
