@@ -482,18 +482,20 @@ absl::Status RunShape(const Shape& shape, const StoreBenchOptions& options, cons
     if (!direct.ok()) return direct.status();
     fill(*direct, name, "direct");
     direct->stall_fraction = -1;
-    Print(*direct, options.json, out);
     const double io_us =
         direct->seconds * 1e6 / ((shape.samples + mb - 1) / mb);  // per micro-batch
     if (absl::Status s = backend->Reopen(); !s.ok()) return s;
+    direct->disk_bytes = backend->disk_bytes();  // after the epoch's overwrites
+    Print(*direct, options.json, out);
 
     config.use_prefetcher = true;
     auto pre = RunEpoch(backend->store(), link, Permutation(shape.samples, seed++), config);
     if (!pre.ok()) return pre.status();
     fill(*pre, name, "prefetch");
     pre->stall_fraction = -1;
-    Print(*pre, options.json, out);
     if (absl::Status s = backend->Reopen(); !s.ok()) return s;
+    pre->disk_bytes = backend->disk_bytes();
+    Print(*pre, options.json, out);
 
     for (double factor : {1.0, 2.0}) {
       config.compute_us = io_us * factor;
@@ -502,8 +504,9 @@ absl::Status RunShape(const Shape& shape, const StoreBenchOptions& options, cons
       fill(*hidden, name, factor == 1.0 ? "hidden_1x" : "hidden_2x");
       hidden->compute_us = config.compute_us;
       hidden->io_us_per_batch = io_us;
-      Print(*hidden, options.json, out);
       if (absl::Status s = backend->Reopen(); !s.ok()) return s;
+      hidden->disk_bytes = backend->disk_bytes();
+      Print(*hidden, options.json, out);
     }
     const storage::MessageStoreStats stats = backend->store()->GetStats();
     if (stats.rows_corrupt != 0) {

@@ -149,7 +149,9 @@ class MessageStore {
   virtual absl::Status Close() = 0;
 };
 
-// Argument checks shared by the backends (and the prefetcher).
+// Argument checks shared by the backends (and the prefetcher): counts and
+// shapes. ValidatePutArgs does not read the values; finiteness is checked
+// once per put, fused with encoding, by the backends' PutBatch.
 absl::Status ValidateLinkSpec(const LinkSpec& link);
 absl::Status ValidateGetArgs(const LinkSpec& link, absl::Span<const uint64_t> samples,
                              absl::Span<const absl::Span<float>> out, absl::Span<RowRead> reads);

@@ -291,6 +291,40 @@ TEST_P(MessageStoreConformanceTest, BadArgumentsAreRejectedAndNothingIsWritten) 
   EXPECT_EQ(store_->GetStats().rows_written, 0u);
 }
 
+// Finiteness is checked once, fused with encoding, chunk by chunk (and with
+// F16C 8 values at a time): a bad value at a chunk edge or in the scalar
+// tail must be caught as surely as one in the middle, at every precision.
+TEST_P(MessageStoreConformanceTest, NonFiniteValueAnywhereIsRejectedAtEveryPrecision) {
+  const float kBad[] = {std::numeric_limits<float>::quiet_NaN(),
+                        std::numeric_limits<float>::infinity(),
+                        -std::numeric_limits<float>::infinity()};
+  for (RowPrecision p : {RowPrecision::kFloat32, RowPrecision::kFloat16, RowPrecision::kInt8}) {
+    // 3 x 1367 = 4101 values: one full 4096-value chunk, a 5-value tail that
+    // is not a multiple of 8.
+    const LinkSpec link{{/*pipeline=*/3, /*boundary=*/0}, /*generation=*/1, 3, 1367, p};
+    const int64_t n = link.num_values();
+    for (int64_t at : {int64_t{0}, int64_t{7}, int64_t{4095}, int64_t{4096}, n - 5, n - 1}) {
+      for (float bad : kBad) {
+        std::vector<std::vector<float>> rows = {RowValues(link, 1, 1), RowValues(link, 2, 1)};
+        rows[1][at] = bad;
+        const std::vector<uint64_t> samples = {1, 2};
+        const absl::Status s = store_->PutBatch(link, samples, ConstSpans(rows));
+        EXPECT_TRUE(absl::IsInvalidArgument(s))
+            << RowPrecisionName(p) << " value " << bad << " at " << at << ": " << s;
+        EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("sample 2"));
+        EXPECT_TRUE(absl::IsNotFound(Get(link, 1).status));  // the batch is atomic
+      }
+    }
+    // The largest finite values are fine (fp16 stores them as inf, as before).
+    std::vector<std::vector<float>> rows = {RowValues(link, 1, 1)};
+    rows[0][n - 1] = std::numeric_limits<float>::max();
+    rows[0][0] = -std::numeric_limits<float>::max();
+    const std::vector<uint64_t> one = {1};
+    EXPECT_TRUE(store_->PutBatch(link, one, ConstSpans(rows)).ok()) << RowPrecisionName(p);
+  }
+  EXPECT_EQ(store_->GetStats().rows_written, 3u);
+}
+
 TEST_P(MessageStoreConformanceTest, CorruptRowIsDataLossCountedAndNeverData) {
   const LinkSpec link = SmallLink(RowPrecision::kFloat32);
   Put(link, {1, 2, 3, 4, 5}, 1);

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
+#include "storage/row_codec.h"
 
 namespace aqswarm::storage {
 namespace {
@@ -19,14 +20,18 @@ uint64_t NanosSince(Clock::time_point t0) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
 }
 
-// out <- Decode(Encode(in)), the value the store will hold; returns the
+// out <- Decode(Encode(in)), the value the store will hold; *checksum <- the
 // checksum of the encoded payload (RowRead::payload_checksum).
-uint64_t RoundAndChecksum(const LinkSpec& link, absl::Span<const float> in, absl::Span<float> out,
-                          std::string* scratch) {
+// InvalidArgument if `in` is not finite (the queued put will fail too).
+absl::Status RoundAndChecksum(const LinkSpec& link, absl::Span<const float> in,
+                              absl::Span<float> out, std::string* scratch, uint64_t* checksum) {
   scratch->resize(link.payload_bytes());
-  EncodeRow(link.precision, link.rows, link.cols, in, scratch->data());
+  if (absl::Status s = internal::EncodePayloadChecked(link, in, scratch->data()); !s.ok()) {
+    return s;
+  }
   (void)DecodeRow(link.precision, link.rows, link.cols, *scratch, out);
-  return Checksum64(scratch->data(), scratch->size());
+  *checksum = Checksum64(scratch->data(), scratch->size());
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -35,8 +40,9 @@ absl::StatusOr<std::unique_ptr<Prefetcher>> Prefetcher::Create(MessageStore* sto
                                                               const Options& options) {
   if (store == nullptr) return absl::InvalidArgumentError("Prefetcher: null store");
   if (absl::Status s = ValidateLinkSpec(options.link); !s.ok()) return s;
-  if (options.micro_batch <= 0 || options.prefetch_batches <= 0) {
-    return absl::InvalidArgumentError("Prefetcher: micro_batch and prefetch_batches must be > 0");
+  if (options.micro_batch <= 0 || options.prefetch_batches <= 0 || options.loader_threads <= 0) {
+    return absl::InvalidArgumentError(
+        "Prefetcher: micro_batch, prefetch_batches and loader_threads must be > 0");
   }
   const uint64_t batch_bytes =
       static_cast<uint64_t>(options.micro_batch) * options.link.num_values() * sizeof(float);
@@ -47,7 +53,9 @@ absl::StatusOr<std::unique_ptr<Prefetcher>> Prefetcher::Create(MessageStore* sto
                                                    " bytes)"));
   }
   std::unique_ptr<Prefetcher> p(new Prefetcher(store, options));
-  p->loader_ = std::thread([raw = p.get()] { raw->LoaderLoop(); });
+  for (int i = 0; i < options.loader_threads; ++i) {
+    p->loaders_.emplace_back([raw = p.get()] { raw->LoaderLoop(); });
+  }
   p->writer_ = std::thread([raw = p.get()] { raw->WriterLoop(); });
   return p;
 }
@@ -268,8 +276,14 @@ absl::Status Prefetcher::TakeBatch(absl::Span<const uint64_t> samples,
   std::string scratch;
   for (auto& [i, pending] : from_queue) {
     reads[i].status = absl::OkStatus();
-    reads[i].payload_checksum = RoundAndChecksum(link, pending.item->rows[pending.index],
-                                                 absl::MakeSpan((*rows)[i]), &scratch);
+    if (absl::Status s = RoundAndChecksum(link, pending.item->rows[pending.index],
+                                          absl::MakeSpan((*rows)[i]), &scratch,
+                                          &reads[i].payload_checksum);
+        !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TakeBatch: sample ", samples[i], " was put with a non-finite value (", s.message(),
+          "); its write-behind fails too"));
+    }
   }
   if (!misses.empty()) {
     const auto m0 = Clock::now();
@@ -409,7 +423,7 @@ absl::Status Prefetcher::Close() {
     writer_cv_.SignalAll();
     consumer_cv_.SignalAll();
   }
-  loader_.join();
+  for (std::thread& t : loaders_) t.join();
   writer_.join();
   absl::MutexLock lock(&mu_);
   cache_.clear();

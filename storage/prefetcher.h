@@ -1,6 +1,6 @@
 // Prefetcher: hides message-store I/O behind compute. The epoch's sample
-// order is known in advance (ARCHITECTURE.md "Data identity"), so a loader
-// thread keeps the rows of the next K micro-batches in memory before the
+// order is known in advance (ARCHITECTURE.md "Data identity"), so loader
+// threads keep the rows of the next K micro-batches in memory before the
 // consumer asks for them, and a writer thread writes updates behind.
 //
 //   Prefetcher::Options o;
@@ -30,11 +30,18 @@
 //     PutBatch blocks (back-pressure) until the writer catches up.
 //   - A failed write-behind is sticky: every later call returns that error
 //     (the store no longer holds what the link believes; bump the generation).
+//   - PutBatch checks shapes on the caller's thread but NOT finiteness: that
+//     would read every value of every row on the consumer's critical path
+//     (for 3 MB rows, ~3% of the store's whole I/O time per micro-batch). The
+//     store checks it once, fused with encoding, in the writer thread: a
+//     batch with a NaN/inf is not written, and the prefetcher fails with that
+//     sticky InvalidArgument (naming the sample) from the next call on;
+//     Flush()/Close() return it. A get of such a queued row fails the same way.
 //
 // Thread-safety: thread-safe, but the read-your-writes guarantee is between a
 // put and a get issued in that order; concurrent put/get of the same sample
-// from different threads see either value. Owns two threads (loader,
-// writer), joined by Close() / the destructor. Does not own the store, which
+// from different threads see either value. Owns its threads (loader_threads
+// loaders, one writer), joined by Close() / the destructor. Does not own the store, which
 // must outlive it.
 #ifndef AQSWARM_STORAGE_PREFETCHER_H_
 #define AQSWARM_STORAGE_PREFETCHER_H_
@@ -58,7 +65,7 @@ struct PrefetcherStats {
   uint64_t hits = 0;                // rows served from memory (prefetched or queued writes)
   uint64_t misses = 0;              // rows read synchronously from the store
   uint64_t waits = 0;               // hits that waited for an in-flight load
-  uint64_t rows_prefetched = 0;     // rows loaded by the loader thread
+  uint64_t rows_prefetched = 0;     // rows loaded by the loader threads
   uint64_t prefetch_discarded = 0;  // loads made useless by a put or a new order
   uint64_t rows_written = 0;        // rows written behind
   uint64_t get_stall_nanos = 0;     // GetBatch time blocked on loads or misses
@@ -84,6 +91,10 @@ class Prefetcher {
     // beyond it (one batch is always accepted into an empty queue).
     // Default: 256 MiB.
     uint64_t max_write_behind_bytes = 256ull << 20;
+    // Loader threads, each loading one micro-batch of the window at a time.
+    // Two keep the disk busy while a finished batch is being verified and
+    // decoded (one thread alternates: read, then CPU, then read). Default: 2.
+    int loader_threads = 2;
   };
 
   // `store` must outlive the prefetcher. Starts the threads.
@@ -183,7 +194,7 @@ class Prefetcher {
 
   PrefetcherStats stats_ ABSL_GUARDED_BY(mu_);
 
-  std::thread loader_;
+  std::vector<std::thread> loaders_;
   std::thread writer_;
 };
 

@@ -4,12 +4,15 @@
 #include "storage/prefetcher.h"
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/random.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/memory_message_store.h"
 #include "storage/rocksdb_message_store.h"
@@ -309,6 +312,61 @@ TEST_F(PrefetcherTest, SteadyZeroCopyEpochsRecycleBuffers) {
   ASSERT_TRUE(p->Close().ok());
 }
 
+// Finiteness is not checked on the caller's thread: the write-behind rejects
+// the batch (nothing of it is written) and the prefetcher fails from then on.
+TEST_F(PrefetcherTest, NonFinitePutFailsTheWriteBehindStickilyAndWritesNothing) {
+  Populate(16, 1);
+  auto p = MakePrefetcher(/*k=*/2);
+  const std::vector<uint64_t> order = Permutation(16, 5);
+  ASSERT_TRUE(p->SetOrder(order).ok());
+  const std::vector<uint64_t> samples = Batch(order, 0);
+  std::vector<std::vector<float>> rows;
+  std::vector<RowRead> reads(samples.size());
+  ASSERT_TRUE(p->TakeBatch(samples, &rows, absl::MakeSpan(reads)).ok());
+  for (size_t i = 0; i < samples.size(); ++i) rows[i] = RowValues(kLink, samples[i], 2);
+  rows[2][5] = std::numeric_limits<float>::quiet_NaN();
+
+  observed_->SetGate(false);  // hold the write: the bad row is still queued
+  ASSERT_TRUE(p->PutBatch(samples, std::move(rows)).ok());
+  // A get of the queued bad row fails rather than return NaNs as data.
+  std::vector<std::vector<float>> out(1, std::vector<float>(kLink.num_values()));
+  std::vector<RowRead> one_read(1);
+  const std::vector<uint64_t> bad = {samples[2]};
+  EXPECT_TRUE(absl::IsInvalidArgument(p->GetBatch(bad, Spans(out), absl::MakeSpan(one_read))));
+  observed_->SetGate(true);
+
+  const absl::Status flushed = p->Flush();
+  EXPECT_TRUE(absl::IsInvalidArgument(flushed)) << flushed;
+  EXPECT_THAT(std::string(flushed.message()),
+              ::testing::HasSubstr(absl::StrCat("sample ", samples[2])));
+  // Sticky: every later call reports it.
+  std::vector<std::vector<float>> more;
+  std::vector<RowRead> more_reads(kMicroBatch);
+  EXPECT_TRUE(absl::IsInvalidArgument(p->TakeBatch(Batch(order, 1), &more, absl::MakeSpan(more_reads))));
+  Put(p.get(), {}, 3);  // (an empty put is a no-op even now)
+  EXPECT_TRUE(absl::IsInvalidArgument(p->Close()));
+  // The whole batch was refused: the store still holds version 1.
+  std::vector<std::vector<float>> stored(samples.size(), std::vector<float>(kLink.num_values()));
+  std::vector<RowRead> stored_reads(samples.size());
+  ASSERT_TRUE(memory_->GetBatch(kLink, samples, Spans(stored), absl::MakeSpan(stored_reads)).ok());
+  for (size_t i = 0; i < samples.size(); ++i) {
+    ASSERT_TRUE(stored_reads[i].status.ok()) << stored_reads[i].status;
+    EXPECT_TRUE(SameBits(stored[i], StoredValues(kLink, samples[i], 1))) << "sample " << samples[i];
+  }
+}
+
+TEST_F(PrefetcherTest, RejectsBadOptions) {
+  Prefetcher::Options o;
+  o.link = kLink;
+  o.loader_threads = 0;
+  EXPECT_TRUE(absl::IsInvalidArgument(Prefetcher::Create(observed_.get(), o).status()));
+  o.loader_threads = 1;
+  o.prefetch_batches = 0;
+  EXPECT_TRUE(absl::IsInvalidArgument(Prefetcher::Create(observed_.get(), o).status()));
+}
+
+// Several loader threads fill the window concurrently; every row still comes
+// back exact, whichever thread loaded it, across epochs over a real RocksDB.
 TEST(PrefetcherRocksDbTest, EpochOverRocksDbIsExact) {
   ScratchDir dir;
   RocksDbMessageStore::Options o;
@@ -322,6 +380,7 @@ TEST(PrefetcherRocksDbTest, EpochOverRocksDbIsExact) {
   po.micro_batch = kMicroBatch;
   po.prefetch_batches = 3;
   for (uint64_t epoch = 0; epoch < 3; ++epoch) {
+    po.loader_threads = static_cast<int>(epoch) + 1;  // 1, 2, 3
     auto p = Prefetcher::Create(store->get(), po);
     ASSERT_TRUE(p.ok()) << p.status();
     const std::vector<uint64_t> order = Permutation(64, epoch);

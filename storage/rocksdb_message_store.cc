@@ -83,7 +83,7 @@ absl::Status RocksDbMessageStore::Init() {
   o.min_blob_size = options_.min_blob_bytes;
   o.blob_file_size = options_.blob_file_bytes;
   o.blob_compression_type = rocksdb::kNoCompression;
-  o.enable_blob_garbage_collection = true;
+  o.enable_blob_garbage_collection = options_.blob_garbage_collection;
   o.blob_garbage_collection_age_cutoff = 0.5;
   o.write_buffer_size = options_.write_buffer_bytes;
   o.max_write_buffer_number = options_.max_write_buffers;
@@ -148,7 +148,7 @@ void RocksDbMessageStore::ReadRaw(absl::Span<const std::string> keys, RawVisitor
   std::vector<rocksdb::PinnableSlice> values(n);
   std::vector<rocksdb::Status> statuses(n);
   rocksdb::ReadOptions ro;
-  ro.verify_checksums = true;
+  ro.verify_checksums = options_.verify_rocksdb_checksums;
   db_->MultiGet(ro, db_->DefaultColumnFamily(), n, slices.data(), values.data(), statuses.data());
   for (size_t i = 0; i < n; ++i) {
     if (statuses[i].IsNotFound()) {
@@ -162,7 +162,14 @@ void RocksDbMessageStore::ReadRaw(absl::Span<const std::string> keys, RawVisitor
 }
 
 absl::Status RocksDbMessageStore::WriteRaw(absl::Span<internal::WriteOp> ops) {
-  rocksdb::WriteBatch batch;
+  // Keep the batch buffer between puts unless one grew it past what a
+  // steady stream of puts needs.
+  constexpr size_t kMaxKeptBatchBytes = 64ull << 20;
+  if (batch_ == nullptr || batch_->GetDataSize() > kMaxKeptBatchBytes) {
+    batch_ = std::make_unique<rocksdb::WriteBatch>();
+  }
+  rocksdb::WriteBatch& batch = *batch_;
+  batch.Clear();
   for (const internal::WriteOp& op : ops) {
     rocksdb::Status s = op.is_delete ? batch.Delete(ToSlice(op.key))
                                      : batch.Put(ToSlice(op.key), ToSlice(op.value));
@@ -171,6 +178,17 @@ absl::Status RocksDbMessageStore::WriteRaw(absl::Span<internal::WriteOp> ops) {
   rocksdb::WriteOptions wo;
   wo.disableWAL = !options_.use_wal;
   return internal::FromRocksDb(db_->Write(wo, &batch), "message store write");
+}
+
+absl::Status RocksDbMessageStore::Compact() {
+  if (absl::Status s = CheckOpen(); !s.ok()) return s;
+  const std::string context = absl::StrCat("compact message store at '", options_.path, "'");
+  rocksdb::FlushOptions fo;
+  fo.wait = true;
+  if (absl::Status s = internal::FromRocksDb(db_->Flush(fo), context); !s.ok()) return s;
+  rocksdb::CompactRangeOptions co;
+  co.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
+  return internal::FromRocksDb(db_->CompactRange(co, nullptr, nullptr), context);
 }
 
 absl::Status RocksDbMessageStore::DeleteRangesRaw(

@@ -4,12 +4,18 @@
 //
 // Tuning for large, incompressible, overwrite-once-per-epoch values:
 //   - BlobDB (enable_blob_files): rows >= min_blob_bytes go to blob files, so
-//     compaction moves 17-byte keys + blob references, not megabytes; blob
-//     garbage collection reclaims overwritten rows during compaction.
+//     compaction moves 17-byte keys + blob references, not megabytes. Blob
+//     garbage collection (relocating live rows out of old blob files) is OFF
+//     by default: see Options::blob_garbage_collection for why that is safe
+//     for space under this workload.
 //   - No compression (SST or blob): fp16/int8 activations are near-random
 //     bits; compression costs CPU and saves little (measure before enabling).
-//   - MultiGet for batched reads; checksums verified on every read
-//     (RocksDB's block/blob CRCs, then our own row checksums).
+//   - MultiGet for batched reads. Every row read is verified by our own
+//     checksums (header checksum over key + header, payload checksum over the
+//     payload: every byte we use). RocksDB's read-side CRCs are off by default
+//     (Options::verify_rocksdb_checksums): the installed librocksdb computes
+//     CRC32C in software, and re-checking bytes our checksums already cover
+//     was a visible share of the read path. RocksDB still writes its CRCs.
 //
 // WAL and sync (Options::use_wal, default false): rows are written with the
 // WAL disabled, halving write bytes for multi-MB rows. A process crash can
@@ -48,6 +54,7 @@
 
 namespace rocksdb {
 class DB;
+class WriteBatch;
 }
 
 namespace aqswarm::storage {
@@ -84,6 +91,29 @@ class RocksDbMessageStore final : public internal::RowStoreBase {
     // ~35% of the process's CPU in `bench store`). Reads stay buffered.
     // Default: true.
     bool direct_io_writes = true;
+    // RocksDB blob garbage collection: compactions relocate the still-live
+    // rows of the oldest blob files so those files can be deleted. Off by
+    // default because this workload does not need it and it was ~14% of the
+    // process's CPU in `bench store` (every row rewritten once more):
+    //   - without it, a blob file is deleted as soon as all its rows are
+    //     garbage (overwritten, evicted, dropped) and compaction has seen
+    //     that; the key space is tiny (17-byte keys), so compactions are
+    //     cheap and frequent;
+    //   - AQ-SGD overwrites every row of a link once per epoch, so a blob file
+    //     written during epoch e is all garbage by the end of epoch e+1: disk
+    //     use stays below ~2x the live bytes plus the memtables;
+    //   - the capacity budget evicts oldest-written rows first, and rows sit
+    //     in blob files in write order, so eviction empties the oldest files
+    //     whole instead of leaving live rows scattered in them.
+    // Turn it on when rows can stay untouched for long while their neighbours
+    // are rewritten (e.g. a training set that shrinks): one never-rewritten
+    // row keeps its whole blob file (up to blob_file_bytes) on disk.
+    // Default: false.
+    bool blob_garbage_collection = false;
+    // Also verify RocksDB's own block and blob CRCs on every read, on top of
+    // the row checksums that are always verified (see the banner). Default:
+    // false.
+    bool verify_rocksdb_checksums = false;
   };
 
   // Opens (creating if needed) the store at options.path. Fails with a
@@ -96,6 +126,12 @@ class RocksDbMessageStore final : public internal::RowStoreBase {
 
   // Flushes memtables, closes the DB and writes the clean-shutdown marker.
   absl::Status Close() override;
+
+  // Flushes the memtables and compacts the whole key range now: drops the
+  // references to overwritten and deleted rows, so blob files holding only
+  // such rows become deletable. Background compactions do this anyway; this
+  // is for tests and for tools that want disk space back immediately.
+  absl::Status Compact();
 
   // Name of the marker file written by a clean Close().
   static constexpr char kCleanShutdownMarker[] = "AQSWARM_CLEAN_SHUTDOWN";
@@ -111,6 +147,9 @@ class RocksDbMessageStore final : public internal::RowStoreBase {
 
   const Options options_;
   std::unique_ptr<rocksdb::DB> db_;
+  // Reused by WriteRaw (always called under RowStoreBase's write lock), so a
+  // put does not grow a fresh multi-MB batch buffer from scratch each time.
+  std::unique_ptr<rocksdb::WriteBatch> batch_;
 };
 
 }  // namespace aqswarm::storage

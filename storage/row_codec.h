@@ -49,10 +49,19 @@ std::string LinkEndKey(uint8_t kind, const LinkId& link);
 // Parses a 17-byte key; false if malformed.
 bool DecodeKey(std::string_view key, uint8_t* kind, LinkId* link, uint64_t* sample);
 
-// Encodes a full row value (header + payload) for `row_key`. `values` must be
-// finite and have link.num_values() elements.
-std::string EncodeRowValue(std::string_view row_key, const LinkSpec& link,
-                           absl::Span<const float> values);
+// Encodes a full row value (header + payload) for `row_key` into `*value`
+// (resized; its capacity is reused, so a caller that keeps the string
+// allocates nothing per row). `values` must have link.num_values() elements.
+// This is THE finiteness check of a put: InvalidArgument naming the first
+// non-finite index (and `*value` unspecified) if any value is NaN or inf.
+absl::Status EncodeRowValue(std::string_view row_key, const LinkSpec& link,
+                            absl::Span<const float> values, std::string* value);
+
+// EncodeRow(link.precision, ...) into `out` (link.payload_bytes() bytes) with
+// the finiteness check fused in: fp32/fp16 rows are checked and converted one
+// L1-sized chunk at a time, so the row is read from memory once, not once per
+// check plus once for the conversion. InvalidArgument on a non-finite value.
+absl::Status EncodePayloadChecked(const LinkSpec& link, absl::Span<const float> values, char* out);
 
 struct RowHeader {
   uint8_t format_version = 0;

@@ -10,23 +10,6 @@
 
 namespace aqswarm::storage {
 
-namespace {
-
-// Vectorisable finiteness check (an integer OR-reduction over exponent bits);
-// ValidateFinite then names the culprit. Runs on every put: keep it cheap.
-bool AllFinite(absl::Span<const float> values) {
-  const float* v = values.data();
-  uint32_t bad = 0;
-  for (size_t i = 0; i < values.size(); ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, v + i, 4);
-    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-  }
-  return bad == 0;
-}
-
-}  // namespace
-
 absl::Status ValidateLinkSpec(const LinkSpec& link) {
   if (link.rows <= 0 || link.cols <= 0 || link.rows > UINT32_MAX || link.cols > UINT32_MAX) {
     return absl::InvalidArgumentError(
@@ -69,12 +52,10 @@ absl::Status ValidatePutArgs(const LinkSpec& link, absl::Span<const uint64_t> sa
                                                      values[i].size(), " floats, want ",
                                                      link.num_values()));
     }
-    if (AllFinite(values[i])) continue;
-    if (absl::Status s = ValidateFinite(values[i]); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("PutBatch: row ", i, " (sample ", samples[i],
-                                                     "): ", s.message()));
-    }
   }
+  // Finiteness is checked once per put, fused with the encoding
+  // (RowStoreBase::PutBatch -> EncodeRowValue), not here: a separate pass
+  // would read every value of every row from memory once more.
   return absl::OkStatus();
 }
 
@@ -173,15 +154,25 @@ absl::Status RowStoreBase::PutBatch(const LinkSpec& link, absl::Span<const uint6
   const auto t0 = std::chrono::steady_clock::now();
   if (absl::Status s = CheckOpen(); !s.ok()) return s;
   if (absl::Status s = ValidatePutArgs(link, samples, values); !s.ok()) return s;
-  // Encode outside the lock: this is the expensive part.
-  std::vector<std::string> keys(samples.size()), rows(samples.size());
+  // Encode (and check finiteness) outside the lock: this is the expensive
+  // part. Value buffers are recycled: a fresh multi-MB string per row costs
+  // page faults and zero-filling on every put.
+  std::vector<std::string> keys(samples.size());
+  std::vector<std::string> rows = TakeSpareValues(samples.size());
   for (size_t i = 0; i < samples.size(); ++i) {
     keys[i] = EncodeKey(kRowKind, link.link, samples[i]);
-    rows[i] = EncodeRowValue(keys[i], link, values[i]);
+    if (absl::Status s = EncodeRowValue(keys[i], link, values[i], &rows[i]); !s.ok()) {
+      ReturnSpareValues(&rows);
+      return absl::InvalidArgumentError(absl::StrCat("PutBatch: row ", i, " (sample ", samples[i],
+                                                     "): ", s.message()));
+    }
   }
 
   absl::MutexLock lock(&mu_);
-  if (!write_failure_.ok()) return write_failure_;
+  if (!write_failure_.ok()) {
+    ReturnSpareValues(&rows);
+    return write_failure_;
+  }
   std::vector<WriteOp> ops;
   ops.reserve(samples.size() * 2);
   uint64_t evicted = 0, written = 0;
@@ -215,9 +206,18 @@ absl::Status RowStoreBase::PutBatch(const LinkSpec& link, absl::Span<const uint6
     ops.push_back({false, std::move(index_key), std::move(index_value)});
     ++written;
   }
-  if (absl::Status s = WriteRaw(absl::MakeSpan(ops)); !s.ok()) {
-    write_failure_ = absl::Status(
-        s.code(), absl::StrCat("message store write failed; reopen the store: ", s.message()));
+  absl::Status write_status = WriteRaw(absl::MakeSpan(ops));
+  // Backends that copy values (RocksDB) leave them in `ops`: recycle them.
+  std::vector<std::string> used;
+  used.reserve(samples.size());
+  for (WriteOp& op : ops) {
+    if (!op.is_delete && op.key[0] == static_cast<char>(kRowKind)) used.push_back(std::move(op.value));
+  }
+  ReturnSpareValues(&used);
+  if (!write_status.ok()) {
+    write_failure_ = absl::Status(write_status.code(),
+                                  absl::StrCat("message store write failed; reopen the store: ",
+                                               write_status.message()));
     return write_failure_;
   }
   // A sample listed twice in one batch counts once per put; that is fine.
@@ -226,6 +226,28 @@ absl::Status RowStoreBase::PutBatch(const LinkSpec& link, absl::Span<const uint6
   ++put_batches_;
   put_nanos_ += NanosSince(t0);
   return absl::OkStatus();
+}
+
+std::vector<std::string> RowStoreBase::TakeSpareValues(size_t n) {
+  std::vector<std::string> out(n);
+  absl::MutexLock lock(&spare_mu_);
+  for (size_t i = 0; i < n && !spare_values_.empty(); ++i) {
+    out[i] = std::move(spare_values_.back());
+    spare_values_.pop_back();
+    spare_bytes_ -= out[i].capacity();
+  }
+  return out;
+}
+
+void RowStoreBase::ReturnSpareValues(std::vector<std::string>* values) {
+  absl::MutexLock lock(&spare_mu_);
+  for (std::string& v : *values) {
+    // Moved-from strings (the memory backend keeps its values) hold nothing.
+    if (v.capacity() < 4096 || spare_bytes_ + v.capacity() > kMaxSpareValueBytes) continue;
+    spare_bytes_ += v.capacity();
+    spare_values_.push_back(std::move(v));
+  }
+  values->clear();
 }
 
 absl::Status RowStoreBase::DropLink(const LinkId& link) {

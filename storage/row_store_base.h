@@ -82,6 +82,12 @@ class RowStoreBase : public MessageStore {
   void EraseLocked(const std::string& row_key, std::vector<WriteOp>* ops)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Encoded-row buffers kept between puts (at most kMaxSpareValueBytes of
+  // capacity), so a steady stream of puts allocates no row-sized strings.
+  static constexpr uint64_t kMaxSpareValueBytes = 64ull << 20;
+  std::vector<std::string> TakeSpareValues(size_t n) ABSL_LOCKS_EXCLUDED(spare_mu_);
+  void ReturnSpareValues(std::vector<std::string>* values) ABSL_LOCKS_EXCLUDED(spare_mu_);
+
   const uint64_t capacity_bytes_;
   std::atomic<bool> closed_{false};
   bool unclean_ = false;
@@ -93,6 +99,10 @@ class RowStoreBase : public MessageStore {
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   // Sticky: a failed atomic write leaves the index ahead of the data.
   absl::Status write_failure_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex spare_mu_;
+  std::vector<std::string> spare_values_ ABSL_GUARDED_BY(spare_mu_);
+  uint64_t spare_bytes_ ABSL_GUARDED_BY(spare_mu_) = 0;
 
   std::atomic<uint64_t> rows_found_{0}, rows_unseen_{0}, rows_stale_{0}, rows_corrupt_{0},
       rows_written_{0}, rows_evicted_{0}, get_batches_{0}, put_batches_{0}, get_nanos_{0},
