@@ -129,7 +129,8 @@ grpc::Status CoordinatorGrpcService::ReportLinkProbe(grpc::ServerContext*, const
   if (absl::Status s = CheckPeerRef(req->peer_id(), req->session_token()); !s.ok()) return ToGrpcStatus(s);
   if (req->to_peer_id() == 0) return ToGrpcStatus(absl::InvalidArgumentError("to_peer_id is required"));
   return ToGrpcStatus(coordinator_->ReportLinkProbe(req->peer_id(), req->session_token(), req->to_peer_id(),
-                                                    req->bandwidth_bytes_per_second(), req->rtt_seconds()));
+                                                    req->bandwidth_bytes_per_second(), req->rtt_seconds(),
+                                                    req->passive()));
 }
 
 grpc::Status CoordinatorGrpcService::ReportProgress(grpc::ServerContext*, const v1::ProgressReport* req,

@@ -269,7 +269,8 @@ absl::StatusOr<uint64_t> SwarmCoordinator::Leave(uint64_t peer_id, absl::string_
 }
 
 absl::Status SwarmCoordinator::ReportLinkProbe(uint64_t peer_id, absl::string_view session_token,
-                                               uint64_t to_peer_id, double bandwidth, double rtt) {
+                                               uint64_t to_peer_id, double bandwidth, double rtt, bool passive) {
+  if (passive) rtt = 0;  // replaced below; only the bandwidth was measured
   AQSWARM_RETURN_IF_ERROR(ValidateLinkEstimate(bandwidth, rtt));
   absl::MutexLock lock(&mu_);
   AQSWARM_RETURN_IF_ERROR(membership_.Authenticate(peer_id, session_token).status());
@@ -277,6 +278,7 @@ absl::Status SwarmCoordinator::ReportLinkProbe(uint64_t peer_id, absl::string_vi
   if (membership_.Find(to_peer_id) == nullptr) {
     return absl::NotFoundError(absl::StrCat("to_peer_id ", to_peer_id, " is not a member"));
   }
+  if (passive) rtt = links_.Get(peer_id, to_peer_id).rtt_seconds;
   links_.Report(peer_id, to_peer_id, bandwidth, rtt, clock_->Now());
   CoordinatorState::Change change;
   change.PutLink(peer_id, to_peer_id, *links_.Measured(peer_id, to_peer_id));

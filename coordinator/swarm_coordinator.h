@@ -116,8 +116,10 @@ class SwarmCoordinator {
                                             const PeerProgress* progress = nullptr);
   // Returns the new assignment version.
   absl::StatusOr<uint64_t> Leave(uint64_t peer_id, absl::string_view session_token);
+  // `passive`: bandwidth from real traffic; the RTT of the last probe (or
+  // the guess) is kept.
   absl::Status ReportLinkProbe(uint64_t peer_id, absl::string_view session_token, uint64_t to_peer_id,
-                               double bandwidth_bytes_per_second, double rtt_seconds);
+                               double bandwidth_bytes_per_second, double rtt_seconds, bool passive = false);
   // `held` (optional) replaces the stage states the peer holds.
   absl::Status ReportProgress(uint64_t peer_id, absl::string_view session_token, const PeerProgress& progress,
                               int64_t checkpoint_step, const HeldStates* held = nullptr);

@@ -211,6 +211,8 @@ TEST_F(SwarmCoordinatorTest, ProbesAndProgressShowInStatus) {
   EXPECT_TRUE(absl::IsInvalidArgument(c->ReportLinkProbe(a.peer_id, a.session_token, a.peer_id, 5e6, 0.03)));
   EXPECT_TRUE(absl::IsNotFound(c->ReportLinkProbe(a.peer_id, a.session_token, 999, 5e6, 0.03)));
   EXPECT_TRUE(absl::IsInvalidArgument(c->ReportLinkProbe(a.peer_id, a.session_token, b.peer_id, -1, 0.03)));
+  // Real traffic measured 4 MB/s: the bandwidth changes, the probed RTT stays.
+  ASSERT_TRUE(c->ReportLinkProbe(a.peer_id, a.session_token, b.peer_id, 4e6, 99, /*passive=*/true).ok());
   const Grid g = c->grid();
   const JoinResult& last = g.at(1, 0) == a.peer_id ? a : b;
   PeerProgress p{7, 3.0, 1234};
@@ -226,7 +228,8 @@ TEST_F(SwarmCoordinatorTest, ProbesAndProgressShowInStatus) {
   const v1::PeerStatus& pa = s.peers(0).peer_id() == a.peer_id ? s.peers(0) : s.peers(1);
   ASSERT_EQ(pa.links_size(), 1);
   EXPECT_EQ(pa.links(0).to_peer_id(), b.peer_id);
-  EXPECT_EQ(pa.links(0).bandwidth_bytes_per_second(), 5e6);
+  EXPECT_EQ(pa.links(0).bandwidth_bytes_per_second(), 4e6);
+  EXPECT_EQ(pa.links(0).rtt_seconds(), 0.03);
   EXPECT_EQ(pa.state(), v1::PeerStatus::ACTIVE);
 }
 

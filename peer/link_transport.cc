@@ -115,6 +115,7 @@ void LinkConnection::WaitWriterDone() {
 
 void LinkConnection::WriterLoop() {
   absl::Time wire_free = absl::InfinitePast();
+  absl::Time last_done = absl::InfinitePast();
   while (true) {
     v1::LinkFrame frame;
     {
@@ -129,6 +130,7 @@ void LinkConnection::WriterLoop() {
     }
     const size_t bytes = frame.ByteSizeLong() + 8;  // + the timestamp set below
     absl::Time now = absl::Now();
+    const absl::Time busy_from = std::max(now, last_done);
     if (shaping_.bandwidth_mbps > 0) {
       const absl::Duration tx = absl::Seconds(bytes * 8.0 / (shaping_.bandwidth_mbps * 1e6));
       wire_free = std::max(now, wire_free) + tx;
@@ -141,6 +143,11 @@ void LinkConnection::WriterLoop() {
       break;
     }
     bytes_sent_ += frame.ByteSizeLong();
+    last_done = absl::Now();
+    if (bytes >= kBusyFrameBytes) {
+      busy_bytes_ += bytes;
+      busy_micros_ += absl::ToInt64Microseconds(last_done - busy_from);
+    }
   }
   FinishWrites();
   absl::MutexLock l(&mu_);

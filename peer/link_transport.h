@@ -74,6 +74,14 @@ class LinkConnection {
   absl::Status WaitClosed(absl::Duration timeout);
 
   uint64_t bytes_sent() const { return bytes_sent_.load(); }
+  // Passive bandwidth measurement of real traffic: bytes of frames of at
+  // least kBusyFrameBytes and the seconds the link spent sending them (from
+  // when the writer took the frame, or the previous frame left, to when the
+  // write returned; on a shaped link this includes the emulated wire time).
+  // busy_bytes / busy_seconds is the achieved send rate while busy.
+  static constexpr size_t kBusyFrameBytes = 16 << 10;
+  uint64_t busy_bytes() const { return busy_bytes_.load(); }
+  double busy_seconds() const { return busy_micros_.load() * 1e-6; }
   uint64_t bytes_received() const { return bytes_received_.load(); }
   const std::string& name() const { return name_; }
 
@@ -111,6 +119,8 @@ class LinkConnection {
   std::thread writer_;
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
+  std::atomic<uint64_t> busy_bytes_{0};
+  std::atomic<int64_t> busy_micros_{0};
 };
 
 // Serves StageLink for the upstream neighbour: exactly one connection.

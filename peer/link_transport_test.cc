@@ -70,6 +70,21 @@ TEST(LinkTransportTest, ShapedLinkNeverBeatsItsBandwidthOrLatency) {
   EXPECT_GE(secs, wire + 0.03 - 0.01) << "bytes " << p.client->bytes_sent();
 }
 
+TEST(LinkTransportTest, PassiveMeasurementOfBusyTimeFindsTheShapedBandwidth) {
+  // Large frames on an 8 Mbit/s link: the busy-time rate is the wire's (the
+  // emulated wire time dominates; loopback writes add a little).
+  Pair p(ShapingOptions{8.0, 0});
+  for (uint64_t i = 0; i < 10; ++i) ASSERT_TRUE(p.client->Send(Commit(i, 50000)).ok());
+  ASSERT_TRUE(p.client->Send(Commit(99)).ok());  // small: not counted
+  for (int i = 0; i < 11; ++i) ASSERT_TRUE(p.server_end->Receive([](auto&) { return true; }, absl::Seconds(30)).ok());
+  EXPECT_GE(p.client->busy_bytes(), 10u * 50000);
+  EXPECT_LT(p.client->busy_bytes(), p.client->bytes_sent() + 200);
+  const double mbit = p.client->busy_bytes() * 8 / p.client->busy_seconds() / 1e6;
+  EXPECT_GT(mbit, 8.0 * 0.7);
+  EXPECT_LE(mbit, 8.0 * 1.01);
+  EXPECT_EQ(p.server_end->busy_bytes(), 0u) << "the other direction sent nothing";
+}
+
 TEST(LinkTransportTest, VanishedPeerFailsPendingReceiveQuickly) {
   Pair p;
   const absl::Time start = absl::Now();

@@ -470,6 +470,40 @@ class PeerDaemonImpl final : public PeerDaemon {
     }
   }
 
+  // Every kPassiveInterval, the forward link's send rate while busy (from
+  // the stage's cumulative counters) becomes a passive ReportLinkProbe.
+  void MaybeReportPassive(uint64_t bytes, double seconds) {
+    static constexpr absl::Duration kPassiveInterval = absl::Seconds(20);
+    v1::LinkProbeReport req;
+    {
+      absl::MutexLock l(&mu_);
+      const absl::Time now = absl::Now();
+      if (next_peer_ == 0) return;
+      if (!passive_at_.has_value() || bytes < passive_bytes_ || seconds < passive_seconds_) {  // a new child
+        passive_at_ = now;
+        passive_bytes_ = bytes;
+        passive_seconds_ = seconds;
+        return;
+      }
+      const double db = static_cast<double>(bytes - passive_bytes_), ds = seconds - passive_seconds_;
+      if (now - *passive_at_ < kPassiveInterval || db < (256 << 10) || ds <= 0) return;
+      passive_at_ = now;
+      passive_bytes_ = bytes;
+      passive_seconds_ = seconds;
+      req.set_peer_id(peer_id_);
+      req.set_session_token(session_);
+      req.set_to_peer_id(next_peer_);
+      req.set_bandwidth_bytes_per_second(db / ds);
+      req.set_passive(true);
+    }
+    v1::ReportResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    const absl::Status s = FromGrpc(stub_->ReportLinkProbe(&ctx, req, &resp), "report passive link measurement");
+    Event(absl::StrFormat(R"({"event":"link_passive","to":%d,"mbit_s":%.1f,"reported":%s})", req.to_peer_id(),
+                          req.bandwidth_bytes_per_second() * 8 / 1e6, s.ok() ? "true" : "false"));
+  }
+
   // Copies the mirrored peer's state after each of our checkpoints.
   void MirrorLoop() {
     while (true) {
@@ -614,6 +648,8 @@ class PeerDaemonImpl final : public PeerDaemon {
         a.pipeline(), a.resume_step(), a.grid_complete() ? "true" : "false"));
     {
       absl::MutexLock l(&mu_);
+      next_peer_ = a.role() == v1::Assignment::STAGE && a.has_next() ? a.next().peer_id() : 0;
+      passive_at_.reset();
       if (a.has_mirror() && !a.mirror().state_transfer_address().empty()) {
         mirror_target_ = a.mirror();
       } else {
@@ -716,6 +752,9 @@ class PeerDaemonImpl final : public PeerDaemon {
           mirror_want_ = std::max(mirror_want_, p.step());
         }
         ReportProgress(p);
+        if (j.contains("down_busy_bytes")) {
+          MaybeReportPassive(j.value("down_busy_bytes", uint64_t{0}), j.value("down_busy_seconds", 0.0));
+        }
       }
     }
     absl::StatusOr<int> code = child->Wait(absl::Hours(24));
@@ -781,6 +820,10 @@ class PeerDaemonImpl final : public PeerDaemon {
   int64_t mirror_want_ ABSL_GUARDED_BY(mu_) = 0;  // step whose copy is wanted
   int64_t mirror_done_ ABSL_GUARDED_BY(mu_) = 0;  // newest step copied
   uint64_t plan_ ABSL_GUARDED_BY(mu_) = 0;        // plan of the last assignment applied
+  uint64_t next_peer_ ABSL_GUARDED_BY(mu_) = 0;   // our forward link's far end (0: none)
+  std::optional<absl::Time> passive_at_ ABSL_GUARDED_BY(mu_);  // last passive measurement window start
+  uint64_t passive_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  double passive_seconds_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace

@@ -433,6 +433,10 @@ class StageRunnerImpl final : public StageRunner {
                             worker_->dp_bytes_sent() - dp0, worker_->dp_raw_bytes() - dpraw0,
                             worker_->ParameterHash());
     }
+    if (down_) {  // passive measurement of the forward link (peer/link_transport.h), cumulative
+      absl::StrAppendFormat(&line, R"(,"down_busy_bytes":%d,"down_busy_seconds":%.6f)", down_->busy_bytes(),
+                            down_->busy_seconds());
+    }
     if (sender_) {
       const auto& st = sender_->stats();
       absl::StrAppendFormat(&line, R"(,"full_rows":%d,"delta_rows":%d,"direct_rows":%d,"resend_rows":%d,)"
