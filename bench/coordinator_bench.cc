@@ -78,6 +78,8 @@ absl::Status RunOne(const CoordinatorBenchOptions& o, int n, std::ostream& out) 
     p.peer_name = absl::StrCat("sim-", i);
     p.join_token = token;
     p.stage_link_address = absl::StrCat("127.0.0.1:", 10000 + i % 50000);
+    // As every daemon has one: heartbeat answers then also pick links to probe.
+    p.state_transfer_address = absl::StrCat("127.0.0.1:", 10001 + i % 50000);
     AQSWARM_ASSIGN_OR_RETURN(coordinator::JoinResult r, coord->Join(p));
     peers[i] = {r.peer_id, r.session_token};
   }

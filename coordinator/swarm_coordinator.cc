@@ -192,6 +192,10 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
   for (uint64_t id : removed) {
     membership_.Remove(id);
     links_.RemovePeer(id);
+    probe_cursor_.erase(id);
+    for (auto it = probe_asked_.begin(); it != probe_asked_.end();) {
+      it = (it->first.first == id || it->first.second == id) ? probe_asked_.erase(it) : std::next(it);
+    }
   }
   if (added.has_value()) membership_.Add(*added);
   if (replanned) {
@@ -237,14 +241,21 @@ absl::StatusOr<HeartbeatResult> SwarmCoordinator::Heartbeat(uint64_t peer_id, ab
   if (progress != nullptr) AQSWARM_RETURN_IF_ERROR(RecordProgressLocked(*m, *progress, 0));
   r.assignment_version = counters_.assignment_version;
   if (options_.probe_max_age > absl::ZeroDuration() && !m->state_transfer_address.empty()) {
-    // Links from this peer that nobody measured or that went stale, starting
-    // after its own id so peers spread their probes over different targets.
+    // Links from this peer that nobody measured or that went stale. Each
+    // heartbeat looks at no more than kProbeScan members, resuming where this
+    // peer's last look stopped (first look: after its own id, so peers spread
+    // their probes over different targets): O(1) per heartbeat at any size.
+    static constexpr size_t kProbeScan = 64;
     const absl::Time now = clock_->Now();
     const auto& all = membership_.members();
-    auto start = all.upper_bound(peer_id);
-    for (size_t i = 0; i < all.size() && static_cast<int>(r.probe.size()) < options_.probes_per_heartbeat; ++i) {
+    auto cursor = probe_cursor_.try_emplace(peer_id, peer_id).first;
+    auto start = all.upper_bound(cursor->second);
+    for (size_t i = 0; i < std::min(all.size(), kProbeScan) &&
+                       static_cast<int>(r.probe.size()) < options_.probes_per_heartbeat;
+         ++i) {
       if (start == all.end()) start = all.begin();
       const Member& to = (start++)->second;
+      cursor->second = to.id;
       if (to.id == peer_id || to.state_transfer_address.empty()) continue;
       const LinkEstimate* e = links_.Measured(peer_id, to.id);
       if (e != nullptr && now - e->measured_at < options_.probe_max_age) continue;

@@ -164,6 +164,8 @@ class SwarmCoordinator {
   SwarmProgress progress_ ABSL_GUARDED_BY(mu_);
   // When a peer was last asked to probe a link (from, to): not persisted.
   std::map<std::pair<uint64_t, uint64_t>, absl::Time> probe_asked_ ABSL_GUARDED_BY(mu_);
+  // Per peer: the member id its last probe scan stopped at.
+  std::map<uint64_t, uint64_t> probe_cursor_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace aqswarm::coordinator
