@@ -174,6 +174,19 @@ class SwarmTest : public ::testing::Test {
     return all;
   }
 
+  // SIGTERM to every peer but `dead`; each must leave and exit 0, bounded.
+  void TerminatePeersExcept(const std::string& dead) {
+    for (auto& [name, p] : peers_) {
+      if (name != dead) p->Signal(SIGTERM);
+    }
+    for (auto& [name, p] : peers_) {
+      if (name == dead) continue;
+      auto code = p->Wait(absl::Seconds(30));
+      ASSERT_TRUE(code.ok()) << name << " did not exit after SIGTERM";
+      EXPECT_EQ(*code, 0) << name;
+    }
+  }
+
   std::string Out(const std::string& peer) {
     std::ifstream in(dir_ / (peer + ".out"));
     return std::string(std::istreambuf_iterator<char>(in), {});
@@ -227,15 +240,7 @@ TEST_F(SwarmTest, AKilledPeerIsReplacedByTheStandbyAndTrainingGoesOn) {
       << "the standby should have pulled its stage's state from a live replica";
 
   // SIGTERM: every daemon leaves and exits, bounded.
-  for (auto& [name, p] : peers_) {
-    if (name != victim_name) p->Signal(SIGTERM);
-  }
-  for (auto& [name, p] : peers_) {
-    if (name == victim_name) continue;
-    auto code = p->Wait(absl::Seconds(30));
-    ASSERT_TRUE(code.ok()) << name << " did not exit after SIGTERM";
-    EXPECT_EQ(*code, 0) << name;
-  }
+  TerminatePeersExcept(victim_name);
   EXPECT_TRUE(WaitFor([](const auto& st) { return st.peers_size() == 0; }, absl::Seconds(10)))
       << "peers did not leave";
 }
@@ -329,15 +334,7 @@ TEST_F(SwarmTest, UnderMutualTlsAStageWithNoReplicaResumesFromAMirrorsCopyAndLin
   EXPECT_NE(out.find(absl::StrCat(R"("from":")", first_name, R"(")")), std::string::npos)
       << "the state should come from the stage-0 peer's mirror copy: " << out;
 
-  for (auto& [name, p] : peers_) {
-    if (name != victim_name) p->Signal(SIGTERM);
-  }
-  for (auto& [name, p] : peers_) {
-    if (name == victim_name) continue;
-    auto code = p->Wait(absl::Seconds(30));
-    ASSERT_TRUE(code.ok()) << name << " did not exit after SIGTERM";
-    EXPECT_EQ(*code, 0) << name;
-  }
+  TerminatePeersExcept(victim_name);
 }
 
 }  // namespace
