@@ -55,6 +55,7 @@ struct JoinParams {
   double seconds_per_layer = 0;           // 0 = unknown
   uint64_t memory_bytes = 0;              // 0 = unknown (unlimited)
   HeldStates held;                        // states it already holds (a restarted peer)
+  std::string held_job_name;              // the job `held` belongs to
 };
 
 struct Member {

@@ -216,9 +216,13 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
   return absl::OkStatus();
 }
 
-absl::StatusOr<JoinResult> SwarmCoordinator::Join(const JoinParams& params) {
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<JoinResult> SwarmCoordinator::Join(const JoinParams& given) {
+  // States on a restarted peer's disk count only for this job's stages.
+  JoinParams params = given;
+  if (params.held_job_name != options_.job.name()) params.held.clear();
+  params.held.erase(params.held.lower_bound(static_cast<uint32_t>(planner_.num_stages())), params.held.end());
   AQSWARM_RETURN_IF_ERROR(ValidateHeldStates(params.held, planner_.num_stages()));
+  absl::MutexLock lock(&mu_);
   AQSWARM_ASSIGN_OR_RETURN(Member m, membership_.Admit(params, counters_.next_peer_id));
   std::vector<uint64_t> removed;
   if (const Member* old = membership_.FindByName(m.name)) {

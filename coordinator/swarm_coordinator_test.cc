@@ -296,16 +296,20 @@ TEST_F(SwarmCoordinatorTest, WithNoStateOfSomeStageAnywhereTheJobStartsOver) {
 
 TEST_F(SwarmCoordinatorTest, PeersWithCheckpointsOnDiskRestartAStoppedJobWhereItWas) {
   // A whole swarm restarted (new coordinator state, peers keep their disks):
-  // the peers' held states at Join let the first plan resume at step 9.
+  // the states the peers name at Join let the first plan resume at step 9.
   auto c = Make(2, 1);
-  JoinParams a = JoinAs(clock_, "a", 5000), b = JoinAs(clock_, "b", 6000);
-  a.held = {{0, {8, 9}}, {1, {9}}};
-  b.held = {{1, {8, 9}}};
+  JoinParams other = JoinAs(clock_, "d", 8000), a = JoinAs(clock_, "a", 5000);
+  other.held = {{0, {50}}, {1, {50}}};  // states of another job: they do not count
+  other.held_job_name = "another-job";
+  a.held = {{0, {8, 9}}, {1, {9}}, {5, {9}}};  // stage 5: from a bigger job; ignored
+  a.held_job_name = c->job().name();
+  ASSERT_TRUE(c->Join(other).ok());
   ASSERT_TRUE(c->Join(a).ok());
-  ASSERT_TRUE(c->Join(b).ok());
+  EXPECT_TRUE(c->grid().complete());
   EXPECT_EQ(c->grid().resume_step, 9);
   JoinParams bad = JoinAs(clock_, "c", 7000);
-  bad.held = {{7, {1}}};
+  bad.held = {{0, {3, 1}}};
+  bad.held_job_name = c->job().name();
   EXPECT_TRUE(absl::IsInvalidArgument(c->Join(bad).status()));
 }
 

@@ -24,6 +24,7 @@
 #include "common/status_macros.h"
 #include "common/subprocess.h"
 #include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
 #include "peer/grpc_status.h"
@@ -274,7 +275,12 @@ class PeerDaemonImpl final : public PeerDaemon {
     req.set_state_transfer_address(o_.state_advertise);
     req.set_seconds_per_layer(o_.seconds_per_layer);
     req.set_memory_bytes(o_.memory_bytes);
-    for (v1::StageCheckpoints& h : ListHeld(fs::path(o_.work_dir) / "checkpoints")) *req.add_held() = std::move(h);
+    // States on disk from an earlier run count for that run's job only.
+    const std::optional<v1::JobSpec> previous = ReadPreviousJob();
+    if (previous.has_value()) {
+      req.set_held_job_name(previous->name());
+      for (v1::StageCheckpoints& h : ListHeld(fs::path(o_.work_dir) / "checkpoints")) *req.add_held() = std::move(h);
+    }
     while (true) {
       v1::JoinResponse resp;
       grpc::ClientContext ctx;
@@ -282,6 +288,12 @@ class PeerDaemonImpl final : public PeerDaemon {
       ctx.set_wait_for_ready(true);
       absl::Status s = FromGrpc(stub_->Join(&ctx, req, &resp), absl::StrCat("join ", o_.coordinator));
       if (s.ok()) {
+        if (previous.has_value() && !google::protobuf::util::MessageDifferencer::Equals(*previous, resp.job())) {
+          // Another job (or the same name with other settings): its states must not be served.
+          std::error_code ec;
+          fs::remove_all(fs::path(o_.work_dir) / "checkpoints", ec);
+          Event(R"({"event":"stale_states_removed","reason":"the work dir held states of another job"})");
+        }
         AQSWARM_RETURN_IF_ERROR(WriteJob(resp.job()));
         absl::MutexLock l(&mu_);
         peer_id_ = resp.peer_id();
@@ -315,6 +327,17 @@ class PeerDaemonImpl final : public PeerDaemon {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     return FromGrpc(stub_->Leave(&ctx, req, &resp), "leave");
+  }
+
+  // The job of this work dir's last run (job.json), if any and readable.
+  std::optional<v1::JobSpec> ReadPreviousJob() const {
+    std::ifstream in(fs::path(o_.work_dir) / "job.json");
+    if (!in) return std::nullopt;
+    std::stringstream buf;
+    buf << in.rdbuf();
+    v1::JobSpec job;
+    if (!google::protobuf::util::JsonStringToMessage(buf.str(), &job).ok()) return std::nullopt;
+    return job;
   }
 
   absl::Status WriteJob(const v1::JobSpec& job) {
