@@ -20,6 +20,7 @@
 #include "pipeline/job_spec.h"
 #include "pipeline/link_endpoint.h"
 #include "pipeline/stage_worker.h"
+#include "pipeline/step_schedule.h"
 #include "pipeline/tokenizer.h"
 #include "storage/rocksdb_message_store.h"
 
@@ -92,6 +93,7 @@ class StageRunnerImpl final : public StageRunner {
       return absl::FailedPreconditionError(absl::StrCat("the corpus holds ", plan_->num_train_samples(),
                                                         " training samples: too few for one step"));
     }
+    AQSWARM_ASSIGN_OR_RETURN(schedule_, pipeline::StepScheduleFromJob(job_));
     AQSWARM_ASSIGN_OR_RETURN(worker_, pipeline::StageWorker::Create(job_, o_.stage));
     metrics_ = std::make_unique<StageMetrics>(job_, o_.stage, o_.pipeline);
     if (!o_.init_checkpoint.empty()) AQSWARM_RETURN_IF_ERROR(worker_->LoadCheckpoint(o_.init_checkpoint));
@@ -320,84 +322,27 @@ class StageRunnerImpl final : public StageRunner {
 
   absl::Status RunStep(const pipeline::ShardSchedule& sched, int64_t epoch, int64_t s, int64_t gs) {
     const int m = job_.micro_batches_per_step();
-    const int64_t b = job_.micro_batch_size(), t = job_.model().seq_len();
+    const int64_t t = job_.model().seq_len();
     const absl::Time start = absl::Now();
     compute_s_ = wait_s_ = dp_s_ = 0;
     const uint64_t dp0 = worker_->dp_bytes_sent(), dpraw0 = worker_->dp_raw_bytes();
     const uint64_t fw0 = down_ ? down_->bytes_sent() : 0, bw0 = up_ ? up_->bytes_sent() : 0;
-    std::map<int, std::vector<float>> outputs;  // kept for resends until backward
-    double loss_sum = 0;
-    std::vector<int32_t> tokens, targets;
-    for (int mb = 0; mb < m; ++mb) {
-      absl::Span<const int64_t> ids64 = sched.MicroBatch(s, mb);
-      std::vector<uint64_t> ids(ids64.begin(), ids64.end());
-      corpus_->GatherBatch(ids64, t, &tokens, &targets);
-      std::vector<float> in, out;
-      if (!first_) AQSWARM_RETURN_IF_ERROR(ReceiveActivations(gs, mb, ids, &in));
-      {
-        Timer tm(&compute_s_);
-        if (last_) {
-          double loss = 0;
-          AQSWARM_RETURN_IF_ERROR(worker_->ForwardLoss(mb, in, tokens, targets, b, &loss));
-          loss_sum += loss;
-        } else if (first_) {
-          AQSWARM_RETURN_IF_ERROR(worker_->ForwardTokens(mb, tokens, b, &out));
-        } else {
-          AQSWARM_RETURN_IF_ERROR(worker_->ForwardHidden(mb, in, b, &out));
-        }
-      }
-      if (!last_) {
-        v1::LinkFrame f;
-        {
-          Timer tm(&compute_s_);
-          AQSWARM_RETURN_IF_ERROR(sender_->Encode(gs, mb, epoch, ids, out, f.mutable_activations()));
-        }
-        AQSWARM_RETURN_IF_ERROR(down_->Send(std::move(f), o_.link_timeout));
-        outputs[mb] = std::move(out);
-      }
-    }
-    // Backward, last micro-batch first.
-    double below_sq = 0, loss = loss_sum / m;
+    StepState st{sched, epoch, s, gs};
     pipeline::GradientCodec grads(job_.compression().mode(), job_.compression().bw_bits(), t,
                                   job_.model().d_model());
-    for (int mb = m - 1; mb >= 0; --mb) {
-      std::vector<float> g, gin;
-      if (!last_) {
-        while (true) {
-          AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame f, FromDown([&](const v1::LinkFrame& x) {
-                                     return (x.has_gradients() && x.gradients().step() == static_cast<uint64_t>(gs) &&
-                                             x.gradients().micro_batch() == static_cast<uint32_t>(mb)) ||
-                                            x.has_resend();
-                                   }));
-          if (f.has_resend()) {
-            AQSWARM_RETURN_IF_ERROR(ServeResend(sched, epoch, s, gs, f.resend(), outputs));
-            continue;
-          }
-          AQSWARM_RETURN_IF_ERROR(CountIfRejected("gradient_invalid", grads.Decode(f.gradients().grad(), b, &g)));
-          if (mb == 0) {
-            below_sq = f.gradients().partial_grad_sq_norm();
-            loss = f.gradients().loss();
-          }
-          break;
-        }
-      }
-      {
-        Timer tm(&compute_s_);
-        AQSWARM_RETURN_IF_ERROR(worker_->Backward(mb, g, first_ ? nullptr : &gin));
-      }
-      if (!first_) {
-        v1::LinkFrame f;
-        auto* gb = f.mutable_gradients();
-        gb->set_step(gs);
-        gb->set_micro_batch(mb);
-        AQSWARM_RETURN_IF_ERROR(grads.Encode(gin, b, StreamKey(gs, mb), gb->mutable_grad()));
-        if (mb == 0) {
-          gb->set_partial_grad_sq_norm(below_sq + worker_->GradSquaredNorm());
-          gb->set_loss(loss);
-        }
-        AQSWARM_RETURN_IF_ERROR(up_->Send(std::move(f), o_.link_timeout));
+    // The schedule's forwards and backwards (pipeline/step_schedule.h); both
+    // schedules run backwards in increasing micro-batch order, so the last
+    // one, micro-batch m - 1, is where the partial gradient norm and the loss
+    // are complete: its gradient carries them upstream.
+    for (const pipeline::StepOp& op : pipeline::StageStepOps(schedule_, o_.stage)) {
+      if (op.forward) {
+        AQSWARM_RETURN_IF_ERROR(ForwardMicroBatch(st, op.micro_batch));
+      } else {
+        AQSWARM_RETURN_IF_ERROR(BackwardMicroBatch(st, op.micro_batch, grads));
       }
     }
+    const double below_sq = st.below_sq;
+    const double loss = last_ ? st.loss_sum / m : st.loss;
     // Global-norm commit travels down from stage 0.
     double total_sq = 0;
     if (first_) {
@@ -451,6 +396,88 @@ class StageRunnerImpl final : public StageRunner {
                           grads.stats());
     Report(line + "}");
     return absl::OkStatus();
+  }
+
+  // What the forwards and backwards of one step share.
+  struct StepState {
+    const pipeline::ShardSchedule& sched;
+    int64_t epoch, s, gs;
+    // Outputs sent downstream, kept for resends until their gradient arrives
+    // (the downstream stage asks for a resend before it runs the forward, so
+    // never after it sent the gradient back on the same stream).
+    std::map<int, std::vector<float>> outputs;
+    double loss_sum = 0;  // last stage: sum of the micro-batch losses
+    double below_sq = 0;  // from downstream: squared gradient norm of the stages below
+    double loss = 0;      // from downstream: the step's loss
+  };
+
+  absl::Status ForwardMicroBatch(StepState& st, int mb) {
+    const int64_t b = job_.micro_batch_size(), t = job_.model().seq_len();
+    absl::Span<const int64_t> ids64 = st.sched.MicroBatch(st.s, mb);
+    std::vector<uint64_t> ids(ids64.begin(), ids64.end());
+    corpus_->GatherBatch(ids64, t, &tokens_, &targets_);
+    std::vector<float> in, out;
+    if (!first_) AQSWARM_RETURN_IF_ERROR(ReceiveActivations(st.gs, mb, ids, &in));
+    {
+      Timer tm(&compute_s_);
+      if (last_) {
+        double loss = 0;
+        AQSWARM_RETURN_IF_ERROR(worker_->ForwardLoss(mb, in, tokens_, targets_, b, &loss));
+        st.loss_sum += loss;
+      } else if (first_) {
+        AQSWARM_RETURN_IF_ERROR(worker_->ForwardTokens(mb, tokens_, b, &out));
+      } else {
+        AQSWARM_RETURN_IF_ERROR(worker_->ForwardHidden(mb, in, b, &out));
+      }
+    }
+    if (last_) return absl::OkStatus();
+    v1::LinkFrame f;
+    {
+      Timer tm(&compute_s_);
+      AQSWARM_RETURN_IF_ERROR(sender_->Encode(st.gs, mb, st.epoch, ids, out, f.mutable_activations()));
+    }
+    AQSWARM_RETURN_IF_ERROR(down_->Send(std::move(f), o_.link_timeout));
+    st.outputs[mb] = std::move(out);
+    return absl::OkStatus();
+  }
+
+  absl::Status BackwardMicroBatch(StepState& st, int mb, pipeline::GradientCodec& grads) {
+    const int64_t b = job_.micro_batch_size();
+    const bool final_backward = mb + 1 == static_cast<int>(job_.micro_batches_per_step());
+    std::vector<float> g, gin;
+    while (!last_) {
+      AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame f, FromDown([&](const v1::LinkFrame& x) {
+                                 return (x.has_gradients() && x.gradients().step() == static_cast<uint64_t>(st.gs) &&
+                                         x.gradients().micro_batch() == static_cast<uint32_t>(mb)) ||
+                                        x.has_resend();
+                               }));
+      if (f.has_resend()) {
+        AQSWARM_RETURN_IF_ERROR(ServeResend(st.sched, st.epoch, st.s, st.gs, f.resend(), st.outputs));
+        continue;
+      }
+      AQSWARM_RETURN_IF_ERROR(CountIfRejected("gradient_invalid", grads.Decode(f.gradients().grad(), b, &g)));
+      if (final_backward) {
+        st.below_sq = f.gradients().partial_grad_sq_norm();
+        st.loss = f.gradients().loss();
+      }
+      st.outputs.erase(mb);
+      break;
+    }
+    {
+      Timer tm(&compute_s_);
+      AQSWARM_RETURN_IF_ERROR(worker_->Backward(mb, g, first_ ? nullptr : &gin));
+    }
+    if (first_) return absl::OkStatus();
+    v1::LinkFrame f;
+    auto* gb = f.mutable_gradients();
+    gb->set_step(st.gs);
+    gb->set_micro_batch(mb);
+    AQSWARM_RETURN_IF_ERROR(grads.Encode(gin, b, StreamKey(st.gs, mb), gb->mutable_grad()));
+    if (final_backward) {  // every backward of this stage is done: its gradient norm is complete
+      gb->set_partial_grad_sq_norm(st.below_sq + worker_->GradSquaredNorm());
+      gb->set_loss(last_ ? st.loss_sum / job_.micro_batches_per_step() : st.loss);
+    }
+    return up_->Send(std::move(f), o_.link_timeout);
   }
 
   absl::Status ReceiveActivations(int64_t gs, int mb, const std::vector<uint64_t>& ids, std::vector<float>* in) {
@@ -569,6 +596,8 @@ class StageRunnerImpl final : public StageRunner {
   std::unique_ptr<ActivationSender> sender_;
   std::unique_ptr<ActivationReceiver> receiver_;
   std::unique_ptr<GrpcReplicaExchange> exchange_;
+  pipeline::StepSchedule schedule_;
+  std::vector<int32_t> tokens_, targets_;  // scratch of ForwardMicroBatch
   double compute_s_ = 0, wait_s_ = 0, dp_s_ = 0;
   std::unique_ptr<StageMetrics> metrics_;  // last: samples the members above
 };

@@ -1,17 +1,19 @@
 // Runs one pipeline stage as a process: owns the stage's model (StageWorker),
 // its message store, the AQ-SGD link endpoints and the StageLink connections
-// to its neighbours, and drives the GPipe schedule step by step.
+// to its neighbours, and drives the job's schedule step by step.
 //
 //   StageRunnerOptions o;  o.job = job;  o.stage = 1;  o.next = "127.0.0.1:5002";
 //   AQSWARM_ASSIGN_OR_RETURN(auto runner, StageRunner::Create(o));
 //   report(runner->port());          // where the previous stage must dial
 //   AQSWARM_RETURN_IF_ERROR(runner->Run());
 //
-// Per step (M micro-batches, GPipe fill/drain): forward all micro-batches,
-// sending each stage output downstream as soon as it is computed (the link's
-// writer thread overlaps the transfer with the next micro-batch's compute);
-// then backward in reverse order, sending input gradients upstream. The last
-// backward (micro-batch 0) carries the sum of squared gradient norms of the
+// Per step (M micro-batches): forwards and backwards in the order of
+// job.schedule (pipeline/step_schedule.h: 1f1b interleaves them, gpipe runs
+// all forwards first; backwards always in increasing micro-batch order),
+// sending each stage output downstream and each input gradient upstream as
+// soon as it is computed (each link direction has its own writer thread, so
+// transfers overlap compute and each other). The last backward (micro-batch
+// M-1) carries the sum of squared gradient norms of the
 // stages below; stage 0 completes the sum and sends a StepCommit down the
 // pipeline, so every stage clips by the whole model's gradient norm and steps
 // in lockstep. Every wait on a neighbour is bounded by `link_timeout`; a

@@ -57,6 +57,7 @@ void ApplyJobDefaults(v1::JobSpec* job) {
   if (dp->bits() == 0) dp->set_bits(4);
   if (dp->bucket_size() == 0) dp->set_bucket_size(512);
   if (job->eval_batches() == 0) job->set_eval_batches(8);
+  if (job->schedule().empty()) job->set_schedule("1f1b");
 }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& job) {
@@ -112,6 +113,11 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   if (dp.bucket_size() < 8 || dp.bucket_size() > (1u << 24)) {
     return Invalid("dp.bucket_size", "must be in [8, 2^24]");
   }
+  // Empty (a job stored before the field existed) means the default, 1f1b.
+  if (!job.schedule().empty() && job.schedule() != "1f1b" && job.schedule() != "gpipe") {
+    return Invalid("schedule", absl::StrCat("'", job.schedule(), "' is not 1f1b or gpipe"));
+  }
+  if (job.schedule_in_flight() > 4096) return Invalid("schedule_in_flight", "at most 4096");
   if (job.checkpoint_every_steps() > 1000000) return Invalid("checkpoint_every_steps", "at most 1000000");
   return absl::OkStatus();
 }

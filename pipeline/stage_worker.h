@@ -10,7 +10,7 @@
 //   w->ForwardTokens(mb, tokens, &act);          // stage 0
 //   w->ForwardHidden(mb, act_in, &act_out);      // middle stages
 //   w->ForwardLoss(mb, act_in, {}, targets, b, &loss);  // last stage
-//   w->Backward(mb, grad_out, &grad_in);         // in reverse order
+//   w->Backward(mb, grad_out, &grad_in);         // any order; gradients accumulate
 //   w->Step(step, sum_over_stages(GradSquaredNorm()));  // after all micro-batches
 //
 // Not thread-safe: one compute thread drives it.
