@@ -104,8 +104,8 @@ struct SlownetBenchOptions {
   int d_model = 32;
   int n_layer = 4;
   int n_head = 2;
-  int micro_batch_size = 32;
-  int micro_batches = 8;
+  int micro_batch_size = 4;
+  int micro_batches = 64;
   int threads = 1;
   double latency_ms = 0;
   // Steps per epoch of the synthetic corpus; steps skipped; steps timed.

@@ -25,17 +25,24 @@
 //                  the max (it uses its own shaped connections):
 //                    link_limit = samples_per_step * B / (8 * max(bytes per step
 //                                 over link directions and DP senders)).
-//   GPipe link     the runner's schedule (all forwards, then all backwards,
-//                  then the optimizer step: a flush per step) never overlaps a
-//                  link's forward and backward traffic, and a micro-batch is
-//                  forwarded only once it fully arrived (store-and-forward over
-//                  K-1 links). With t_fw, t_bw = bytes per micro-batch * 8 / B
-//                  on the busiest link, a step takes at least
-//                    (M + K - 2) * (t_fw + t_bw)   [+ DP bytes * 8 / B, D > 1]
-//                  gpipe_link_limit = samples_per_step / that.
+//   schedule link  what the cell's schedule (job.schedule, pipeline/
+//                  step_schedule.h) allows when only the links cost time:
+//                  every step ends with a flush (last backward, global-norm
+//                  commit, optimizer step), and a micro-batch is forwarded
+//                  only once it fully arrived (store-and-forward over K-1
+//                  links). With t_fw, t_bw = bytes per micro-batch * 8 / B on
+//                  the busiest link, LinkBoundStepTime replays the stages'
+//                  op lists with zero compute:
+//                    gpipe: (M + K - 2) * (t_fw + t_bw)
+//                    1f1b with enough in flight (W_0 >= the round trip
+//                    2 (K-1) transfers): (M - 1) * max(t_fw, t_bw)
+//                                        + (K - 1) * (t_fw + t_bw)
+//                  (the bound of any schedule that flushes every step),
+//                  [+ DP bytes * 8 / B, D > 1];
+//                  schedule_link_limit = samples_per_step / that.
 //   achieved / min(limits) then says how well compute and communication
 //   overlap (1.0 = perfect; 0.5 = fully serialised at the crossover); it is
-//   given against both link limits (ach_wire uses the wire bound, ach_gpipe
+//   given against both link limits (ach_wire uses the wire bound, ach_sched
 //   the schedule-aware one).
 #include <unistd.h>
 
@@ -65,6 +72,7 @@
 #include "bench/bench.h"
 #include "common/subprocess.h"
 #include "nlohmann/json.hpp"
+#include "pipeline/step_schedule.h"
 
 namespace aqswarm::bench {
 namespace {
@@ -77,16 +85,36 @@ struct Mode {
   int fw_bits = 0, bw_bits = 0;
   std::string dp_optimizer = "adamw";  // adamw | quantized_adam
   int dp_bits = 0;
+  std::string schedule = "1f1b";  // job.schedule
+  int in_flight = 0;              // job.schedule_in_flight (0 = the default, 2K - 1)
   std::string Name() const {
     std::string s = link == "fp32" ? "fp32" : absl::StrFormat("%s fw%dbw%d", link, fw_bits, bw_bits);
     if (dp_optimizer == "quantized_adam") absl::StrAppendFormat(&s, " +qadam%d", dp_bits);
+    if (schedule != "1f1b" || in_flight != 0) absl::StrAppend(&s, " ", ScheduleName());
     return s;
+  }
+  std::string ScheduleName() const {
+    return schedule == "1f1b" && in_flight > 0 ? absl::StrCat("1f1b/", in_flight) : schedule;
   }
 };
 
-// "fp32", "directq:3:6", "aqsgd:4:8", any of them with "+qadam4".
+// "fp32", "directq:3:6", "aqsgd:4:8", any of them with "+qadam4", then
+// optionally "@gpipe", "@1f1b" (the default) or "@1f1b/W" (W micro-batches in
+// flight at stage 0).
 absl::StatusOr<Mode> ParseMode(absl::string_view text) {
   Mode m;
+  if (size_t at = text.find('@'); at != absl::string_view::npos) {
+    absl::string_view sched = text.substr(at + 1);
+    text = text.substr(0, at);
+    if (sched == "gpipe" || sched == "1f1b") {
+      m.schedule = std::string(sched);
+    } else if (absl::ConsumePrefix(&sched, "1f1b/") && absl::SimpleAtoi(sched, &m.in_flight) && m.in_flight >= 1) {
+      m.schedule = "1f1b";
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("bad schedule in mode '", text, "@", sched,
+                                                     "' (want @gpipe, @1f1b or @1f1b/W)"));
+    }
+  }
   std::vector<std::string> plus = absl::StrSplit(text, '+');
   if (plus.size() > 2) return absl::InvalidArgumentError(absl::StrCat("bad mode '", text, "'"));
   if (plus.size() == 2) {
@@ -158,7 +186,7 @@ struct Cell {
   // Derived.
   double ratio_vs_fp32_unshaped = NAN;
   double compute_limit = NAN, link_limit = NAN, achieved_vs_limit = NAN;
-  double gpipe_link_limit = NAN, achieved_vs_gpipe = NAN;
+  double schedule_link_limit = NAN, achieved_vs_schedule = NAN;
   std::string run_dir;
 };
 
@@ -179,7 +207,7 @@ absl::Status RunCell(const SlownetBenchOptions& o, const fs::path& root, Cell* c
   std::string name = absl::StrFormat("slownet-%s-%s-%s", Grid(*c), c->mode.Name(),
                                      c->bandwidth_mbps > 0 ? absl::StrCat(c->bandwidth_mbps, "mbps") : "unshaped");
   for (char& ch : name) {
-    if (ch == ' ' || ch == '+') ch = '_';
+    if (ch == ' ' || ch == '+' || ch == '/') ch = '_';
   }
   const fs::path dir = root / name;
   std::error_code ec;
@@ -207,6 +235,8 @@ absl::Status RunCell(const SlownetBenchOptions& o, const fs::path& root, Cell* c
   job["shaping"] = {{"bandwidthMbps", c->bandwidth_mbps}, {"latencyMs", o.latency_ms}};
   job["stages"] = c->stages;
   job["dataParallel"] = c->dp;
+  job["schedule"] = c->mode.schedule;
+  if (c->mode.in_flight > 0) job["scheduleInFlight"] = c->mode.in_flight;
   job["threads"] = o.threads;
   job["evalEverySteps"] = 0;
   job["evalBatches"] = 1;
@@ -321,8 +351,9 @@ nlohmann::json CellJson(const SlownetBenchOptions& o, const Cell& c) {
           {"compute_limit_samples_per_s", num(c.compute_limit)},
           {"link_limit_samples_per_s", num(c.link_limit)},
           {"achieved_vs_min_limits", num(c.achieved_vs_limit)},
-          {"gpipe_link_limit_samples_per_s", num(c.gpipe_link_limit)},
-          {"achieved_vs_min_gpipe_limits", num(c.achieved_vs_gpipe)},
+          {"schedule", c.mode.ScheduleName()},
+          {"schedule_link_limit_samples_per_s", num(c.schedule_link_limit)},
+          {"achieved_vs_min_schedule_limits", num(c.achieved_vs_schedule)},
           {"step_seconds", num(c.step_seconds)},
           {"steps_timed", c.steps_timed},
           {"first_timed_epoch", c.first_epoch},
@@ -442,13 +473,19 @@ absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
     c.achieved_vs_limit = c.samples_per_s / std::min(c.compute_limit, c.link_limit);
     if (c.bandwidth_mbps > 0) {
       const double bps = c.bandwidth_mbps * 1e6 / 8;  // bytes per second
-      const double m = o.micro_batches, k = c.stages;
-      const double t = (m + k - 2) / m * (c.fw_bytes_per_step + c.bw_bytes_per_step) / bps + c.dp_bytes_per_step / bps;
-      c.gpipe_link_limit = t > 0 ? c.samples_per_step / t : INFINITY;
+      pipeline::StepSchedule sched;
+      sched.kind = c.mode.schedule == "gpipe" ? pipeline::StepSchedule::kGpipe : pipeline::StepSchedule::k1F1B;
+      sched.stages = c.stages;
+      sched.micro_batches = o.micro_batches;
+      sched.in_flight = c.mode.in_flight;
+      const double m = o.micro_batches;
+      const double t = pipeline::LinkBoundStepTime(sched, c.fw_bytes_per_step / m / bps, c.bw_bytes_per_step / m / bps) +
+                       c.dp_bytes_per_step / bps;
+      c.schedule_link_limit = t > 0 ? c.samples_per_step / t : INFINITY;
     } else {
-      c.gpipe_link_limit = INFINITY;
+      c.schedule_link_limit = INFINITY;
     }
-    c.achieved_vs_gpipe = c.samples_per_s / std::min(c.compute_limit, c.gpipe_link_limit);
+    c.achieved_vs_schedule = c.samples_per_s / std::min(c.compute_limit, c.schedule_link_limit);
   }
 
   if (o.json) {
@@ -459,15 +496,15 @@ absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
                            o.stages, o.vocab_size, o.seq_len, o.d_model, o.n_layer, o.n_head, o.micro_batch_size,
                            o.micro_batches, o.threads, o.steps, o.skip_steps);
     out << absl::StrFormat("%-5s %-22s %9s %10s %7s %10s %10s %10s %8s %9s %9s %9s\n", "grid", "mode", "Mbit/s",
-                           "samples/s", "ratio", "compute", "wire_lim", "gpipe_lim", "ach_wire", "ach_gpipe",
+                           "samples/s", "ratio", "compute", "wire_lim", "sched_lim", "ach_wire", "ach_sched",
                            "fwB/samp", "bwB/samp");
     for (const Cell& c : cells) {
       const double per_sample = c.dp / c.samples_per_step;
       out << absl::StrFormat("%-5s %-22s %9s %10.1f %7s %10s %10s %10s %8s %9s %9.0f %9.0f\n", Grid(c), c.mode.Name(),
                              c.bandwidth_mbps > 0 ? absl::StrCat(c.bandwidth_mbps) : "unshaped", c.samples_per_s,
                              Fmt(c.ratio_vs_fp32_unshaped, "%.3f"), Fmt(c.compute_limit, "%.1f"),
-                             Fmt(c.link_limit, "%.1f"), Fmt(c.gpipe_link_limit, "%.1f"),
-                             Fmt(c.achieved_vs_limit, "%.2f"), Fmt(c.achieved_vs_gpipe, "%.2f"),
+                             Fmt(c.link_limit, "%.1f"), Fmt(c.schedule_link_limit, "%.1f"),
+                             Fmt(c.achieved_vs_limit, "%.2f"), Fmt(c.achieved_vs_schedule, "%.2f"),
                              c.fw_bytes_per_step * per_sample, c.bw_bytes_per_step * per_sample);
     }
     out << absl::StrFormat("total wall time %.0f s; raw runs in %s\n",

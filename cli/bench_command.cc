@@ -20,7 +20,8 @@ ABSL_FLAG(uint64_t, seed, 1, "Scheduler bench: seed of the synthetic networks an
 ABSL_FLAG(std::string, slownet_bandwidths, "0,1000,500,300,100,10",
           "Slownet bench: link bandwidths in Mbit/s (0 = unshaped, always run).");
 ABSL_FLAG(std::string, slownet_modes, "fp32,directq:3:6,aqsgd:3:6,aqsgd:4:8",
-          "Slownet bench: modes fp32 | directq:FW:BW | aqsgd:FW:BW, optionally +qadamBITS.");
+          "Slownet bench: modes fp32 | directq:FW:BW | aqsgd:FW:BW, optionally +qadamBITS, then optionally "
+          "@gpipe | @1f1b (default) | @1f1b/W (W micro-batches in flight at stage 0).");
 ABSL_FLAG(bool, slownet_grid, true, "Slownet bench: also run the data-parallel grid.");
 ABSL_FLAG(int32_t, slownet_grid_dp, 2, "Slownet bench: pipelines in the data-parallel grid.");
 ABSL_FLAG(std::string, slownet_grid_modes, "fp32,aqsgd:3:6,fp32+qadam4,aqsgd:3:6+qadam4",
@@ -32,8 +33,9 @@ ABSL_FLAG(int32_t, slownet_seq_len, 64, "Slownet bench: tokens per sample.");
 ABSL_FLAG(int32_t, slownet_d_model, 32, "Slownet bench: model width.");
 ABSL_FLAG(int32_t, slownet_layers, 4, "Slownet bench: transformer blocks (split over the stages).");
 ABSL_FLAG(int32_t, slownet_heads, 2, "Slownet bench: attention heads.");
-ABSL_FLAG(int32_t, slownet_micro_batch, 32, "Slownet bench: samples per micro-batch.");
-ABSL_FLAG(int32_t, slownet_micro_batches, 8, "Slownet bench: micro-batches per step.");
+ABSL_FLAG(int32_t, slownet_micro_batch, 4, "Slownet bench: samples per micro-batch.");
+ABSL_FLAG(int32_t, slownet_micro_batches, 64,
+          "Slownet bench: micro-batches per step (many: a step's flush costs (K-1)(t_fw+t_bw) of link time).");
 ABSL_FLAG(int32_t, slownet_threads, 1, "Slownet bench: intra-op threads per stage process.");
 ABSL_FLAG(double, slownet_latency_ms, 0, "Slownet bench: one-way link latency in ms.");
 ABSL_FLAG(int32_t, slownet_steps_per_epoch, 1, "Slownet bench: steps per epoch of the synthetic corpus.");

@@ -22,10 +22,11 @@ for tool in gnuplot python3; do
 done
 mkdir -p "$OUT" "$ROOT/docs"
 
-CMD="build/aqswarm bench slownet --json --slownet_out_dir=$OUT/runs${*:+ $*}"
+CMD="${AQSWARM#"$ROOT"/} bench slownet --json --slownet_out_dir=$OUT/runs${*:+ $*}"
 if [[ -z ${JSON:-} ]]; then
   [[ -x $AQSWARM ]] || { echo "bench_slownet.sh: build first: cmake --build build --target aqswarm" >&2; exit 1; }
   JSON=$OUT/slownet.jsonl
+  uptime >"$OUT/uptime_start"
   start=$(date +%s)
   "$AQSWARM" bench slownet --json --slownet_out_dir="$OUT/runs" "$@" >"$JSON.tmp"
   mv "$JSON.tmp" "$JSON"
@@ -49,6 +50,7 @@ path, out, doc, cmd = sys.argv[1:5]
 cells = [json.loads(l) for l in open(path) if l.strip()]
 wall = open(os.path.join(out, "wall_seconds")).read().strip() if os.path.exists(os.path.join(out, "wall_seconds")) else "?"
 load = open(os.path.join(out, "uptime")).read().strip() if os.path.exists(os.path.join(out, "uptime")) else ""
+load0 = open(os.path.join(out, "uptime_start")).read().strip() if os.path.exists(os.path.join(out, "uptime_start")) else ""
 UNSHAPED_X = 10000  # where "unshaped" sits on the log axis
 
 def bwname(b): return "unshaped" if b == 0 else f"{b:g}"
@@ -79,14 +81,14 @@ def get(cs, label, b):
     return None
 
 def table(cs):
-    rows = ["| grid | mode | link Mbit/s | samples/s | ratio vs fp32 unshaped | compute-only limit | wire limit | GPipe link limit | achieved / min(compute, wire) | achieved / min(compute, GPipe) | fw B/sample | bw B/sample | DP B/step | samples/s of each pass |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    rows = ["| grid | mode | schedule | link Mbit/s | samples/s | ratio vs fp32 unshaped | compute-only limit | wire limit | schedule link limit | achieved / min(compute, wire) | achieved / min(compute, schedule) | fw B/sample | bw B/sample | DP B/step | samples/s of each pass |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for c in cs:
-        rows.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0f} | {:.0f} | {:.0f} | {} |".format(
-            c["grid"], c["label"], bwname(c["bandwidth_mbps"]), f(c["samples_per_s"]),
+        rows.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0f} | {:.0f} | {:.0f} | {} |".format(
+            c["grid"], c["label"], c["schedule"], bwname(c["bandwidth_mbps"]), f(c["samples_per_s"]),
             f(c["ratio_vs_fp32_unshaped"], "{:.3f}"), f(c["compute_limit_samples_per_s"]),
-            f(c["link_limit_samples_per_s"]), f(c["gpipe_link_limit_samples_per_s"]),
-            f(c["achieved_vs_min_limits"], "{:.2f}"), f(c["achieved_vs_min_gpipe_limits"], "{:.2f}"),
+            f(c["link_limit_samples_per_s"]), f(c["schedule_link_limit_samples_per_s"]),
+            f(c["achieved_vs_min_limits"], "{:.2f}"), f(c["achieved_vs_min_schedule_limits"], "{:.2f}"),
             c["fw_bytes_per_sample"], c["bw_bytes_per_sample"], c["dp_bytes_per_step"],
             " / ".join(f"{x:.0f}" for x in c.get("samples_per_s_passes") or [])))
     return "\n".join(rows)
@@ -129,9 +131,35 @@ if worst:
 shaped = [c for c in cells if c["bandwidth_mbps"] > 0]
 if shaped:
     ok_w = sum(1 for c in shaped if c["achieved_vs_min_limits"] >= 0.9)
-    ok_g = sum(1 for c in shaped if c["achieved_vs_min_gpipe_limits"] >= 0.9)
+    ok_g = sum(1 for c in shaped if c["achieved_vs_min_schedule_limits"] >= 0.9)
     targets.append(("achieved >= 0.9 x min(compute, wire limit), shaped cells", f"{ok_w}/{len(shaped)}", ok_w == len(shaped)))
-    targets.append(("achieved >= 0.9 x min(compute, GPipe link limit), shaped cells", f"{ok_g}/{len(shaped)}", ok_g == len(shaped)))
+    targets.append(("achieved >= 0.9 x min(compute, schedule link limit), shaped cells", f"{ok_g}/{len(shaped)}", ok_g == len(shaped)))
+
+K = cells[0]["stages"]
+M = m["micro_batches"]
+scheds = sorted({c["schedule"] for c in cells})
+sched_desc = (f"`1f1b` (the job default: 1F1B with {min(M, 2 * K - 1)} micro-batches in flight at stage 0, "
+              f"{min(M, 2 * (K - 2) + 1)} at stage 1, ..., 1 at the last; pipeline/step_schedule.h)")
+others = [x for x in scheds if x != "1f1b"]
+if others:
+    sched_desc += "; the columns marked " + ", ".join(f"`{x}`" for x in others) + " run that schedule instead, for comparison"
+def flush_bound(tf, tb): return M * max(tf, tb) / ((M - 1) * max(tf, tb) + (K - 1) * (tf + tb))
+# How far apart the passes of a cell are (max/min - 1): compute-bound vs link-bound cells.
+def spreads(cs):
+    return sorted(max(c["samples_per_s_passes"]) / min(c["samples_per_s_passes"]) - 1
+                  for c in cs if len(c.get("samples_per_s_passes") or []) > 1)
+def spread(cs):
+    v = spreads(cs)
+    return max(v) if v else float("nan")
+slowest = min((c["bandwidth_mbps"] for c in cells if c["bandwidth_mbps"] > 0), default=0)
+fast_cells = [c for c in cells if c["bandwidth_mbps"] == 0 or c["bandwidth_mbps"] >= 100]
+spread_fast = spread(fast_cells)
+spread_fast_median = spreads(fast_cells)[len(spreads(fast_cells)) // 2] if spreads(fast_cells) else float("nan")
+spread_slow = spread([c for c in cells if c["bandwidth_mbps"] == slowest and c["achieved_vs_min_schedule_limits"] < 1.5
+                      and c["schedule_link_limit_samples_per_s"] < c["compute_limit_samples_per_s"]])
+xover = [c["achieved_vs_min_schedule_limits"] for c in one if c["bandwidth_mbps"] == slowest and c["mode"] != "fp32"]
+fp32slow = get(one, "fp32", slowest)
+gp = {b: get(one, "fp32 gpipe", b) for b in (slowest, 100)}
 
 fp32u = get(one, "fp32", 0)
 demand = fp32u["samples_per_s"] * fp32u["fw_bytes_per_sample"] * 8 / 1e6 if fp32u else float("nan")
@@ -140,14 +168,15 @@ md = []
 md.append("## Slow networks: AQ-SGD Table 2 as ratios (`aqswarm bench slownet`)")
 md.append("")
 md.append("Generated by `scripts/bench_slownet.sh` (do not edit by hand: it rewrites this section). "
-          f"Command: `{cmd}`; total wall time {wall} s. Load when it finished: `{load}` "
+          f"Command: `{cmd}`; total wall time {wall} s. Load "
+          + (f"when it started: `{load0}`; " if load0 else "") + f"when it finished: `{load}` "
           "(2 cores shared with other work: absolute numbers are noisy, the ratios compare cells of one run).")
 md.append("")
 md.append("**Setup.** Each cell is one `aqswarm pipeline` run: "
           f"{cells[0]['stages']} stage processes on 127.0.0.1 (and a {grid[0]['grid'] if grid else '2x4'} grid with data parallelism), "
           f"GPT with vocab {m['vocab']}, seq_len {m['seq_len']}, d_model {m['d_model']}, {m['n_layer']} layers (one per stage), "
-          f"{m['n_head']} heads; micro-batch {m['micro_batch']} samples x {m['micro_batches']} micro-batches per step "
-          f"(GPipe), {m['threads']} intra-op thread per stage, synthetic tokens. Links are shaped in user space "
+          f"{m['n_head']} heads; micro-batch {m['micro_batch']} samples x {m['micro_batches']} micro-batches per step, "
+          f"schedule {sched_desc}; {m['threads']} intra-op thread per stage, synthetic tokens. Links are shaped in user space "
           "(per-direction token bucket in `peer/link_transport.cc`, also on the DP exchange). The corpus holds one step "
           "per epoch so AQ-SGD's FULL epoch 0 is skipped; samples/s = samples / sum of stage 0's `step_seconds` over "
           f"{cells[0]['steps_timed']} timed steps, best of {len(cells[0].get('samples_per_s_passes') or [1])} passes over the whole table (1x4: from epoch {one[0]['first_timed_epoch'] if one else '?'}; "
@@ -156,7 +185,7 @@ md.append("")
 md.append("**Scaling argument.** The paper's GPT2-1.5B on 8 V100 stages runs 3.8 sequences/s unshaped with 6.55 MB of fp32 "
           "activations per sequence per link direction (1024 x 1600 x 4 B): each link direction must carry "
           "3.8 x 6.55 MB = 25 MB/s = 199 Mbit/s for fp32 to keep up, so fp32 is link-bound below a few hundred Mbit/s "
-          "(GPipe does not overlap a link's forward and backward traffic: ~400 Mbit/s of demand) and AQ-SGD fw3bw6 "
+          "(with a schedule that keeps both directions busy; GPipe, which does not, needs ~400 Mbit/s) and AQ-SGD fw3bw6 "
           "(~10x fewer bytes forward, 5.3x backward) stays compute-bound down to ~100 Mbit/s. What sets the shape is "
           "the ratio (fp32 bytes per sample) x (unshaped samples/s) / bandwidth, i.e. FLOPs per activation byte over the "
           "device's FLOP rate. A transformer block does >= 72 d + 12 s FLOPs (fw+bw) per activation byte it ships; a CPU "
@@ -166,16 +195,29 @@ md.append("**Scaling argument.** The paper's GPT2-1.5B on 8 V100 stages runs 3.8
           f"curve is the paper's shifted left by ~{199/demand:.1f}x in bandwidth (our 10 Mbit/s is the paper's "
           f"~{10*199/demand:.0f} Mbit/s). Going smaller does not help on this machine: per-op overhead and memory-bound "
           "element-wise kernels dominate below d_model ~32 (d_model 16 measured the same Mbit/s), and AQ-SGD rows must "
-          "hold >= 1024 values (seq_len x d_model) or the codec sends them raw (see notes).")
+          "hold >= 1024 values (seq_len x d_model) or the codec sends them raw (see notes). "
+          f"**Micro-batches.** Every step ends with a flush (global-norm commit, synchronous optimizer step), which costs "
+          f"(K - 1)(t_fw + t_bw) of link time whatever the schedule, so a link-bound step reaches at most "
+          f"M max(t_fw, t_bw) / [(M - 1) max(t_fw, t_bw) + (K - 1)(t_fw + t_bw)] of the wire limit: with t_fw = t_bw (fp32) "
+          f"and K = {K} that is {flush_bound(1, 1):.2f} at M = {M} but 0.62 at M = 8 (this bench's previous setting). "
+          f"The step keeps the previous 256 samples, split into {M} micro-batches of {m['micro_batch']}: bytes per sample "
+          "and compute per step are unchanged (AQ-SGD rows and their scales are per sample), so the ratio above is too; "
+          "only the fill/drain share shrinks. The paper's language-model runs use macro-batch 32 of micro-batch 1 over 8 "
+          "stages (M = 32, K = 8: 0.71 by the same bound). Smaller micro-batches cost more per sample here "
+          "(M = 128 x 2 samples measured ~15% below M = 64 x 4 unshaped).")
 md.append("")
 md.append("**Limits.** compute-only = samples/s of the same mode and grid with unshaped links (loopback moves "
           "~1 GB/s: < 2 ms per step of residual transfer; it keeps the mode's encode/decode/store work, which is compute). "
           "wire limit = bandwidth / bytes per sample of the busiest link direction (each direction has its own token "
-          "bucket) and, with DP, of the busiest DP sender. GPipe link limit = samples per step / [(M + K - 2) x (t_fw + t_bw) "
-          "+ DP bytes x 8 / B], t = bytes per micro-batch x 8 / B on the busiest link: the runner's GPipe schedule flushes "
-          "every step (all forwards, all backwards, optimizer), so a link's two directions are never busy at the same time, "
-          "and a micro-batch crosses K - 1 store-and-forward links. The wire limit is what an overlapping schedule could "
-          "reach; the GPipe limit is what this schedule can.")
+          "bucket) and, with DP, of the busiest DP sender. schedule link limit = samples per step / [T + DP bytes x 8 / B], "
+          "T = the step time of the cell's schedule with zero compute (`LinkBoundStepTime` in pipeline/step_schedule.cc replays "
+          "every stage's op list; t = bytes per micro-batch x 8 / B on the busiest link, each direction its own FIFO wire, "
+          "store-and-forward over K - 1 links). For 1F1B with W_0 >= 2K - 1 in flight, "
+          "T = (M - 1) max(t_fw, t_bw) + (K - 1)(t_fw + t_bw), the bound of any schedule that flushes every step; for the "
+          "classic 1F1B depth (W_0 = K) a micro-batch's round trip, 2(K - 1) transfers, does not fit in K slots and T is "
+          "larger; for GPipe T = (M + K - 2)(t_fw + t_bw): its "
+          "link's two directions are never busy at the same time. The wire limit ignores the per-step flush; the schedule "
+          "limit is what the schedule can reach.")
 md.append("")
 md.append("### samples/s (1 x 4 pipeline)")
 md.append("")
@@ -206,19 +248,48 @@ md.append(table(cells))
 md.append("")
 md.append("### Notes")
 md.append("")
-md.append("- **GPipe flush.** With fp32 on slow links the achieved throughput sits at ~0.4-0.5 of the wire limit but ~0.95 of "
-          "the GPipe link limit: forward and backward traffic of one link never overlap because every step ends with a "
-          "flush (all backwards, global-norm commit, optimizer step) before the next step's forwards. An interleaved "
-          "schedule (1F1B across steps, or starting step n+1's forwards during step n's backwards) would be needed to "
-          "reach the wire limit.")
+def ach(c): return "-" if c is None else f"{c['samples_per_s']:.0f} samples/s = {c['achieved_vs_min_limits']:.2f} of min(compute, wire)"
+md.append("- **1F1B instead of GPipe.** Until this run the stage runner used GPipe with a flush per step (all forwards, then "
+          "all backwards), so a link's activations and gradients were never on the wire at the same time: fp32 on slow "
+          "links sat at ~0.4 of the wire limit (0.39 at 10 Mbit/s, M = 8). The runner now follows `job.schedule` "
+          "(pipeline/step_schedule.h), default `1f1b`: stage i runs W_i warm-up forwards, then one backward and one "
+          f"forward alternately, then the remaining backwards, with W_i = 2(K - 1 - i) + 1: a micro-batch's round trip from "
+          "stage i crosses 2(K - 1 - i) transfers, and when transfers dominate the two directions of a link work in "
+          "parallel, so the stage needs that many micro-batches in flight to keep both busy (classic 1F1B, W_i = K - i, "
+          "sized for compute, reached 0.45 of the wire limit for fp32 at 10 Mbit/s and M = 8 in a spot check, the default "
+          "depth 0.58; deeper than 2K - 1 is worse again: the "
+          "middle stages then hold gradients back). Backwards run in increasing micro-batch order under both schedules, "
+          "the last backward (micro-batch M - 1) carries the partial gradient norm and the loss upstream, and the step "
+          "still ends with the global-norm commit and a synchronous optimizer step: GPipe and 1F1B train to bit-identical "
+          "weights and optimizer state (tests/integration/schedule_test.cc). Link sends were already asynchronous (one "
+          "writer thread and token bucket per direction, bounded queue), so no transport change was needed. "
+          f"In this run fp32 at {slowest:g} Mbit/s: 1f1b {ach(fp32slow)}, gpipe {ach(gp[slowest])}.")
 md.append("- **Noise.** Cells at >= 100 Mbit/s are compute-bound, and the 2 cores are shared with other jobs: "
-          "their passes differ by up to ~30% (last column), more than the differences between modes, so ratios "
+          f"their passes differ by up to {100 * spread_fast:.0f}% (median {100 * spread_fast_median:.0f}%; last column), "
+          "more than the differences between modes, so ratios "
           "above 1, achieved/min(limits) above 1, and the AQ-SGD vs DirectQ gap there are load noise, not effects. "
-          "Link-bound cells (10 Mbit/s) repeat within ~1-2%.")
+          f"Link-bound cells ({slowest:g} Mbit/s) repeat within {100 * spread_slow:.0f}%.")
+a_s, p_s, d_s = get(one, "aqsgd fw3bw6", slowest), get(one, "fp32", slowest), get(one, "directq fw3bw6", slowest)
+if a_s and p_s:
+    line = (f"- **AQ-SGD vs fp32 at {slowest:g} Mbit/s.** {a_s['samples_per_s'] / p_s['samples_per_s']:.2f}x. 1F1B helps fp32 "
+            "most (its cell is link-bound and now overlaps both directions), while AQ-SGD there is near its compute limit, so the "
+            "ratio drops from the GPipe runs (5.76x with M = 8)")
+    if gp[slowest]:
+        line += f"; against fp32 under GPipe in this run it is {a_s['samples_per_s'] / gp[slowest]['samples_per_s']:.2f}x"
+    md.append(line + ". The paper's fp32 row (0.5 of 3.8 seq/s at 100 Mbit/s, 0.13) is below even a non-overlapping "
+              "schedule's link limit for its bytes (~0.25: 2 x 199 Mbit/s of demand), so it compares with the GPipe column "
+              "rather than the 1F1B one.")
+if a_s and d_s:
+    md.append(f"- **AQ-SGD vs DirectQ.** Same bytes per sample (fw {a_s['fw_bytes_per_sample']:.0f} vs {d_s['fw_bytes_per_sample']:.0f}, "
+              f"bw {a_s['bw_bytes_per_sample']:.0f} vs {d_s['bw_bytes_per_sample']:.0f}); at {slowest:g} Mbit/s AQ-SGD ran "
+              f"{100 * (a_s['samples_per_s'] / d_s['samples_per_s'] - 1):+.0f}% (passes {' / '.join(f'{x:.0f}' for x in a_s['samples_per_s_passes'])} "
+              f"vs {' / '.join(f'{x:.0f}' for x in d_s['samples_per_s_passes'])}): both cells sit between their compute and link "
+              "limits, where four stage processes on 2 shared cores interleave compute and transfers differently from run to run; "
+              "the gap is not explained by the bytes on the wire.")
 md.append("- **CPU is the accelerator here.** Quantizing, dequantizing, checksumming and the RocksDB store of m(xi) run "
           "on the same 2 cores as the model, so they are not hidden as they would be behind a GPU; near the crossover "
-          "(10 Mbit/s for the compressed modes) compute and link time then add up partly instead of overlapping "
-          "(achieved ~0.8 of min(compute, GPipe link limit)).")
+          f"({slowest:g} Mbit/s for the compressed modes) compute and link time then add up partly instead of overlapping "
+          f"(achieved {min(xover):.2f}-{max(xover):.2f} of min(compute, schedule link limit) there)." if xover else "")
 md.append("- **DP with AQ-SGD.** The sample plan deals every epoch's permutation round-robin to the D pipelines, so a "
           "pipeline keeps meeting samples it never sent on its link (about half of them in epoch 1 with D = 2) and "
           "AQ-SGD sends those FULL; the grid is timed from a later epoch. At this model size the DP exchange is small "

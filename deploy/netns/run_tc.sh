@@ -39,7 +39,7 @@ MODES=${MODES:-"fp32 aqsgd:3:6"}
 STAGES=${STAGES:-4}
 SKIP=${SKIP:-3}
 STEPS=${STEPS:-6}
-SEQ=${SEQ:-64}; DMODEL=${DMODEL:-32}; MB=${MB:-32}; M=${M:-8}; VOCAB=${VOCAB:-256}
+SEQ=${SEQ:-64}; DMODEL=${DMODEL:-32}; MB=${MB:-4}; M=${M:-64}; VOCAB=${VOCAB:-256}
 LAYERS=${LAYERS:-4}; HEADS=${HEADS:-2}
 SPE=1  # steps per epoch of the synthetic corpus (AQ-SGD FULL epoch 0 = step 0)
 OUT=${OUT:-$(mktemp -d /tmp/aqswarm-netns.XXXXXX)}
