@@ -180,8 +180,22 @@ class StageRunnerImpl final : public StageRunner {
       AQSWARM_ASSIGN_OR_RETURN(down_, LinkConnection::Dial(o_.next, shaping, left, o_.tls));
       v1::LinkFrame f;
       *f.mutable_hello() = Hello();
-      AQSWARM_RETURN_IF_ERROR(down_->Send(std::move(f)));
-      AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame ack, down_->Receive([](auto& x) { return x.has_hello_ack(); }, left));
+      const absl::Status sent = down_->Send(std::move(f));
+      absl::StatusOr<v1::LinkFrame> answer =
+          sent.ok() ? down_->Receive([](auto& x) { return x.has_hello_ack(); }, left) : sent;
+      if (!answer.ok()) {
+        // The stream broke before an answer: the port may still belong to an
+        // incarnation of the previous plan being stopped (it took the
+        // connection, then died). Dial again until the link timeout.
+        down_.reset();
+        if (!absl::IsUnavailable(answer.status()) || absl::Now() + backoff > deadline) return answer.status();
+        AQSWARM_LOG(INFO) << "stage " << o_.stage << ": link to stage " << o_.stage + 1
+                          << " broke before its hello answer (" << answer.status().message() << "); dialing again";
+        absl::SleepFor(backoff);  // retry backoff, not synchronisation
+        backoff = std::min(backoff * 2, absl::Seconds(1));
+        continue;
+      }
+      const v1::LinkFrame& ack = *answer;
       if (ack.hello_ack().accepted()) return absl::OkStatus();
       const absl::Status refused = absl::FailedPreconditionError(
           absl::StrCat("stage ", o_.stage + 1, " refused the link: ", ack.hello_ack().reason()));
@@ -204,7 +218,13 @@ class StageRunnerImpl final : public StageRunner {
     while (true) {
       const absl::Duration left = deadline - absl::Now();
       AQSWARM_ASSIGN_OR_RETURN(up_, server_->Accept(left));
-      AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame hello, up_->Receive([](auto& x) { return x.has_hello(); }, left));
+      absl::StatusOr<v1::LinkFrame> first = up_->Receive([](auto& x) { return x.has_hello(); }, left);
+      if (absl::IsUnavailable(first.status())) {  // a dialer that died before its hello (a stale incarnation)
+        server_->Release(up_);
+        up_ = nullptr;
+        continue;
+      }
+      AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame hello, std::move(first));
       v1::LinkFrame ack;
       const v1::LinkHello& got = hello.hello();
       if (got.plan() < o_.plan) {  // a stale dialer: not for us; keep waiting
@@ -310,6 +330,9 @@ class StageRunnerImpl final : public StageRunner {
         if (max_steps > 0 && global >= max_steps) return absl::OkStatus();
         AQSWARM_RETURN_IF_ERROR(RunStep(sched, epoch, s, global));
         AQSWARM_RETURN_IF_ERROR(SaveState(global + 1));
+        // After the state is on disk: whoever reads the step line (the peer
+        // daemon reports the states it holds) sees that step's state too.
+        Report(step_line_);
         const bool final_step = (max_steps > 0 && global + 1 == max_steps) ||
                                 (epoch + 1 == job_.epochs() && s + 1 == sched.num_steps());
         if ((job_.eval_every_steps() > 0 && (global + 1) % job_.eval_every_steps() == 0) || final_step) {
@@ -394,7 +417,7 @@ class StageRunnerImpl final : public StageRunner {
                            .compute_seconds = compute_s_, .network_wait_seconds = wait_s_, .dp_seconds = dp_s_,
                            .dp_bytes_sent = worker_->dp_bytes_sent(), .dp_raw_bytes = worker_->dp_raw_bytes()},
                           grads.stats());
-    Report(line + "}");
+    step_line_ = line + "}";  // reported by RunInner once the step's state is saved
     return absl::OkStatus();
   }
 
@@ -599,6 +622,7 @@ class StageRunnerImpl final : public StageRunner {
   pipeline::StepSchedule schedule_;
   std::vector<int32_t> tokens_, targets_;  // scratch of ForwardMicroBatch
   double compute_s_ = 0, wait_s_ = 0, dp_s_ = 0;
+  std::string step_line_;  // the last step's JSON line (RunStep -> RunInner)
   std::unique_ptr<StageMetrics> metrics_;  // last: samples the members above
 };
 
