@@ -1,5 +1,6 @@
 #include "pipeline/dp_allreduce.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -223,8 +224,12 @@ TEST(QuantizedAdamTest, LosslessWarmupMatchesAdamWOnTheMeanGradientAndFrozenPhas
           for (auto& x : vf) mean += (x /= 1 - std::pow(0.99, 3));
           for (auto& x : vf) x = std::max(x, 0.01f * static_cast<float>(mean / n));
         }
+        // Bias-corrected m over the frozen variance, bounded by Adam's own
+        // largest step: max(1, 0.1 / sqrt(0.01)) = 1.
+        const double bc1 = 1 - std::pow(0.9, t);
+        const double u = std::clamp(m[i] / bc1 / (std::sqrt(vf[i]) + 1e-8), -1.0, 1.0);
         if (decay[i]) ref[i] *= 1 - lr * 0.1;
-        ref[i] -= lr * m[i] / (std::sqrt(vf[i]) + 1e-8);
+        ref[i] -= lr * u;
       }
     }
     for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(params[0][i], ref[i], 2e-5) << "step " << t << " i " << i;
@@ -254,6 +259,110 @@ TEST(QuantizedAdamTest, FourBitReplicasStayBitIdenticalAndMoveTowardTheMean) {
   for (float p : params[0]) mean += p;
   EXPECT_LT(mean / n, -0.05);  // descended along the common gradient
   EXPECT_GT(opt[0]->stats().raw_bytes, 0u);
+}
+
+// The cause of the loss spikes after the freeze: min-max buckets quantize
+// with an error proportional to the bucket's range, so exchanging raw m puts
+// an error sized by the bucket's large-momentum coordinates on coordinates
+// whose frozen variance is tiny, and m / sqrt(v) blows it up. Here half a
+// bucket never sees a gradient (frozen at the floor) and the other half sees
+// a large one of either sign: exchanging the preconditioned momentum moves
+// the idle half by less than one lr, exchanging the raw momentum does not.
+TEST(QuantizedAdamTest, PreconditionedExchangeKeepsIdleCoordinatesStillInAMixedBucket) {
+  const int d = 2;
+  const int64_t n = 4096;  // chunks of 2048: above the codec's raw threshold
+  // Rows of 16 alternate busy / idle, like the embedding rows of seen and
+  // unseen tokens in one min-max bucket of 512.
+  auto Idle = [](int64_t i) { return (i / 16) % 2 == 1; };
+  auto run = [&](bool precondition) {
+    QuantizedAdamOptions o;
+    o.warmup_steps = 2;
+    o.precondition_exchange = precondition;
+    o.update_clip = 0;  // show the raw effect
+    std::vector<std::unique_ptr<QuantizedAdam>> opt;
+    for (int r = 0; r < d; ++r) opt.push_back(std::make_unique<QuantizedAdam>(n, n, std::vector<uint8_t>(n, 0), o));
+    std::vector<std::vector<float>> params(d, std::vector<float>(n, 0.0f));
+    for (int t = 0; t < 8; ++t) {
+      Hub hub;
+      auto st = RunReplicas(d, hub, [&](int r, ReplicaExchange& ex) {
+        std::vector<float> g = Random(n, 70 * t + r, 0.5);
+        for (int64_t i = 0; i < n; ++i) g[i] = Idle(i) ? 0.0f : g[i] + (i % 2 ? 10.0f : -10.0f);
+        return opt[r]->Step(ex, 0.01, absl::MakeSpan(params[r]), g);
+      });
+      for (auto& s : st) EXPECT_TRUE(s.ok()) << s;
+      EXPECT_EQ(0, std::memcmp(params[0].data(), params[1].data(), n * 4)) << t;
+    }
+    double idle = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (Idle(i)) idle = std::max(idle, std::fabs(static_cast<double>(params[0][i])));
+    }
+    return idle;  // largest drift of a coordinate that never had a gradient
+  };
+  const double pre = run(true), raw = run(false);
+  std::printf("idle drift: preconditioned %g raw %g (lr 0.01)\n", pre, raw);
+  EXPECT_LT(pre, 0.01);  // under one lr
+  EXPECT_GT(raw, 0.01);  // over one lr: the mechanism this test guards against
+}
+
+TEST(QuantizedAdamTest, UpdateClipBoundsEveryFrozenStep) {
+  const int d = 2;
+  const int64_t n = 1024;
+  QuantizedAdamOptions o;
+  o.warmup_steps = 1;
+  o.compressed.codec.codec = v1::CODEC_RAW_F32;
+  std::vector<std::unique_ptr<QuantizedAdam>> opt;
+  for (int r = 0; r < d; ++r) opt.push_back(std::make_unique<QuantizedAdam>(n, n, std::vector<uint8_t>(n, 0), o));
+  std::vector<std::vector<float>> params(d, std::vector<float>(n, 0.0f));
+  const double lr = 0.01, bound = AdamUpdateBound(o.beta1, o.beta2);
+  EXPECT_NEAR(bound, 0.1 / std::sqrt(0.001), 1e-12);
+  for (int t = 0; t < 4; ++t) {
+    std::vector<std::vector<float>> before = params;
+    Hub hub;
+    auto st = RunReplicas(d, hub, [&](int r, ReplicaExchange& ex) {
+      // Tiny gradients while warming up, then 1000x larger: m / sqrt(v_frozen)
+      // would be ~100 lr without the bound.
+      std::vector<float> g(n, t == 0 ? 1e-3f : 1.0f);
+      return opt[r]->Step(ex, lr, absl::MakeSpan(params[r]), g);
+    });
+    for (auto& s : st) ASSERT_TRUE(s.ok()) << s;
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_LE(std::fabs(params[0][i] - before[0][i]), lr * bound * (1 + 1e-5)) << "step " << t << " i " << i;
+    }
+    if (t == 3) EXPECT_NEAR(before[0][0] - params[0][0], lr * bound, 1e-6);  // it binds
+  }
+}
+
+// Global-QSGD selected for the momentum exchange (dp.codec: global_qsgd):
+// replicas stay bit-identical and still descend along the common direction.
+TEST(QuantizedAdamTest, GlobalQsgdExchangeKeepsReplicasBitIdentical) {
+  const int d = 2;
+  const int64_t n = 5000, nc = 4096;
+  QuantizedAdamOptions o;
+  o.warmup_steps = 2;
+  o.compressed.codec.codec = v1::CODEC_GLOBAL_QSGD;
+  o.compressed.codec.levels = v1::LEVELS_EXPONENTIAL;
+  o.compressed.codec.bits = 4;
+  o.compressed.codec.bucket_size = 512;
+  std::vector<std::unique_ptr<QuantizedAdam>> opt;
+  for (int r = 0; r < d; ++r) opt.push_back(std::make_unique<QuantizedAdam>(n, nc, std::vector<uint8_t>(n, 1), o));
+  std::vector<std::vector<float>> params(d, Random(n, 5));
+  const std::vector<float> start = params[0];
+  for (int t = 0; t < 10; ++t) {
+    Hub hub;
+    auto st = RunReplicas(d, hub, [&](int r, ReplicaExchange& ex) {
+      std::vector<float> g = Random(n, 90 * t + r, 0.1);
+      for (auto& x : g) x += 1.0f;
+      return opt[r]->Step(ex, 0.01, absl::MakeSpan(params[r]), g);
+    });
+    for (auto& s : st) ASSERT_TRUE(s.ok()) << s;
+    ASSERT_EQ(0, std::memcmp(params[0].data(), params[1].data(), n * 4)) << "replicas diverged at step " << t;
+  }
+  EXPECT_TRUE(opt[0]->frozen());
+  double moved = 0;
+  for (int64_t i = 0; i < n; ++i) moved += start[i] - params[0][i];
+  EXPECT_GT(moved / n, 0.05);  // ~10 steps of ~lr each, downhill
+  // 4-bit codes (+ shared scales) instead of float32 on the compressed part.
+  EXPECT_LT(opt[0]->stats().bytes_sent, opt[0]->stats().raw_bytes);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "pipeline/job_spec.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -7,6 +8,7 @@
 #include "absl/strings/string_view.h"
 #include "common/row_format.h"
 #include "common/status_macros.h"
+#include "compression/global_qsgd.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace aqswarm::pipeline {
@@ -56,6 +58,7 @@ void ApplyJobDefaults(v1::JobSpec* job) {
   }
   if (dp->bits() == 0) dp->set_bits(4);
   if (dp->bucket_size() == 0) dp->set_bucket_size(512);
+  if (dp->codec() == v1::DataParallelSpec::CODEC_UNSPECIFIED) dp->set_codec(v1::DataParallelSpec::minmax);
   if (job->eval_batches() == 0) job->set_eval_batches(8);
   if (job->schedule().empty()) job->set_schedule("1f1b");
 }
@@ -112,6 +115,29 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   if (dp.bits() < 1 || dp.bits() > 8) return Invalid("dp.bits", absl::StrCat(dp.bits(), " is not in [1, 8]"));
   if (dp.bucket_size() < 8 || dp.bucket_size() > (1u << 24)) {
     return Invalid("dp.bucket_size", "must be in [8, 2^24]");
+  }
+  if (dp.codec() == v1::DataParallelSpec::global_qsgd) {
+    if (dp.optimizer() != v1::DataParallelSpec::quantized_adam) {
+      return Invalid("dp.codec", "global_qsgd compresses quantized_adam's momentum exchange, but dp.optimizer is "
+                                 "adamw (raw float32 gradients); set dp.optimizer to quantized_adam or drop dp.codec");
+    }
+    if (dp.bits() < 2) return Invalid("dp.bits", "global_qsgd needs 2..8 bits (1 bit is minmax only)");
+    // The shared grid must hold the sums of every replica's codes: ask the
+    // encoder itself (exponential levels need 1 + ceil(log2 D) spare exponents).
+    compression::GlobalQsgdOptions g;
+    g.bits = static_cast<int>(dp.bits());
+    g.levels = v1::LEVELS_EXPONENTIAL;
+    g.bucket_size = dp.bucket_size();
+    g.num_workers = static_cast<int>(std::max<uint32_t>(1, job.data_parallel()));
+    const float zero = 0, one = 1;
+    const int64_t shape[] = {1};
+    v1::EncodedTensor probe;
+    const absl::Status fits =
+        compression::EncodeGlobalQsgd(g, absl::MakeConstSpan(&zero, 1), shape, absl::MakeConstSpan(&one, 1), 0, &probe);
+    if (!fits.ok()) {
+      return Invalid("dp.bits", absl::StrCat(dp.bits(), "-bit global_qsgd codes cannot carry sums of ",
+                                             job.data_parallel(), " replicas: ", fits.message()));
+    }
   }
   // Empty (a job stored before the field existed) means the default, 1f1b.
   if (!job.schedule().empty() && job.schedule() != "1f1b" && job.schedule() != "gpipe") {

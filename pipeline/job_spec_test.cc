@@ -36,6 +36,10 @@ TEST(JobSpecTest, PreciseErrors) {
       {R"({"device":"tpu"})", "device"},
       {R"({"seed":"x"})", "seed"},
       {R"(not json)", "job spec"},
+      {R"({"dp":{"codec":"global_qsgd"}})", "dp.codec"},  // adamw: nothing to compress
+      {R"({"dp":{"optimizer":"quantized_adam","codec":"global_qsgd","bits":1}})", "dp.bits"},
+      {R"({"dataParallel":2,"dp":{"optimizer":"quantized_adam","codec":"global_qsgd","bits":2}})", "dp.bits"},
+      {R"({"dp":{"codec":"zstd"}})", "zstd"},
   };
   for (const auto& c : cases) {
     auto job = ParseJobSpec(c.json);
@@ -44,6 +48,15 @@ TEST(JobSpecTest, PreciseErrors) {
     EXPECT_NE(job.status().message().find(c.needle), std::string::npos)
         << c.json << " -> " << job.status();
   }
+}
+
+TEST(JobSpecTest, DataParallelCodecDefaultsToMinMaxAndAcceptsGlobalQsgd) {
+  auto plain = ParseJobSpec(R"({"dataParallel":2,"dp":{"optimizer":"quantized_adam"}})");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->dp().codec(), v1::DataParallelSpec::minmax);
+  auto global = ParseJobSpec(R"({"dataParallel":4,"dp":{"optimizer":"quantized_adam","codec":"global_qsgd","bits":4}})");
+  ASSERT_TRUE(global.ok()) << global.status();
+  EXPECT_EQ(global->dp().codec(), v1::DataParallelSpec::global_qsgd);
 }
 
 TEST(JobSpecTest, MissingFileIsNotFound) {

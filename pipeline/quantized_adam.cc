@@ -1,5 +1,6 @@
 #include "pipeline/quantized_adam.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -24,12 +25,16 @@ QuantizedAdamOptions QuantizedAdamOptionsFromJob(const v1::JobSpec& job) {
   o.weight_decay = job.optimizer().weight_decay();
   o.quantized = job.dp().optimizer() == v1::DataParallelSpec::quantized_adam;
   o.warmup_steps = job.dp().warmup_steps();
+  o.compressed.codec.codec =
+      job.dp().codec() == v1::DataParallelSpec::global_qsgd ? v1::CODEC_GLOBAL_QSGD : v1::CODEC_MINMAX;
+  o.compressed.codec.levels = v1::LEVELS_EXPONENTIAL;  // Global-QSGD only (the paper's choice for Adam)
   o.compressed.codec.bits = static_cast<int>(job.dp().bits());
   o.compressed.codec.bucket_size = job.dp().bucket_size();
-  if (job.dp().bits() == 1) {
-    o.compressed.codec.codec = v1::CODEC_MINMAX;  // 1 bit: two levels per bucket (min, max)
-  }
   return o;
+}
+
+double AdamUpdateBound(double beta1, double beta2) {
+  return std::max(1.0, (1 - beta1) / std::sqrt(1 - beta2));
 }
 
 QuantizedAdam::QuantizedAdam(int64_t n, int64_t num_compressed, std::vector<uint8_t> decay,
@@ -81,23 +86,58 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
     }
     return absl::OkStatus();
   }
-  if (!frozen_) {  // warm-up of 0 steps: freeze what we have (zeros + eps)
+  if (!frozen_) {  // warm-up of 0 steps: freeze what we have (zeros, floored to 0: steps of m / eps)
     frozen_ = true;
   }
-  for (int64_t i = 0; i < n_; ++i) m_[i] = b1 * m_[i] + (1 - b1) * grads[i];
-  absl::Span<float> m(m_);
+  // x = m (or the preconditioned momentum m / (sqrt(v_frozen) + eps), see the
+  // header) is what travels; the means come back in g_.
+  const bool pre = options_.precondition_exchange;
+  scratch_.resize(n_);
+  g_.resize(n_);
+  for (int64_t i = 0; i < n_; ++i) {
+    m_[i] = b1 * m_[i] + (1 - b1) * grads[i];
+    scratch_[i] = pre ? m_[i] / (std::sqrt(v_[i]) + eps) : m_[i];
+  }
+  absl::Span<const float> x(scratch_);
+  absl::Span<float> mean(g_);
   if (num_compressed_ > 0) {
-    AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, options_.compressed, s, 0, m.subspan(0, num_compressed_),
-                                          m.subspan(0, num_compressed_), &worker_error_, &server_error_, &stats_));
+    if (options_.compressed.codec.codec == v1::CODEC_GLOBAL_QSGD) {
+      GlobalQsgdAllReduceOptions go;
+      go.bits = options_.compressed.codec.bits;
+      go.levels = options_.compressed.codec.levels;
+      go.bucket_size = options_.compressed.codec.bucket_size;
+      AQSWARM_RETURN_IF_ERROR(GlobalQsgdAllReduceMean(ex, go, s, 0, x.subspan(0, num_compressed_),
+                                                      mean.subspan(0, num_compressed_), &stats_));
+    } else {
+      AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, options_.compressed, s, 0, x.subspan(0, num_compressed_),
+                                            mean.subspan(0, num_compressed_), &worker_error_, &server_error_,
+                                            &stats_));
+    }
   }
   if (num_compressed_ < n_) {
     AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, RawOptions(options_.compressed.bucket_elements), s, 1,
-                                          m.subspan(num_compressed_), m.subspan(num_compressed_), nullptr, nullptr,
+                                          x.subspan(num_compressed_), mean.subspan(num_compressed_), nullptr, nullptr,
                                           &stats_));
   }
+  const float bc1 =
+      options_.bias_correct_frozen ? static_cast<float>(1 - std::pow(options_.beta1, static_cast<double>(step_))) : 1;
+  const float clip = static_cast<float>(
+      options_.update_clip < 0 ? AdamUpdateBound(options_.beta1, options_.beta2) : options_.update_clip);
   for (int64_t i = 0; i < n_; ++i) {
+    const float denom = std::sqrt(v_[i]) + eps;
+    float u;
+    if (pre) {
+      m_[i] = g_[i] * denom;
+      u = g_[i] / bc1;
+    } else {
+      m_[i] = g_[i];
+      u = m_[i] / bc1 / denom;
+    }
+    if (clip > 0 && std::fabs(u) > clip) {
+      u = std::copysign(clip, u);
+    }
     if (decay_[i] && wd > 0) params[i] *= 1 - wd;
-    params[i] -= flr * m_[i] / (std::sqrt(v_[i]) + eps);
+    params[i] -= flr * u;
   }
   return absl::OkStatus();
 }

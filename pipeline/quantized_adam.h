@@ -6,19 +6,38 @@
 //   warm-up:  g = mean_replicas(g_local)                (raw float32)
 //             m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //             p *= 1 - lr*wd (matrices);  p -= lr * (m/bc1) / (sqrt(v/bc2) + eps)
-//   freeze:   v_frozen = max(v / bc2, 0.01 * mean over the tensor of v / bc2)
-//             at the last warm-up step. The floor is ours, not the paper's:
-//             a coordinate that saw no gradient during warm-up (an embedding
-//             row of a token not yet seen) would otherwise freeze at v = 0 and
-//             take a step of lr * m / eps the first time it appears.
-//   after:    m = mean_replicas~(b1 m + (1-b1) g_local)  (compressed, EF both sides)
-//             p *= 1 - lr*wd (matrices);  p -= lr * m / (sqrt(v_frozen) + eps)
+//   freeze:   v = max(v / bc2, 0.01 * mean over the tensor of v / bc2)
+//             at the last warm-up step (the floor is ours: a coordinate that
+//             saw no gradient during warm-up would otherwise freeze at 0).
+//   after:    m_local = b1 m + (1-b1) g_local
+//             x = mean_replicas~(m_local / s),  s = sqrt(v) + eps   (compressed)
+//             m = x s;  u = clamp(x / bc1, -B, B)   (bc1 = 1 - b1^t keeps going after the freeze)
+//             p *= 1 - lr*wd (matrices);  p -= lr * u
+//   with B = AdamUpdateBound = max(1, (1-b1)/sqrt(1-b2)) (3.16 for the
+//   default betas) and mean_replicas~ the compressed allreduce: min-max with
+//   error feedback on both sides (AllReduceMean), or Global-QSGD's integer sum
+//   (GlobalQsgdAllReduceMean, unbiased, no error feedback).
+//
+// Why not plain 1-bit Adam (DeepSpeed: raw m exchanged, v frozen as is, no
+// bias correction, no bound)? DeepSpeed freezes after thousands of steps; a
+// short warm-up leaves coordinates whose token (embedding or output row) was
+// never or rarely seen at the floor, so the first gradient they get after the
+// freeze makes m/sqrt(v) 100-700 (measured, docs/CONVERGENCE.md): a step of
+// hundreds of lr on one row, the loss spikes, the next gradient throws it
+// back. Adam itself cannot step further than B lr in one step; the bound B
+// restores that. Exchanging m / s instead of m puts the min-max bucket error in
+// units of the step: with raw m, a bucket's error is sized by its largest
+// momenta and divided by the small sqrt(v) of its quiet coordinates. Since
+// v is the same on every replica, mean(m / s) = mean(m) / s: lossless codecs
+// give the same update either way.
 // Elements [0, num_compressed) are exchanged with the compressed codec after
 // warm-up; the rest (biases, LayerNorm: tiny tensors) always go raw.
-// All replicas apply the same decoded bytes, so parameters stay bit-identical.
+// All replicas apply the same decoded bytes and the same v, so parameters
+// stay bit-identical.
 //
 // State (checkpointed and handed to a joining replica): m, v, worker error,
-// server error, step, frozen flag (NamedState / LoadState).
+// server error, step, frozen flag (NamedState / LoadState). After the freeze
+// the error buffers are in units of m / s.
 //
 // Not thread-safe.
 #ifndef AQSWARM_PIPELINE_QUANTIZED_ADAM_H_
@@ -45,6 +64,14 @@ struct QuantizedAdamOptions {
   int64_t warmup_steps = 100;
   // false: AdamW on raw averaged gradients forever (the fp32 baseline).
   bool quantized = true;
+  // After the freeze, exchange the preconditioned momentum m / (sqrt(v) + eps)
+  // instead of m (see the banner). Default: true.
+  bool precondition_exchange = true;
+  // After the freeze, each coordinate's step is at most update_clip * lr.
+  // 0 = unbounded; < 0 = AdamUpdateBound(beta1, beta2). Default: -1.
+  double update_clip = -1;
+  // After the freeze, divide m by 1 - beta1^t as in the warm-up. Default: true.
+  bool bias_correct_frozen = true;
   // Codec and buckets of the compressed momentum exchange. Default: min-max,
   // 4 bits, buckets of 512 values.
   AllReduceOptions compressed = [] {
@@ -56,8 +83,12 @@ struct QuantizedAdamOptions {
   }();
 };
 
-// From a job: optimizer betas/eps/decay + dp.{optimizer, warmup_steps, bits, bucket_size}.
+// From a job: optimizer betas/eps/decay + dp.{optimizer, warmup_steps, codec, bits, bucket_size}.
 QuantizedAdamOptions QuantizedAdamOptionsFromJob(const v1::JobSpec& job);
+
+// The largest per-coordinate step (in units of lr) bias-corrected Adam can
+// take: max(1, (1 - beta1) / sqrt(1 - beta2)) (Kingma & Ba, section 2.1).
+double AdamUpdateBound(double beta1, double beta2);
 
 class QuantizedAdam {
  public:

@@ -9,15 +9,23 @@
 # Scale knobs (environment), defaults sized for a 2-core machine:
 #   CORPUS_FILES=12   first N speeches of data/sotu (sorted by name)
 #   EPOCHS=5 SEQ=64 DMODEL=128 LAYERS=4 HEADS=4 MB=8 M=2 LR=0.003
+#   DP_WARMUP=0       dp study: QuantizedAdam warm-up steps (0 = a fifth of the
+#                     estimated steps; the estimate can exceed the steps run)
+#   AQSWARM_BIN=build/aqswarm   the binary to run (e.g. another build dir's)
+#   ONLY="name ..."   run only these configurations (diagnostics: the plot goes
+#                     to $OUT, not docs/)
+#   OUT=runs/convergence-<study>   where jobs, logs, metrics and the table go
 set -euo pipefail
 cd "$(dirname "$0")/.."
 study="${1:-pipeline}"
 CORPUS_FILES="${CORPUS_FILES:-12}"
 EPOCHS="${EPOCHS:-5}"; SEQ="${SEQ:-64}"; DMODEL="${DMODEL:-128}"; LAYERS="${LAYERS:-4}"; HEADS="${HEADS:-4}"
 MB="${MB:-8}"; M="${M:-2}"; LR="${LR:-0.003}"
-out="runs/convergence-$study"
+DP_WARMUP="${DP_WARMUP:-0}"; AQSWARM_BIN="${AQSWARM_BIN:-build/aqswarm}"; ONLY="${ONLY:-}"
+out="${OUT:-runs/convergence-$study}"
 mkdir -p "$out/corpus" docs
-[[ -x build/aqswarm ]] || scripts/setup.sh
+[[ -x "$AQSWARM_BIN" ]] || { [[ "$AQSWARM_BIN" == build/aqswarm ]] && scripts/setup.sh; }
+[[ -x "$AQSWARM_BIN" ]] || { echo "no binary at $AQSWARM_BIN" >&2; exit 1; }
 rm -f "$out"/corpus/*.txt
 ls data/sotu/*.txt | sort | head -n "$CORPUS_FILES" | while read -r f; do cp "$f" "$out/corpus/"; done
 
@@ -45,6 +53,11 @@ else
            "aqsgd-fw3bw6-qadam4 aqsgd 3 6 quantized_adam" "directq-fw3bw6-qadam4 directq 3 6 quantized_adam")
   stages=2; dp=2
 fi
+if [[ -n "$ONLY" ]]; then
+  kept=()
+  for c in "${configs[@]}"; do [[ " $ONLY " == *" ${c%% *} "* ]] && kept+=("$c"); done
+  configs=("${kept[@]}")
+fi
 
 for c in "${configs[@]}"; do
   read -r name mode fw bw dpopt <<<"$c"
@@ -59,14 +72,14 @@ for c in "${configs[@]}"; do
     # Probe: one step to learn steps/epoch? Simpler: estimate from bytes (~4.3 bytes/token).
     spe=$(( tokens * 95 / 100 / 43 * 10 / SEQ / (MB * M * dp) ))
     total=$(( spe * EPOCHS ))
-    warm=$(( total / 5 ))
+    warm=$(( DP_WARMUP > 0 ? DP_WARMUP : total / 5 ))
     eval_every=$(( spe / 2 > 0 ? spe / 2 : 1 ))
     first=0
   fi
   sed -i "s/STEPS/$total/; s/WARM/$warm/; s/EVAL/$eval_every/" "$out/$name.json"
   echo "== $name ($total steps planned)"
   start=$(date +%s)
-  build/aqswarm pipeline --job "$out/$name.json" --out_dir "$out/$name" > "$out/$name.log" 2>&1 || {
+  "$AQSWARM_BIN" pipeline --job "$out/$name.json" --out_dir "$out/$name" > "$out/$name.log" 2>&1 || {
     echo "run $name failed:"; tail -20 "$out/$name.log"; exit 1; }
   echo "$(( $(date +%s) - start ))" > "$out/$name/seconds"
   tail -3 "$out/$name.log"
@@ -74,10 +87,12 @@ done
 
 # Table: final train loss (mean of the last 10 steps), final validation loss,
 # forward bytes per sample per link, wall time.
-python3 - "$out" "$study" "$stages" "$dp" "${configs[@]}" <<'PY'
+png="docs/convergence-$study.png"
+[[ -z "$ONLY" ]] || png="$out/convergence-$study.png"
+python3 - "$out" "$study" "$stages" "$dp" "$png" "${configs[@]}" <<'PY'
 import csv, json, os, sys
-out, study, stages, dp = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-names = [c.split()[0] for c in sys.argv[5:]]
+out, study, stages, dp, png = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+names = [c.split()[0] for c in sys.argv[6:]]
 rows = []
 for n in names:
     m = list(csv.DictReader(open(f"{out}/{n}/metrics.csv")))
@@ -97,7 +112,7 @@ with open(f"{out}/table.md", "w") as f:
         f.write(f"| {n} | {steps} | {tr:.4f} | {va:.4f} | {100*(va-base)/base:+.2f}% | {fwb/1e3:.1f} kB | {dpb/1e6:.2f} MB | {s} |\n")
 # gnuplot data: step, val loss per run (from logs) and train loss
 with open(f"{out}/plot.gp", "w") as g:
-    g.write(f'set terminal pngcairo size 1000,600\nset output "docs/convergence-{study}.png"\n')
+    g.write(f'set terminal pngcairo size 1000,600\nset output "{png}"\n')
     g.write('set xlabel "step"\nset ylabel "train loss (10-step mean)"\nset key top right\nset grid\n')
     plots = []
     for n in names:
@@ -111,4 +126,4 @@ with open(f"{out}/plot.gp", "w") as g:
 print(open(f"{out}/table.md").read())
 PY
 gnuplot "$out/plot.gp"
-echo "table: $out/table.md  plot: docs/convergence-$study.png"
+echo "table: $out/table.md  plot: $png"
