@@ -31,12 +31,14 @@ struct StoreBenchOptions {
   int64_t samples = 10000;
   // Micro-batch size (rows per get/put batch). Default: 8.
   int64_t micro_batch = 8;
-  // Prefetch depth in micro-batches. Default: 4.
-  int64_t prefetch_batches = 4;
+  // Prefetch depth in micro-batches; 0 = as many as kAutoPrefetchBytes of
+  // fp32 rows hold (at least 4). Default: 0.
+  int64_t prefetch_batches = 0;
   // Comma-separated row shapes "ROWSxCOLS" (fp16). Default: the two.
   std::string shapes = "128x768,1024x1600";
   bool json = false;
 };
+inline constexpr int64_t kAutoPrefetchBytes = int64_t{256} << 20;  // the Prefetcher's default memory bound
 absl::Status RunStoreBench(const StoreBenchOptions& options, std::ostream& out);
 
 struct SchedulerBenchOptions {

@@ -13,7 +13,8 @@ ABSL_FLAG(std::string, dir, "", "Store bench: directory for the store and baseli
           "(default $TMPDIR or /tmp).");
 ABSL_FLAG(int64_t, samples, 10000, "Store bench: samples per workload.");
 ABSL_FLAG(int64_t, micro_batch, 8, "Store bench: rows per micro-batch.");
-ABSL_FLAG(int64_t, prefetch, 4, "Store bench: prefetch depth in micro-batches.");
+ABSL_FLAG(int64_t, prefetch, 0,
+          "Store bench: prefetch depth in micro-batches (0 = as many as 256 MiB of fp32 rows hold, at least 4).");
 ABSL_FLAG(std::string, shapes, "128x768,1024x1600", "Store bench: fp16 row shapes ROWSxCOLS.");
 ABSL_FLAG(std::string, sched_sizes, "8,16,64,256", "Scheduler bench: comma-separated peer counts.");
 ABSL_FLAG(uint64_t, seed, 1, "Scheduler bench: seed of the synthetic networks and the solver.");
