@@ -54,16 +54,20 @@ class SwarmTest : public ::testing::Test {
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     job_ = (dir_ / "job.json").string();
-    std::ofstream(job_) << R"({"name":"swarm-it","seed":3,
+    WriteJob(3, R"("dataParallel":2,"dp":{"optimizer":"quantized_adam","warmupSteps":3,"bits":4,"bucketSize":512})");
+    coordinator_port_ = FreePort();
+  }
+
+  // The test job: a small 2-stage GPT on the corpus with AQ-SGD links;
+  // `grid` adds the data-parallel (and checkpoint) fields.
+  void WriteJob(int seed, const std::string& grid) {
+    std::ofstream(job_) << R"({"name":"swarm-it","seed":)" << seed << R"(,
       "model":{"seqLen":32,"dModel":32,"nLayer":2,"nHead":2},
       "data":{"corpus":")" << kData << R"(/sotu","tokenizerDir":")" << kData << R"(/gpt2"},
       "optimizer":{"lr":0.005,"minLr":0.001,"warmupSteps":2,"totalSteps":400,"weightDecay":0.0,"gradClip":1.0},
       "microBatchSize":2,"microBatchesPerStep":2,"epochs":1,"maxSteps":400,
       "compression":{"mode":"aqsgd","fwBits":3,"bwBits":6,"warmupEpochs":0,"mPrecision":"fp16"},
-      "stages":2,"dataParallel":2,
-      "dp":{"optimizer":"quantized_adam","warmupSteps":3,"bits":4,"bucketSize":512},
-      "threads":1,"evalEverySteps":0,"evalBatches":1})";
-    coordinator_port_ = FreePort();
+      "stages":2,"threads":1,"evalEverySteps":0,"evalBatches":1,)" << grid << "}";
   }
 
   void TearDown() override {
@@ -281,14 +285,7 @@ TEST_F(SwarmTest, ARestartedCoordinatorResumesTheSameJobAndPeersCarryOn) {
 }
 
 TEST_F(SwarmTest, UnderMutualTlsAStageWithNoReplicaResumesFromAMirrorsCopyAndLinksGetProbed) {
-  std::ofstream(job_) << R"({"name":"swarm-it","seed":5,
-      "model":{"seqLen":32,"dModel":32,"nLayer":2,"nHead":2},
-      "data":{"corpus":")" << kData << R"(/sotu","tokenizerDir":")" << kData << R"(/gpt2"},
-      "optimizer":{"lr":0.005,"minLr":0.001,"warmupSteps":2,"totalSteps":400,"weightDecay":0.0,"gradClip":1.0},
-      "microBatchSize":2,"microBatchesPerStep":2,"epochs":1,"maxSteps":400,
-      "compression":{"mode":"aqsgd","fwBits":3,"bwBits":6,"warmupEpochs":0,"mPrecision":"fp16"},
-      "stages":2,"dataParallel":1,"checkpointEverySteps":2,
-      "threads":1,"evalEverySteps":0,"evalBatches":1})";
+  WriteJob(5, R"("dataParallel":1,"checkpointEverySteps":2)");
   MakeTlsDir({"q1", "q2", "q3"});
   StartCoordinator({"--mirror_checkpoints"});
   const std::string token = Token();
