@@ -245,35 +245,41 @@ absl::StatusOr<HeartbeatResult> SwarmCoordinator::Heartbeat(uint64_t peer_id, ab
   if (progress != nullptr) AQSWARM_RETURN_IF_ERROR(RecordProgressLocked(*m, *progress, 0));
   r.assignment_version = counters_.assignment_version;
   if (options_.probe_max_age > absl::ZeroDuration() && !m->state_transfer_address.empty()) {
-    // Links from this peer that nobody measured or that went stale. Each
-    // heartbeat looks at no more than kProbeScan members, resuming where this
-    // peer's last look stopped (first look: after its own id, so peers spread
-    // their probes over different targets): O(1) per heartbeat at any size.
-    static constexpr size_t kProbeScan = 64;
-    const absl::Time now = clock_->Now();
-    const auto& all = membership_.members();
-    auto cursor = probe_cursor_.try_emplace(peer_id, peer_id).first;
-    auto start = all.upper_bound(cursor->second);
-    for (size_t i = 0; i < std::min(all.size(), kProbeScan) &&
-                       static_cast<int>(r.probe.size()) < options_.probes_per_heartbeat;
-         ++i) {
-      if (start == all.end()) start = all.begin();
-      const Member& to = (start++)->second;
-      cursor->second = to.id;
-      if (to.id == peer_id || to.state_transfer_address.empty()) continue;
-      const LinkEstimate* e = links_.Measured(peer_id, to.id);
-      if (e != nullptr && now - e->measured_at < options_.probe_max_age) continue;
-      auto asked = probe_asked_.find({peer_id, to.id});
-      if (asked != probe_asked_.end() && now - asked->second < options_.probe_retry) continue;
-      probe_asked_[{peer_id, to.id}] = now;
-      v1::Neighbor n;
-      n.set_peer_id(to.id);
-      n.set_peer_name(to.name);
-      n.set_state_transfer_address(to.state_transfer_address);
-      r.probe.push_back(std::move(n));
-    }
+    r.probe = ProbeTargetsLocked(peer_id);
   }
   return r;
+}
+
+std::vector<v1::Neighbor> SwarmCoordinator::ProbeTargetsLocked(uint64_t peer_id) {
+  std::vector<v1::Neighbor> out;
+  // Links from this peer that nobody measured or that went stale. Each
+  // heartbeat looks at no more than kProbeScan members, resuming where this
+  // peer's last look stopped (first look: after its own id, so peers spread
+  // their probes over different targets): O(1) per heartbeat at any size.
+  static constexpr size_t kProbeScan = 64;
+  const absl::Time now = clock_->Now();
+  const auto& all = membership_.members();
+  auto cursor = probe_cursor_.try_emplace(peer_id, peer_id).first;
+  auto start = all.upper_bound(cursor->second);
+  for (size_t i = 0; i < std::min(all.size(), kProbeScan) &&
+                     static_cast<int>(out.size()) < options_.probes_per_heartbeat;
+       ++i) {
+    if (start == all.end()) start = all.begin();
+    const Member& to = (start++)->second;
+    cursor->second = to.id;
+    if (to.id == peer_id || to.state_transfer_address.empty()) continue;
+    const LinkEstimate* e = links_.Measured(peer_id, to.id);
+    if (e != nullptr && now - e->measured_at < options_.probe_max_age) continue;
+    auto asked = probe_asked_.find({peer_id, to.id});
+    if (asked != probe_asked_.end() && now - asked->second < options_.probe_retry) continue;
+    probe_asked_[{peer_id, to.id}] = now;
+    v1::Neighbor n;
+    n.set_peer_id(to.id);
+    n.set_peer_name(to.name);
+    n.set_state_transfer_address(to.state_transfer_address);
+    out.push_back(std::move(n));
+  }
+  return out;
 }
 
 absl::StatusOr<uint64_t> SwarmCoordinator::Leave(uint64_t peer_id, absl::string_view session_token) {

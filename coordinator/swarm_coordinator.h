@@ -149,6 +149,9 @@ class SwarmCoordinator {
   v1::Neighbor NeighborLocked(uint64_t peer, int stage, int pipeline, uint64_t generation) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   double SwarmTokensPerSecondLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Up to probes_per_heartbeat peers whose link from `peer_id` is unmeasured
+  // or stale (see SwarmCoordinatorOptions::probe_max_age).
+  std::vector<v1::Neighbor> ProbeTargetsLocked(uint64_t peer_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SwarmCoordinatorOptions options_;
   const Clock* const clock_;

@@ -66,17 +66,6 @@ std::vector<v1::StageCheckpoints> ListHeld(const fs::path& root) {
   return out;
 }
 
-// Deletes the states in `dir` past `step` and all but the newest `keep`.
-void PruneStates(const std::string& dir, int64_t past, size_t keep) {
-  std::vector<int64_t> steps = StageCheckpointSteps(dir);
-  std::error_code ec;
-  while (!steps.empty() && steps.back() > past) {
-    fs::remove(StageCheckpointPath(dir, steps.back()), ec);
-    steps.pop_back();
-  }
-  for (size_t i = 0; i + keep < steps.size(); ++i) fs::remove(StageCheckpointPath(dir, steps[i]), ec);
-}
-
 // What a running child was started for: a new plan or place restarts it.
 struct RunKey {
   uint64_t plan_version = 0;
@@ -562,31 +551,20 @@ class PeerDaemonImpl final : public PeerDaemon {
   }
 
   absl::Status CopyMirror(const v1::Neighbor& target, int64_t step, uint64_t plan) {
-    v1::StateRequest req;
-    req.set_job_name(job_.name());
-    req.set_stage(target.stage());
-    req.set_step(step);
-    FetchOptions fo;
-    fo.tls = o_.tls;
-    fo.timeout = absl::Minutes(5);
     // The mirrored peer completes the same step at about the same time; until
     // it has, it answers NOT_FOUND.
     const absl::Time deadline = absl::Now() + o_.link_timeout;
     while (true) {
-      absl::StatusOr<StateSnapshot> s = FetchState(target.state_transfer_address(), req, fo);
+      absl::StatusOr<uint64_t> s = FetchStageState(target.state_transfer_address(), target.stage(), step);
       if (s.ok()) {
-        if (s->step != static_cast<uint64_t>(step)) return absl::DataLossError("mirror sent another step");
-        const fs::path dir = CheckpointDir(target.stage());
-        std::error_code ec;
-        fs::create_directories(dir, ec);
-        const std::string path = StageCheckpointPath(dir.string(), step);
-        AQSWARM_RETURN_IF_ERROR(WriteFileAtomically(path, s->bytes, 0644));
+        const std::string dir = CheckpointDir(target.stage()).string();
         absl::MutexLock l(&mu_);
         if (plan_ != plan) {  // a re-plan pruned while we fetched: this state may be from its abandoned timeline
-          fs::remove(path, ec);
+          std::error_code ec;
+          fs::remove(StageCheckpointPath(dir, step), ec);
           return absl::CancelledError("the plan changed");
         }
-        PruneStates(dir.string(), std::numeric_limits<int64_t>::max(), o_.keep_checkpoints);
+        PruneStageCheckpoints(dir, std::numeric_limits<int64_t>::max(), o_.keep_checkpoints);
         return absl::OkStatus();
       }
       if (!absl::IsNotFound(s.status()) || absl::Now() > deadline) return s.status();
@@ -626,33 +604,44 @@ class PeerDaemonImpl final : public PeerDaemon {
 
   // The state the child starts from: "" for step 0, else a local file
   // (kept, or fetched from a replica).
-  absl::StatusOr<std::string> PrepareState(const v1::Assignment& a) {
-    const fs::path dir = CheckpointDir(a.stage());
-    const std::string want = StageCheckpointPath(dir.string(), a.resume_step());
-    std::error_code ec;
-    if (fs::exists(want, ec)) return want;
-    if (a.resume_step() == 0) return std::string();
-    fs::create_directories(dir, ec);
+  // Fetches `stage`'s state after `step` steps from `address` into this
+  // peer's checkpoint dir; returns its size in bytes.
+  absl::StatusOr<uint64_t> FetchStageState(const std::string& address, uint32_t stage, int64_t step) {
     v1::StateRequest req;
     req.set_job_name(job_.name());
-    req.set_stage(a.stage());
-    req.set_step(a.resume_step());
+    req.set_stage(stage);
+    req.set_step(step);
     FetchOptions fo;
     fo.tls = o_.tls;
     fo.timeout = absl::Minutes(5);
+    AQSWARM_ASSIGN_OR_RETURN(StateSnapshot s, FetchState(address, req, fo));
+    if (s.step != static_cast<uint64_t>(step)) {
+      return absl::DataLossError(absl::StrCat("asked for step ", step, ", got step ", s.step));
+    }
+    const fs::path dir = CheckpointDir(stage);
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    AQSWARM_RETURN_IF_ERROR(WriteFileAtomically(StageCheckpointPath(dir.string(), step), s.bytes, 0644));
+    return s.bytes.size();
+  }
+
+  absl::StatusOr<std::string> PrepareState(const v1::Assignment& a) {
+    const std::string want = StageCheckpointPath(CheckpointDir(a.stage()).string(), a.resume_step());
+    std::error_code ec;
+    if (fs::exists(want, ec)) return want;
+    if (a.resume_step() == 0) return std::string();
     std::vector<std::string> tried;
     std::vector<v1::Neighbor> sources(a.state_sources().begin(), a.state_sources().end());
     sources.insert(sources.end(), a.replicas().begin(), a.replicas().end());
     for (const auto& r : sources) {
       if (r.state_transfer_address().empty()) continue;
-      absl::StatusOr<StateSnapshot> s = FetchState(r.state_transfer_address(), req, fo);
-      if (!s.ok() || s->step != static_cast<uint64_t>(a.resume_step())) {
-        tried.push_back(absl::StrCat(r.peer_name(), ": ", s.ok() ? "wrong step" : s.status().message()));
+      absl::StatusOr<uint64_t> bytes = FetchStageState(r.state_transfer_address(), a.stage(), a.resume_step());
+      if (!bytes.ok()) {
+        tried.push_back(absl::StrCat(r.peer_name(), ": ", bytes.status().message()));
         continue;
       }
-      AQSWARM_RETURN_IF_ERROR(WriteFileAtomically(want, s->bytes, 0644));
       Event(absl::StrFormat(R"({"event":"state_fetched","stage":%d,"step":%d,"from":"%s","bytes":%d})", a.stage(),
-                            a.resume_step(), r.peer_name(), s->bytes.size()));
+                            a.resume_step(), r.peer_name(), *bytes));
       return want;
     }
     return absl::NotFoundError(absl::StrCat("no state of stage ", a.stage(), " at step ", a.resume_step(),
@@ -686,7 +675,7 @@ class PeerDaemonImpl final : public PeerDaemon {
         mirror_done_ = std::min(mirror_done_, a.resume_step());
         std::error_code ec;
         for (const auto& entry : fs::directory_iterator(fs::path(o_.work_dir) / "checkpoints", ec)) {
-          PruneStates(entry.path().string(), a.resume_step(), o_.keep_checkpoints);
+          PruneStageCheckpoints(entry.path().string(), a.resume_step(), o_.keep_checkpoints);
         }
       }
     }

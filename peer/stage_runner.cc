@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -183,26 +184,25 @@ class StageRunnerImpl final : public StageRunner {
       const absl::Status sent = down_->Send(std::move(f));
       absl::StatusOr<v1::LinkFrame> answer =
           sent.ok() ? down_->Receive([](auto& x) { return x.has_hello_ack(); }, left) : sent;
+      // Why we dial again: the stream broke before an answer (the port may
+      // still belong to an incarnation of the previous plan being stopped: it
+      // took the connection, then died), or an end of an older plan said retry.
+      absl::Status again;
       if (!answer.ok()) {
-        // The stream broke before an answer: the port may still belong to an
-        // incarnation of the previous plan being stopped (it took the
-        // connection, then died). Dial again until the link timeout.
+        if (!absl::IsUnavailable(answer.status())) return answer.status();
+        again = answer.status();
+      } else if (answer->hello_ack().accepted()) {
+        return absl::OkStatus();
+      } else {
+        again = absl::FailedPreconditionError(
+            absl::StrCat("stage ", o_.stage + 1, " refused the link: ", answer->hello_ack().reason()));
+        down_->CloseSend();
         down_.reset();
-        if (!absl::IsUnavailable(answer.status()) || absl::Now() + backoff > deadline) return answer.status();
-        AQSWARM_LOG(INFO) << "stage " << o_.stage << ": link to stage " << o_.stage + 1
-                          << " broke before its hello answer (" << answer.status().message() << "); dialing again";
-        absl::SleepFor(backoff);  // retry backoff, not synchronisation
-        backoff = std::min(backoff * 2, absl::Seconds(1));
-        continue;
+        if (!answer->hello_ack().retry()) return again;
       }
-      const v1::LinkFrame& ack = *answer;
-      if (ack.hello_ack().accepted()) return absl::OkStatus();
-      const absl::Status refused = absl::FailedPreconditionError(
-          absl::StrCat("stage ", o_.stage + 1, " refused the link: ", ack.hello_ack().reason()));
-      down_->CloseSend();
       down_.reset();
-      if (!ack.hello_ack().retry() || absl::Now() + backoff > deadline) return refused;
-      AQSWARM_LOG(INFO) << "stage " << o_.stage << ": " << refused.message() << "; dialing again";
+      if (absl::Now() + backoff > deadline) return again;
+      AQSWARM_LOG(INFO) << "stage " << o_.stage << ": " << again.message() << "; dialing again";
       absl::SleepFor(backoff);  // retry backoff, not synchronisation
       backoff = std::min(backoff * 2, absl::Seconds(1));
     }
@@ -293,17 +293,9 @@ class StageRunnerImpl final : public StageRunner {
     AQSWARM_RETURN_IF_ERROR(worker_->SaveCheckpoint(tmp.string()));
     fs::rename(tmp, StageCheckpointPath(o_.checkpoint_dir, steps), ec);
     if (ec) return absl::InternalError(absl::StrCat("cannot publish checkpoint in ", dir.string(), ": ", ec.message()));
-    std::vector<int64_t> kept = StageCheckpointSteps(o_.checkpoint_dir);  // ascending
-    if (steps == o_.start_step) {  // states past the start belong to a timeline this run abandons
-      while (!kept.empty() && kept.back() > steps) {
-        fs::remove(StageCheckpointPath(o_.checkpoint_dir, kept.back()), ec);
-        kept.pop_back();
-      }
-    }
-    const size_t keep = std::max(1, o_.keep_checkpoints);
-    for (size_t i = 0; i + keep < kept.size(); ++i) {
-      fs::remove(StageCheckpointPath(o_.checkpoint_dir, kept[i]), ec);
-    }
+    // At the start, states past it belong to a timeline this run abandons.
+    PruneStageCheckpoints(o_.checkpoint_dir, steps == o_.start_step ? steps : std::numeric_limits<int64_t>::max(),
+                          std::max(1, o_.keep_checkpoints));
     return absl::OkStatus();
   }
 
@@ -644,6 +636,16 @@ std::vector<int64_t> StageCheckpointSteps(const std::string& dir) {
   }
   std::sort(steps.begin(), steps.end());
   return steps;
+}
+
+void PruneStageCheckpoints(const std::string& dir, int64_t past, size_t keep) {
+  std::vector<int64_t> steps = StageCheckpointSteps(dir);  // ascending
+  std::error_code ec;
+  while (!steps.empty() && steps.back() > past) {
+    std::filesystem::remove(StageCheckpointPath(dir, steps.back()), ec);
+    steps.pop_back();
+  }
+  for (size_t i = 0; i + keep < steps.size(); ++i) std::filesystem::remove(StageCheckpointPath(dir, steps[i]), ec);
 }
 
 absl::StatusOr<std::unique_ptr<StageRunner>> StageRunner::Create(const StageRunnerOptions& options) {

@@ -94,6 +94,9 @@ struct StageRunnerOptions {
 // <dir>/state-<steps completed>.ckpt, and the steps of those present, ascending.
 std::string StageCheckpointPath(const std::string& dir, int64_t steps);
 std::vector<int64_t> StageCheckpointSteps(const std::string& dir);
+// Deletes the checkpoints in `dir` of more than `past` steps, then all but the
+// newest `keep`.
+void PruneStageCheckpoints(const std::string& dir, int64_t past, size_t keep);
 
 class StageRunner {
  public:
