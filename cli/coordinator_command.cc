@@ -66,6 +66,14 @@ int RunCoordinator(const std::vector<std::string>& args) {
   if (!(lease_s >= 0.1 && lease_s <= 86400)) {
     return Fail("coordinator", absl::InvalidArgumentError("--lease_s must be in [0.1, 86400]"));
   }
+  const double probe_age = absl::GetFlag(FLAGS_probe_max_age_s);
+  if (!(probe_age >= 0 && probe_age <= 30 * 86400)) {
+    return Fail("coordinator", absl::InvalidArgumentError("--probe_max_age_s must be in [0, 2592000]"));
+  }
+  const int probes = absl::GetFlag(FLAGS_probes_per_heartbeat);
+  if (probes < 0 || probes > 64) {
+    return Fail("coordinator", absl::InvalidArgumentError("--probes_per_heartbeat must be in [0, 64]"));
+  }
   auto job = pipeline::LoadJobSpec(job_path);
   if (!job.ok()) return Fail("coordinator", job.status());
   if (absl::GetFlag(FLAGS_stages) > 0) job->set_stages(absl::GetFlag(FLAGS_stages));
@@ -91,15 +99,8 @@ int RunCoordinator(const std::vector<std::string>& args) {
   o.lease = absl::Seconds(lease_s);
   o.state.dir = state_dir + "/db";
   o.mirror_checkpoints = absl::GetFlag(FLAGS_mirror_checkpoints);
-  const double probe_age = absl::GetFlag(FLAGS_probe_max_age_s);
-  if (!(probe_age >= 0 && probe_age <= 30 * 86400)) {
-    return Fail("coordinator", absl::InvalidArgumentError("--probe_max_age_s must be in [0, 2592000]"));
-  }
   o.probe_max_age = absl::Seconds(probe_age);
-  o.probes_per_heartbeat = absl::GetFlag(FLAGS_probes_per_heartbeat);
-  if (o.probes_per_heartbeat < 0 || o.probes_per_heartbeat > 64) {
-    return Fail("coordinator", absl::InvalidArgumentError("--probes_per_heartbeat must be in [0, 64]"));
-  }
+  o.probes_per_heartbeat = probes;
   auto coord = coordinator::SwarmCoordinator::Create(std::move(o));
   if (!coord.ok()) return Fail("coordinator", coord.status());
   const std::string swarm_id = (*coord)->options().swarm_id;

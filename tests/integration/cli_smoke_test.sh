@@ -39,6 +39,9 @@ check peer-no-token 1 "join_token is required" -- "$bin" peer --coordinator=127.
 check peer-port-0 1 "fixed port" -- "${peer[@]}" --listen=127.0.0.1:0 --exchange_listen=127.0.0.1:7002
 check peer-any-addr 1 "advertise is needed" -- "${peer[@]}" --listen=0.0.0.0:7001 --exchange_listen=127.0.0.1:7002
 check peer-keep 1 "keep_checkpoints" -- "${peer[@]}" --listen=127.0.0.1:7001 --exchange_listen=127.0.0.1:7002 --keep_checkpoints=1
+check peer-probe-bytes 1 "probe_bytes" -- "${peer[@]}" --listen=127.0.0.1:7001 --exchange_listen=127.0.0.1:7002 --probe_bytes=99999999
+check coord-probe-age 1 "probe_max_age_s" -- "$bin" coordinator --job=/nonexistent.json --state_dir=/nonexistent --probe_max_age_s=-1
+check coord-probes 1 "probes_per_heartbeat" -- "$bin" coordinator --job=/nonexistent.json --state_dir=/nonexistent --probes_per_heartbeat=65
 check stage-negative-start 1 "start_step must be" -- "$bin" stage --job=/nonexistent.json --start_step=-1
 rm -rf "${TMPDIR:-/tmp}/aqswarm_smoke_peer_$$"
 exit $fail
