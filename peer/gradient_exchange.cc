@@ -35,7 +35,8 @@ class GrpcReplicaExchange::Service final : public v1::GradientExchange::Service 
   GrpcReplicaExchange* owner_;
 };
 
-GrpcReplicaExchange::GrpcReplicaExchange(const ReplicaExchangeOptions& options) : options_(options) {}
+GrpcReplicaExchange::GrpcReplicaExchange(const ReplicaExchangeOptions& options)
+    : options_(options), mailbox_(options.group, options.rank, options.size, options.max_buffered_bytes) {}
 
 absl::StatusOr<std::unique_ptr<GrpcReplicaExchange>> GrpcReplicaExchange::Start(const ReplicaExchangeOptions& o) {
   if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
@@ -172,61 +173,23 @@ void GrpcReplicaExchange::SenderLoop(Peer* p) {
 }
 
 absl::Status GrpcReplicaExchange::Deliver(v1::ExchangeChunk chunk) {
-  if (chunk.group() != options_.group) {
-    CountRejectedMessage("dp_wrong_group");
-    return absl::PermissionDeniedError(absl::StrCat("chunk for group '", chunk.group(), "', this is '",
-                                                    options_.group, "'"));
-  }
-  if (chunk.from_rank() >= static_cast<uint32_t>(options_.size) || chunk.from_rank() == static_cast<uint32_t>(options_.rank) ||
-      chunk.chunk() >= static_cast<uint32_t>(options_.size) ||
-      (chunk.phase() != v1::ExchangeChunk::SCATTER && chunk.phase() != v1::ExchangeChunk::GATHER)) {
-    CountRejectedMessage("dp_chunk_invalid");
-    return absl::InvalidArgumentError("chunk with an impossible rank, chunk index or phase");
-  }
-  if (options_.shaping.latency_ms > 0) {
+  if (chunk.group() == options_.group && options_.shaping.latency_ms > 0) {
     const absl::Time due = absl::FromUnixMicros(chunk.sent_unix_micros()) + absl::Milliseconds(options_.shaping.latency_ms);
     const absl::Duration wait = due - absl::Now();
     if (wait > absl::ZeroDuration()) absl::SleepFor(std::min(wait, absl::Seconds(60)));  // one-way latency
   }
-  const uint64_t bytes = chunk.ByteSizeLong();
-  absl::MutexLock l(&mu_);
-  if (buffered_bytes_ + bytes > options_.max_buffered_bytes) {
-    CountRejectedMessage("dp_mailbox_full");
-    return absl::ResourceExhaustedError("exchange mailbox full");
-  }
-  buffered_bytes_ += bytes;
-  Key k(chunk.from_rank(), chunk.step(), chunk.round(), chunk.phase(), chunk.bucket(), chunk.chunk());
-  mailbox_[k] = std::move(chunk);
-  return absl::OkStatus();
+  return mailbox_.Deliver(std::move(chunk));
 }
 
 absl::StatusOr<v1::ExchangeChunk> GrpcReplicaExchange::Receive(int from, uint64_t step, uint32_t round,
                                                               v1::ExchangeChunk::Phase phase, uint32_t bucket,
                                                               uint32_t chunk) {
-  const Key k(from, step, round, phase, bucket, chunk);
-  Peer* p = peers_.empty() ? nullptr : peers_[from].get();
-  const absl::Time deadline = absl::Now() + options_.timeout;
-  absl::MutexLock l(&mu_);
-  while (true) {
-    auto it = mailbox_.find(k);
-    if (it != mailbox_.end()) {
-      v1::ExchangeChunk c = std::move(it->second);
-      mailbox_.erase(it);
-      buffered_bytes_ -= std::min<uint64_t>(buffered_bytes_, c.ByteSizeLong());
-      return c;
-    }
-    if (p != nullptr) {
-      absl::MutexLock pl(&p->mu);
-      if (!p->failed.ok()) return p->failed;
-    }
-    // Wake on a delivery, or every 200 ms to notice a failed sender to `from`.
-    const absl::Time wake = std::min(deadline, absl::Now() + absl::Milliseconds(200));
-    auto arrived = [this, &k]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return mailbox_.count(k) > 0; };
-    if (!mu_.AwaitWithDeadline(absl::Condition(&arrived), wake) && absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("replica ", from, " sent nothing for step ", step, " within ",
-                                                      absl::FormatDuration(options_.timeout)));
-    }
-  }
+  Peer* p = peers_.empty() || from < 0 || from >= options_.size ? nullptr : peers_[from].get();
+  return mailbox_.Take(from, step, round, phase, bucket, chunk, options_.timeout, [p]() {
+    if (p == nullptr) return absl::OkStatus();
+    absl::MutexLock pl(&p->mu);
+    return p->failed;
+  });
 }
 
 }  // namespace aqswarm::peer

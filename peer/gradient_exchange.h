@@ -19,15 +19,14 @@
 #ifndef AQSWARM_PEER_GRADIENT_EXCHANGE_H_
 #define AQSWARM_PEER_GRADIENT_EXCHANGE_H_
 
-#include <map>
 #include <memory>
 #include <string>
 #include <thread>
-#include <tuple>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "peer/exchange_mailbox.h"
 #include "peer/link_transport.h"
 #include "peer/tls.h"
 #include "pipeline/dp_allreduce.h"
@@ -72,8 +71,6 @@ class GrpcReplicaExchange final : public pipeline::ReplicaExchange {
  private:
   class Service;
   struct Peer;
-  using Key = std::tuple<int, uint64_t, uint32_t, int, uint32_t, uint32_t>;  // from, step, round, phase, bucket, chunk
-
   explicit GrpcReplicaExchange(const ReplicaExchangeOptions& options);
   absl::Status Deliver(v1::ExchangeChunk chunk);  // from the service
   void SenderLoop(Peer* peer);
@@ -83,9 +80,7 @@ class GrpcReplicaExchange final : public pipeline::ReplicaExchange {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::vector<std::unique_ptr<Peer>> peers_;
-  absl::Mutex mu_;
-  std::map<Key, v1::ExchangeChunk> mailbox_ ABSL_GUARDED_BY(mu_);
-  uint64_t buffered_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  ExchangeMailbox mailbox_;
 };
 
 }  // namespace aqswarm::peer
