@@ -41,8 +41,14 @@ fi
 
 GENERATOR=()
 command -v ninja >/dev/null && GENERATOR=(-G Ninja)
+# Where the CUDA toolkit has NCCL (STACK.md trap 9), build the optional NCCL
+# exchange transport too, so it is compiled and its tests run (no GPU needed).
+CUDA_ARGS=()
+if [[ -f /usr/local/cuda/include/nccl.h && ${AQSWARM_CMAKE_ARGS:-} != *AQSWARM_WITH_CUDA* ]]; then
+  CUDA_ARGS=(-DAQSWARM_WITH_CUDA=ON)
+fi
 if [[ ! -f build/CMakeCache.txt ]]; then
-  cmake -S . -B build "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo ${AQSWARM_CMAKE_ARGS:-}
+  cmake -S . -B build "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo "${CUDA_ARGS[@]}" ${AQSWARM_CMAKE_ARGS:-}
 fi
 # Two cores, ~1.5 GiB per torch TU: two jobs are safe.
 cmake --build build -j "${AQSWARM_JOBS:-2}"
