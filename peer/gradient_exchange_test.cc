@@ -4,9 +4,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/random.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "pipeline/dp_test_util.h"
 
 namespace aqswarm::peer {
 namespace {
@@ -29,12 +29,7 @@ struct Group {
   std::vector<std::unique_ptr<GrpcReplicaExchange>> ex;
 };
 
-std::vector<float> Random(int64_t n, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) x = static_cast<float>(rng.UnitDouble() - 0.5);
-  return v;
-}
+using pipeline::testing::RandomFloats;
 
 TEST(GrpcReplicaExchangeTest, CompressedAllReduceOverLoopbackGivesIdenticalMeans) {
   const int d = 3;
@@ -48,7 +43,7 @@ TEST(GrpcReplicaExchangeTest, CompressedAllReduceOverLoopbackGivesIdenticalMeans
   std::vector<std::vector<float>> in(d), out(d, std::vector<float>(n)), we(d), se(d);
   std::vector<absl::Status> st(d);
   std::vector<std::thread> t;
-  for (int r = 0; r < d; ++r) in[r] = Random(n, r);
+  for (int r = 0; r < d; ++r) in[r] = RandomFloats(n, r);
   for (int r = 0; r < d; ++r) {
     t.emplace_back([&, r] { st[r] = pipeline::AllReduceMean(*g.ex[r], o, 1, 0, in[r], absl::MakeSpan(out[r]), &we[r], &se[r]); });
   }
@@ -64,7 +59,7 @@ TEST(GrpcReplicaExchangeTest, CompressedAllReduceOverLoopbackGivesIdenticalMeans
 TEST(GrpcReplicaExchangeTest, VanishedReplicaFailsTheStepWithAClearStatusQuickly) {
   Group g(3, absl::Seconds(3));
   g.ex[2].reset();  // replica 2 is gone
-  std::vector<float> in = Random(5000, 1), out0(5000), out1(5000);
+  std::vector<float> in = RandomFloats(5000, 1), out0(5000), out1(5000);
   absl::Status s0, s1;
   const absl::Time start = absl::Now();
   std::thread a([&] { s0 = pipeline::AllReduceMean(*g.ex[0], {}, 0, 0, in, absl::MakeSpan(out0), nullptr, nullptr); });

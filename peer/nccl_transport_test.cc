@@ -7,7 +7,6 @@
 #include <cstring>
 #include <thread>
 
-#include "common/random.h"
 #include "gtest/gtest.h"
 #include "pipeline/dp_test_util.h"
 
@@ -84,11 +83,7 @@ TEST(NcclTransportTest, CompressedAllReduceOnTwoGpusMatchesTheReference) {
   o.bucket_elements = 40000;
   std::vector<std::vector<float>> in(d), out(d, std::vector<float>(n)), ref(d, std::vector<float>(n)), we(d), se(d),
       we_ref(d), se_ref(d);
-  for (int r = 0; r < d; ++r) {
-    Rng rng(r);
-    in[r].resize(n);
-    for (auto& x : in[r]) x = static_cast<float>(rng.UnitDouble() - 0.5);
-  }
+  for (int r = 0; r < d; ++r) in[r] = pipeline::testing::RandomFloats(n, r);
   std::vector<std::thread> t;
   for (int r = 0; r < d; ++r) {
     t.emplace_back([&, r] {

@@ -5,7 +5,6 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/random.h"
 #include "gtest/gtest.h"
 #include "pipeline/dp_test_util.h"
 
@@ -108,12 +107,7 @@ std::unique_ptr<RoundReplicaExchange> StartRank(Fabric* f, int rank, int size, a
   return std::move(*ex);
 }
 
-std::vector<float> Random(int64_t n, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) x = static_cast<float>(rng.UnitDouble() - 0.5);
-  return v;
-}
+using pipeline::testing::RandomFloats;
 
 // The same compressed all-reduce with error feedback over three steps through
 // the round protocol and through the in-process reference exchange: every
@@ -136,7 +130,7 @@ TEST(RoundReplicaExchangeTest, CompressedAllReduceMatchesTheReferenceExchangeBit
         std::vector<std::thread> t;
         for (int r = 0; r < d; ++r) {
           t.emplace_back([&, r] {
-            std::vector<float> in = Random(n, 100 * step + r);
+            std::vector<float> in = RandomFloats(n, 100 * step + r);
             st[r] = pipeline::AllReduceMean(*ex[r], o, step, 0, in, absl::MakeSpan((*out)[r]), &(*we)[r], &(*se)[r]);
           });
         }
@@ -200,7 +194,7 @@ TEST(RoundReplicaExchangeTest, VanishedReplicaFailsTheStepWithAClearStatusQuickl
   auto b = StartRank(&fabric, 1, 3, absl::Seconds(5));
   t0->finished_clean_ = &clean0;
   // Replica 2 never joins the rounds.
-  std::vector<float> in = Random(5000, 1), out0(5000), out1(5000);
+  std::vector<float> in = RandomFloats(5000, 1), out0(5000), out1(5000);
   absl::Status s0, s1;
   const absl::Time start = absl::Now();
   std::thread x([&] { s0 = pipeline::AllReduceMean(*a, {}, 0, 0, in, absl::MakeSpan(out0), nullptr, nullptr); });

@@ -7,12 +7,22 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/random.h"
 #include "pipeline/dp_allreduce.h"
 
 namespace aqswarm::pipeline::testing {
+
+// n floats uniform in [-0.5, 0.5), seeded.
+inline std::vector<float> RandomFloats(int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(rng.UnitDouble() - 0.5);
+  return v;
+}
 
 class Hub {
  public:
