@@ -1,8 +1,5 @@
 #include "peer/nccl_transport.h"
 
-#include <cuda_runtime.h>
-#include <nccl.h>
-
 #include <algorithm>
 #include <thread>
 #include <vector>
@@ -10,7 +7,48 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
+#ifdef AQSWARM_WITH_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+#endif
+
 namespace aqswarm::peer {
+
+absl::StatusOr<std::unique_ptr<RoundReplicaExchange>> StartNcclReplicaExchange(pipeline::ReplicaExchange& bootstrap,
+                                                                               const RoundExchangeOptions& options) {
+  v1::ExchangeChunk id;
+  id.set_step(kNcclBootstrapStep);
+  id.set_phase(v1::ExchangeChunk::GATHER);
+  if (bootstrap.rank() == 0) {
+    AQSWARM_ASSIGN_OR_RETURN(std::string bytes, NewNcclUniqueId());
+    id.mutable_tensor()->set_payload(bytes);
+    for (int r = 1; r < bootstrap.size(); ++r) AQSWARM_RETURN_IF_ERROR(bootstrap.Send(r, id));
+  } else {
+    AQSWARM_ASSIGN_OR_RETURN(id, bootstrap.Receive(0, kNcclBootstrapStep, 0, v1::ExchangeChunk::GATHER, 0, 0));
+  }
+  NcclTransportOptions o;
+  o.rank = bootstrap.rank();
+  o.size = bootstrap.size();
+  o.unique_id = id.tensor().payload();
+  o.timeout = options.timeout;
+  AQSWARM_ASSIGN_OR_RETURN(auto transport, StartNcclTransport(o));
+  return RoundReplicaExchange::Start(options, std::move(transport));
+}
+
+#ifndef AQSWARM_WITH_NCCL
+
+namespace {
+absl::Status NotBuilt() {
+  return absl::FailedPreconditionError("this aqswarm was built without NCCL (configure with -DAQSWARM_WITH_CUDA=ON)");
+}
+}  // namespace
+
+int CudaDeviceCount() { return 0; }
+absl::StatusOr<std::string> NewNcclUniqueId() { return NotBuilt(); }
+absl::StatusOr<std::unique_ptr<RoundTransport>> StartNcclTransport(const NcclTransportOptions&) { return NotBuilt(); }
+
+#else  // AQSWARM_WITH_NCCL
+
 namespace {
 
 absl::Status CudaStatus(cudaError_t e, absl::string_view what) {
@@ -184,6 +222,11 @@ class NcclTransport final : public RoundTransport {
 
 }  // namespace
 
+int CudaDeviceCount() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
 absl::StatusOr<std::string> NewNcclUniqueId() {
   ncclUniqueId id;
   const ncclResult_t r = ncclGetUniqueId(&id);
@@ -216,5 +259,7 @@ absl::StatusOr<std::unique_ptr<RoundTransport>> StartNcclTransport(const NcclTra
   AQSWARM_RETURN_IF_ERROR(t->Init(id));
   return std::unique_ptr<RoundTransport>(std::move(t));
 }
+
+#endif  // AQSWARM_WITH_NCCL
 
 }  // namespace aqswarm::peer

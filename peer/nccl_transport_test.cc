@@ -1,8 +1,6 @@
-// Built with -DAQSWARM_WITH_CUDA=ON only. Without a GPU (CI) the argument
-// and no-device paths run; the all-reduce needs two GPUs.
+// Without CUDA (a build without it, or a machine without a GPU: CI) the
+// argument, bootstrap and no-device paths run; the all-reduce needs two GPUs.
 #include "peer/nccl_transport.h"
-
-#include <cuda_runtime.h>
 
 #include <cstring>
 #include <thread>
@@ -13,12 +11,8 @@
 namespace aqswarm::peer {
 namespace {
 
-int Devices() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
-
 TEST(NcclTransportTest, BadOptionsAreRefusedBeforeAnyCudaCall) {
+  if (!NewNcclUniqueId().ok()) GTEST_SKIP() << "built without NCCL";
   NcclTransportOptions o;
   o.size = 2;
   o.unique_id = "short";
@@ -33,20 +27,38 @@ TEST(NcclTransportTest, BadOptionsAreRefusedBeforeAnyCudaCall) {
   EXPECT_EQ(StartNcclTransport(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(NcclTransportTest, WithoutAGpuStartFailsWithAClearStatus) {
-  if (Devices() > 0) GTEST_SKIP() << "this machine has a GPU";
-  NcclTransportOptions o;
-  o.size = 2;
-  o.unique_id.assign(128, '\0');
-  auto t = StartNcclTransport(o);
-  EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition) << t.status();
-  EXPECT_NE(t.status().message().find("no CUDA device"), std::string::npos) << t.status();
+// Every replica of a grid whose job asks for NCCL, on a machine (or build)
+// without it: the id goes round over the bootstrap exchange and every rank
+// fails with a status that says why.
+TEST(NcclTransportTest, WithoutAGpuEveryReplicaFailsWithAClearStatus) {
+  if (CudaDeviceCount() > 0) GTEST_SKIP() << "this machine has a GPU";
+  const int d = 3;
+  const bool built = NewNcclUniqueId().ok();
+  pipeline::testing::Hub hub(built ? absl::Seconds(20) : absl::Milliseconds(100));
+  std::vector<absl::Status> st(d);
+  std::vector<std::thread> t;
+  for (int r = 0; r < d; ++r) {
+    t.emplace_back([&, r] {
+      pipeline::testing::HubExchange bootstrap(&hub, r, d);
+      RoundExchangeOptions o;
+      o.group = "job/stage-0";
+      st[r] = StartNcclReplicaExchange(bootstrap, o).status();
+    });
+  }
+  for (auto& th : t) th.join();
+  for (int r = 0; r < d; ++r) {
+    EXPECT_EQ(st[r].code(), absl::StatusCode::kFailedPrecondition) << st[r];
+    // With NCCL built, ranks 1.. got rank 0's id and failed on the device, not on the bootstrap.
+    const char* why = built ? "no CUDA device" : "built without NCCL";
+    EXPECT_NE(st[r].message().find(why), std::string::npos) << r << ": " << st[r];
+    if (!built) break;  // rank 0 fails before sending: the others wait out the hub
+  }
 }
 
 // Two ranks on two GPUs: the compressed all-reduce with error feedback over
 // NCCL matches the in-process reference bit for bit.
 TEST(NcclTransportTest, CompressedAllReduceOnTwoGpusMatchesTheReference) {
-  if (Devices() < 2) GTEST_SKIP() << "needs 2 GPUs (NCCL refuses two ranks on one device)";
+  if (CudaDeviceCount() < 2) GTEST_SKIP() << "needs 2 GPUs (NCCL refuses two ranks on one device)";
   const int d = 2;
   const int64_t n = 100000;
   auto id = NewNcclUniqueId();
