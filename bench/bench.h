@@ -106,19 +106,23 @@ struct SlownetBenchOptions {
   int d_model = 32;
   int n_layer = 4;
   int n_head = 2;
-  int micro_batch_size = 4;
+  int micro_batch_size = 8;
   int micro_batches = 64;
   int threads = 1;
   double latency_ms = 0;
-  // Steps per epoch of the synthetic corpus; steps skipped; steps timed.
+  // Steps per epoch of the synthetic corpus; steps skipped in AQ-SGD cells
+  // (start-up and the FULL epoch 0); in fp32 and DirectQ cells (start-up:
+  // they keep no per-sample state); steps timed.
   int steps_per_epoch = 1;
   int skip_steps = 3;
-  // Steps dropped in the D x K grid (see slownet_bench.cc: with D > 1 a
-  // pipeline meets unseen samples in later epochs too).
+  int plain_skip_steps = 2;
+  // Steps dropped in the D x K grid's AQ-SGD cells (see slownet_bench.cc:
+  // with D > 1 a pipeline meets unseen samples in later epochs too).
   int grid_skip_steps = 7;
-  int steps = 8;
-  // Passes over the whole table; each cell keeps its best pass. Default: 1.
-  int repeats = 1;
+  int steps = 6;
+  // Passes over the whole table; each cell keeps its best pass, a pass being
+  // samples per step / the median of its timed steps' step_seconds. Default: 2.
+  int repeats = 2;
   // Keep the raw runs here (job.json, pipeline output, metrics.csv, stage
   // logs); empty = a temporary directory, removed at the end.
   std::string out_dir;

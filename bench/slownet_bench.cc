@@ -8,9 +8,28 @@
 //
 // Timing: the synthetic corpus holds `steps_per_epoch` steps, so AQ-SGD's
 // FULL epoch (every sample unseen on the link) is epoch 0; the first
-// `skip_steps` steps (process start, epoch 0, and a little more) are
-// dropped and samples/s = samples in the window / sum of the window's
-// step_seconds (stage 0's step time, the pipeline's period in steady state).
+// `skip_steps` steps of an AQ-SGD cell (process start, epoch 0, and a little
+// more; `grid_skip_steps` with D > 1) and the first `plain_skip_steps` of an
+// fp32 or DirectQ cell (process start: they keep no per-sample state) are
+// dropped, and a pass's samples/s = samples per step / the MEDIAN of the
+// window's step_seconds (stage 0's step time, the pipeline's period in steady
+// state; the median ignores a step that another job on the machine slowed).
+// With repeats > 1 the table runs as whole passes and every cell keeps its
+// best pass (load only ever slows a cell down). Every cell, the compute-only
+// ones included, is measured the same way in the same passes.
+//
+// CPU: every stage reports its process CPU time per step (all threads);
+// cpu_ms_per_sample sums them over the stages in the window, and
+// cpu_limit = cores * 1000 / cpu_ms_per_sample is what the machine's cores
+// could do if they were never idle (a bound no pipeline reaches: it ignores
+// the dependencies between stages).
+//
+// BLAS: OpenBLAS picks its kernels by CPU model, and one it does not know
+// (e.g. this machine's Xeon, family 6 model 207, with OpenBLAS 0.3.21) gets
+// the generic Prescott (SSE3) kernels. When OpenBLAS reports a pre-AVX2 core
+// on a CPU with AVX2 and FMA and OPENBLAS_CORETYPE is not set, the bench sets
+// it (SkylakeX with AVX-512, else Haswell) for the pipelines it runs; the
+// core in use is in the JSON (blas_core).
 //
 // Limits per cell:
 //   compute-only   samples/s of the SAME mode and grid with unshaped links:
@@ -44,6 +63,7 @@
 //   overlap (1.0 = perfect; 0.5 = fully serialised at the crossover); it is
 //   given against both link limits (ach_wire uses the wire bound, ach_sched
 //   the schedule-aware one).
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -59,9 +79,11 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -183,6 +205,9 @@ struct Cell {
   double dp_bytes_per_step = 0;       // busiest DP sender (bytes it sent)
   double wall_seconds = 0;
   std::vector<double> passes;  // samples/s of every pass (the best is kept)
+  std::vector<double> step_seconds_list;  // the window's steps (stage 0)
+  double cpu_seconds_per_step = 0;        // all stages (and pipelines)
+  std::vector<double> cpu_by_stage;       // per step, summed over pipelines
   // Derived.
   double ratio_vs_fp32_unshaped = NAN;
   double compute_limit = NAN, link_limit = NAN, achieved_vs_limit = NAN;
@@ -198,7 +223,7 @@ absl::Status RunCell(const SlownetBenchOptions& o, const fs::path& root, Cell* c
   // the pipelines, so a pipeline meets samples it has never sent on its link
   // in every epoch (fraction ~ (1 - 1/D)^epoch): AQ-SGD sends those FULL.
   // The grid therefore drops more epochs before timing.
-  const int skip = c->dp > 1 ? o.grid_skip_steps : o.skip_steps;
+  const int skip = c->mode.link != "aqsgd" ? o.plain_skip_steps : c->dp > 1 ? o.grid_skip_steps : o.skip_steps;
   const int64_t per_pipeline_step = int64_t{o.micro_batch_size} * o.micro_batches;
   // Exactly steps_per_epoch steps per shard, plus a few validation samples.
   const double val_fraction = 0.02;
@@ -289,7 +314,7 @@ absl::Status RunCell(const SlownetBenchOptions& o, const fs::path& root, Cell* c
   std::vector<std::string> cols = absl::StrSplit(header, ',');
   std::map<std::string, size_t> col;
   for (size_t i = 0; i < cols.size(); ++i) col[cols[i]] = i;
-  double secs = 0;
+  std::vector<double> secs;
   std::vector<double> fw(c->stages - 1, 0), bw(c->stages - 1, 0), dpb(c->stages, 0);
   int n = 0;
   for (std::string row; std::getline(csv, row);) {
@@ -301,7 +326,7 @@ absl::Status RunCell(const SlownetBenchOptions& o, const fs::path& root, Cell* c
     if (n == 0) c->first_epoch = epoch;
     double x = 0;
     (void)absl::SimpleAtod(v[col["step_seconds"]], &x);
-    secs += x;
+    secs.push_back(x);
     for (int l = 0; l + 1 < c->stages; ++l) {
       if (absl::SimpleAtod(v[col[absl::StrCat("fw_bytes_link", l)]], &x)) fw[l] += x;
       if (absl::SimpleAtod(v[col[absl::StrCat("bw_bytes_link", l)]], &x)) bw[l] += x;
@@ -315,10 +340,36 @@ absl::Status RunCell(const SlownetBenchOptions& o, const fs::path& root, Cell* c
   if (n == 0) {
     return absl::DataLossError(absl::StrCat(name, ": no step after the first ", skip, " in metrics.csv"));
   }
+  // (Measured fields start from zero: `c` may hold an earlier pass.)
   c->steps_timed = n;
   c->samples_per_step = static_cast<double>(per_pipeline_step) * c->dp;
-  c->step_seconds = secs / n;
+  c->max_dir_bytes_per_step = c->fw_bytes_per_step = c->bw_bytes_per_step = 0;
+  c->cpu_seconds_per_step = 0;
+  c->step_seconds_list = secs;
+  std::sort(secs.begin(), secs.end());
+  c->step_seconds = n % 2 ? secs[n / 2] : (secs[n / 2 - 1] + secs[n / 2]) / 2;  // median
   c->samples_per_s = c->samples_per_step / c->step_seconds;
+  // CPU time of every stage process over the window's steps (events.jsonl:
+  // the stages' step lines, with cpu_seconds).
+  std::ifstream events(dir / "run" / "events.jsonl");
+  c->cpu_by_stage.assign(c->stages, 0);
+  std::map<int64_t, int> seen;  // step -> stage lines counted
+  for (std::string l; std::getline(events, l);) {
+    nlohmann::json e = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
+    if (!e.is_object() || e.value("event", "") != "step" || !e.contains("cpu_seconds")) continue;
+    const int64_t step = e.value("step", int64_t{-1});
+    const int stage = e.value("stage", -1);
+    if (step < skip || step >= skip + n || stage < 0 || stage >= c->stages) continue;
+    c->cpu_by_stage[stage] += e.value("cpu_seconds", 0.0) / n;
+    ++seen[step];
+  }
+  for (double v : c->cpu_by_stage) c->cpu_seconds_per_step += v;
+  for (const auto& [step, lines] : seen) {
+    if (lines != c->stages * c->dp) {
+      return absl::DataLossError(absl::StrCat(name, ": step ", step, " has ", lines, " stage lines in events.jsonl, want ",
+                                              c->stages * c->dp));
+    }
+  }
   for (int l = 0; l + 1 < c->stages; ++l) {
     if (std::max(fw[l], bw[l]) / n > c->max_dir_bytes_per_step) {
       c->max_dir_bytes_per_step = std::max(fw[l], bw[l]) / n;
@@ -330,9 +381,44 @@ absl::Status RunCell(const SlownetBenchOptions& o, const fs::path& root, Cell* c
   return absl::OkStatus();
 }
 
+// OpenBLAS's kernel set (see the top of this file), and what the pipelines
+// run with.
+std::string BlasCore() {
+  using CoreName = char* (*)();
+  auto fn = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  const char* name = fn != nullptr ? fn() : nullptr;
+  return name != nullptr ? name : "";
+}
+
+std::string ChildBlasCore() {
+  const char* set = std::getenv("OPENBLAS_CORETYPE");
+  if (set != nullptr && *set) return set;
+  const std::string core = BlasCore();
+  if (core.empty()) return "none (no OpenBLAS)";
+  static const char* kPreAvx2[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Sandybridge",
+                                   "Katmai", "Coppermine", "Northwood", "Banias", "Unknown"};
+  bool old = false;
+  for (const char* k : kPreAvx2) old = old || absl::EqualsIgnoreCase(core, k);
+  __builtin_cpu_init();
+  if (old && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    const char* pick = __builtin_cpu_supports("avx512f") ? "SkylakeX" : "Haswell";
+    setenv("OPENBLAS_CORETYPE", pick, 1);  // inherited by the pipelines and their stages
+    std::cerr << "slownet: OpenBLAS chose " << core << " kernels on a CPU with AVX2/FMA; running the pipelines with "
+              << "OPENBLAS_CORETYPE=" << pick << "\n";
+    return pick;
+  }
+  return core;
+}
+
+int Cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
 std::string Fmt(double v, const char* f = "%.2f") { return std::isfinite(v) ? absl::StrFormat(f, v) : "-"; }
 
-nlohmann::json CellJson(const SlownetBenchOptions& o, const Cell& c) {
+nlohmann::json CellJson(const SlownetBenchOptions& o, const Cell& c, const std::string& blas_core, int cores) {
   auto num = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
   const double per_sample = c.samples_per_step > 0 ? c.dp / c.samples_per_step : 0;  // per pipeline sample
   return {{"bench", "slownet"},
@@ -363,10 +449,21 @@ nlohmann::json CellJson(const SlownetBenchOptions& o, const Cell& c) {
           {"loopback_ms_per_step", (c.max_dir_bytes_per_step + c.dp_bytes_per_step) / 1.2e9 * 1e3},
           {"wall_seconds", c.wall_seconds},
           {"samples_per_s_passes", c.passes},
+          {"step_seconds_window", c.step_seconds_list},
+          {"cpu_ms_per_sample", num(c.cpu_seconds_per_step / c.samples_per_step * 1e3)},
+          {"cpu_ms_per_sample_by_stage", [&] {
+             std::vector<double> v;
+             for (double x : c.cpu_by_stage) v.push_back(x / c.samples_per_step * 1e3);
+             return v;
+           }()},
+          {"cpu_limit_samples_per_s", num(cores * c.samples_per_step / c.cpu_seconds_per_step)},
+          {"cores", cores},
+          {"blas_core", blas_core},
           {"model",
            {{"vocab", o.vocab_size}, {"seq_len", o.seq_len}, {"d_model", o.d_model}, {"n_layer", o.n_layer},
             {"n_head", o.n_head}, {"micro_batch", o.micro_batch_size}, {"micro_batches", o.micro_batches},
             {"threads", o.threads}}},
+          {"skip_steps", c.mode.link != "aqsgd" ? o.plain_skip_steps : c.dp > 1 ? o.grid_skip_steps : o.skip_steps},
           {"run_dir", c.run_dir}};
 }
 
@@ -374,8 +471,8 @@ nlohmann::json CellJson(const SlownetBenchOptions& o, const Cell& c) {
 
 absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
   if (o.stages < 2) return absl::InvalidArgumentError("slownet: stages must be >= 2 (links are what we measure)");
-  if (o.steps < 1 || o.skip_steps < 0 || o.steps_per_epoch < 1) {
-    return absl::InvalidArgumentError("slownet: steps >= 1, skip_steps >= 0, steps_per_epoch >= 1");
+  if (o.steps < 1 || o.skip_steps < 0 || o.plain_skip_steps < 0 || o.grid_skip_steps < 0 || o.steps_per_epoch < 1) {
+    return absl::InvalidArgumentError("slownet: steps >= 1, skip steps >= 0, steps_per_epoch >= 1");
   }
   if (o.skip_steps < o.steps_per_epoch) {
     std::cerr << "slownet: warning: skip_steps < steps_per_epoch, AQ-SGD's FULL epoch 0 is inside the window\n";
@@ -416,6 +513,8 @@ absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
   if (ec) return absl::InternalError(absl::StrCat("cannot copy ", SelfExecutable(), " to ", exe.string(), ": ", ec.message()));
   opts.executable = exe.string();
 
+  const std::string blas_core = ChildBlasCore();
+  const int cores = Cores();
   std::vector<Cell> cells;
   auto plan = [&](int dp, const std::vector<Mode>& ms, const std::vector<double>& bws) {
     for (const Mode& m : ms) {
@@ -489,23 +588,26 @@ absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
   }
 
   if (o.json) {
-    for (const Cell& c : cells) out << CellJson(o, c).dump() << "\n";
+    for (const Cell& c : cells) out << CellJson(o, c, blas_core, cores).dump() << "\n";
   } else {
     out << absl::StrFormat("aqswarm bench slownet: %d stages, GPT vocab %d seq %d d_model %d layers %d heads %d, "
                            "micro-batch %d x %d per step, %d thread(s)/stage; %d timed steps after %d\n",
                            o.stages, o.vocab_size, o.seq_len, o.d_model, o.n_layer, o.n_head, o.micro_batch_size,
                            o.micro_batches, o.threads, o.steps, o.skip_steps);
-    out << absl::StrFormat("%-5s %-22s %9s %10s %7s %10s %10s %10s %8s %9s %9s %9s\n", "grid", "mode", "Mbit/s",
+    out << absl::StrFormat("OpenBLAS kernels: %s; %d cores\n", blas_core, cores);
+    out << absl::StrFormat("%-5s %-22s %9s %10s %7s %10s %10s %10s %8s %9s %9s %9s %8s %8s\n", "grid", "mode", "Mbit/s",
                            "samples/s", "ratio", "compute", "wire_lim", "sched_lim", "ach_wire", "ach_sched",
-                           "fwB/samp", "bwB/samp");
+                           "fwB/samp", "bwB/samp", "cpu_ms/s", "cpu_lim");
     for (const Cell& c : cells) {
       const double per_sample = c.dp / c.samples_per_step;
-      out << absl::StrFormat("%-5s %-22s %9s %10.1f %7s %10s %10s %10s %8s %9s %9.0f %9.0f\n", Grid(c), c.mode.Name(),
+      out << absl::StrFormat("%-5s %-22s %9s %10.1f %7s %10s %10s %10s %8s %9s %9.0f %9.0f %8.3f %8.0f\n", Grid(c), c.mode.Name(),
                              c.bandwidth_mbps > 0 ? absl::StrCat(c.bandwidth_mbps) : "unshaped", c.samples_per_s,
                              Fmt(c.ratio_vs_fp32_unshaped, "%.3f"), Fmt(c.compute_limit, "%.1f"),
                              Fmt(c.link_limit, "%.1f"), Fmt(c.schedule_link_limit, "%.1f"),
                              Fmt(c.achieved_vs_limit, "%.2f"), Fmt(c.achieved_vs_schedule, "%.2f"),
-                             c.fw_bytes_per_step * per_sample, c.bw_bytes_per_step * per_sample);
+                             c.fw_bytes_per_step * per_sample, c.bw_bytes_per_step * per_sample,
+                             c.cpu_seconds_per_step / c.samples_per_step * 1e3,
+                             cores * c.samples_per_step / c.cpu_seconds_per_step);
     }
     out << absl::StrFormat("total wall time %.0f s; raw runs in %s\n",
                            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),

@@ -34,16 +34,21 @@ ABSL_FLAG(int32_t, slownet_seq_len, 64, "Slownet bench: tokens per sample.");
 ABSL_FLAG(int32_t, slownet_d_model, 32, "Slownet bench: model width.");
 ABSL_FLAG(int32_t, slownet_layers, 4, "Slownet bench: transformer blocks (split over the stages).");
 ABSL_FLAG(int32_t, slownet_heads, 2, "Slownet bench: attention heads.");
-ABSL_FLAG(int32_t, slownet_micro_batch, 4, "Slownet bench: samples per micro-batch.");
+ABSL_FLAG(int32_t, slownet_micro_batch, 8, "Slownet bench: samples per micro-batch.");
 ABSL_FLAG(int32_t, slownet_micro_batches, 64,
           "Slownet bench: micro-batches per step (many: a step's flush costs (K-1)(t_fw+t_bw) of link time).");
 ABSL_FLAG(int32_t, slownet_threads, 1, "Slownet bench: intra-op threads per stage process.");
 ABSL_FLAG(double, slownet_latency_ms, 0, "Slownet bench: one-way link latency in ms.");
 ABSL_FLAG(int32_t, slownet_steps_per_epoch, 1, "Slownet bench: steps per epoch of the synthetic corpus.");
-ABSL_FLAG(int32_t, slownet_skip_steps, 3, "Slownet bench: steps dropped before timing (start-up, FULL epoch).");
-ABSL_FLAG(int32_t, slownet_grid_skip_steps, 7, "Slownet bench: steps dropped in the DP grid (AQ-SGD meets unseen samples in later epochs when D > 1).");
-ABSL_FLAG(int32_t, slownet_repeats, 1, "Slownet bench: passes over the table; each cell keeps its best.");
-ABSL_FLAG(int32_t, slownet_steps, 8, "Slownet bench: timed steps per cell.");
+ABSL_FLAG(int32_t, slownet_skip_steps, 3,
+          "Slownet bench: steps dropped before timing in AQ-SGD cells (start-up, FULL epoch).");
+ABSL_FLAG(int32_t, slownet_plain_skip_steps, 2,
+          "Slownet bench: steps dropped before timing in fp32 and DirectQ cells (start-up; they keep no state).");
+ABSL_FLAG(int32_t, slownet_grid_skip_steps, 7, "Slownet bench: steps dropped in the DP grid's AQ-SGD cells (AQ-SGD meets unseen samples in later epochs when D > 1).");
+ABSL_FLAG(int32_t, slownet_repeats, 2,
+          "Slownet bench: passes over the table; each cell keeps its best pass (a pass: samples per step / the "
+          "median step time).");
+ABSL_FLAG(int32_t, slownet_steps, 6, "Slownet bench: timed steps per cell.");
 ABSL_FLAG(std::string, slownet_out_dir, "", "Slownet bench: keep the raw runs here (default: a temporary "
           "directory, removed).");
 
@@ -114,7 +119,7 @@ std::vector<Command> BenchCommands() {
                   "slownet_grid_modes", "slownet_grid_bandwidths", "slownet_stages", "slownet_vocab",
                   "slownet_seq_len", "slownet_d_model", "slownet_layers", "slownet_heads", "slownet_micro_batch",
                   "slownet_micro_batches", "slownet_threads", "slownet_latency_ms", "slownet_steps_per_epoch",
-                  "slownet_skip_steps", "slownet_grid_skip_steps", "slownet_steps", "slownet_repeats", "slownet_out_dir"},
+                  "slownet_skip_steps", "slownet_plain_skip_steps", "slownet_grid_skip_steps", "slownet_steps", "slownet_repeats", "slownet_out_dir"},
                  [](const std::vector<std::string>& args) {
                    if (int rc = BenchNoArgs(args, "slownet")) return rc;
                    bench::SlownetBenchOptions o;
@@ -136,6 +141,7 @@ std::vector<Command> BenchCommands() {
                    o.latency_ms = absl::GetFlag(FLAGS_slownet_latency_ms);
                    o.steps_per_epoch = absl::GetFlag(FLAGS_slownet_steps_per_epoch);
                    o.skip_steps = absl::GetFlag(FLAGS_slownet_skip_steps);
+                   o.plain_skip_steps = absl::GetFlag(FLAGS_slownet_plain_skip_steps);
                    o.grid_skip_steps = absl::GetFlag(FLAGS_slownet_grid_skip_steps);
                    o.repeats = absl::GetFlag(FLAGS_slownet_repeats);
                    o.steps = absl::GetFlag(FLAGS_slownet_steps);

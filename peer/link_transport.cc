@@ -60,7 +60,7 @@ absl::Status LinkConnection::Send(v1::LinkFrame frame, absl::Duration timeout) {
   }
   if (!broken_.ok()) return broken_;
   if (send_closed_) return absl::FailedPreconditionError(absl::StrCat("link ", name_, " is closed for sending"));
-  outbound_.push_back(std::move(frame));
+  outbound_.push_back({std::move(frame), absl::Now()});
   return absl::OkStatus();
 }
 
@@ -118,6 +118,7 @@ void LinkConnection::WriterLoop() {
   absl::Time last_done = absl::InfinitePast();
   while (true) {
     v1::LinkFrame frame;
+    absl::Time queued;
     {
       absl::MutexLock l(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -125,17 +126,23 @@ void LinkConnection::WriterLoop() {
       };
       mu_.Await(absl::Condition(&ready));
       if (!broken_.ok() || outbound_.empty()) break;  // broken, or closed and drained
-      frame = std::move(outbound_.front());
+      frame = std::move(outbound_.front().frame);
+      queued = outbound_.front().queued;
       outbound_.pop_front();
     }
     const size_t bytes = frame.ByteSizeLong() + 8;  // + the timestamp set below
     absl::Time now = absl::Now();
     const absl::Time busy_from = std::max(now, last_done);
     if (shaping_.bandwidth_mbps > 0) {
+      // FIFO wire: the frame's bytes start when it was queued or when the
+      // previous frame's last byte left, whichever is later (not when this
+      // thread got to it: its wake-up and write latencies are not wire time).
       const absl::Duration tx = absl::Seconds(bytes * 8.0 / (shaping_.bandwidth_mbps * 1e6));
-      wire_free = std::max(now, wire_free) + tx;
-      absl::SleepFor(wire_free - now);  // the emulated wire is busy
-      now = wire_free;
+      wire_free = std::max(queued, wire_free) + tx;
+      if (wire_free > now) {
+        absl::SleepFor(wire_free - now);  // the emulated wire is busy
+        now = wire_free;
+      }
     }
     frame.set_sent_unix_micros(absl::ToUnixMicros(now));
     if (!WriteFrame(frame)) {

@@ -10,9 +10,12 @@
 //
 // Shaping (per direction, applied by the sender's writer thread and the
 // receiver's reader): a frame of N serialized bytes occupies the wire for
-// N*8/bandwidth seconds after the previous frame left (token bucket with a
-// one-frame burst); it is delivered latency_ms after its last byte left.
-// The sleeps here *are* the emulated wire, not synchronisation.
+// N*8/bandwidth seconds from when it was queued or the previous frame left
+// the wire, whichever is later (a FIFO wire: a late writer thread, e.g. one
+// the CPU scheduler woke up late, does not leave the wire idle while frames
+// wait, it catches up); the frame is written once its last byte has left,
+// and delivered latency_ms after that. The sleeps here *are* the emulated
+// wire, not synchronisation.
 //
 // Receive() returns the first queued frame that matches; frames that do not
 // match stay queued in arrival order for later calls (the protocol lets a
@@ -109,7 +112,11 @@ class LinkConnection {
 
   const ShapingOptions shaping_;
   absl::Mutex mu_;
-  std::deque<v1::LinkFrame> outbound_ ABSL_GUARDED_BY(mu_);
+  struct Outbound {
+    v1::LinkFrame frame;
+    absl::Time queued;  // when Send took it: it may use the wire from then on
+  };
+  std::deque<Outbound> outbound_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::LinkFrame> inbound_ ABSL_GUARDED_BY(mu_);
   bool send_closed_ ABSL_GUARDED_BY(mu_) = false;
   bool writer_done_ ABSL_GUARDED_BY(mu_) = false;

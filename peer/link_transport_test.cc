@@ -70,6 +70,23 @@ TEST(LinkTransportTest, ShapedLinkNeverBeatsItsBandwidthOrLatency) {
   EXPECT_GE(secs, wire + 0.03 - 0.01) << "bytes " << p.client->bytes_sent();
 }
 
+TEST(LinkTransportTest, ShapedLinkKeepsItsBandwidthWithManySmallFrames) {
+  // 400 frames of ~2.5 kB on an 80 Mbit/s link: 0.25 ms of wire each, 0.1 s
+  // in all. The writer thread's wake-up and write latencies (tens to hundreds
+  // of microseconds per frame) are not wire time: a FIFO wire sends queued
+  // frames back to back, so the link still moves ~80 Mbit/s (a writer that
+  // started each frame's wire time only after the previous write returned
+  // reached ~50-70% here).
+  Pair p(ShapingOptions{80.0, 0});
+  const absl::Time start = absl::Now();
+  for (uint64_t i = 0; i < 400; ++i) ASSERT_TRUE(p.client->Send(Commit(i, 2500)).ok());
+  for (int i = 0; i < 400; ++i) ASSERT_TRUE(p.server_end->Receive([](auto&) { return true; }, absl::Seconds(30)).ok());
+  const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+  const double wire = p.client->bytes_sent() * 8.0 / 80e6;
+  EXPECT_GE(secs, wire * 0.99);
+  EXPECT_LT(secs, wire * 1.25 + 0.02) << "wire " << wire << " s";
+}
+
 TEST(LinkTransportTest, PassiveMeasurementOfBusyTimeFindsTheShapedBandwidth) {
   // Large frames on an 8 Mbit/s link: the busy-time rate is the wire's (the
   // emulated wire time dominates; loopback writes add a little).

@@ -1,5 +1,7 @@
 #include "peer/stage_runner.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -60,6 +62,14 @@ absl::StatusOr<std::unique_ptr<pipeline::TokenCorpus>> LoadCorpus(const v1::JobS
                     ? (std::filesystem::path(corpus).lexically_normal().parent_path() / "cache").string()
                     : data.cache_dir();
   return pipeline::TokenCorpus::Open(o, *tokenizer);
+}
+
+// CPU time of this process (all its threads: compute, link writers and
+// readers, gRPC, the store's background work).
+double ProcessCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
 class Timer {
@@ -339,6 +349,7 @@ class StageRunnerImpl final : public StageRunner {
     const int m = job_.micro_batches_per_step();
     const int64_t t = job_.model().seq_len();
     const absl::Time start = absl::Now();
+    const double cpu0 = ProcessCpuSeconds();
     compute_s_ = wait_s_ = dp_s_ = 0;
     const uint64_t dp0 = worker_->dp_bytes_sent(), dpraw0 = worker_->dp_raw_bytes();
     const uint64_t fw0 = down_ ? down_->bytes_sent() : 0, bw0 = up_ ? up_->bytes_sent() : 0;
@@ -384,9 +395,10 @@ class StageRunnerImpl final : public StageRunner {
     const double secs = absl::ToDoubleSeconds(absl::Now() - start);
     std::string line = absl::StrFormat(
         R"({"event":"step","stage":%d,"pipeline":%d,"step":%d,"epoch":%d,"loss":%.6f,"grad_norm":%.6f,)"
-        R"("step_seconds":%.4f,"compute_seconds":%.4f,"wait_seconds":%.4f,"tokens":%d,"fw_bytes":%d,"bw_bytes":%d)",
+        R"("step_seconds":%.4f,"compute_seconds":%.4f,"wait_seconds":%.4f,"cpu_seconds":%.4f,"tokens":%d,)"
+        R"("fw_bytes":%d,"bw_bytes":%d)",
         o_.stage, o_.pipeline, gs, epoch, (first_ || last_) ? loss : 0.0, std::sqrt(total_sq), secs, compute_s_,
-        wait_s_, static_cast<int64_t>(m) * job_.micro_batch_size() * t,
+        wait_s_, ProcessCpuSeconds() - cpu0, static_cast<int64_t>(m) * job_.micro_batch_size() * t,
         down_ ? down_->bytes_sent() - fw0 : 0, up_ ? up_->bytes_sent() - bw0 : 0);
     if (exchange_ != nullptr) {
       absl::StrAppendFormat(&line, R"(,"dp_seconds":%.4f,"dp_bytes":%d,"dp_raw_bytes":%d,"param_hash":"%016x")", dp_s_,

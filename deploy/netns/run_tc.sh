@@ -15,8 +15,10 @@
 # Environment: AQSWARM (binary, default build/aqswarm), BWS (Mbit/s list),
 # MODES (fp32 | directq:FW:BW | aqsgd:FW:BW), STAGES (4), SKIP (steps dropped,
 # default 3), STEPS (timed steps, default 6), OUT (run dir, default a temp dir),
-# and the model knobs SEQ (64) DMODEL (32) MB (32) M (8) VOCAB (256) LAYERS (4)
-# HEADS (2): the same defaults as `aqswarm bench slownet`.
+# and the model knobs SEQ (64) DMODEL (32) MB (8) M (64) VOCAB (256) LAYERS (4)
+# HEADS (2): the same defaults as `aqswarm bench slownet`. Set OPENBLAS_CORETYPE
+# as the bench does on CPUs OpenBLAS does not know (scripts/bench_slownet.sh
+# passes the bench's).
 #
 # Addresses: 10.77.<link>.1 (upstream end) / 10.77.<link>.2 (downstream end),
 # only inside the namespaces this script creates; all of them are removed on
@@ -39,7 +41,7 @@ MODES=${MODES:-"fp32 aqsgd:3:6"}
 STAGES=${STAGES:-4}
 SKIP=${SKIP:-3}
 STEPS=${STEPS:-6}
-SEQ=${SEQ:-64}; DMODEL=${DMODEL:-32}; MB=${MB:-4}; M=${M:-64}; VOCAB=${VOCAB:-256}
+SEQ=${SEQ:-64}; DMODEL=${DMODEL:-32}; MB=${MB:-8}; M=${M:-64}; VOCAB=${VOCAB:-256}
 LAYERS=${LAYERS:-4}; HEADS=${HEADS:-2}
 SPE=1  # steps per epoch of the synthetic corpus (AQ-SGD FULL epoch 0 = step 0)
 OUT=${OUT:-$(mktemp -d /tmp/aqswarm-netns.XXXXXX)}
