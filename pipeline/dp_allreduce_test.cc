@@ -183,6 +183,34 @@ struct RefAdam {
   int64_t t = 0;
 };
 
+// Adam's largest step at step t, summed term by term: sqrt(sum_i w_i^2 / u_i)
+// with w_i, u_i the weights of g_i in m^ and of g_i^2 in v^.
+double AdamBoundBySum(double b1, double b2, int t) {
+  double sum = 0;
+  for (int i = 1; i <= t; ++i) {
+    const double w = (1 - b1) * std::pow(b1, t - i) / (1 - std::pow(b1, t));
+    const double u = (1 - b2) * std::pow(b2, t - i) / (1 - std::pow(b2, t));
+    sum += w * w / u;
+  }
+  return std::sqrt(sum);
+}
+
+TEST(QuantizedAdamTest, AdamUpdateBoundIsReachedBySomeGradientHistory) {
+  for (int t : {1, 2, 17, 65, 500}) {
+    const double bound = AdamUpdateBound(0.9, 0.999, t);
+    EXPECT_NEAR(bound, AdamBoundBySum(0.9, 0.999, t), 1e-9) << t;
+    // Cauchy-Schwarz equality: g_i proportional to w_i / u_i ~ (b1/b2)^(t-i).
+    double m = 0, v = 0;
+    for (int i = 1; i <= t; ++i) {
+      const double g = std::pow(0.9 / 0.999, t - i);
+      m = 0.9 * m + 0.1 * g;
+      v = 0.999 * v + 0.001 * g * g;
+    }
+    EXPECT_NEAR(m / (1 - std::pow(0.9, t)) / std::sqrt(v / (1 - std::pow(0.999, t))), bound, 1e-9) << t;
+  }
+  EXPECT_NEAR(AdamUpdateBound(0.9, 0.999, 1), 1.0, 1e-12);  // Adam's first step is +-lr
+}
+
 TEST(QuantizedAdamTest, LosslessWarmupMatchesAdamWOnTheMeanGradientAndFrozenPhaseFollowsTheFormula) {
   const int d = 2;
   const int64_t n = 3000, nc = 2000;
@@ -225,9 +253,12 @@ TEST(QuantizedAdamTest, LosslessWarmupMatchesAdamWOnTheMeanGradientAndFrozenPhas
           for (auto& x : vf) x = std::max(x, 0.01f * static_cast<float>(mean / n));
         }
         // Bias-corrected m over the frozen variance, bounded by Adam's own
-        // largest step: max(1, 0.1 / sqrt(0.01)) = 1.
-        const double bc1 = 1 - std::pow(0.9, t);
-        const double u = std::clamp(m[i] / bc1 / (std::sqrt(vf[i]) + 1e-8), -1.0, 1.0);
+        // largest step at t (AdamBoundBySum); where it binds, v rises to
+        // (m / bc1 / bound)^2.
+        const double bc1 = 1 - std::pow(0.9, t), bound = AdamBoundBySum(0.9, 0.99, t);
+        const double raw = m[i] / bc1 / (std::sqrt(vf[i]) + 1e-8);
+        if (std::fabs(raw) > bound) vf[i] = static_cast<float>(std::pow(m[i] / bc1 / bound, 2));
+        const double u = std::clamp(raw, -bound, bound);
         if (decay[i]) ref[i] *= 1 - lr * 0.1;
         ref[i] -= lr * u;
       }
@@ -313,9 +344,9 @@ TEST(QuantizedAdamTest, UpdateClipBoundsEveryFrozenStep) {
   std::vector<std::unique_ptr<QuantizedAdam>> opt;
   for (int r = 0; r < d; ++r) opt.push_back(std::make_unique<QuantizedAdam>(n, n, std::vector<uint8_t>(n, 0), o));
   std::vector<std::vector<float>> params(d, std::vector<float>(n, 0.0f));
-  const double lr = 0.01, bound = AdamUpdateBound(o.beta1, o.beta2);
-  EXPECT_NEAR(bound, 0.1 / std::sqrt(0.001), 1e-12);
+  const double lr = 0.01;
   for (int t = 0; t < 4; ++t) {
+    const double bound = AdamUpdateBound(o.beta1, o.beta2, t + 1);
     std::vector<std::vector<float>> before = params;
     Hub hub;
     auto st = RunReplicas(d, hub, [&](int r, ReplicaExchange& ex) {
@@ -330,6 +361,155 @@ TEST(QuantizedAdamTest, UpdateClipBoundsEveryFrozenStep) {
     }
     if (t == 3) EXPECT_NEAR(before[0][0] - params[0][0], lr * bound, 1e-6);  // it binds
   }
+}
+
+// The floor only fills coordinates that saw no gradient: a tensor whose v
+// spans orders of magnitude (the output head: rows of frequent tokens vs the
+// consistent small gradients of rare ones) keeps its small-v coordinates
+// stepping ~lr as Adam does (a floor at 1% of the tensor's mean slowed them
+// to ~0.001 lr here).
+TEST(QuantizedAdamTest, FrozenSmallVarianceCoordinatesKeepAdamsStep) {
+  const int d = 2;
+  const int64_t n = 2048;
+  const double lr = 0.01;
+  QuantizedAdamOptions o;
+  o.warmup_steps = 4;
+  o.compressed.codec.codec = v1::CODEC_RAW_F32;
+  std::vector<std::unique_ptr<QuantizedAdam>> opt;
+  for (int r = 0; r < d; ++r) opt.push_back(std::make_unique<QuantizedAdam>(n, n, std::vector<uint8_t>(n, 0), o));
+  std::vector<std::vector<float>> params(d, std::vector<float>(n, 0.0f));
+  for (int t = 1; t <= 8; ++t) {
+    const float before = params[0][100];
+    Hub hub;
+    auto st = RunReplicas(d, hub, [&](int r, ReplicaExchange& ex) {
+      std::vector<float> g(n, 1e-3f);                  // small, consistent
+      for (int64_t i = 0; i < 16; ++i) g[i] = 100.0f;  // a few large ones
+      return opt[r]->Step(ex, lr, absl::MakeSpan(params[r]), g);
+    });
+    for (auto& s : st) ASSERT_TRUE(s.ok()) << s;
+    ASSERT_EQ(0, std::memcmp(params[0].data(), params[1].data(), n * 4)) << "replicas diverged at step " << t;
+    // A constant gradient: Adam's m^ / sqrt(v^) is 1 at every step.
+    EXPECT_NEAR(before - params[0][100], lr, 1e-4) << "step " << t;
+  }
+}
+
+// Where the bound binds, raise_variance_at_bound raises v to (m / bc1 / B)^2:
+// the clipped step is B lr once, and with no further gradient the next step
+// decays with m (as Adam's would), where a fixed v keeps stepping B lr.
+TEST(QuantizedAdamTest, RaisedVarianceLetsAClippedStepDecayWithTheMomentum) {
+  const int d = 2;
+  const int64_t n = 1024;
+  const double lr = 0.01;
+  auto run = [&](bool raise) {
+    QuantizedAdamOptions o;
+    o.warmup_steps = 1;
+    o.raise_variance_at_bound = raise;
+    o.compressed.codec.codec = v1::CODEC_RAW_F32;
+    std::vector<std::unique_ptr<QuantizedAdam>> opt;
+    for (int r = 0; r < d; ++r) opt.push_back(std::make_unique<QuantizedAdam>(n, n, std::vector<uint8_t>(n, 0), o));
+    std::vector<std::vector<float>> params(d, std::vector<float>(n, 0.0f));
+    std::vector<double> moved;  // coordinate 0's step, per step
+    for (int t = 1; t <= 4; ++t) {
+      const float before = params[0][0];
+      Hub hub;
+      auto st = RunReplicas(d, hub, [&](int r, ReplicaExchange& ex) {
+        // Tiny gradient while warming up, then a large one once, then none.
+        std::vector<float> g(n, t == 1 ? 1e-3f : t == 2 ? 1.0f : 0.0f);
+        return opt[r]->Step(ex, lr, absl::MakeSpan(params[r]), g);
+      });
+      for (auto& s : st) EXPECT_TRUE(s.ok()) << s;
+      EXPECT_EQ(0, std::memcmp(params[0].data(), params[1].data(), n * 4)) << "replicas diverged at step " << t;
+      moved.push_back(before - params[0][0]);
+    }
+    return moved;
+  };
+  const double b2 = AdamUpdateBound(0.9, 0.999, 2), b3 = AdamUpdateBound(0.9, 0.999, 3);
+  // Adam's bias-corrected momentum at steps 2 and 3 (no gradient at step 3).
+  const double m1 = 0.1 * 1e-3, m2 = 0.9 * m1 + 0.1, m3 = 0.9 * m2;
+  const double mh2 = m2 / (1 - 0.81), mh3 = m3 / (1 - 0.729);
+  const std::vector<double> raised = run(true), fixed = run(false);
+  EXPECT_NEAR(raised[1], lr * b2, 1e-6);  // m / sqrt(v_frozen) ~ 500: clipped
+  EXPECT_NEAR(fixed[1], lr * b2, 1e-6);
+  EXPECT_NEAR(raised[2], lr * b2 * mh3 / mh2, 1e-6);  // ~0.63 of the bound: decays with m
+  EXPECT_NEAR(fixed[2], lr * b3, 1e-6);               // still clipped
+  EXPECT_LT(raised[3], raised[2]);
+  EXPECT_NEAR(fixed[3], lr * AdamUpdateBound(0.9, 0.999, 4), 1e-6);
+}
+
+// A refresh every step with a lossless codec is AdamW: m and v take the
+// float32 mean gradient each step, v weighted as Adam's own EMA.
+TEST(QuantizedAdamTest, VarianceRefreshEveryStepWithLosslessCodecMatchesAdamW) {
+  const int d = 2;
+  const int64_t n = 3000, nc = 2000;
+  QuantizedAdamOptions o;
+  o.beta1 = 0.9;
+  o.beta2 = 0.99;
+  o.weight_decay = 0.1;
+  o.warmup_steps = 3;
+  o.variance_refresh_steps = 1;
+  o.update_clip = 0;  // AdamW has no bound (at B = 1 here it would bind now and then)
+  o.compressed.codec.codec = v1::CODEC_RAW_F32;
+  std::vector<uint8_t> decay(n, 1);
+  for (int64_t i = nc; i < n; ++i) decay[i] = 0;
+  std::vector<std::unique_ptr<QuantizedAdam>> opt;
+  for (int r = 0; r < d; ++r) opt.push_back(std::make_unique<QuantizedAdam>(n, nc, decay, o));
+  std::vector<std::vector<float>> params(d, Random(n, 9));
+  std::vector<float> ref = params[0];
+  std::vector<double> m(n, 0), v(n, 0);
+  const double lr = 0.01;
+  for (int t = 1; t <= 8; ++t) {
+    Hub hub;
+    std::vector<std::vector<float>> g(d);
+    for (int r = 0; r < d; ++r) {
+      g[r] = Random(n, 1000 * t + r, 0.5);
+      for (auto& x : g[r]) x += 1.0f;  // |g| >= 0.5: the variance floor never binds
+    }
+    auto st = RunReplicas(d, hub, [&](int r, ReplicaExchange& ex) {
+      return opt[r]->Step(ex, lr, absl::MakeSpan(params[r]), g[r]);
+    });
+    for (auto& s : st) ASSERT_TRUE(s.ok()) << s;
+    ASSERT_EQ(0, std::memcmp(params[0].data(), params[1].data(), n * 4)) << "replicas diverged at step " << t;
+    const double bc1 = 1 - std::pow(0.9, t), bc2 = 1 - std::pow(0.99, t);
+    for (int64_t i = 0; i < n; ++i) {
+      const double gm = (static_cast<double>(g[0][i]) + g[1][i]) / 2;
+      m[i] = 0.9 * m[i] + 0.1 * gm;
+      v[i] = 0.99 * v[i] + 0.01 * gm * gm;
+      if (decay[i]) ref[i] *= 1 - lr * 0.1;
+      ref[i] -= lr * (m[i] / bc1) / (std::sqrt(v[i] / bc2) + 1e-8);
+    }
+    for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(params[0][i], ref[i], 2e-5) << "step " << t << " i " << i;
+  }
+  EXPECT_TRUE(opt[0]->frozen());
+}
+
+// With the 4-bit codec and a refresh every 3rd frozen step: replicas stay
+// bit-identical, and exactly the refresh steps send a warm-up step's float32
+// bytes (counted in the stats like any other exchange).
+TEST(QuantizedAdamTest, VarianceRefreshStepsSendFloat32AndKeepReplicasBitIdentical) {
+  const int d = 2;
+  const int64_t n = 8192;
+  QuantizedAdamOptions o;
+  o.warmup_steps = 2;
+  o.variance_refresh_steps = 3;
+  std::vector<std::unique_ptr<QuantizedAdam>> opt;
+  for (int r = 0; r < d; ++r) opt.push_back(std::make_unique<QuantizedAdam>(n, n, std::vector<uint8_t>(n, 1), o));
+  std::vector<std::vector<float>> params(d, Random(n, 3));
+  std::vector<uint64_t> sent;
+  for (int t = 1; t <= 9; ++t) {
+    const uint64_t before = opt[0]->stats().bytes_sent;
+    Hub hub;
+    auto st = RunReplicas(d, hub, [&](int r, ReplicaExchange& ex) {
+      std::vector<float> g = Random(n, 40 * t + r, 0.1);
+      for (auto& x : g) x += 1.0f;
+      return opt[r]->Step(ex, 0.01, absl::MakeSpan(params[r]), g);
+    });
+    for (auto& s : st) ASSERT_TRUE(s.ok()) << s;
+    ASSERT_EQ(0, std::memcmp(params[0].data(), params[1].data(), n * 4)) << "replicas diverged at step " << t;
+    sent.push_back(opt[0]->stats().bytes_sent - before);
+  }
+  // Steps 1-2 warm up, 5 and 8 refresh (3 and 6 frozen steps after the freeze).
+  for (int t : {2, 5, 8}) EXPECT_EQ(sent[t - 1], sent[0]) << "step " << t;
+  for (int t : {3, 4, 6, 7, 9}) EXPECT_LT(sent[t - 1] * 4, sent[0]) << "step " << t;  // 4-bit codes
 }
 
 // Global-QSGD selected for the momentum exchange (dp.codec: global_qsgd):

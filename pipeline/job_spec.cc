@@ -59,6 +59,9 @@ void ApplyJobDefaults(v1::JobSpec* job) {
   if (dp->bits() == 0) dp->set_bits(4);
   if (dp->bucket_size() == 0) dp->set_bucket_size(512);
   if (dp->codec() == v1::DataParallelSpec::CODEC_UNSPECIFIED) dp->set_codec(v1::DataParallelSpec::minmax);
+  if (dp->frozen_variance() == v1::DataParallelSpec::FROZEN_VARIANCE_UNSPECIFIED) {
+    dp->set_frozen_variance(v1::DataParallelSpec::raise_at_bound);
+  }
   if (job->eval_batches() == 0) job->set_eval_batches(8);
   if (job->schedule().empty()) job->set_schedule("1f1b");
 }
@@ -139,6 +142,12 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
                                              job.data_parallel(), " replicas: ", fits.message()));
     }
   }
+  if (dp.variance_refresh_steps() > 0 && dp.optimizer() != v1::DataParallelSpec::quantized_adam) {
+    return Invalid("dp.variance_refresh_steps", "refreshes quantized_adam's frozen variance, but dp.optimizer is adamw "
+                                                "(its variance is never frozen); set dp.optimizer to quantized_adam "
+                                                "or drop dp.variance_refresh_steps");
+  }
+  if (dp.variance_refresh_steps() > 1000000) return Invalid("dp.variance_refresh_steps", "at most 1000000");
   // Empty (a job stored before the field existed) means the default, 1f1b.
   if (!job.schedule().empty() && job.schedule() != "1f1b" && job.schedule() != "gpipe") {
     return Invalid("schedule", absl::StrCat("'", job.schedule(), "' is not 1f1b or gpipe"));

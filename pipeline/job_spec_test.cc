@@ -1,6 +1,7 @@
 #include "pipeline/job_spec.h"
 
 #include "gtest/gtest.h"
+#include "pipeline/quantized_adam.h"
 
 namespace aqswarm::pipeline {
 namespace {
@@ -40,6 +41,9 @@ TEST(JobSpecTest, PreciseErrors) {
       {R"({"dp":{"optimizer":"quantized_adam","codec":"global_qsgd","bits":1}})", "dp.bits"},
       {R"({"dataParallel":2,"dp":{"optimizer":"quantized_adam","codec":"global_qsgd","bits":2}})", "dp.bits"},
       {R"({"dp":{"codec":"zstd"}})", "zstd"},
+      {R"({"dp":{"varianceRefreshSteps":4}})", "dp.variance_refresh_steps"},  // adamw: nothing frozen
+      {R"({"dp":{"optimizer":"quantized_adam","varianceRefreshSteps":2000000}})", "dp.variance_refresh_steps"},
+      {R"({"dp":{"optimizer":"quantized_adam","frozenVariance":"thawed"}})", "thawed"},
   };
   for (const auto& c : cases) {
     auto job = ParseJobSpec(c.json);
@@ -57,6 +61,22 @@ TEST(JobSpecTest, DataParallelCodecDefaultsToMinMaxAndAcceptsGlobalQsgd) {
   auto global = ParseJobSpec(R"({"dataParallel":4,"dp":{"optimizer":"quantized_adam","codec":"global_qsgd","bits":4}})");
   ASSERT_TRUE(global.ok()) << global.status();
   EXPECT_EQ(global->dp().codec(), v1::DataParallelSpec::global_qsgd);
+}
+
+TEST(JobSpecTest, FrozenVarianceDefaultsToRaiseAtBoundAndRefreshIsAccepted) {
+  auto plain = ParseJobSpec(R"({"dataParallel":2,"dp":{"optimizer":"quantized_adam"}})");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->dp().frozen_variance(), v1::DataParallelSpec::raise_at_bound);
+  EXPECT_EQ(plain->dp().variance_refresh_steps(), 0u);
+  auto set = ParseJobSpec(
+      R"({"dataParallel":2,"dp":{"optimizer":"quantized_adam","frozenVariance":"fixed","varianceRefreshSteps":8}})");
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->dp().frozen_variance(), v1::DataParallelSpec::fixed);
+  EXPECT_EQ(set->dp().variance_refresh_steps(), 8u);
+  const QuantizedAdamOptions o = QuantizedAdamOptionsFromJob(*set);
+  EXPECT_FALSE(o.raise_variance_at_bound);
+  EXPECT_EQ(o.variance_refresh_steps, 8);
+  EXPECT_TRUE(QuantizedAdamOptionsFromJob(*plain).raise_variance_at_bound);
 }
 
 TEST(JobSpecTest, MissingFileIsNotFound) {

@@ -9,10 +9,27 @@
 namespace aqswarm::pipeline {
 namespace {
 
+float Square(float x) { return x * x; }
+
 AllReduceOptions RawOptions(int64_t bucket_elements) {
   AllReduceOptions a;
   a.bucket_elements = bucket_elements;
   return a;
+}
+
+// Where v is 0 (no gradient yet), v = 1% of its tensor's mean, tensor by
+// tensor (see the header).
+void FloorVariance(absl::Span<const int64_t> tensor_sizes, std::vector<float>& v) {
+  int64_t off = 0;
+  for (int64_t len : tensor_sizes) {
+    double mean = 0;
+    for (int64_t i = off; i < off + len; ++i) mean += v[i];
+    const float floor = static_cast<float>(0.01 * mean / std::max<int64_t>(len, 1));
+    for (int64_t i = off; i < off + len; ++i) {
+      if (v[i] == 0) v[i] = floor;
+    }
+    off += len;
+  }
 }
 
 }  // namespace
@@ -30,11 +47,21 @@ QuantizedAdamOptions QuantizedAdamOptionsFromJob(const v1::JobSpec& job) {
   o.compressed.codec.levels = v1::LEVELS_EXPONENTIAL;  // Global-QSGD only (the paper's choice for Adam)
   o.compressed.codec.bits = static_cast<int>(job.dp().bits());
   o.compressed.codec.bucket_size = job.dp().bucket_size();
+  o.raise_variance_at_bound = job.dp().frozen_variance() != v1::DataParallelSpec::fixed;
+  o.variance_refresh_steps = job.dp().variance_refresh_steps();
   return o;
 }
 
-double AdamUpdateBound(double beta1, double beta2) {
-  return std::max(1.0, (1 - beta1) / std::sqrt(1 - beta2));
+double AdamUpdateBound(double beta1, double beta2, int64_t step) {
+  // Adam's step: m^ / sqrt(v^) = sum_i w_i g_i / sqrt(sum_i u_i g_i^2) with
+  // w_i = (1-b1) b1^(t-i) / bc1 and u_i = (1-b2) b2^(t-i) / bc2; by
+  // Cauchy-Schwarz its largest value over all g is sqrt(sum_i w_i^2 / u_i),
+  // reached by some gradient sequence.
+  const double t = static_cast<double>(std::max<int64_t>(step, 1));
+  const double bc1 = 1 - std::pow(beta1, t), bc2 = 1 - std::pow(beta2, t);
+  const double r = beta1 * beta1 / beta2;
+  const double sum = std::fabs(1 - r) < 1e-12 ? t : (1 - std::pow(r, t)) / (1 - r);
+  return (1 - beta1) / bc1 * std::sqrt(bc2 / (1 - beta2) * sum);
 }
 
 QuantizedAdam::QuantizedAdam(int64_t n, int64_t num_compressed, std::vector<uint8_t> decay,
@@ -74,20 +101,52 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
     }
     if (options_.quantized && step_ == options_.warmup_steps) {
       // Freeze the bias-corrected variance, floored per tensor (see header).
-      int64_t off = 0;
-      for (int64_t len : tensor_sizes_) {
-        double mean = 0;
-        for (int64_t i = off; i < off + len; ++i) mean += v_[i] / bc2;
-        const float floor = static_cast<float>(0.01 * mean / std::max<int64_t>(len, 1));
-        for (int64_t i = off; i < off + len; ++i) v_[i] = std::max(v_[i] / bc2, floor);
-        off += len;
-      }
+      for (float& x : v_) x /= bc2;
+      FloorVariance(tensor_sizes_, v_);
       frozen_ = true;
     }
     return absl::OkStatus();
   }
   if (!frozen_) {  // warm-up of 0 steps: freeze what we have (zeros, floored to 0: steps of m / eps)
     frozen_ = true;
+  }
+  const float bc1 =
+      options_.bias_correct_frozen ? static_cast<float>(1 - std::pow(options_.beta1, static_cast<double>(step_))) : 1;
+  const float clip = static_cast<float>(
+      options_.update_clip < 0 ? AdamUpdateBound(options_.beta1, options_.beta2, step_) : options_.update_clip);
+  const bool raise = options_.raise_variance_at_bound && clip > 0;
+  const int64_t refresh = options_.variance_refresh_steps;
+  if (refresh > 0 && (step_ - std::max<int64_t>(options_.warmup_steps, 0)) % refresh == 0) {
+    // Variance refresh: the float32 mean gradient, as in the warm-up; v takes
+    // it with the weight of the `refresh` steps since the last one.
+    g_.resize(n_);
+    AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, RawOptions(options_.compressed.bucket_elements), s, 0, grads,
+                                          absl::MakeSpan(g_), nullptr, nullptr, &stats_));
+    const double t = static_cast<double>(step_);
+    const double keep = std::pow(options_.beta2, static_cast<double>(refresh));
+    const double bc2_now = 1 - std::pow(options_.beta2, t);
+    const double bc2_then = 1 - std::pow(options_.beta2, std::max(0.0, t - static_cast<double>(refresh)));
+    const float a = static_cast<float>(keep * bc2_then / bc2_now), c = static_cast<float>((1 - keep) / bc2_now);
+    for (int64_t i = 0; i < n_; ++i) {
+      const float g = g_[i];
+      m_[i] = b1 * m_[i] + (1 - b1) * g;
+      v_[i] = a * v_[i] + c * (g * g);
+    }
+    FloorVariance(tensor_sizes_, v_);
+    // The error buffers hold residues in units of m / s of the old v: drop
+    // them (m itself is exact this step), as 0/1 Adam does at its switches.
+    std::fill(worker_error_.begin(), worker_error_.end(), 0.0f);
+    std::fill(server_error_.begin(), server_error_.end(), 0.0f);
+    for (int64_t i = 0; i < n_; ++i) {
+      float u = m_[i] / bc1 / (std::sqrt(v_[i]) + eps);
+      if (clip > 0 && std::fabs(u) > clip) {
+        if (raise) v_[i] = Square(std::fabs(m_[i]) / bc1 / clip);
+        u = std::copysign(clip, u);
+      }
+      if (decay_[i] && wd > 0) params[i] *= 1 - wd;
+      params[i] -= flr * u;
+    }
+    return absl::OkStatus();
   }
   // x = m (or the preconditioned momentum m / (sqrt(v_frozen) + eps), see the
   // header) is what travels; the means come back in g_.
@@ -119,10 +178,6 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
                                           x.subspan(num_compressed_), mean.subspan(num_compressed_), nullptr, nullptr,
                                           &stats_));
   }
-  const float bc1 =
-      options_.bias_correct_frozen ? static_cast<float>(1 - std::pow(options_.beta1, static_cast<double>(step_))) : 1;
-  const float clip = static_cast<float>(
-      options_.update_clip < 0 ? AdamUpdateBound(options_.beta1, options_.beta2) : options_.update_clip);
   for (int64_t i = 0; i < n_; ++i) {
     const float denom = std::sqrt(v_[i]) + eps;
     float u;
@@ -134,6 +189,10 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
       u = m_[i] / bc1 / denom;
     }
     if (clip > 0 && std::fabs(u) > clip) {
+      // Raise v so that this step is exactly the bound and later ones decay
+      // with m, as Adam's would: v is a function of the exchanged m only,
+      // the same on every replica.
+      if (raise) v_[i] = Square(std::fabs(m_[i]) / bc1 / clip);
       u = std::copysign(clip, u);
     }
     if (decay_[i] && wd > 0) params[i] *= 1 - wd;

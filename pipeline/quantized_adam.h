@@ -6,30 +6,43 @@
 //   warm-up:  g = mean_replicas(g_local)                (raw float32)
 //             m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //             p *= 1 - lr*wd (matrices);  p -= lr * (m/bc1) / (sqrt(v/bc2) + eps)
-//   freeze:   v = max(v / bc2, 0.01 * mean over the tensor of v / bc2)
-//             at the last warm-up step (the floor is ours: a coordinate that
-//             saw no gradient during warm-up would otherwise freeze at 0).
+//   freeze:   v = v / bc2 at the last warm-up step; where v is 0 (no
+//             gradient yet) v = 0.01 * mean over the tensor of v.
 //   after:    m_local = b1 m + (1-b1) g_local
 //             x = mean_replicas~(m_local / s),  s = sqrt(v) + eps   (compressed)
 //             m = x s;  u = clamp(x / bc1, -B, B)   (bc1 = 1 - b1^t keeps going after the freeze)
 //             p *= 1 - lr*wd (matrices);  p -= lr * u
-//   with B = AdamUpdateBound = max(1, (1-b1)/sqrt(1-b2)) (3.16 for the
-//   default betas) and mean_replicas~ the compressed allreduce: min-max with
-//   error feedback on both sides (AllReduceMean), or Global-QSGD's integer sum
+//             where |x / bc1| > B:  v = (m / bc1 / B)^2   (raise_variance_at_bound)
+//   refresh:  every R-th step after the freeze (variance_refresh_steps = R)
+//             exchanges g in float32 instead: m = b1 m + (1-b1) g;
+//             v = (b2^R bc2(t-R) v + (1 - b2^R) g^2) / bc2(t), zeros filled
+//             as at the freeze; the error buffers are zeroed; the step is as above.
+//   with B = AdamUpdateBound(b1, b2, t), the largest step Adam could take at
+//   step t (1.12 at t = 17, 1.83 at t = 65 for the default betas) and
+//   mean_replicas~ the compressed allreduce: min-max with error feedback on
+//   both sides (AllReduceMean), or Global-QSGD's integer sum
 //   (GlobalQsgdAllReduceMean, unbiased, no error feedback).
 //
 // Why not plain 1-bit Adam (DeepSpeed: raw m exchanged, v frozen as is, no
 // bias correction, no bound)? DeepSpeed freezes after thousands of steps; a
 // short warm-up leaves coordinates whose token (embedding or output row) was
-// never or rarely seen at the floor, so the first gradient they get after the
-// freeze makes m/sqrt(v) 100-700 (measured, docs/CONVERGENCE.md): a step of
-// hundreds of lr on one row, the loss spikes, the next gradient throws it
-// back. Adam itself cannot step further than B lr in one step; the bound B
-// restores that. Exchanging m / s instead of m puts the min-max bucket error in
-// units of the step: with raw m, a bucket's error is sized by its largest
-// momenta and divided by the small sqrt(v) of its quiet coordinates. Since
-// v is the same on every replica, mean(m / s) = mean(m) / s: lossless codecs
-// give the same update either way.
+// never or rarely seen with a tiny v, so the first gradient they get after
+// the freeze makes m/sqrt(v) 100-700 (measured, docs/CONVERGENCE.md): a step
+// of hundreds of lr on one row, the loss spikes. Adam itself can never step
+// further than B lr at step t; the bound restores that, and raising v where it
+// binds lets the next steps decay with m as Adam's would (a stale v would
+// otherwise keep the coordinate at B lr every step). v is a function of the
+// exchanged m, the same on every replica: no communication. The floor only
+// fills zeros (which would make x = m / eps): a floor at a fraction of the
+// tensor's mean, as before, froze most of the output head (rows of rare
+// tokens, whose v is orders of magnitude under the frequent rows') far above
+// its v, shrinking those steps far below Adam's (docs/CONVERGENCE.md). Exchanging m / s instead of m puts the min-max
+// bucket error in units of the step: with raw m, a bucket's error is sized by
+// its largest momenta and divided by the small sqrt(v) of its quiet
+// coordinates. Since v is the same on every replica, mean(m / s) = mean(m) /
+// s: lossless codecs give the same update either way. The refresh is 0/1
+// Adam's (Lu et al. 2022: v updated from full-precision gradients at growing
+// intervals); one refresh costs a warm-up step's bytes.
 // Elements [0, num_compressed) are exchanged with the compressed codec after
 // warm-up; the rest (biases, LayerNorm: tiny tensors) always go raw.
 // All replicas apply the same decoded bytes and the same v, so parameters
@@ -68,10 +81,16 @@ struct QuantizedAdamOptions {
   // instead of m (see the banner). Default: true.
   bool precondition_exchange = true;
   // After the freeze, each coordinate's step is at most update_clip * lr.
-  // 0 = unbounded; < 0 = AdamUpdateBound(beta1, beta2). Default: -1.
+  // 0 = unbounded; < 0 = AdamUpdateBound(beta1, beta2, t). Default: -1.
   double update_clip = -1;
   // After the freeze, divide m by 1 - beta1^t as in the warm-up. Default: true.
   bool bias_correct_frozen = true;
+  // After the freeze, where the bound binds, raise v to (m / bc1 / bound)^2
+  // (see the banner). Default: true.
+  bool raise_variance_at_bound = true;
+  // After the freeze, every Nth step is a variance refresh (see the banner).
+  // 0 = never. Default: 0.
+  int64_t variance_refresh_steps = 0;
   // Codec and buckets of the compressed momentum exchange. Default: min-max,
   // 4 bits, buckets of 512 values.
   AllReduceOptions compressed = [] {
@@ -86,9 +105,11 @@ struct QuantizedAdamOptions {
 // From a job: optimizer betas/eps/decay + dp.{optimizer, warmup_steps, codec, bits, bucket_size}.
 QuantizedAdamOptions QuantizedAdamOptionsFromJob(const v1::JobSpec& job);
 
-// The largest per-coordinate step (in units of lr) bias-corrected Adam can
-// take: max(1, (1 - beta1) / sqrt(1 - beta2)) (Kingma & Ba, section 2.1).
-double AdamUpdateBound(double beta1, double beta2);
+// The largest per-coordinate step (in units of lr, eps = 0) bias-corrected
+// Adam can take at step `step` (1-based) over all gradient histories:
+// (1-b1)/bc1 * sqrt(bc2/(1-b2) * sum_{j<t} (b1^2/b2)^j). 1 at step 1; for the
+// default betas 1.12 at step 17, 1.83 at 65, 7.27 in the limit.
+double AdamUpdateBound(double beta1, double beta2, int64_t step);
 
 class QuantizedAdam {
  public:

@@ -11,9 +11,14 @@
 #   EPOCHS=5 SEQ=64 DMODEL=128 LAYERS=4 HEADS=4 MB=8 M=2 LR=0.003
 #   DP_WARMUP=0       dp study: QuantizedAdam warm-up steps (0 = a fifth of the
 #                     estimated steps; the estimate can exceed the steps run)
+#   DP_VARIANCE=raise_at_bound  dp study: dp.frozenVariance (or fixed)
+#   DP_REFRESH=0      dp study: dp.varianceRefreshSteps (0 = never)
 #   AQSWARM_BIN=build/aqswarm   the binary to run (e.g. another build dir's)
 #   ONLY="name ..."   run only these configurations (diagnostics: the plot goes
 #                     to $OUT, not docs/)
+#   REUSE="name ..."  keep these configurations' finished runs in $OUT instead
+#                     of rerunning them (deterministic baselines: the dp study's
+#                     adamw-fp32 reproduces bit for bit); the job must be unchanged
 #   OUT=runs/convergence-<study>   where jobs, logs, metrics and the table go
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +26,8 @@ study="${1:-pipeline}"
 CORPUS_FILES="${CORPUS_FILES:-12}"
 EPOCHS="${EPOCHS:-5}"; SEQ="${SEQ:-64}"; DMODEL="${DMODEL:-128}"; LAYERS="${LAYERS:-4}"; HEADS="${HEADS:-4}"
 MB="${MB:-8}"; M="${M:-2}"; LR="${LR:-0.003}"
-DP_WARMUP="${DP_WARMUP:-0}"; AQSWARM_BIN="${AQSWARM_BIN:-build/aqswarm}"; ONLY="${ONLY:-}"
+DP_WARMUP="${DP_WARMUP:-0}"; DP_VARIANCE="${DP_VARIANCE:-raise_at_bound}"; DP_REFRESH="${DP_REFRESH:-0}"
+AQSWARM_BIN="${AQSWARM_BIN:-build/aqswarm}"; ONLY="${ONLY:-}"; REUSE="${REUSE:-}"
 out="${OUT:-runs/convergence-$study}"
 mkdir -p "$out/corpus" docs
 [[ -x "$AQSWARM_BIN" ]] || { [[ "$AQSWARM_BIN" == build/aqswarm ]] && scripts/setup.sh; }
@@ -30,7 +36,8 @@ rm -f "$out"/corpus/*.txt
 ls data/sotu/*.txt | sort | head -n "$CORPUS_FILES" | while read -r f; do cp "$f" "$out/corpus/"; done
 
 job() {  # job NAME MODE FW BW STAGES DP DPOPT
-  local name="$1" mode="$2" fw="$3" bw="$4" stages="$5" dp="$6" dpopt="$7"
+  local name="$1" mode="$2" fw="$3" bw="$4" stages="$5" dp="$6" dpopt="$7" dpx=""
+  [[ "$dpopt" != quantized_adam ]] || dpx=",\"frozenVariance\":\"$DP_VARIANCE\",\"varianceRefreshSteps\":$DP_REFRESH"
   cat > "$out/$name.json" <<JSON
 {"name":"$name","seed":7,
  "model":{"seqLen":$SEQ,"dModel":$DMODEL,"nLayer":$LAYERS,"nHead":$HEADS},
@@ -39,7 +46,7 @@ job() {  # job NAME MODE FW BW STAGES DP DPOPT
  "microBatchSize":$MB,"microBatchesPerStep":$M,"epochs":$EPOCHS,
  "compression":{"mode":"$mode","fwBits":$fw,"bwBits":$bw,"warmupEpochs":1,"mPrecision":"fp16"},
  "stages":$stages,"dataParallel":$dp,
- "dp":{"optimizer":"$dpopt","warmupSteps":WARM,"bits":4,"bucketSize":512},
+ "dp":{"optimizer":"$dpopt","warmupSteps":WARM,"bits":4,"bucketSize":512$dpx},
  "threads":1,"evalEverySteps":EVAL,"evalBatches":16}
 JSON
 }
@@ -61,6 +68,7 @@ fi
 
 for c in "${configs[@]}"; do
   read -r name mode fw bw dpopt <<<"$c"
+  [[ ! -f "$out/$name.json" ]] || mv "$out/$name.json" "$out/$name.json.prev"
   job "$name" "$mode" "$fw" "$bw" "$stages" "$dp" "${dpopt:-adamw}"
 done
 # Steps per epoch from a dry count: tokens / seq / (MB*M*DP), 95% train.
@@ -77,6 +85,12 @@ for c in "${configs[@]}"; do
     first=0
   fi
   sed -i "s/STEPS/$total/; s/WARM/$warm/; s/EVAL/$eval_every/" "$out/$name.json"
+  if [[ " $REUSE " == *" $name "* ]]; then
+    if [[ -f "$out/$name/metrics.csv" && -f "$out/$name/seconds" ]] && cmp -s "$out/$name.json" "$out/$name.json.prev"; then
+      echo "== $name: reusing the finished run in $out/$name (same job)"; continue
+    fi
+    echo "REUSE=$name: no finished run of the same job in $out" >&2; exit 1
+  fi
   echo "== $name ($total steps planned)"
   start=$(date +%s)
   "$AQSWARM_BIN" pipeline --job "$out/$name.json" --out_dir "$out/$name" > "$out/$name.log" 2>&1 || {
