@@ -75,12 +75,18 @@ Prefetcher::Prefetcher(MessageStore* store, const Options& options)
 
 std::vector<float> Prefetcher::NewBufferLocked() {
   if (pool_.empty()) {
+    // Allocated by SizeBuffer() outside the lock: zero-filling and faulting
+    // in a multi-MB row under mu_ would hold up every other thread.
     ++stats_.buffers_allocated;
-    return std::vector<float>(options_.link.num_values());
+    return {};
   }
   std::vector<float> b = std::move(pool_.back());
   pool_.pop_back();
   return b;
+}
+
+void Prefetcher::SizeBuffer(std::vector<float>& buffer) const {
+  buffer.resize(static_cast<size_t>(options_.link.num_values()));
 }
 
 void Prefetcher::RecycleLocked(std::vector<float> buffer) {
@@ -94,7 +100,77 @@ void Prefetcher::RecycleLocked(std::vector<float> buffer) {
 Prefetcher::~Prefetcher() { (void)Close(); }
 
 int64_t Prefetcher::num_batches() const {
-  return (static_cast<int64_t>(order_.size()) + options_.micro_batch - 1) / options_.micro_batch;
+  return batch_base_ + static_cast<int64_t>(batch_begin_.size());
+}
+
+int64_t Prefetcher::order_end() const {
+  return order_base_ + static_cast<int64_t>(order_.size());
+}
+
+int64_t Prefetcher::batch_begin(int64_t batch) const { return batch_begin_[batch - batch_base_]; }
+
+// Orders are contiguous, so a batch ends where the next one begins (the last
+// batch of an order at the next order's first position).
+int64_t Prefetcher::batch_end(int64_t batch) const {
+  return batch + 1 < num_batches() ? batch_begin(batch + 1) : order_end();
+}
+
+uint64_t Prefetcher::sample_at(int64_t position) const { return order_[position - order_base_]; }
+
+int64_t Prefetcher::untaken_begin() const {
+  const int64_t b = std::max(consumer_batch_ + 1, first_batch());
+  return b < num_batches() ? batch_begin(b) : order_end();
+}
+
+int64_t Prefetcher::BatchOfLocked(uint64_t sample, int64_t from) const {
+  auto it = position_.find(sample);
+  if (it == position_.end()) return -1;
+  auto p = std::lower_bound(it->second.begin(), it->second.end(), from);
+  if (p == it->second.end()) return -1;
+  auto b = std::upper_bound(batch_begin_.begin(), batch_begin_.end(), *p);
+  return batch_base_ + static_cast<int64_t>(b - batch_begin_.begin()) - 1;
+}
+
+bool Prefetcher::MustDeferLocked(uint64_t sample, int64_t position) const {
+  if (held_.contains(sample)) return true;  // taken, its put is still to come
+  auto it = position_.find(sample);
+  if (it == position_.end()) return false;
+  // An earlier occurrence the consumer has not taken yet.
+  auto p = std::lower_bound(it->second.begin(), it->second.end(), untaken_begin());
+  return p != it->second.end() && *p < position;
+}
+
+void Prefetcher::AppendOrderLocked(std::vector<uint64_t> order) {
+  const int64_t begin = order_end();
+  const int64_t n = static_cast<int64_t>(order.size());
+  for (int64_t i = 0; i < n; i += options_.micro_batch) batch_begin_.push_back(begin + i);
+  for (int64_t i = 0; i < n; ++i) {
+    position_[order[i]].push_back(begin + i);
+    order_.push_back(order[i]);
+  }
+  segment_end_.push_back(begin + n);
+  loader_cv_.SignalAll();
+}
+
+void Prefetcher::TrimConsumedOrdersLocked() {
+  while (!segment_end_.empty() && consumer_batch_ >= first_batch() &&
+         consumer_batch_ < num_batches() && batch_begin(consumer_batch_) >= segment_end_.front()) {
+    const int64_t end = segment_end_.front();
+    segment_end_.pop_front();
+    for (; order_base_ < end; ++order_base_) {
+      auto it = position_.find(order_.front());
+      order_.pop_front();
+      if (it == position_.end()) continue;
+      std::vector<int64_t>& positions = it->second;
+      positions.erase(positions.begin(),
+                      std::upper_bound(positions.begin(), positions.end(), order_base_));
+      if (positions.empty()) position_.erase(it);
+    }
+    while (!batch_begin_.empty() && batch_begin_.front() < end) {
+      batch_begin_.pop_front();
+      ++batch_base_;
+    }
+  }
 }
 
 absl::Status Prefetcher::SetOrder(std::vector<uint64_t> order) {
@@ -104,18 +180,32 @@ absl::Status Prefetcher::SetOrder(std::vector<uint64_t> order) {
   // In-flight loads find their ticket gone and discard themselves.
   cache_.clear();
   cache_bytes_ = 0;
-  order_ = std::move(order);
+  order_.clear();
+  order_base_ = 0;
+  batch_begin_.clear();
+  batch_base_ = 0;
+  segment_end_.clear();
   position_.clear();
-  position_.reserve(order_.size());
-  for (size_t i = 0; i < order_.size(); ++i) position_.emplace(order_[i], static_cast<int64_t>(i));
+  held_.clear();
+  deferred_.clear();
+  late_.clear();
   consumer_batch_ = -1;
   next_load_batch_ = 0;
   released_batch_ = 0;
-  loader_cv_.SignalAll();
+  AppendOrderLocked(std::move(order));
+  return absl::OkStatus();
+}
+
+absl::Status Prefetcher::AppendOrder(std::vector<uint64_t> order) {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return absl::FailedPreconditionError("Prefetcher is closed");
+  if (!write_error_.ok()) return write_error_;
+  AppendOrderLocked(std::move(order));
   return absl::OkStatus();
 }
 
 bool Prefetcher::LoaderHasWork() const {
+  if (!late_.empty() && cache_bytes_ + row_bytes_ <= options_.max_prefetch_bytes) return true;
   return next_load_batch_ < num_batches() &&
          next_load_batch_ <= consumer_batch_ + options_.prefetch_batches &&
          cache_bytes_ + static_cast<uint64_t>(options_.micro_batch) * row_bytes_ <=
@@ -132,16 +222,22 @@ void Prefetcher::EraseSlotLocked(uint64_t sample) {
 void Prefetcher::AdvanceConsumerLocked(int64_t batch) {
   if (batch <= consumer_batch_) return;
   consumer_batch_ = batch;
-  // Release rows of batches the consumer has moved past without asking.
-  for (; released_batch_ < consumer_batch_; ++released_batch_) {
-    const int64_t begin = released_batch_ * options_.micro_batch;
-    const int64_t end = std::min<int64_t>(begin + options_.micro_batch, order_.size());
-    for (int64_t i = begin; i < end; ++i) {
-      EraseSlotLocked(order_[i]);  // an in-flight load then discards itself
+  // Release rows of batches the consumer has moved past without asking (only
+  // slots loaded for those occurrences: a sample's slot may already be for
+  // its next occurrence).
+  for (released_batch_ = std::max(released_batch_, first_batch());
+       released_batch_ < consumer_batch_; ++released_batch_) {
+    const int64_t end = batch_end(released_batch_);
+    for (int64_t i = batch_begin(released_batch_); i < end; ++i) {
+      auto it = cache_.find(sample_at(i));
+      if (it != cache_.end() && it->second.position == i) {
+        EraseSlotLocked(it->first);  // an in-flight load then discards itself
+      }
     }
   }
   // The loader may have caught up with the skipped batches.
   next_load_batch_ = std::max(next_load_batch_, consumer_batch_ + 1);
+  TrimConsumedOrdersLocked();
   loader_cv_.SignalAll();
 }
 
@@ -152,35 +248,100 @@ void Prefetcher::LoaderLoop() {
   std::vector<std::vector<float>> rows;
   std::vector<absl::Span<float>> spans;
   std::vector<RowRead> reads;
+  // Rows whose latest put is still queued: rounded from that put (index into
+  // samples/rows, the put).
+  std::vector<std::pair<size_t, Pending>> queued;
+  std::vector<size_t> from_store;
+  std::string scratch;
   while (true) {
     samples.clear();
     tickets.clear();
     rows.clear();
+    queued.clear();
+    from_store.clear();
     {
       absl::MutexLock lock(&mu_);
       while (!stop_ && !LoaderHasWork()) loader_cv_.Wait(&mu_);
       if (stop_) return;
-      const int64_t b = next_load_batch_++;
-      const int64_t begin = b * options_.micro_batch;
-      const int64_t end = std::min<int64_t>(begin + options_.micro_batch, order_.size());
-      for (int64_t i = begin; i < end; ++i) {
-        const uint64_t s = order_[i];
-        // Queued writes are served from the queue; duplicates load once.
-        if (pending_.contains(s) || cache_.contains(s)) continue;
+      auto claim = [&](uint64_t s, int64_t position) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         Slot& slot = cache_[s];
         slot.ticket = next_ticket_++;
+        slot.position = position;
         cache_bytes_ += row_bytes_;
+        if (auto p = pending_.find(s); p != pending_.end()) {
+          queued.emplace_back(samples.size(), p->second);
+        } else {
+          from_store.push_back(samples.size());
+        }
         samples.push_back(s);
         tickets.push_back(slot.ticket);
         rows.push_back(NewBufferLocked());
+      };
+      const int64_t untaken = untaken_begin();
+      if (!late_.empty()) {
+        // Deferred rows whose earlier occurrence has been put since.
+        while (!late_.empty() && samples.size() < static_cast<size_t>(options_.micro_batch) &&
+               cache_bytes_ + row_bytes_ <= options_.max_prefetch_bytes) {
+          const auto [s, position] = late_.front();
+          late_.pop_front();
+          if (position < untaken) continue;  // consumed meanwhile
+          auto c = cache_.find(s);
+          if (c != cache_.end() && c->second.position == position) continue;  // loaded
+          if (c != cache_.end() || MustDeferLocked(s, position)) {
+            deferred_.try_emplace(s, position);  // blocked again: wait for the next put
+            continue;
+          }
+          claim(s, position);
+        }
+      } else {
+        const int64_t b = next_load_batch_++;
+        const int64_t end = batch_end(b);
+        for (int64_t i = batch_begin(b); i < end; ++i) {
+          const uint64_t s = sample_at(i);
+          auto c = cache_.find(s);
+          // Loaded for this occurrence: a late load got here first.
+          if (c != cache_.end() && c->second.position == i) continue;
+          // Loaded for an earlier occurrence (a duplicate, or the same
+          // sample late in the previous epoch): this one is deferred too.
+          if (c != cache_.end() || MustDeferLocked(s, i)) {
+            // Keep the earliest occurrence still ahead.
+            auto [d, inserted] = deferred_.try_emplace(s, i);
+            if (!inserted && d->second < untaken) d->second = i;
+            ++stats_.deferred;
+            continue;
+          }
+          claim(s, i);
+        }
       }
     }
     if (samples.empty()) continue;
-    spans.clear();
-    for (auto& r : rows) spans.emplace_back(absl::MakeSpan(r));
+    for (auto& r : rows) SizeBuffer(r);
     reads.assign(samples.size(), RowRead());
-    absl::Status status = store_->GetBatch(link, samples, spans, absl::MakeSpan(reads));
+    absl::Status status;
+    if (!from_store.empty()) {
+      std::vector<uint64_t> store_samples;
+      spans.clear();
+      for (size_t i : from_store) {
+        store_samples.push_back(samples[i]);
+        spans.emplace_back(absl::MakeSpan(rows[i]));
+      }
+      std::vector<RowRead> store_reads(from_store.size());
+      status = store_->GetBatch(link, store_samples, spans, absl::MakeSpan(store_reads));
+      for (size_t k = 0; k < from_store.size(); ++k) reads[from_store[k]] = std::move(store_reads[k]);
+    }
+    // 0: read from the store; 1: rounded from a queued put; 2: that put is
+    // not finite (left to TakeBatch, which reports the error).
+    std::vector<char> kind(samples.size(), 0);
+    for (auto& [i, pending] : queued) {
+      kind[i] = RoundAndChecksum(link, pending.item->rows[pending.index], absl::MakeSpan(rows[i]),
+                                 &scratch, &reads[i].payload_checksum)
+                        .ok()
+                    ? 1
+                    : 2;
+      reads[i].status = absl::OkStatus();
+    }
     absl::MutexLock lock(&mu_);
+    stats_.loaded_from_queue += queued.size();
     for (size_t i = 0; i < samples.size(); ++i) {
       auto it = cache_.find(samples[i]);
       if (it == cache_.end() || it->second.ticket != tickets[i]) {
@@ -188,13 +349,19 @@ void Prefetcher::LoaderLoop() {
         RecycleLocked(std::move(rows[i]));
         continue;
       }
+      if (kind[i] == 2) {
+        EraseSlotLocked(samples[i]);
+        RecycleLocked(std::move(rows[i]));
+        continue;
+      }
       Slot& slot = it->second;
       slot.ready = true;
-      if (status.ok()) {
+      if (kind[i] == 1 || status.ok()) {
         slot.values = std::move(rows[i]);
         slot.read = std::move(reads[i]);
       } else {
         slot.read.status = status;
+        RecycleLocked(std::move(rows[i]));
       }
       ++stats_.rows_prefetched;
     }
@@ -231,35 +398,40 @@ absl::Status Prefetcher::TakeBatch(absl::Span<const uint64_t> samples,
     absl::MutexLock lock(&mu_);
     if (closed_) return absl::FailedPreconditionError("Prefetcher is closed");
     if (!write_error_.ok()) return write_error_;
+    const int64_t from = (consumer_batch_ >= first_batch() && consumer_batch_ < num_batches())
+                             ? batch_begin(consumer_batch_)
+                             : order_base_;
     int64_t last_batch = -1;
     for (size_t i = 0; i < samples.size(); ++i) {
-      if (auto p = position_.find(samples[i]); p != position_.end()) {
-        last_batch = std::max(last_batch, p->second / options_.micro_batch);
-      }
+      last_batch = std::max(last_batch, BatchOfLocked(samples[i], from));
     }
     AdvanceConsumerLocked(last_batch);
     for (size_t i = 0; i < samples.size(); ++i) {
       const uint64_t s = samples[i];
+      held_.insert(s);
       while (true) {
-        if (auto p = pending_.find(s); p != pending_.end()) {
-          from_queue.emplace_back(i, p->second);
-          (*rows)[i] = NewBufferLocked();
-          ++stats_.hits;
-          break;
-        }
+        // A slot always holds the value of the latest put (a put erases the
+        // sample's slot; a slot created after the put rounds it or reads it).
         auto c = cache_.find(s);
-        if (c == cache_.end()) {
-          misses.push_back(i);
-          (*rows)[i] = NewBufferLocked();
-          ++stats_.misses;
-          break;
-        }
-        if (c->second.ready) {
+        if (c != cache_.end() && c->second.ready) {
           Slot& slot = c->second;
           reads[i] = std::move(slot.read);
           (*rows)[i] = reads[i].status.ok() ? std::move(slot.values) : NewBufferLocked();
           EraseSlotLocked(s);
           ++stats_.hits;
+          break;
+        }
+        const bool in_flight = c != cache_.end();
+        if (!in_flight) {
+          if (auto p = pending_.find(s); p != pending_.end()) {
+            from_queue.emplace_back(i, p->second);
+            (*rows)[i] = NewBufferLocked();
+            ++stats_.hits;
+            break;
+          }
+          misses.push_back(i);
+          (*rows)[i] = NewBufferLocked();
+          ++stats_.misses;
           break;
         }
         // In flight: wait for the loader, then look again (a put may have
@@ -273,6 +445,7 @@ absl::Status Prefetcher::TakeBatch(absl::Span<const uint64_t> samples,
     }
     loader_cv_.SignalAll();  // slots were freed
   }
+  for (auto& r : *rows) SizeBuffer(r);
   std::string scratch;
   for (auto& [i, pending] : from_queue) {
     reads[i].status = absl::OkStatus();
@@ -315,6 +488,7 @@ absl::Status Prefetcher::PutBatch(absl::Span<const uint64_t> samples,
     for (size_t i = 0; i < values.size(); ++i) item->rows.push_back(NewBufferLocked());
   }
   for (size_t i = 0; i < values.size(); ++i) {
+    SizeBuffer(item->rows[i]);
     std::memcpy(item->rows[i].data(), values[i].data(), row_bytes_);
   }
   return Enqueue(std::move(item));
@@ -346,10 +520,21 @@ absl::Status Prefetcher::Enqueue(std::shared_ptr<WriteItem> item) {
   if (!write_error_.ok()) return write_error_;
   item->seq = next_write_seq_++;
   std::shared_ptr<const WriteItem> shared = std::move(item);
+  const int64_t untaken = untaken_begin();
   for (size_t i = 0; i < shared->samples.size(); ++i) {
     const uint64_t s = shared->samples[i];
     pending_[s] = Pending{shared, i};
     EraseSlotLocked(s);  // a prefetched (or in-flight) old row is now stale
+    held_.erase(s);
+    // A later occurrence the loaders skipped for this put can load now.
+    if (auto d = deferred_.find(s); d != deferred_.end()) {
+      if (d->second < untaken) {
+        deferred_.erase(d);
+      } else if (!MustDeferLocked(s, d->second)) {
+        late_.emplace_back(s, d->second);
+        deferred_.erase(d);
+      }
+    }
   }
   write_bytes_ += shared->bytes;
   queue_.push_back(std::move(shared));

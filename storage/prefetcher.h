@@ -13,6 +13,11 @@
 //     prefetcher->PutBatch(samples, new_m);        // returns after a copy
 //   prefetcher->Close();                           // flushes, joins threads
 //
+// Across epochs: AppendOrder(next_permutation) while the current order is
+// being consumed (a trainer knows the next epoch's permutation in advance)
+// lets the loaders run on into the next epoch, so the window is already
+// full when it starts; SetOrder instead drops the window (a cold start).
+//
 // Zero-copy loop (what the AQ-SGD link uses): TakeBatch moves the prefetched
 // row buffers out, the caller updates m(xi) in place and hands the same
 // buffers back with PutBatch(samples, std::move(rows)); buffers are recycled
@@ -30,6 +35,14 @@
 //     PutBatch blocks (back-pressure) until the writer catches up.
 //   - A failed write-behind is sticky: every later call returns that error
 //     (the store no longer holds what the link believes; bump the generation).
+//   - Across an AppendOrder boundary a sample may occur twice in the window
+//     (late in one epoch, early in the next). Its later occurrence is loaded
+//     only once the earlier one has been taken AND put again (the put is then
+//     the value to read: it is rounded from the queued put, or read from the
+//     store once written) -- never from the store before that put, which
+//     would be the stale m(xi). Until then it is `deferred`; a sample taken
+//     and never put again stays deferred and is read synchronously (a miss)
+//     when asked for.
 //   - PutBatch checks shapes on the caller's thread but NOT finiteness: that
 //     would read every value of every row on the consumer's critical path
 //     (for 3 MB rows, ~3% of the store's whole I/O time per micro-batch). The
@@ -54,6 +67,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -73,6 +87,8 @@ struct PrefetcherStats {
   uint64_t prefetched_bytes = 0;    // now held (reserved) for prefetched rows
   uint64_t write_behind_bytes = 0;  // now queued for writing
   uint64_t buffers_allocated = 0;   // row buffers allocated (not recycled from the pool)
+  uint64_t deferred = 0;            // loads held back until an earlier occurrence was put
+  uint64_t loaded_from_queue = 0;   // rows the loaders rounded from a queued put
 };
 
 class Prefetcher {
@@ -107,6 +123,12 @@ class Prefetcher {
   // Starts a new epoch: the consumer will get `order` micro_batch samples at
   // a time. Drops rows prefetched for the previous order; queued writes stay.
   absl::Status SetOrder(std::vector<uint64_t> order);
+  // The consumer will get `order` (micro_batch samples at a time, its first
+  // batch starting at order[0]) after everything set or appended so far:
+  // the loaders prefetch across the boundary. Orders fully consumed are
+  // forgotten, so appending one epoch ahead keeps memory flat. Without a
+  // previous SetOrder it is SetOrder.
+  absl::Status AppendOrder(std::vector<uint64_t> order);
 
   absl::Status GetBatch(absl::Span<const uint64_t> samples, absl::Span<const absl::Span<float>> out,
                         absl::Span<RowRead> reads);
@@ -131,6 +153,7 @@ class Prefetcher {
  private:
   struct Slot {
     uint64_t ticket = 0;
+    int64_t position = 0;  // the occurrence (absolute order position) it was loaded for
     bool ready = false;
     std::vector<float> values;
     RowRead read;
@@ -152,9 +175,31 @@ class Prefetcher {
   bool LoaderHasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseSlotLocked(uint64_t sample) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AdvanceConsumerLocked(int64_t batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AppendOrderLocked(std::vector<uint64_t> order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets orders the consumer has moved past.
+  void TrimConsumedOrdersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Absolute batch indices [first_batch(), num_batches()) and positions
+  // [order_base_, order_end()) are the ones still known.
+  int64_t first_batch() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return batch_base_; }
   int64_t num_batches() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t order_end() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t batch_begin(int64_t batch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t batch_end(int64_t batch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // First position the consumer has not taken yet.
+  int64_t untaken_begin() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t sample_at(int64_t position) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The batch holding the first occurrence of `sample` at or after `from`
+  // (absolute position); -1 if none.
+  int64_t BatchOfLocked(uint64_t sample, int64_t from) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the row of `sample` for its occurrence at `position` must not be
+  // loaded yet: an earlier occurrence is not yet taken, or taken and not yet
+  // put again.
+  bool MustDeferLocked(uint64_t sample, int64_t position) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Row buffers: recycled to avoid page-faulting fresh memory for every row.
+  // A pooled buffer, or an empty one to be sized with SizeBuffer() after
+  // mu_ is released.
   std::vector<float> NewBufferLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SizeBuffer(std::vector<float>& buffer) const;
   void RecycleLocked(std::vector<float> buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Enqueue(std::shared_ptr<WriteItem> item);
 
@@ -170,12 +215,26 @@ class Prefetcher {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status write_error_ ABSL_GUARDED_BY(mu_);
 
-  // Epoch order.
-  std::vector<uint64_t> order_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, int64_t> position_ ABSL_GUARDED_BY(mu_);  // sample -> index
+  // Order: the epochs set or appended and not yet consumed, concatenated.
+  // Positions and batch indices are absolute (they keep counting across
+  // AppendOrder); order_[0] is position order_base_, batch_begin_[0] is the
+  // first position of batch batch_base_.
+  std::deque<uint64_t> order_ ABSL_GUARDED_BY(mu_);
+  int64_t order_base_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<int64_t> batch_begin_ ABSL_GUARDED_BY(mu_);
+  int64_t batch_base_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<int64_t> segment_end_ ABSL_GUARDED_BY(mu_);  // end position of each appended order
+  // sample -> its positions, ascending.
+  absl::flat_hash_map<uint64_t, std::vector<int64_t>> position_ ABSL_GUARDED_BY(mu_);
   int64_t consumer_batch_ ABSL_GUARDED_BY(mu_) = -1;   // last batch the consumer asked for
   int64_t next_load_batch_ ABSL_GUARDED_BY(mu_) = 0;   // next batch the loader loads
   int64_t released_batch_ ABSL_GUARDED_BY(mu_) = 0;    // batches below are released
+  // Samples taken (TakeBatch/GetBatch) and not yet put again.
+  absl::flat_hash_set<uint64_t> held_ ABSL_GUARDED_BY(mu_);
+  // Samples the loaders skipped (MustDeferLocked) -> the position skipped;
+  // a put of the sample moves it to late_ if that position is still ahead.
+  absl::flat_hash_map<uint64_t, int64_t> deferred_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<uint64_t, int64_t>> late_ ABSL_GUARDED_BY(mu_);  // (sample, position)
 
   // Prefetched rows.
   absl::flat_hash_map<uint64_t, Slot> cache_ ABSL_GUARDED_BY(mu_);

@@ -39,6 +39,7 @@ class ObservedStore : public MessageStore {
     absl::Status s = inner_->GetBatch(link, samples, out, reads);
     absl::MutexLock lock(&mu_);
     ++get_batches_;
+    get_rows_ += static_cast<int>(samples.size());
     return s;
   }
   absl::Status PutBatch(const LinkSpec& link, absl::Span<const uint64_t> samples,
@@ -77,11 +78,16 @@ class ObservedStore : public MessageStore {
     absl::MutexLock lock(&mu_);
     return get_batches_;
   }
+  int get_rows() {
+    absl::MutexLock lock(&mu_);
+    return get_rows_;
+  }
 
  private:
   MessageStore* inner_;
   absl::Mutex mu_;
   int get_batches_ ABSL_GUARDED_BY(mu_) = 0;
+  int get_rows_ ABSL_GUARDED_BY(mu_) = 0;
   int puts_entered_ ABSL_GUARDED_BY(mu_) = 0;
   bool gate_open_ ABSL_GUARDED_BY(mu_) = true;
 };
@@ -367,6 +373,107 @@ TEST_F(PrefetcherTest, RejectsBadOptions) {
 
 // Several loader threads fill the window concurrently; every row still comes
 // back exact, whichever thread loaded it, across epochs over a real RocksDB.
+// The next epoch's order is appended while the current one runs: the loaders
+// go on into it, but a sample whose earlier occurrence is not yet taken and
+// put again must not be read from the store (that would be the stale m(xi)).
+// Here every sample of epoch 2 is also in epoch 1 and the writes are held
+// inside the store, so epoch 2 must come entirely from the queued puts.
+TEST_F(PrefetcherTest, AppendedEpochNeverReadsARowBeforeItsPreviousPut) {
+  Populate(8, 1);
+  auto p = MakePrefetcher(/*k=*/8);  // the window spans both epochs
+  const std::vector<uint64_t> epoch1 = Permutation(8, 1), epoch2 = Permutation(8, 2);
+  ASSERT_TRUE(p->SetOrder(epoch1).ok());
+  ASSERT_TRUE(p->AppendOrder(epoch2).ok());
+  observed_->WaitForGetBatches(2);  // epoch 1 loaded
+  observed_->SetGate(false);        // writes stay queued / in flight
+  for (int64_t b = 0; b < 2; ++b) {
+    ExpectVersion(p.get(), Batch(epoch1, b), 1);
+    Put(p.get(), Batch(epoch1, b), 2);
+  }
+  std::vector<uint64_t> checksums;
+  for (int64_t b = 0; b < 2; ++b) ExpectVersion(p.get(), Batch(epoch2, b), 2, &checksums);
+  PrefetcherStats stats = p->GetStats();
+  EXPECT_EQ(stats.hits, 16u);
+  EXPECT_EQ(stats.misses, 0u);
+  EXPECT_EQ(observed_->get_rows(), 8);  // epoch 1 only: nothing of epoch 2 from the store
+  observed_->SetGate(true);
+  ASSERT_TRUE(p->Close().ok());
+  // The checksums served for epoch 2 are those of the rows now stored.
+  std::vector<uint64_t> stored;
+  for (int64_t b = 0; b < 2; ++b) {
+    const std::vector<uint64_t> samples = Batch(epoch2, b);
+    std::vector<std::vector<float>> out(samples.size(), std::vector<float>(kLink.num_values()));
+    std::vector<RowRead> reads(samples.size());
+    ASSERT_TRUE(memory_->GetBatch(kLink, samples, Spans(out), absl::MakeSpan(reads)).ok());
+    for (const RowRead& r : reads) stored.push_back(r.payload_checksum);
+  }
+  EXPECT_EQ(checksums, stored);
+}
+
+// A trainer's loop: each epoch's successor appended when it starts, window
+// deeper than an epoch, writes completing at their own pace. Every row read
+// is the previous epoch's put, exactly.
+TEST(PrefetcherRocksDbTest, AppendedEpochsOverRocksDbAreExact) {
+  ScratchDir dir;
+  RocksDbMessageStore::Options o;
+  o.path = dir.Sub("db");
+  o.write_buffer_bytes = 1 << 20;
+  o.min_blob_bytes = 512;
+  auto store = RocksDbMessageStore::Open(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  constexpr uint64_t kSamples = 64;
+  constexpr uint64_t kEpochs = 6;
+  {
+    std::vector<uint64_t> samples;
+    std::vector<std::vector<float>> rows;
+    for (uint64_t s = 0; s < kSamples; ++s) {
+      samples.push_back(s);
+      rows.push_back(RowValues(kLink, s, 1));
+    }
+    ASSERT_TRUE((*store)->PutBatch(kLink, samples, ConstSpans(rows)).ok());
+  }
+  Prefetcher::Options po;
+  po.link = kLink;
+  po.micro_batch = kMicroBatch;
+  po.prefetch_batches = 20;  // > the 16 batches of an epoch
+  auto p = Prefetcher::Create(store->get(), po);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE((*p)->SetOrder(Permutation(kSamples, 100)).ok());
+  for (uint64_t epoch = 0; epoch < kEpochs; ++epoch) {
+    const std::vector<uint64_t> order = Permutation(kSamples, 100 + epoch);
+    if (epoch + 1 < kEpochs) {
+      ASSERT_TRUE((*p)->AppendOrder(Permutation(kSamples, 101 + epoch)).ok());
+    }
+    for (int64_t b = 0; b < static_cast<int64_t>(kSamples) / kMicroBatch; ++b) {
+      const std::vector<uint64_t> samples = Batch(order, b);
+      std::vector<std::vector<float>> rows;
+      std::vector<RowRead> reads(samples.size());
+      ASSERT_TRUE((*p)->TakeBatch(samples, &rows, absl::MakeSpan(reads)).ok());
+      for (size_t i = 0; i < samples.size(); ++i) {
+        ASSERT_TRUE(reads[i].status.ok()) << reads[i].status;
+        ASSERT_TRUE(SameBits(rows[i], StoredValues(kLink, samples[i], epoch + 1)))
+            << "epoch " << epoch << " sample " << samples[i];
+        const std::vector<float> next = RowValues(kLink, samples[i], epoch + 2);
+        std::copy(next.begin(), next.end(), rows[i].begin());
+      }
+      ASSERT_TRUE((*p)->PutBatch(samples, std::move(rows)).ok());
+    }
+  }
+  ASSERT_TRUE((*p)->Close().ok());
+  const PrefetcherStats stats = (*p)->GetStats();
+  EXPECT_EQ(stats.hits + stats.misses, kSamples * kEpochs);
+  EXPECT_EQ(stats.rows_written, kSamples * kEpochs);
+  EXPECT_EQ(stats.prefetched_bytes, 0u);
+  for (uint64_t s = 0; s < kSamples; ++s) {
+    std::vector<std::vector<float>> out(1, std::vector<float>(kLink.num_values()));
+    std::vector<RowRead> reads(1);
+    const std::vector<uint64_t> one = {s};
+    ASSERT_TRUE((*store)->GetBatch(kLink, one, Spans(out), absl::MakeSpan(reads)).ok());
+    ASSERT_TRUE(reads[0].status.ok());
+    EXPECT_TRUE(SameBits(out[0], StoredValues(kLink, s, kEpochs + 1)));
+  }
+}
+
 TEST(PrefetcherRocksDbTest, EpochOverRocksDbIsExact) {
   ScratchDir dir;
   RocksDbMessageStore::Options o;

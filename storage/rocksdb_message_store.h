@@ -81,16 +81,28 @@ class RocksDbMessageStore final : public internal::RowStoreBase {
     uint64_t write_buffer_bytes = 64ull << 20;
     // Memtables (active + immutable) before writes stall. Default: 4.
     int max_write_buffers = 4;
-    // Background flush + compaction threads. Default: 2.
+    // Background compaction threads. Default: 2.
     int background_jobs = 2;
+    // Memtables flushed at once (each flush is serial: RocksDB's software
+    // CRC32C of every blob record, then O_DIRECT writes, one after the
+    // other). One flush thread capped the sustained write rate of the
+    // bench's multi-MB rows (~330 MB/s measured, about the direct rate) so
+    // write-behind could not run ahead; needs max_write_buffers >= 3.
+    // Default: 2.
+    int flush_threads = 2;
     // Write blob and table files with O_DIRECT (flush and compaction) when
     // the directory's filesystem supports it (probed at open; silently
     // buffered otherwise). Each row is written once and read back at most
     // once per epoch, so the page cache buys nothing, while copying every
     // written byte into it was the largest CPU cost of the store (measured:
-    // ~35% of the process's CPU in `bench store`). Reads stay buffered.
+    // ~35% of the process's CPU in `bench store`).
     // Default: true.
     bool direct_io_writes = true;
+    // Read rows with O_DIRECT too (when supported, as above): a row is read
+    // once per epoch, long after it was written, so the page cache never
+    // hits; buffered reads only added the kernel's copy into and out of it,
+    // readahead beyond the row, and reclaiming those pages. Default: true.
+    bool direct_io_reads = true;
     // RocksDB blob garbage collection: compactions relocate the still-live
     // rows of the oldest blob files so those files can be deleted. Off by
     // default because this workload does not need it and it was ~14% of the

@@ -190,6 +190,50 @@ TEST(RocksDbMessageStoreTest, BlobGcOptionKeepsRowsExact) {
   }
 }
 
+// Direct I/O on or off for reads and writes, one or three flush threads:
+// the same exact rows after overwrites, flushes and a reopen.
+TEST(RocksDbMessageStoreTest, IoModesAndFlushThreadsKeepRowsExact) {
+  for (const bool direct : {false, true}) {
+    for (const int flush_threads : {1, 3}) {
+      ScratchDir dir;
+      RocksDbMessageStore::Options o = SmallOptions(dir.Sub("db"));
+      o.direct_io_reads = direct;
+      o.direct_io_writes = direct;
+      o.flush_threads = flush_threads;
+      {
+        auto store = RocksDbMessageStore::Open(o);
+        ASSERT_TRUE(store.ok()) << store.status();
+        for (uint64_t version = 1; version <= 3; ++version) PutRows(store->get(), 200, version);
+        ASSERT_TRUE((*store)->Close().ok());
+      }
+      auto store = RocksDbMessageStore::Open(o);
+      ASSERT_TRUE(store.ok()) << store.status();
+      std::vector<uint64_t> samples;
+      for (uint64_t s = 0; s < 200; ++s) samples.push_back(s);
+      std::vector<std::vector<float>> out(200, std::vector<float>(kLink.num_values()));
+      std::vector<RowRead> reads(200);
+      ASSERT_TRUE((*store)->GetBatch(kLink, samples, Spans(out), absl::MakeSpan(reads)).ok());
+      for (uint64_t s = 0; s < 200; ++s) {
+        ASSERT_TRUE(reads[s].status.ok()) << reads[s].status;
+        EXPECT_TRUE(SameBits(out[s], StoredValues(kLink, s, 3)))
+            << "direct " << direct << " flush_threads " << flush_threads << " sample " << s;
+      }
+    }
+  }
+}
+
+TEST(RocksDbMessageStoreTest, RejectsBadTuningOptions) {
+  ScratchDir dir;
+  for (int bad = 0; bad < 3; ++bad) {
+    RocksDbMessageStore::Options o = SmallOptions(dir.Sub("db"));
+    if (bad == 0) o.flush_threads = 0;
+    if (bad == 1) o.background_jobs = 0;
+    if (bad == 2) o.max_write_buffers = 1;
+    auto store = RocksDbMessageStore::Open(o);
+    EXPECT_TRUE(absl::IsInvalidArgument(store.status())) << bad << ": " << store.status();
+  }
+}
+
 TEST(RocksDbMessageStoreTest, OpenUnderARegularFileFailsNamingThePath) {
   ScratchDir dir;
   std::ofstream(dir.Sub("file")) << "not a directory";
