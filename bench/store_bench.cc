@@ -11,8 +11,16 @@
 //   prefetch   the same through the Prefetcher, no compute: throughput.
 //   hidden_io  through the Prefetcher with a simulated compute time per
 //              micro-batch (sleep: the GPU works, the CPU is free) equal to
-//              1x and 2x the direct I/O time; stall_fraction = time blocked in
-//              GetBatch/PutBatch (and the final flush) / total time.
+//              1x and 2x the direct I/O time, for kHiddenEpochs epochs back to
+//              back, as a trainer runs them: each epoch's permutation is
+//              appended (Prefetcher::AppendOrder) when the previous epoch
+//              starts, so the loaders run on across the epoch boundary (the
+//              first epoch still starts cold, with an empty window, and the
+//              run ends with the final flush). stall_fraction = time blocked
+//              in TakeBatch/PutBatch and the final flush / total time of all
+//              epochs; stall_by_epoch splits it (the final flush counted in
+//              the last epoch; the first epoch's value is the old
+//              single-epoch measurement, which started cold every epoch).
 //              The I/O time is the honest one: the `direct` epoch's wall time
 //              per micro-batch on the same backend, same shape, same run (a
 //              single thread doing get + put synchronously, with RocksDB's own
@@ -31,7 +39,11 @@
 // write it sequentially to another (no codec, no checksum): the disk's pace.
 //
 // mb_per_s counts payload bytes moved (get + put); p99_get_us is per
-// micro-batch GetBatch call. Each epoch uses a fresh permutation.
+// micro-batch GetBatch call (p99_put_us, max_*_us likewise). Prefetcher runs
+// also report its counters: misses (rows read synchronously), waits (for an
+// in-flight load), deferred / loaded_from_queue (next-epoch occurrences held
+// back until their previous put, then rounded from the queued put), get wait
+// and put back-pressure seconds. Each epoch uses a fresh permutation.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -71,6 +83,9 @@ using storage::RowRead;
 // workload, so the default run takes minutes, not hours (1024x1600 fp16 is
 // 3.3 MB a row; 10,000 of them are 33 GB per pass).
 constexpr uint64_t kDefaultMaxBytesPerShape = 2ull << 30;
+
+// Epochs per hidden-I/O run.
+constexpr int kHiddenEpochs = 3;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -156,20 +171,25 @@ struct Row {
   uint64_t row_bytes = 0;
   int64_t micro_batch = 0;
   int64_t prefetch_batches = 0;
+  int epochs = 1;
   double seconds = 0;
   std::vector<double> get_us;
+  std::vector<double> put_us;
   uint64_t found = 0;
   double compute_us = -1;
   double io_us_per_batch = -1;
   double stall_fraction = -1;
   // Parts of the blocked time (seconds): in gets, in puts, in the final flush.
   double blocked_get_s = 0, blocked_put_s = 0, blocked_flush_s = 0;
+  std::vector<double> stall_by_epoch;
+  bool prefetched = false;
+  storage::PrefetcherStats prefetch_stats;
   uint64_t disk_bytes = 0;
   bool moves_reads = true;  // populate only writes
 
-  double rows_per_s() const { return shape.samples / seconds; }
+  double rows_per_s() const { return epochs * shape.samples / seconds; }
   double mb_per_s() const {
-    return (moves_reads ? 2.0 : 1.0) * row_bytes * shape.samples / seconds / 1e6;
+    return (moves_reads ? 2.0 : 1.0) * row_bytes * epochs * shape.samples / seconds / 1e6;
   }
 };
 
@@ -181,11 +201,18 @@ void Print(const Row& r, bool json, std::ostream& out) {
     o << "{\"bench\":\"store\",\"backend\":\"" << r.backend << "\",\"mode\":\"" << r.mode
       << "\",\"shape\":\"" << shape << "\",\"precision\":\"fp16\",\"samples\":" << r.shape.samples
       << ",\"samples_requested\":" << r.shape.requested << ",\"micro_batch\":" << r.micro_batch
-      << ",\"prefetch_batches\":" << r.prefetch_batches << ",\"row_bytes\":" << r.row_bytes
+      << ",\"prefetch_batches\":" << r.prefetch_batches << ",\"epochs\":" << r.epochs
+      << ",\"row_bytes\":" << r.row_bytes
       << ",\"seconds\":" << std::setprecision(3) << r.seconds << std::setprecision(1)
       << ",\"rows_per_s\":" << r.rows_per_s() << ",\"mb_per_s\":" << r.mb_per_s()
       << ",\"p50_get_us\":" << Percentile(r.get_us, 0.5)
-      << ",\"p99_get_us\":" << Percentile(r.get_us, 0.99) << ",\"found\":" << r.found;
+      << ",\"p99_get_us\":" << Percentile(r.get_us, 0.99);
+    if (!r.put_us.empty()) {
+      o << ",\"p99_put_us\":" << Percentile(r.put_us, 0.99)
+        << ",\"max_put_us\":" << Percentile(r.put_us, 1.0)
+        << ",\"max_get_us\":" << Percentile(r.get_us, 1.0);
+    }
+    o << ",\"found\":" << r.found;
     if (r.compute_us >= 0) o << ",\"compute_us\":" << r.compute_us;
     if (r.io_us_per_batch >= 0) o << ",\"io_us_per_batch\":" << r.io_us_per_batch;
     if (r.stall_fraction >= 0) {
@@ -193,7 +220,19 @@ void Print(const Row& r, bool json, std::ostream& out) {
         << ",\"stall_get_fraction\":" << r.blocked_get_s / r.seconds
         << ",\"stall_put_fraction\":" << r.blocked_put_s / r.seconds
         << ",\"stall_final_flush_fraction\":" << r.blocked_flush_s / r.seconds
-        << std::setprecision(1);
+        << ",\"stall_by_epoch\":[";
+      for (size_t e = 0; e < r.stall_by_epoch.size(); ++e) {
+        o << (e > 0 ? "," : "") << r.stall_by_epoch[e];
+      }
+      o << "]" << std::setprecision(1);
+    }
+    if (r.prefetched) {
+      const storage::PrefetcherStats& p = r.prefetch_stats;
+      o << ",\"prefetch_misses\":" << p.misses << ",\"prefetch_waits\":" << p.waits
+        << ",\"prefetch_deferred\":" << p.deferred
+        << ",\"prefetch_loaded_from_queue\":" << p.loaded_from_queue << std::setprecision(4)
+        << ",\"prefetch_get_wait_s\":" << p.get_stall_nanos * 1e-9
+        << ",\"prefetch_put_backpressure_s\":" << p.put_stall_nanos * 1e-9 << std::setprecision(1);
     }
     if (r.disk_bytes > 0) o << ",\"disk_bytes\":" << r.disk_bytes;
     o << ",\"page_cache\":\"dropped before each epoch\"}";
@@ -274,10 +313,13 @@ struct EpochConfig {
   double compute_us = 0;  // simulated compute per micro-batch
 };
 
-// One epoch of get + put in `order`. Puts m + 1 in the first element (a new
-// version of the row), like an AQ-SGD update.
-absl::StatusOr<Row> RunEpoch(MessageStore* store, const LinkSpec& link,
-                             const std::vector<uint64_t>& order, const EpochConfig& config) {
+// Epochs of get + put, one per order, through one prefetcher (if any: each
+// order after the first is appended when the epoch before it starts). Puts
+// m + 1 in the first element (a new version of the row), like an AQ-SGD
+// update.
+absl::StatusOr<Row> RunEpochs(MessageStore* store, const LinkSpec& link,
+                              const std::vector<std::vector<uint64_t>>& orders,
+                              const EpochConfig& config) {
   const int64_t mb = config.micro_batch;
   const uint64_t batch_bytes = mb * link.num_values() * sizeof(float);
   std::unique_ptr<storage::Prefetcher> prefetcher;
@@ -292,7 +334,7 @@ absl::StatusOr<Row> RunEpoch(MessageStore* store, const LinkSpec& link,
     auto p = storage::Prefetcher::Create(store, o);
     if (!p.ok()) return p.status();
     prefetcher = std::move(p).value();
-    if (absl::Status s = prefetcher->SetOrder(order); !s.ok()) return s;
+    if (absl::Status s = prefetcher->SetOrder(orders[0]); !s.ok()) return s;
   }
   std::vector<std::vector<float>> rows(mb, std::vector<float>(link.num_values()));
   std::vector<absl::Span<float>> out;
@@ -305,43 +347,57 @@ absl::StatusOr<Row> RunEpoch(MessageStore* store, const LinkSpec& link,
   std::vector<std::vector<float>> owned;  // prefetcher: zero-copy Take/Put
   Row result;
   result.found = 0;
+  result.epochs = static_cast<int>(orders.size());
   double blocked = 0;
   const auto start = Clock::now();
-  for (size_t begin = 0; begin < order.size(); begin += mb) {
-    const size_t n = std::min<size_t>(mb, order.size() - begin);
-    absl::Span<const uint64_t> samples(order.data() + begin, n);
-    const auto t0 = Clock::now();
-    absl::Status s = prefetcher ? prefetcher->TakeBatch(samples, &owned,
-                                                        absl::MakeSpan(reads.data(), n))
-                                : store->GetBatch(link, samples, absl::MakeSpan(out.data(), n),
-                                                  absl::MakeSpan(reads.data(), n));
-    const auto t1 = Clock::now();
-    if (!s.ok()) return s;
-    for (size_t i = 0; i < n; ++i) {
-      std::vector<float>& row = prefetcher ? owned[i] : rows[i];
-      if (reads[i].status.ok()) ++result.found;
-      row[0] += 1.0f;  // the update m(xi) += D(c), in place
+  for (size_t e = 0; e < orders.size(); ++e) {
+    const std::vector<uint64_t>& order = orders[e];
+    const auto epoch_start = Clock::now();
+    double epoch_blocked = 0;
+    if (prefetcher && e + 1 < orders.size()) {
+      if (absl::Status s = prefetcher->AppendOrder(orders[e + 1]); !s.ok()) return s;
     }
-    if (config.compute_us > 0) {
-      std::this_thread::sleep_until(
-          t1 + std::chrono::nanoseconds(static_cast<int64_t>(config.compute_us * 1e3)));
+    for (size_t begin = 0; begin < order.size(); begin += mb) {
+      const size_t n = std::min<size_t>(mb, order.size() - begin);
+      absl::Span<const uint64_t> samples(order.data() + begin, n);
+      const auto t0 = Clock::now();
+      absl::Status s = prefetcher ? prefetcher->TakeBatch(samples, &owned,
+                                                          absl::MakeSpan(reads.data(), n))
+                                  : store->GetBatch(link, samples, absl::MakeSpan(out.data(), n),
+                                                    absl::MakeSpan(reads.data(), n));
+      const auto t1 = Clock::now();
+      if (!s.ok()) return s;
+      for (size_t i = 0; i < n; ++i) {
+        std::vector<float>& row = prefetcher ? owned[i] : rows[i];
+        if (reads[i].status.ok()) ++result.found;
+        row[0] += 1.0f;  // the update m(xi) += D(c), in place
+      }
+      if (config.compute_us > 0) {
+        std::this_thread::sleep_until(
+            t1 + std::chrono::nanoseconds(static_cast<int64_t>(config.compute_us * 1e3)));
+      }
+      const auto t2 = Clock::now();
+      s = prefetcher ? prefetcher->PutBatch(samples, std::move(owned))
+                     : store->PutBatch(link, samples, absl::MakeSpan(in.data(), n));
+      owned.clear();
+      const auto t3 = Clock::now();
+      if (!s.ok()) return s;
+      result.get_us.push_back(Seconds(t1 - t0) * 1e6);
+      result.put_us.push_back(Seconds(t3 - t2) * 1e6);
+      result.blocked_get_s += Seconds(t1 - t0);
+      result.blocked_put_s += Seconds(t3 - t2);
+      epoch_blocked += Seconds(t1 - t0) + Seconds(t3 - t2);
     }
-    const auto t2 = Clock::now();
-    s = prefetcher ? prefetcher->PutBatch(samples, std::move(owned))
-                   : store->PutBatch(link, samples, absl::MakeSpan(in.data(), n));
-    owned.clear();
-    const auto t3 = Clock::now();
-    if (!s.ok()) return s;
-    result.get_us.push_back(Seconds(t1 - t0) * 1e6);
-    result.blocked_get_s += Seconds(t1 - t0);
-    result.blocked_put_s += Seconds(t3 - t2);
-    blocked += Seconds(t1 - t0) + Seconds(t3 - t2);
-  }
-  if (prefetcher) {
-    const auto f0 = Clock::now();
-    if (absl::Status s = prefetcher->Close(); !s.ok()) return s;
-    result.blocked_flush_s = Seconds(Clock::now() - f0);
-    blocked += result.blocked_flush_s;
+    if (prefetcher && e + 1 == orders.size()) {
+      const auto f0 = Clock::now();
+      if (absl::Status s = prefetcher->Close(); !s.ok()) return s;
+      result.blocked_flush_s = Seconds(Clock::now() - f0);
+      result.prefetched = true;
+      result.prefetch_stats = prefetcher->GetStats();
+      epoch_blocked += result.blocked_flush_s;
+    }
+    blocked += epoch_blocked;
+    result.stall_by_epoch.push_back(epoch_blocked / Seconds(Clock::now() - epoch_start));
   }
   result.seconds = Seconds(Clock::now() - start);
   result.stall_fraction = blocked / result.seconds;
@@ -484,7 +540,7 @@ absl::Status RunShape(const Shape& shape, const StoreBenchOptions& options, cons
     EpochConfig config;
     config.micro_batch = mb;
     config.prefetch_batches = window;
-    auto direct = RunEpoch(backend->store(), link, Permutation(shape.samples, seed++), config);
+    auto direct = RunEpochs(backend->store(), link, {Permutation(shape.samples, seed++)}, config);
     if (!direct.ok()) return direct.status();
     fill(*direct, name, "direct");
     direct->stall_fraction = -1;
@@ -495,7 +551,7 @@ absl::Status RunShape(const Shape& shape, const StoreBenchOptions& options, cons
     Print(*direct, options.json, out);
 
     config.use_prefetcher = true;
-    auto pre = RunEpoch(backend->store(), link, Permutation(shape.samples, seed++), config);
+    auto pre = RunEpochs(backend->store(), link, {Permutation(shape.samples, seed++)}, config);
     if (!pre.ok()) return pre.status();
     fill(*pre, name, "prefetch");
     pre->stall_fraction = -1;
@@ -505,7 +561,9 @@ absl::Status RunShape(const Shape& shape, const StoreBenchOptions& options, cons
 
     for (double factor : {1.0, 2.0}) {
       config.compute_us = io_us * factor;
-      auto hidden = RunEpoch(backend->store(), link, Permutation(shape.samples, seed++), config);
+      std::vector<std::vector<uint64_t>> orders;
+      for (int e = 0; e < kHiddenEpochs; ++e) orders.push_back(Permutation(shape.samples, seed++));
+      auto hidden = RunEpochs(backend->store(), link, orders, config);
       if (!hidden.ok()) return hidden.status();
       fill(*hidden, name, factor == 1.0 ? "hidden_1x" : "hidden_2x");
       hidden->compute_us = config.compute_us;
