@@ -18,6 +18,7 @@
 #include "common/status_macros.h"
 #include "peer/gradient_exchange.h"
 #include "peer/link_transport.h"
+#include "peer/nccl_transport.h"
 #include "peer/peer_metrics.h"
 #include "pipeline/corpus.h"
 #include "pipeline/job_spec.h"
@@ -128,7 +129,12 @@ class StageRunnerImpl final : public StageRunner {
       eo.shaping = shaping;
       eo.timeout = o_.link_timeout;
       eo.tls = o_.tls;
+      if (job_.dp().transport() == v1::DataParallelSpec::nccl && o_.tls.enabled()) {
+        return absl::InvalidArgumentError("dp.transport nccl does not encrypt, but this stage runs with mutual TLS "
+                                          "(--tls_dir): use dp.transport gradient_exchange");
+      }
       AQSWARM_ASSIGN_OR_RETURN(exchange_, GrpcReplicaExchange::Start(eo));
+      exchange_group_ = eo.group;
     }
     return absl::OkStatus();
   }
@@ -138,6 +144,19 @@ class StageRunnerImpl final : public StageRunner {
   absl::Status SetReplicas(const std::vector<std::string>& addresses) override {
     if (exchange_ == nullptr) return absl::FailedPreconditionError("this job has no data parallelism");
     return exchange_->Connect(addresses);
+  }
+
+  // The exchange the DP step uses: the gRPC one, or NCCL bootstrapped over it
+  // (collective: every replica reaches its first DP step).
+  absl::StatusOr<pipeline::ReplicaExchange*> DataParallelExchange() {
+    if (job_.dp().transport() != v1::DataParallelSpec::nccl) return exchange_.get();
+    if (nccl_ == nullptr) {
+      RoundExchangeOptions ro;
+      ro.group = exchange_group_;
+      ro.timeout = o_.link_timeout;
+      AQSWARM_ASSIGN_OR_RETURN(nccl_, StartNcclReplicaExchange(*exchange_, ro));
+    }
+    return nccl_.get();
   }
 
   absl::Status Run() override {
@@ -153,6 +172,7 @@ class StageRunnerImpl final : public StageRunner {
     if (up_) up_->CloseSend();
     if (server_) server_->Shutdown();
     if (store_) s.Update(store_->Close());
+    nccl_.reset();  // waits (bounded) for the other replicas to close too
     exchange_.reset();
     return s;
   }
@@ -387,7 +407,8 @@ class StageRunnerImpl final : public StageRunner {
     }
     if (exchange_ != nullptr) {
       Timer tm(&dp_s_);
-      AQSWARM_RETURN_IF_ERROR(worker_->StepDataParallel(gs, total_sq, *exchange_));
+      AQSWARM_ASSIGN_OR_RETURN(pipeline::ReplicaExchange* ex, DataParallelExchange());
+      AQSWARM_RETURN_IF_ERROR(worker_->StepDataParallel(gs, total_sq, *ex));
     } else {
       Timer tm(&compute_s_);
       AQSWARM_RETURN_IF_ERROR(worker_->Step(gs, total_sq));
@@ -623,6 +644,8 @@ class StageRunnerImpl final : public StageRunner {
   std::unique_ptr<ActivationSender> sender_;
   std::unique_ptr<ActivationReceiver> receiver_;
   std::unique_ptr<GrpcReplicaExchange> exchange_;
+  std::string exchange_group_;
+  std::unique_ptr<RoundReplicaExchange> nccl_;  // dp.transport nccl: formed over exchange_ at the first DP step
   pipeline::StepSchedule schedule_;
   std::vector<int32_t> tokens_, targets_;  // scratch of ForwardMicroBatch
   double compute_s_ = 0, wait_s_ = 0, dp_s_ = 0;

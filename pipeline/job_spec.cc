@@ -59,6 +59,9 @@ void ApplyJobDefaults(v1::JobSpec* job) {
   if (dp->bits() == 0) dp->set_bits(4);
   if (dp->bucket_size() == 0) dp->set_bucket_size(512);
   if (dp->codec() == v1::DataParallelSpec::CODEC_UNSPECIFIED) dp->set_codec(v1::DataParallelSpec::minmax);
+  if (dp->transport() == v1::DataParallelSpec::TRANSPORT_UNSPECIFIED) {
+    dp->set_transport(v1::DataParallelSpec::gradient_exchange);
+  }
   if (dp->frozen_variance() == v1::DataParallelSpec::FROZEN_VARIANCE_UNSPECIFIED) {
     dp->set_frozen_variance(v1::DataParallelSpec::raise_at_bound);
   }
@@ -148,6 +151,10 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
                                                 "or drop dp.variance_refresh_steps");
   }
   if (dp.variance_refresh_steps() > 1000000) return Invalid("dp.variance_refresh_steps", "at most 1000000");
+  if (dp.transport() == v1::DataParallelSpec::nccl && job.data_parallel() > 1 && s.bandwidth_mbps() > 0) {
+    return Invalid("dp.transport", "nccl is not shaped, but the job shapes its links (shaping.bandwidth_mbps); "
+                                   "use the gradient_exchange transport to emulate slow links");
+  }
   // Empty (a job stored before the field existed) means the default, 1f1b.
   if (!job.schedule().empty() && job.schedule() != "1f1b" && job.schedule() != "gpipe") {
     return Invalid("schedule", absl::StrCat("'", job.schedule(), "' is not 1f1b or gpipe"));

@@ -44,6 +44,8 @@ TEST(JobSpecTest, PreciseErrors) {
       {R"({"dp":{"varianceRefreshSteps":4}})", "dp.variance_refresh_steps"},  // adamw: nothing frozen
       {R"({"dp":{"optimizer":"quantized_adam","varianceRefreshSteps":2000000}})", "dp.variance_refresh_steps"},
       {R"({"dp":{"optimizer":"quantized_adam","frozenVariance":"thawed"}})", "thawed"},
+      {R"({"dataParallel":2,"shaping":{"bandwidthMbps":100},"dp":{"transport":"nccl"}})", "dp.transport"},
+      {R"({"dp":{"transport":"infiniband"}})", "infiniband"},
   };
   for (const auto& c : cases) {
     auto job = ParseJobSpec(c.json);
@@ -58,6 +60,10 @@ TEST(JobSpecTest, DataParallelCodecDefaultsToMinMaxAndAcceptsGlobalQsgd) {
   auto plain = ParseJobSpec(R"({"dataParallel":2,"dp":{"optimizer":"quantized_adam"}})");
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ(plain->dp().codec(), v1::DataParallelSpec::minmax);
+  EXPECT_EQ(plain->dp().transport(), v1::DataParallelSpec::gradient_exchange);
+  auto nccl = ParseJobSpec(R"({"dataParallel":2,"dp":{"transport":"nccl"}})");
+  ASSERT_TRUE(nccl.ok()) << nccl.status();
+  EXPECT_EQ(nccl->dp().transport(), v1::DataParallelSpec::nccl);
   auto global = ParseJobSpec(R"({"dataParallel":4,"dp":{"optimizer":"quantized_adam","codec":"global_qsgd","bits":4}})");
   ASSERT_TRUE(global.ok()) << global.status();
   EXPECT_EQ(global->dp().codec(), v1::DataParallelSpec::global_qsgd);

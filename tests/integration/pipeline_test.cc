@@ -155,6 +155,28 @@ TEST_F(PipelineTest, TwoByTwoGridWithQuantizedAdamTrainsAndKeepsReplicasBitIdent
   EXPECT_LT(loss.back(), loss.front() - 0.1) << output_;
 }
 
+// dp.transport nccl on a machine without a GPU (CI) or a build without NCCL:
+// the stages fail at their first DP step with a status that says why, and the
+// launcher exits non-zero instead of hanging. With two GPUs the grid trains.
+TEST_F(PipelineTest, GridOverNcclFailsClearlyWithoutGpusOrTrainsWithThem) {
+  const std::string out = (dir_ / "nccl").string();
+  const std::string job = WriteJob("nccl", "fp32", 1, 3, 10, 3, R"(,"dataParallel":2,"dp":{"transport":"nccl"})");
+  const absl::Time start = absl::Now();
+  const int code = RunPipeline(job, out, {"--link_timeout_s=20"});
+  std::ifstream in(dir_ / "launcher.err");
+  std::stringstream err;
+  err << in.rdbuf();
+  if (code == 0) {  // a machine with two GPUs and a CUDA build
+    EXPECT_EQ(Losses(out).size(), 3u) << output_;
+    return;
+  }
+  EXPECT_EQ(code, 1);
+  EXPECT_TRUE(err.str().find("no CUDA device for the NCCL exchange") != std::string::npos ||
+              err.str().find("built without NCCL") != std::string::npos)
+      << err.str();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(60));
+}
+
 // Runs `aqswarm ARGS...` to completion; returns its exit code.
 int RunAqswarm(std::vector<std::string> args) {
   args.insert(args.begin(), kBinary);
