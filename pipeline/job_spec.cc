@@ -18,6 +18,9 @@ absl::Status Invalid(absl::string_view field, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("job spec: ", field, ": ", why));
 }
 
+// dp.variance_refresh_steps when unset (quantized_adam): docs/CONVERGENCE.md.
+constexpr uint32_t kDefaultVarianceRefreshSteps = 4;
+
 template <typename T>
 void Default(T* field, T value) {
   if (*field == T{}) *field = value;
@@ -64,6 +67,9 @@ void ApplyJobDefaults(v1::JobSpec* job) {
   }
   if (dp->frozen_variance() == v1::DataParallelSpec::FROZEN_VARIANCE_UNSPECIFIED) {
     dp->set_frozen_variance(v1::DataParallelSpec::raise_at_bound);
+  }
+  if (dp->optimizer() == v1::DataParallelSpec::quantized_adam && !dp->has_variance_refresh_steps()) {
+    dp->set_variance_refresh_steps(kDefaultVarianceRefreshSteps);
   }
   if (job->eval_batches() == 0) job->set_eval_batches(8);
   if (job->schedule().empty()) job->set_schedule("1f1b");

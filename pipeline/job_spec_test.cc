@@ -69,11 +69,18 @@ TEST(JobSpecTest, DataParallelCodecDefaultsToMinMaxAndAcceptsGlobalQsgd) {
   EXPECT_EQ(global->dp().codec(), v1::DataParallelSpec::global_qsgd);
 }
 
-TEST(JobSpecTest, FrozenVarianceDefaultsToRaiseAtBoundAndRefreshIsAccepted) {
+TEST(JobSpecTest, FrozenVarianceDefaultsToRaiseAtBoundAndRefreshToEveryFourthStep) {
   auto plain = ParseJobSpec(R"({"dataParallel":2,"dp":{"optimizer":"quantized_adam"}})");
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ(plain->dp().frozen_variance(), v1::DataParallelSpec::raise_at_bound);
-  EXPECT_EQ(plain->dp().variance_refresh_steps(), 0u);
+  EXPECT_EQ(plain->dp().variance_refresh_steps(), 4u);
+  auto never = ParseJobSpec(R"({"dataParallel":2,"dp":{"optimizer":"quantized_adam","varianceRefreshSteps":0}})");
+  ASSERT_TRUE(never.ok()) << never.status();
+  EXPECT_EQ(never->dp().variance_refresh_steps(), 0u);
+  EXPECT_EQ(QuantizedAdamOptionsFromJob(*never).variance_refresh_steps, 0);
+  auto adamw = ParseJobSpec(R"({"dataParallel":2})");  // nothing frozen, nothing to refresh
+  ASSERT_TRUE(adamw.ok()) << adamw.status();
+  EXPECT_EQ(adamw->dp().variance_refresh_steps(), 0u);
   auto set = ParseJobSpec(
       R"({"dataParallel":2,"dp":{"optimizer":"quantized_adam","frozenVariance":"fixed","varianceRefreshSteps":8}})");
   ASSERT_TRUE(set.ok()) << set.status();

@@ -89,7 +89,7 @@ struct QuantizedAdamOptions {
   // (see the banner). Default: true.
   bool raise_variance_at_bound = true;
   // After the freeze, every Nth step is a variance refresh (see the banner).
-  // 0 = never. Default: 0.
+  // 0 = never. Default: 0 (a job's default is 4, pipeline/job_spec.cc).
   int64_t variance_refresh_steps = 0;
   // Codec and buckets of the compressed momentum exchange. Default: min-max,
   // 4 bits, buckets of 512 values.
