@@ -57,6 +57,7 @@ absl::StatusOr<std::unique_ptr<RocksDbMessageStore>> RocksDbMessageStore::Open(
     const Options& options) {
   if (options.path.empty()) return absl::InvalidArgumentError("message store: empty path");
   if (options.max_write_buffers < 2 || options.background_jobs < 1 || options.flush_threads < 1 ||
+      options.slowdown_write_bytes_per_s == 0 ||
       options.write_buffer_bytes == 0 || options.blob_file_bytes == 0) {
     return absl::InvalidArgumentError("message store: bad RocksDB tuning options");
   }
@@ -90,6 +91,7 @@ absl::Status RocksDbMessageStore::Init() {
   // Explicit limits (RocksDB otherwise gives flushes a quarter of the jobs).
   o.max_background_flushes = options_.flush_threads;
   o.max_background_compactions = options_.background_jobs;
+  o.delayed_write_rate = options_.slowdown_write_bytes_per_s;
   o.target_file_size_base = 64ull << 20;
   o.max_bytes_for_level_base = 256ull << 20;
   o.avoid_flush_during_shutdown = false;  // flush memtables on close (WAL off)

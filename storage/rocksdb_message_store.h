@@ -90,6 +90,15 @@ class RocksDbMessageStore final : public internal::RowStoreBase {
     // write-behind could not run ahead; needs max_write_buffers >= 3.
     // Default: 2.
     int flush_threads = 2;
+    // RocksDB's write slowdown rate (delayed_write_rate), applied e.g. while
+    // the last allowed memtable is being written with more than 3 allowed.
+    // RocksDB's default, 16 MB/s, is 20x below what this store sustains: with
+    // multi-MB rows it fired every few seconds and one 26 MB micro-batch
+    // then took 1.6 s to write (measured: puts blocked up to 330 ms per
+    // micro-batch in `bench store`, the LOG full of "Stalling writes because
+    // we have 3 immutable memtables"). The hard stop when every memtable is
+    // full stays: writes then go at the flushes' pace. Default: 1 GiB/s.
+    uint64_t slowdown_write_bytes_per_s = 1ull << 30;
     // Write blob and table files with O_DIRECT (flush and compaction) when
     // the directory's filesystem supports it (probed at open; silently
     // buffered otherwise). Each row is written once and read back at most

@@ -224,11 +224,12 @@ TEST(RocksDbMessageStoreTest, IoModesAndFlushThreadsKeepRowsExact) {
 
 TEST(RocksDbMessageStoreTest, RejectsBadTuningOptions) {
   ScratchDir dir;
-  for (int bad = 0; bad < 3; ++bad) {
+  for (int bad = 0; bad < 4; ++bad) {
     RocksDbMessageStore::Options o = SmallOptions(dir.Sub("db"));
     if (bad == 0) o.flush_threads = 0;
     if (bad == 1) o.background_jobs = 0;
     if (bad == 2) o.max_write_buffers = 1;
+    if (bad == 3) o.slowdown_write_bytes_per_s = 0;
     auto store = RocksDbMessageStore::Open(o);
     EXPECT_TRUE(absl::IsInvalidArgument(store.status())) << bad << ": " << store.status();
   }
