@@ -42,7 +42,7 @@
 // coordinates. Since v is the same on every replica, mean(m / s) = mean(m) /
 // s: lossless codecs give the same update either way. The refresh is 0/1
 // Adam's (Lu et al. 2022: v updated from full-precision gradients at growing
-// intervals); one refresh costs a warm-up step's bytes.
+// intervals; ours is fixed); one refresh costs a warm-up step's bytes.
 // Elements [0, num_compressed) are exchanged with the compressed codec after
 // warm-up; the rest (biases, LayerNorm: tiny tensors) always go raw.
 // All replicas apply the same decoded bytes and the same v, so parameters

@@ -12,7 +12,7 @@
 #   DP_WARMUP=0       dp study: QuantizedAdam warm-up steps (0 = a fifth of the
 #                     estimated steps; the estimate can exceed the steps run)
 #   DP_VARIANCE=raise_at_bound  dp study: dp.frozenVariance (or fixed)
-#   DP_REFRESH=0      dp study: dp.varianceRefreshSteps (0 = never)
+#   DP_REFRESH=4      dp study: dp.varianceRefreshSteps (0 = never)
 #   AQSWARM_BIN=build/aqswarm   the binary to run (e.g. another build dir's)
 #   ONLY="name ..."   run only these configurations (diagnostics: the plot goes
 #                     to $OUT, not docs/)
@@ -26,14 +26,16 @@ study="${1:-pipeline}"
 CORPUS_FILES="${CORPUS_FILES:-12}"
 EPOCHS="${EPOCHS:-5}"; SEQ="${SEQ:-64}"; DMODEL="${DMODEL:-128}"; LAYERS="${LAYERS:-4}"; HEADS="${HEADS:-4}"
 MB="${MB:-8}"; M="${M:-2}"; LR="${LR:-0.003}"
-DP_WARMUP="${DP_WARMUP:-0}"; DP_VARIANCE="${DP_VARIANCE:-raise_at_bound}"; DP_REFRESH="${DP_REFRESH:-0}"
+DP_WARMUP="${DP_WARMUP:-0}"; DP_VARIANCE="${DP_VARIANCE:-raise_at_bound}"; DP_REFRESH="${DP_REFRESH:-4}"
 AQSWARM_BIN="${AQSWARM_BIN:-build/aqswarm}"; ONLY="${ONLY:-}"; REUSE="${REUSE:-}"
 out="${OUT:-runs/convergence-$study}"
 mkdir -p "$out/corpus" docs
 [[ -x "$AQSWARM_BIN" ]] || { [[ "$AQSWARM_BIN" == build/aqswarm ]] && scripts/setup.sh; }
 [[ -x "$AQSWARM_BIN" ]] || { echo "no binary at $AQSWARM_BIN" >&2; exit 1; }
 rm -f "$out"/corpus/*.txt
-ls data/sotu/*.txt | sort | head -n "$CORPUS_FILES" | while read -r f; do cp "$f" "$out/corpus/"; done
+# (no `| head`: with pipefail, head closing the pipe early can fail the script)
+mapfile -t speeches < <(ls data/sotu/*.txt | sort)
+cp "${speeches[@]:0:$CORPUS_FILES}" "$out/corpus/"
 
 job() {  # job NAME MODE FW BW STAGES DP DPOPT
   local name="$1" mode="$2" fw="$3" bw="$4" stages="$5" dp="$6" dpopt="$7" dpx=""
