@@ -26,10 +26,10 @@
 //
 // BLAS: OpenBLAS picks its kernels by CPU model, and one it does not know
 // (e.g. this machine's Xeon, family 6 model 207, with OpenBLAS 0.3.21) gets
-// the generic Prescott (SSE3) kernels. When OpenBLAS reports a pre-AVX2 core
-// on a CPU with AVX2 and FMA and OPENBLAS_CORETYPE is not set, the bench sets
-// it (SkylakeX with AVX-512, else Haswell) for the pipelines it runs; the
-// core in use is in the JSON (blas_core).
+// the generic Prescott (SSE3) kernels; the bench, like `aqswarm pipeline` and
+// `aqswarm peer`, runs its stages with OPENBLAS_CORETYPE set to a matching
+// kernel set then (common/blas_kernels.h); the core in use is in the JSON
+// (blas_core).
 //
 // Limits per cell:
 //   compute-only   samples/s of the SAME mode and grid with unshaped links:
@@ -63,7 +63,6 @@
 //   overlap (1.0 = perfect; 0.5 = fully serialised at the crossover); it is
 //   given against both link limits (ach_wire uses the wire bound, ach_sched
 //   the schedule-aware one).
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -92,6 +91,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "bench/bench.h"
+#include "common/blas_kernels.h"
 #include "common/subprocess.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/step_schedule.h"
@@ -381,35 +381,6 @@ absl::Status RunCell(const SlownetBenchOptions& o, const fs::path& root, Cell* c
   return absl::OkStatus();
 }
 
-// OpenBLAS's kernel set (see the top of this file), and what the pipelines
-// run with.
-std::string BlasCore() {
-  using CoreName = char* (*)();
-  auto fn = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
-  const char* name = fn != nullptr ? fn() : nullptr;
-  return name != nullptr ? name : "";
-}
-
-std::string ChildBlasCore() {
-  const char* set = std::getenv("OPENBLAS_CORETYPE");
-  if (set != nullptr && *set) return set;
-  const std::string core = BlasCore();
-  if (core.empty()) return "none (no OpenBLAS)";
-  static const char* kPreAvx2[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Sandybridge",
-                                   "Katmai", "Coppermine", "Northwood", "Banias", "Unknown"};
-  bool old = false;
-  for (const char* k : kPreAvx2) old = old || absl::EqualsIgnoreCase(core, k);
-  __builtin_cpu_init();
-  if (old && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    const char* pick = __builtin_cpu_supports("avx512f") ? "SkylakeX" : "Haswell";
-    setenv("OPENBLAS_CORETYPE", pick, 1);  // inherited by the pipelines and their stages
-    std::cerr << "slownet: OpenBLAS chose " << core << " kernels on a CPU with AVX2/FMA; running the pipelines with "
-              << "OPENBLAS_CORETYPE=" << pick << "\n";
-    return pick;
-  }
-  return core;
-}
-
 int Cores() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
@@ -513,7 +484,8 @@ absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
   if (ec) return absl::InternalError(absl::StrCat("cannot copy ", SelfExecutable(), " to ", exe.string(), ": ", ec.message()));
   opts.executable = exe.string();
 
-  const std::string blas_core = ChildBlasCore();
+  std::string blas_core = PickOpenBlasCoreForChildren();  // inherited by the pipelines and their stages
+  if (blas_core.empty()) blas_core = "none (no OpenBLAS)";
   const int cores = Cores();
   std::vector<Cell> cells;
   auto plan = [&](int dp, const std::vector<Mode>& ms, const std::vector<double>& bws) {

@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cli/command.h"
+#include "common/blas_kernels.h"
 #include "common/metrics.h"
 #include "common/subprocess.h"
 #include "google/protobuf/util/json_util.h"
@@ -197,6 +198,7 @@ int RunPipeline(const std::vector<std::string>& args) {
   signal(SIGPIPE, SIG_IGN);
   const std::string self = SelfExecutable();
   // children[p * k + s]; each pipeline's chain starts from its last stage.
+  PickOpenBlasCoreForChildren();  // the stages' BLAS kernels (common/blas_kernels.h)
   std::vector<std::unique_ptr<Subprocess>> children(n);
   std::vector<std::string> exchange_addr(n);
   auto log_of = [&](int i) { return (out / absl::StrCat("stage-", name(i / k, i % k), ".log")).string(); };

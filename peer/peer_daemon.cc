@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "common/blas_kernels.h"
 #include "common/certs.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -148,6 +149,7 @@ class PeerDaemonImpl final : public PeerDaemon {
   }
 
   absl::Status Run() override {
+    PickOpenBlasCoreForChildren();  // the stage children's BLAS kernels (common/blas_kernels.h)
     absl::Status s = RunInner();
     StopChild();
     {
