@@ -85,16 +85,16 @@ class RocksDbMessageStore final : public internal::RowStoreBase {
     int background_jobs = 2;
     // Memtables flushed at once (each flush is serial: RocksDB's software
     // CRC32C of every blob record, then O_DIRECT writes, one after the
-    // other). One flush thread capped the sustained write rate of the
-    // bench's multi-MB rows (~330 MB/s measured, about the direct rate) so
-    // write-behind could not run ahead; needs max_write_buffers >= 3.
+    // other). With one flush thread the bench's disk writes stayed at
+    // ~300-380 MB/s, about the synchronous rate, so write-behind could not
+    // run ahead; needs max_write_buffers >= 3.
     // Default: 2.
     int flush_threads = 2;
     // RocksDB's write slowdown rate (delayed_write_rate), applied e.g. while
     // the last allowed memtable is being written with more than 3 allowed.
-    // RocksDB's default, 16 MB/s, is 20x below what this store sustains: with
-    // multi-MB rows it fired every few seconds and one 26 MB micro-batch
-    // then took 1.6 s to write (measured: puts blocked up to 330 ms per
+    // RocksDB's default, 16 MB/s, is far below what this store sustains: with
+    // multi-MB rows it fired every few seconds (a 26 MB micro-batch would
+    // take 1.6 s at that rate; measured: puts blocked up to 330 ms per
     // micro-batch in `bench store`, the LOG full of "Stalling writes because
     // we have 3 immutable memtables"). The hard stop when every memtable is
     // full stays: writes then go at the flushes' pace. Default: 1 GiB/s.
