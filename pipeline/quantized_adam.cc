@@ -115,6 +115,18 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
   const float clip = static_cast<float>(
       options_.update_clip < 0 ? AdamUpdateBound(options_.beta1, options_.beta2, step_) : options_.update_clip);
   const bool raise = options_.raise_variance_at_bound && clip > 0;
+  // Coordinate i moves by u lr, bounded by `clip`. Where the bound binds, v
+  // rises so that this step is exactly the bound and later ones decay with m,
+  // as Adam's would: v is a function of the exchanged m only, the same on
+  // every replica.
+  auto apply = [&](int64_t i, float u) {
+    if (clip > 0 && std::fabs(u) > clip) {
+      if (raise) v_[i] = Square(std::fabs(m_[i]) / bc1 / clip);
+      u = std::copysign(clip, u);
+    }
+    if (decay_[i] && wd > 0) params[i] *= 1 - wd;
+    params[i] -= flr * u;
+  };
   const int64_t refresh = options_.variance_refresh_steps;
   if (refresh > 0 && (step_ - std::max<int64_t>(options_.warmup_steps, 0)) % refresh == 0) {
     // Variance refresh: the float32 mean gradient, as in the warm-up; v takes
@@ -137,15 +149,7 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
     // them (m itself is exact this step), as 0/1 Adam does at its switches.
     std::fill(worker_error_.begin(), worker_error_.end(), 0.0f);
     std::fill(server_error_.begin(), server_error_.end(), 0.0f);
-    for (int64_t i = 0; i < n_; ++i) {
-      float u = m_[i] / bc1 / (std::sqrt(v_[i]) + eps);
-      if (clip > 0 && std::fabs(u) > clip) {
-        if (raise) v_[i] = Square(std::fabs(m_[i]) / bc1 / clip);
-        u = std::copysign(clip, u);
-      }
-      if (decay_[i] && wd > 0) params[i] *= 1 - wd;
-      params[i] -= flr * u;
-    }
+    for (int64_t i = 0; i < n_; ++i) apply(i, m_[i] / bc1 / (std::sqrt(v_[i]) + eps));
     return absl::OkStatus();
   }
   // x = m (or the preconditioned momentum m / (sqrt(v_frozen) + eps), see the
@@ -188,15 +192,7 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
       m_[i] = g_[i];
       u = m_[i] / bc1 / denom;
     }
-    if (clip > 0 && std::fabs(u) > clip) {
-      // Raise v so that this step is exactly the bound and later ones decay
-      // with m, as Adam's would: v is a function of the exchanged m only,
-      // the same on every replica.
-      if (raise) v_[i] = Square(std::fabs(m_[i]) / bc1 / clip);
-      u = std::copysign(clip, u);
-    }
-    if (decay_[i] && wd > 0) params[i] *= 1 - wd;
-    params[i] -= flr * u;
+    apply(i, u);
   }
   return absl::OkStatus();
 }
