@@ -303,8 +303,8 @@ md.append("- **OpenBLAS kernels.** libtorch's matrix products go to the system O
           "(SSE3) kernels: `sgemm_kernel_PRESCOTT` was 25% of all CPU samples of an AQ-SGD run under `perf`. The bench now sets "
           "`OPENBLAS_CORETYPE` (SkylakeX on AVX-512 CPUs, Haswell on AVX2) for its pipelines when OpenBLAS reports a pre-AVX2 "
           "core on a CPU with AVX2 and FMA (never when the variable is set); in a spot check that raised unshaped fp32 from "
-          "~520-750 to ~860-890 samples/s at the old 64 x 4 (one run each, load ~5). Training jobs outside the bench "
-          "should export the same variable on such machines (the stage processes inherit it).")
+          "~520-750 to ~860-890 samples/s at the old 64 x 4 (one run each, load ~5). `aqswarm pipeline` and `aqswarm peer` "
+          "now do the same for the stages they start (common/blas_kernels.h).")
 md.append("- **FIFO wire (peer/link_transport.cc).** The user-space shaper used to start a frame's wire time when its writer "
           "thread dequeued it, after the previous write returned, so the thread's wake-up and write latency (which grows with "
           "CPU contention: 4 stage processes share 2 cores) became idle wire time on every frame. That costs little with fp32's "
