@@ -410,16 +410,21 @@ TEST_F(PrefetcherTest, AppendedEpochNeverReadsARowBeforeItsPreviousPut) {
   EXPECT_EQ(checksums, stored);
 }
 
+// A RocksDB store sized for tests: small memtable, rows of 512+ bytes in blob files.
+absl::StatusOr<std::unique_ptr<RocksDbMessageStore>> OpenSmallRocksDb(const ScratchDir& dir) {
+  RocksDbMessageStore::Options o;
+  o.path = dir.Sub("db");
+  o.write_buffer_bytes = 1 << 20;
+  o.min_blob_bytes = 512;
+  return RocksDbMessageStore::Open(o);
+}
+
 // A trainer's loop: each epoch's successor appended when it starts, window
 // deeper than an epoch, writes completing at their own pace. Every row read
 // is the previous epoch's put, exactly.
 TEST(PrefetcherRocksDbTest, AppendedEpochsOverRocksDbAreExact) {
   ScratchDir dir;
-  RocksDbMessageStore::Options o;
-  o.path = dir.Sub("db");
-  o.write_buffer_bytes = 1 << 20;
-  o.min_blob_bytes = 512;
-  auto store = RocksDbMessageStore::Open(o);
+  auto store = OpenSmallRocksDb(dir);
   ASSERT_TRUE(store.ok()) << store.status();
   constexpr uint64_t kSamples = 64;
   constexpr uint64_t kEpochs = 6;
@@ -476,11 +481,7 @@ TEST(PrefetcherRocksDbTest, AppendedEpochsOverRocksDbAreExact) {
 
 TEST(PrefetcherRocksDbTest, EpochOverRocksDbIsExact) {
   ScratchDir dir;
-  RocksDbMessageStore::Options o;
-  o.path = dir.Sub("db");
-  o.write_buffer_bytes = 1 << 20;
-  o.min_blob_bytes = 512;
-  auto store = RocksDbMessageStore::Open(o);
+  auto store = OpenSmallRocksDb(dir);
   ASSERT_TRUE(store.ok()) << store.status();
   Prefetcher::Options po;
   po.link = kLink;

@@ -2,9 +2,11 @@
 // flipped in blob files on disk, and clear errors when a store cannot open.
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/rocksdb_message_store.h"
@@ -39,6 +41,21 @@ void PutRows(MessageStore* store, uint64_t n, uint64_t version) {
     rows.push_back(RowValues(kLink, s, version));
   }
   ASSERT_TRUE(store->PutBatch(kLink, samples, ConstSpans(rows)).ok());
+}
+
+// Reads samples [0, n) of kLink and checks each is exactly the row
+// StoredValues wrote at version(sample).
+void ExpectStoredRows(MessageStore* store, uint64_t n, const std::function<uint64_t(uint64_t)>& version,
+                      const std::string& what) {
+  std::vector<uint64_t> samples;
+  for (uint64_t s = 0; s < n; ++s) samples.push_back(s);
+  std::vector<std::vector<float>> out(n, std::vector<float>(kLink.num_values()));
+  std::vector<RowRead> reads(n);
+  ASSERT_TRUE(store->GetBatch(kLink, samples, Spans(out), absl::MakeSpan(reads)).ok());
+  for (uint64_t s = 0; s < n; ++s) {
+    ASSERT_TRUE(reads[s].status.ok()) << what << " sample " << s << ": " << reads[s].status;
+    EXPECT_TRUE(SameBits(out[s], StoredValues(kLink, s, version(s)))) << what << " sample " << s;
+  }
 }
 
 TEST(RocksDbMessageStoreTest, RowsPersistAndCleanShutdownIsRecognised) {
@@ -179,15 +196,7 @@ TEST(RocksDbMessageStoreTest, BlobGcOptionKeepsRowsExact) {
   for (uint64_t version = 1; version <= 3; ++version) PutRows(store->get(), 200, version);
   PutRows(store->get(), 100, 4);  // half the rows stay at version 3
   ASSERT_TRUE((*store)->Compact().ok());
-  std::vector<uint64_t> samples;
-  for (uint64_t s = 0; s < 200; ++s) samples.push_back(s);
-  std::vector<std::vector<float>> out(200, std::vector<float>(kLink.num_values()));
-  std::vector<RowRead> reads(200);
-  ASSERT_TRUE((*store)->GetBatch(kLink, samples, Spans(out), absl::MakeSpan(reads)).ok());
-  for (uint64_t s = 0; s < 200; ++s) {
-    ASSERT_TRUE(reads[s].status.ok()) << reads[s].status;
-    EXPECT_TRUE(SameBits(out[s], StoredValues(kLink, s, s < 100 ? 4 : 3))) << "sample " << s;
-  }
+  ExpectStoredRows(store->get(), 200, [](uint64_t s) { return s < 100 ? 4 : 3; }, "");
 }
 
 // Direct I/O on or off for reads and writes, one or three flush threads:
@@ -208,16 +217,8 @@ TEST(RocksDbMessageStoreTest, IoModesAndFlushThreadsKeepRowsExact) {
       }
       auto store = RocksDbMessageStore::Open(o);
       ASSERT_TRUE(store.ok()) << store.status();
-      std::vector<uint64_t> samples;
-      for (uint64_t s = 0; s < 200; ++s) samples.push_back(s);
-      std::vector<std::vector<float>> out(200, std::vector<float>(kLink.num_values()));
-      std::vector<RowRead> reads(200);
-      ASSERT_TRUE((*store)->GetBatch(kLink, samples, Spans(out), absl::MakeSpan(reads)).ok());
-      for (uint64_t s = 0; s < 200; ++s) {
-        ASSERT_TRUE(reads[s].status.ok()) << reads[s].status;
-        EXPECT_TRUE(SameBits(out[s], StoredValues(kLink, s, 3)))
-            << "direct " << direct << " flush_threads " << flush_threads << " sample " << s;
-      }
+      ExpectStoredRows(store->get(), 200, [](uint64_t) { return 3; },
+                       absl::StrCat("direct ", direct, " flush_threads ", flush_threads));
     }
   }
 }
