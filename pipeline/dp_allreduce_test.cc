@@ -211,6 +211,20 @@ TEST(QuantizedAdamTest, AdamUpdateBoundIsReachedBySomeGradientHistory) {
   EXPECT_NEAR(AdamUpdateBound(0.9, 0.999, 1), 1.0, 1e-12);  // Adam's first step is +-lr
 }
 
+// The reference's AdamW step t on the mean of two replicas' gradients (betas
+// 0.9 / 0.99, eps 1e-8, weight decay 0.1 where `decay`): updates m, v, ref.
+void ReferenceAdamWStep(int t, double lr, const std::vector<std::vector<float>>& g, const std::vector<uint8_t>& decay,
+                        std::vector<double>& m, std::vector<double>& v, std::vector<float>& ref) {
+  const double bc1 = 1 - std::pow(0.9, t), bc2 = 1 - std::pow(0.99, t);
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double gm = (static_cast<double>(g[0][i]) + g[1][i]) / 2;
+    m[i] = 0.9 * m[i] + 0.1 * gm;
+    v[i] = 0.99 * v[i] + 0.01 * gm * gm;
+    if (decay[i]) ref[i] *= 1 - lr * 0.1;
+    ref[i] -= lr * (m[i] / bc1) / (std::sqrt(v[i] / bc2) + 1e-8);
+  }
+}
+
 TEST(QuantizedAdamTest, LosslessWarmupMatchesAdamWOnTheMeanGradientAndFrozenPhaseFollowsTheFormula) {
   const int d = 2;
   const int64_t n = 3000, nc = 2000;
@@ -226,7 +240,8 @@ TEST(QuantizedAdamTest, LosslessWarmupMatchesAdamWOnTheMeanGradientAndFrozenPhas
   std::vector<std::unique_ptr<QuantizedAdam>> opt;
   for (int r = 0; r < d; ++r) opt.push_back(std::make_unique<QuantizedAdam>(n, nc, decay, o));
   std::vector<std::vector<float>> params(d, Random(n, 9));
-  std::vector<float> ref = params[0], m(n, 0), v(n, 0), vf;
+  std::vector<float> ref = params[0];
+  std::vector<double> m(n, 0), v(n, 0), vf;
   const double lr = 0.01;
   for (int t = 1; t <= 6; ++t) {
     Hub hub;
@@ -237,30 +252,23 @@ TEST(QuantizedAdamTest, LosslessWarmupMatchesAdamWOnTheMeanGradientAndFrozenPhas
     });
     for (auto& s : st) ASSERT_TRUE(s.ok()) << s;
     ASSERT_EQ(0, std::memcmp(params[0].data(), params[1].data(), n * 4)) << "replicas diverged at step " << t;
-    for (int64_t i = 0; i < n; ++i) {
-      const double gm = (static_cast<double>(g[0][i]) + g[1][i]) / 2;
-      m[i] = 0.9 * m[i] + 0.1 * gm;
-      if (t <= 3) {
-        v[i] = 0.99 * v[i] + 0.01 * gm * gm;
-        const double bc1 = 1 - std::pow(0.9, t), bc2 = 1 - std::pow(0.99, t);
-        if (decay[i]) ref[i] *= 1 - lr * 0.1;
-        ref[i] -= lr * (m[i] / bc1) / (std::sqrt(v[i] / bc2) + 1e-8);
-      } else {
-        if (vf.empty()) {  // frozen at step 3, floored at 1% of the mean
-          vf = v;
-          double mean = 0;
-          for (auto& x : vf) mean += (x /= 1 - std::pow(0.99, 3));
-          for (auto& x : vf) x = std::max(x, 0.01f * static_cast<float>(mean / n));
-        }
-        // Bias-corrected m over the frozen variance, bounded by Adam's own
-        // largest step at t (AdamBoundBySum); where it binds, v rises to
-        // (m / bc1 / bound)^2.
-        const double bc1 = 1 - std::pow(0.9, t), bound = AdamBoundBySum(0.9, 0.99, t);
+    if (t <= 3) {
+      ReferenceAdamWStep(t, lr, g, decay, m, v, ref);
+    } else {
+      if (vf.empty()) {  // frozen at step 3, bias-corrected (the floor fills zeros only: none here)
+        vf = v;
+        for (auto& x : vf) x /= 1 - std::pow(0.99, 3);
+      }
+      // Bias-corrected m over the frozen variance, bounded by Adam's own
+      // largest step at t (AdamBoundBySum); where it binds, v rises to
+      // (m / bc1 / bound)^2.
+      const double bc1 = 1 - std::pow(0.9, t), bound = AdamBoundBySum(0.9, 0.99, t);
+      for (int64_t i = 0; i < n; ++i) {
+        m[i] = 0.9 * m[i] + 0.1 * (static_cast<double>(g[0][i]) + g[1][i]) / 2;
         const double raw = m[i] / bc1 / (std::sqrt(vf[i]) + 1e-8);
-        if (std::fabs(raw) > bound) vf[i] = static_cast<float>(std::pow(m[i] / bc1 / bound, 2));
-        const double u = std::clamp(raw, -bound, bound);
+        if (std::fabs(raw) > bound) vf[i] = std::pow(m[i] / bc1 / bound, 2);
         if (decay[i]) ref[i] *= 1 - lr * 0.1;
-        ref[i] -= lr * u;
+        ref[i] -= lr * std::clamp(raw, -bound, bound);
       }
     }
     for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(params[0][i], ref[i], 2e-5) << "step " << t << " i " << i;
@@ -469,14 +477,7 @@ TEST(QuantizedAdamTest, VarianceRefreshEveryStepWithLosslessCodecMatchesAdamW) {
     });
     for (auto& s : st) ASSERT_TRUE(s.ok()) << s;
     ASSERT_EQ(0, std::memcmp(params[0].data(), params[1].data(), n * 4)) << "replicas diverged at step " << t;
-    const double bc1 = 1 - std::pow(0.9, t), bc2 = 1 - std::pow(0.99, t);
-    for (int64_t i = 0; i < n; ++i) {
-      const double gm = (static_cast<double>(g[0][i]) + g[1][i]) / 2;
-      m[i] = 0.9 * m[i] + 0.1 * gm;
-      v[i] = 0.99 * v[i] + 0.01 * gm * gm;
-      if (decay[i]) ref[i] *= 1 - lr * 0.1;
-      ref[i] -= lr * (m[i] / bc1) / (std::sqrt(v[i] / bc2) + 1e-8);
-    }
+    ReferenceAdamWStep(t, lr, g, decay, m, v, ref);
     for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(params[0][i], ref[i], 2e-5) << "step " << t << " i " << i;
   }
   EXPECT_TRUE(opt[0]->frozen());
