@@ -15,7 +15,7 @@ struct GrpcReplicaExchange::Peer {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::GradientExchange::Stub> stub;
   absl::Mutex mu;
-  std::deque<v1::ExchangeChunk> queue ABSL_GUARDED_BY(mu);
+  std::deque<std::pair<v1::ExchangeChunk, absl::Time>> queue ABSL_GUARDED_BY(mu);  // with the time queued
   bool closing ABSL_GUARDED_BY(mu) = false;
   absl::Status failed ABSL_GUARDED_BY(mu);
   std::atomic<uint64_t> bytes_sent{0};
@@ -115,29 +115,25 @@ absl::Status GrpcReplicaExchange::Send(int to, const v1::ExchangeChunk& chunk) {
   if (!p->failed.ok()) return p->failed;
   v1::ExchangeChunk c = chunk;
   c.set_group(options_.group);
-  p->queue.push_back(std::move(c));
+  p->queue.emplace_back(std::move(c), absl::Now());
   return absl::OkStatus();
 }
 
 void GrpcReplicaExchange::SenderLoop(Peer* p) {
-  absl::Time wire_free = absl::InfinitePast();
+  EmulatedWire wire(options_.shaping.bandwidth_mbps);
   while (true) {
     v1::ExchangeChunk c;
+    absl::Time queued;
     {
       absl::MutexLock l(&p->mu);
       auto ready = [p]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) { return !p->queue.empty() || p->closing; };
       p->mu.Await(absl::Condition(&ready));
       if (p->queue.empty()) return;
-      c = std::move(p->queue.front());
+      c = std::move(p->queue.front().first);
+      queued = p->queue.front().second;
       p->queue.pop_front();
     }
-    const size_t bytes = c.ByteSizeLong() + 8;
-    absl::Time now = absl::Now();
-    if (options_.shaping.bandwidth_mbps > 0) {
-      wire_free = std::max(now, wire_free) + absl::Seconds(bytes * 8.0 / (options_.shaping.bandwidth_mbps * 1e6));
-      absl::SleepFor(wire_free - now);  // the emulated wire is busy
-      now = wire_free;
-    }
+    const absl::Time now = wire.Transmit(c.ByteSizeLong() + 8, queued);
     c.set_sent_unix_micros(absl::ToUnixMicros(now));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.timeout));

@@ -113,8 +113,17 @@ void LinkConnection::WaitWriterDone() {
   mu_.Await(absl::Condition(&done));
 }
 
+absl::Time EmulatedWire::Transmit(size_t bytes, absl::Time queued) {
+  const absl::Time now = absl::Now();
+  if (bandwidth_mbps_ <= 0) return now;
+  wire_free_ = std::max(queued, wire_free_) + absl::Seconds(bytes * 8.0 / (bandwidth_mbps_ * 1e6));
+  if (wire_free_ <= now) return now;  // a late sender catches up: the wire did not idle
+  absl::SleepFor(wire_free_ - now);   // the emulated wire is busy
+  return wire_free_;
+}
+
 void LinkConnection::WriterLoop() {
-  absl::Time wire_free = absl::InfinitePast();
+  EmulatedWire wire(shaping_.bandwidth_mbps);
   absl::Time last_done = absl::InfinitePast();
   while (true) {
     v1::LinkFrame frame;
@@ -131,19 +140,8 @@ void LinkConnection::WriterLoop() {
       outbound_.pop_front();
     }
     const size_t bytes = frame.ByteSizeLong() + 8;  // + the timestamp set below
-    absl::Time now = absl::Now();
-    const absl::Time busy_from = std::max(now, last_done);
-    if (shaping_.bandwidth_mbps > 0) {
-      // FIFO wire: the frame's bytes start when it was queued or when the
-      // previous frame's last byte left, whichever is later (not when this
-      // thread got to it: its wake-up and write latencies are not wire time).
-      const absl::Duration tx = absl::Seconds(bytes * 8.0 / (shaping_.bandwidth_mbps * 1e6));
-      wire_free = std::max(queued, wire_free) + tx;
-      if (wire_free > now) {
-        absl::SleepFor(wire_free - now);  // the emulated wire is busy
-        now = wire_free;
-      }
-    }
+    const absl::Time busy_from = std::max(absl::Now(), last_done);
+    const absl::Time now = wire.Transmit(bytes, queued);
     frame.set_sent_unix_micros(absl::ToUnixMicros(now));
     if (!WriteFrame(frame)) {
       MarkBroken(absl::UnavailableError(absl::StrCat("link ", name_, ": write failed (peer gone)")));

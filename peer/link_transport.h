@@ -53,6 +53,22 @@ struct ShapingOptions {
   double latency_ms = 0;
 };
 
+// The emulated wire of one sending direction (user-space shaping): a FIFO at
+// `bandwidth_mbps`. A frame's bytes start when it was queued or when the
+// previous frame's last byte left, whichever is later -- the sender thread's
+// wake-up and write latencies are not wire time. Transmit() sleeps until the
+// frame's last byte has left and returns that time (now, when unshaped).
+// Used by StageLink and the gradient exchange; one per sender thread.
+class EmulatedWire {
+ public:
+  explicit EmulatedWire(double bandwidth_mbps) : bandwidth_mbps_(bandwidth_mbps) {}
+  absl::Time Transmit(size_t bytes, absl::Time queued);
+
+ private:
+  const double bandwidth_mbps_;
+  absl::Time wire_free_ = absl::InfinitePast();
+};
+
 // Largest frame accepted on a link (gRPC's 4 MiB default is too small for
 // FULL activation batches of real models). Default: 512 MiB.
 inline constexpr int kMaxLinkFrameBytes = 512 << 20;
