@@ -41,6 +41,31 @@ struct StoreBenchOptions {
 inline constexpr int64_t kAutoPrefetchBytes = int64_t{256} << 20;  // the Prefetcher's default memory bound
 absl::Status RunStoreBench(const StoreBenchOptions& options, std::ostream& out);
 
+// `aqswarm bench link`: CPU per sample of one link's two ends (sender +
+// receiver, each with its own store), AQ-SGD vs DirectQ, no model and no
+// transport. See link_bench.cc.
+struct LinkBenchOptions {
+  // Row shape (seq_len x d_model; fp16 m rows). Default: the slownet bench's.
+  int64_t rows = 64;
+  int64_t cols = 32;
+  int fw_bits = 3;
+  // Samples per epoch, timed epochs (after AQ-SGD's FULL epoch 0), rows per
+  // micro-batch. Default: one slownet step per epoch.
+  int64_t samples = 512;
+  int64_t epochs = 8;
+  int64_t micro_batch = 8;
+  // Comma-separated AQ-SGD stores: rocksdb, rocksdb_skiplist, memory.
+  // DirectQ always runs.
+  std::string stores = "rocksdb,rocksdb_skiplist,memory";
+  // Runs per cell; the lowest CPU time is kept. Default: 3.
+  int repeats = 3;
+  uint64_t seed = 1;
+  // Directory for the RocksDB stores (a temporary directory under it).
+  std::string dir;
+  bool json = false;
+};
+absl::Status RunLinkBench(const LinkBenchOptions& options, std::ostream& out);
+
 struct SchedulerBenchOptions {
   // Seed of the synthetic networks and of the solver. Default: 1.
   uint64_t seed = 1;

@@ -1,6 +1,7 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/status/status.h"
 #include "bench/bench.h"
 #include "cli/command.h"
@@ -16,6 +17,12 @@ ABSL_FLAG(int64_t, micro_batch, 8, "Store bench: rows per micro-batch.");
 ABSL_FLAG(int64_t, prefetch, 0,
           "Store bench: prefetch depth in micro-batches (0 = as many as 256 MiB of fp32 rows hold, at least 4).");
 ABSL_FLAG(std::string, shapes, "128x768,1024x1600", "Store bench: fp16 row shapes ROWSxCOLS.");
+ABSL_FLAG(std::string, link_shape, "64x32", "Link bench: row shape SEQ_LENxD_MODEL (fp16 m rows).");
+ABSL_FLAG(int32_t, link_fw_bits, 3, "Link bench: activation bits.");
+ABSL_FLAG(int64_t, link_samples, 512, "Link bench: samples per epoch.");
+ABSL_FLAG(int64_t, link_epochs, 8, "Link bench: timed epochs (after AQ-SGD's FULL epoch 0).");
+ABSL_FLAG(std::string, link_stores, "rocksdb,rocksdb_skiplist,memory",
+          "Link bench: AQ-SGD stores to run (rocksdb, rocksdb_skiplist, memory).");
 ABSL_FLAG(std::string, sched_sizes, "8,16,64,256", "Scheduler bench: comma-separated peer counts.");
 ABSL_FLAG(uint64_t, seed, 1, "Scheduler bench: seed of the synthetic networks and the solver.");
 ABSL_FLAG(std::string, slownet_bandwidths, "0,1000,500,300,100,10",
@@ -95,6 +102,32 @@ std::vector<Command> BenchCommands() {
                    o.shapes = absl::GetFlag(FLAGS_shapes);
                    o.json = absl::GetFlag(FLAGS_json);
                    return BenchReport(bench::RunStoreBench(o, std::cout), "store");
+                 }});
+  out.push_back({"bench link",
+                 "CPU per sample of one link's two ends (no model, no transport): AQ-SGD's per-sample "
+                 "state (store + prefetcher + delta coding) against DirectQ with the same quantizer.",
+                 "",
+                 {"json", "dir", "micro_batch", "repeats", "link_shape", "link_fw_bits", "link_samples",
+                  "link_epochs", "link_stores"},
+                 [](const std::vector<std::string>& args) {
+                   if (int rc = BenchNoArgs(args, "link")) return rc;
+                   bench::LinkBenchOptions o;
+                   const std::string shape = absl::GetFlag(FLAGS_link_shape);
+                   const size_t x = shape.find('x');
+                   if (x == std::string::npos || !absl::SimpleAtoi(shape.substr(0, x), &o.rows) ||
+                       !absl::SimpleAtoi(shape.substr(x + 1), &o.cols)) {
+                     std::cerr << "aqswarm bench link: --link_shape must be ROWSxCOLS, got '" << shape << "'\n";
+                     return 2;
+                   }
+                   o.fw_bits = absl::GetFlag(FLAGS_link_fw_bits);
+                   o.samples = absl::GetFlag(FLAGS_link_samples);
+                   o.epochs = absl::GetFlag(FLAGS_link_epochs);
+                   o.micro_batch = absl::GetFlag(FLAGS_micro_batch);
+                   o.stores = absl::GetFlag(FLAGS_link_stores);
+                   o.repeats = absl::GetFlag(FLAGS_repeats);
+                   o.dir = absl::GetFlag(FLAGS_dir);
+                   o.json = absl::GetFlag(FLAGS_json);
+                   return BenchReport(bench::RunLinkBench(o, std::cout), "link");
                  }});
   out.push_back({"bench scheduler",
                  "Placement solver (coordinator/placement.h): cost vs the exhaustive optimum (N <= 8) "

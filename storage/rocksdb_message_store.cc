@@ -9,7 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "rocksdb/db.h"
 #include "rocksdb/iterator.h"
+#include "rocksdb/memtablerep.h"
 #include "rocksdb/options.h"
+#include "rocksdb/slice_transform.h"
 #include "rocksdb/write_batch.h"
 #include "storage/rocksdb_util.h"
 #include "storage/row_codec.h"
@@ -58,7 +60,8 @@ absl::StatusOr<std::unique_ptr<RocksDbMessageStore>> RocksDbMessageStore::Open(
   if (options.path.empty()) return absl::InvalidArgumentError("message store: empty path");
   if (options.max_write_buffers < 2 || options.background_jobs < 1 || options.flush_threads < 1 ||
       options.slowdown_write_bytes_per_s == 0 ||
-      options.write_buffer_bytes == 0 || options.blob_file_bytes == 0) {
+      options.write_buffer_bytes == 0 || options.blob_file_bytes == 0 ||
+      (options.hash_memtable && options.hash_memtable_buckets == 0)) {
     return absl::InvalidArgumentError("message store: bad RocksDB tuning options");
   }
   std::unique_ptr<RocksDbMessageStore> store(new RocksDbMessageStore(options));
@@ -86,6 +89,13 @@ absl::Status RocksDbMessageStore::Init() {
   o.blob_compression_type = rocksdb::kNoCompression;
   o.enable_blob_garbage_collection = options_.blob_garbage_collection;
   o.blob_garbage_collection_age_cutoff = 0.5;
+  if (options_.hash_memtable) {
+    // Every key (row or index entry) is exactly kKeyBytes: a whole-key
+    // "prefix" makes each hash bucket one key's versions.
+    o.prefix_extractor.reset(rocksdb::NewFixedPrefixTransform(internal::kKeyBytes));
+    o.memtable_factory.reset(rocksdb::NewHashSkipListRepFactory(options_.hash_memtable_buckets));
+    o.allow_concurrent_memtable_write = false;  // only the skip list supports it
+  }
   o.write_buffer_size = options_.write_buffer_bytes;
   o.max_write_buffer_number = options_.max_write_buffers;
   // Explicit limits (RocksDB otherwise gives flushes a quarter of the jobs).
@@ -117,6 +127,7 @@ absl::Status RocksDbMessageStore::Init() {
   // Rebuild the budget index from the small index entries.
   std::vector<internal::WriteOp> repairs;
   rocksdb::ReadOptions ro;
+  ro.total_order_seek = true;  // a scan across keys, whatever the memtable
   const std::string begin(1, static_cast<char>(internal::kIndexKind));
   const std::string end(1, static_cast<char>(internal::kIndexKind + 1));
   rocksdb::Slice upper = ToSlice(end);

@@ -201,32 +201,41 @@ TEST(RocksDbMessageStoreTest, BlobGcOptionKeepsRowsExact) {
 
 // Direct I/O on or off for reads and writes, one or three flush threads:
 // the same exact rows after overwrites, flushes and a reopen.
-TEST(RocksDbMessageStoreTest, IoModesAndFlushThreadsKeepRowsExact) {
+TEST(RocksDbMessageStoreTest, IoModesFlushThreadsAndMemtablesKeepRowsExact) {
   for (const bool direct : {false, true}) {
     for (const int flush_threads : {1, 3}) {
-      ScratchDir dir;
-      RocksDbMessageStore::Options o = SmallOptions(dir.Sub("db"));
-      o.direct_io_reads = direct;
-      o.direct_io_writes = direct;
-      o.flush_threads = flush_threads;
-      {
+      for (const bool hash_memtable : {false, true}) {
+        ScratchDir dir;
+        RocksDbMessageStore::Options o = SmallOptions(dir.Sub("db"));
+        o.direct_io_reads = direct;
+        o.direct_io_writes = direct;
+        o.flush_threads = flush_threads;
+        o.hash_memtable = hash_memtable;
+        const std::string what =
+            absl::StrCat("direct ", direct, " flush_threads ", flush_threads, " hash_memtable ", hash_memtable);
+        {
+          auto store = RocksDbMessageStore::Open(o);
+          ASSERT_TRUE(store.ok()) << store.status();
+          for (uint64_t version = 1; version <= 3; ++version) PutRows(store->get(), 200, version);
+          // Read back from the memtables before any flush, too.
+          ExpectStoredRows(store->get(), 200, [](uint64_t) { return 3; }, what + " (open)");
+          ASSERT_TRUE((*store)->Close().ok());
+        }
+        // The memtable kind is not persisted: reopen with the other one.
+        o.hash_memtable = !hash_memtable;
         auto store = RocksDbMessageStore::Open(o);
         ASSERT_TRUE(store.ok()) << store.status();
-        for (uint64_t version = 1; version <= 3; ++version) PutRows(store->get(), 200, version);
-        ASSERT_TRUE((*store)->Close().ok());
+        ExpectStoredRows(store->get(), 200, [](uint64_t) { return 3; }, what + " (reopened)");
       }
-      auto store = RocksDbMessageStore::Open(o);
-      ASSERT_TRUE(store.ok()) << store.status();
-      ExpectStoredRows(store->get(), 200, [](uint64_t) { return 3; },
-                       absl::StrCat("direct ", direct, " flush_threads ", flush_threads));
     }
   }
 }
 
 TEST(RocksDbMessageStoreTest, RejectsBadTuningOptions) {
   ScratchDir dir;
-  for (int bad = 0; bad < 4; ++bad) {
+  for (int bad = 0; bad < 5; ++bad) {
     RocksDbMessageStore::Options o = SmallOptions(dir.Sub("db"));
+    if (bad == 4) o.hash_memtable_buckets = 0;
     if (bad == 0) o.flush_threads = 0;
     if (bad == 1) o.background_jobs = 0;
     if (bad == 2) o.max_write_buffers = 1;

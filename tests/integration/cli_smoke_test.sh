@@ -27,6 +27,12 @@ check bad-flag 2 "unknown flag" -- "$bin" bench compression --nope=1
 check foreign-flag 2 "unknown flag" -- "$bin" bench compression --samples=3
 check bad-value 1 "Illegal value" -- "$bin" bench compression --mib=lots
 check extra-arg 2 "unexpected argument" -- "$bin" bench compression extra
+check link-bad-shape 2 "must be ROWSxCOLS" -- "$bin" bench link --link_shape=64by32
+check link-bad-store 1 "unknown store 'ssd'" -- "$bin" bench link --link_stores=ssd
+check link-bad-bits 1 "fw_bits in 2..8" -- "$bin" bench link --link_fw_bits=9
+# A tiny real run: epoch 1's rows are AQ-SGD deltas against the FULL epoch 0 at both stores.
+check link-run 0 '"mode":"aqsgd","store":"memory".*"delta_rows":16,"full_rows":16' -- \
+  "$bin" bench link --json --link_samples=16 --link_epochs=1 --repeats=1 --dir="${TMPDIR:-/tmp}"
 check version-arg 2 "no arguments" -- "$bin" version x
 # --dry_run (every command): flags are checked, nothing runs (a coordinator
 # without --job would otherwise fail), bad flags and values still fail.
