@@ -79,7 +79,11 @@ std::vector<Cell> Cells(const std::string& filter) {
   if (want(v1::CODEC_RAW_F16)) add(v1::CODEC_RAW_F16, 16, v1::ROUNDING_NEAREST, v1::LEVELS_UNIFORM, false);
   for (v1::Codec c : {v1::CODEC_FIXED_POINT, v1::CODEC_QSGD, v1::CODEC_MINMAX}) {
     if (!want(c)) continue;
-    for (int b : {2, 4, 8}) {
+    // Fixed point also at 3 and 6 bits: AQ-SGD fw3bw6 links (odd widths
+    // take the generic bit-packing path).
+    const std::vector<int> widths =
+        c == v1::CODEC_FIXED_POINT ? std::vector<int>{2, 3, 4, 6, 8} : std::vector<int>{2, 4, 8};
+    for (int b : widths) {
       for (v1::Rounding r : {v1::ROUNDING_NEAREST, v1::ROUNDING_STOCHASTIC}) add(c, b, r, v1::LEVELS_UNIFORM, false);
     }
   }

@@ -1,5 +1,8 @@
 #include "compression/bit_pack.h"
 
+#include <immintrin.h>
+
+#include <atomic>
 #include <cstring>
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -27,6 +30,67 @@ void UnpackGroups(const uint8_t* in, size_t groups, uint8_t* codes) {
     uint64_t v = 0;
     std::memcpy(&v, in + B * g, B);
     for (int j = 0; j < 8; ++j) codes[8 * g + j] = static_cast<uint8_t>((v >> (j * B)) & kMask);
+  }
+}
+
+// The same with BMI2: PEXT gathers the low B bits of each of 8 code bytes
+// into one word, PDEP spreads them back, one instruction per 8 codes (the
+// portable loops above shift and mask each code; at 3 and 6 bits, AQ-SGD's
+// fw3bw6 links, decoding ran at ~2 GB/s against ~13 GB/s for 4 and 8).
+constexpr uint64_t kLowBitsOfEachByte(int b) { return 0x0101010101010101ull * ((1ull << b) - 1); }
+
+template <int B>
+__attribute__((target("bmi2"))) void PackGroupsBmi2(const uint8_t* codes, size_t groups, uint8_t* out) {
+  for (size_t g = 0; g < groups; ++g) {
+    uint64_t c;
+    std::memcpy(&c, codes + 8 * g, 8);
+    const uint64_t v = _pext_u64(c, kLowBitsOfEachByte(B));
+    std::memcpy(out + B * g, &v, B);
+  }
+}
+
+template <int B>
+__attribute__((target("bmi2"))) void UnpackGroupsBmi2(const uint8_t* in, size_t groups, uint8_t* codes) {
+  // Whole 8-byte loads while they stay inside the input (PDEP ignores the
+  // bits above 8 * B); a B-byte copy into a zeroed word would stall on
+  // store forwarding every group.
+  size_t g = 0;
+  for (; B * g + 8 <= B * groups; ++g) {
+    uint64_t v;
+    std::memcpy(&v, in + B * g, 8);
+    const uint64_t c = _pdep_u64(v, kLowBitsOfEachByte(B));
+    std::memcpy(codes + 8 * g, &c, 8);
+  }
+  for (; g < groups; ++g) {
+    uint64_t v = 0;
+    std::memcpy(&v, in + B * g, B);
+    const uint64_t c = _pdep_u64(v, kLowBitsOfEachByte(B));
+    std::memcpy(codes + 8 * g, &c, 8);
+  }
+}
+
+std::atomic<bool> allow_bmi2{true};
+
+bool HasBmi2() {
+  static const bool has = __builtin_cpu_supports("bmi2");
+  return has && allow_bmi2.load(std::memory_order_relaxed);
+}
+
+template <int B>
+void PackOdd(const uint8_t* codes, size_t groups, uint8_t* out) {
+  if (HasBmi2()) {
+    PackGroupsBmi2<B>(codes, groups, out);
+  } else {
+    PackGroups<B>(codes, groups, out);
+  }
+}
+
+template <int B>
+void UnpackOdd(const uint8_t* in, size_t groups, uint8_t* codes) {
+  if (HasBmi2()) {
+    UnpackGroupsBmi2<B>(in, groups, codes);
+  } else {
+    UnpackGroups<B>(in, groups, codes);
   }
 }
 
@@ -69,31 +133,35 @@ void Unpack2(const uint8_t* in, size_t groups, uint8_t* codes) {
 
 void PackFull(const uint8_t* codes, size_t groups, int bits, uint8_t* out) {
   switch (bits) {
-    case 1: PackGroups<1>(codes, groups, out); return;
+    case 1: PackOdd<1>(codes, groups, out); return;
     case 2: Pack2(codes, groups, out); return;
-    case 3: PackGroups<3>(codes, groups, out); return;
+    case 3: PackOdd<3>(codes, groups, out); return;
     case 4: Pack4(codes, groups, out); return;
-    case 5: PackGroups<5>(codes, groups, out); return;
-    case 6: PackGroups<6>(codes, groups, out); return;
-    case 7: PackGroups<7>(codes, groups, out); return;
+    case 5: PackOdd<5>(codes, groups, out); return;
+    case 6: PackOdd<6>(codes, groups, out); return;
+    case 7: PackOdd<7>(codes, groups, out); return;
     case 8: std::memcpy(out, codes, groups * 8); return;
   }
 }
 
 void UnpackFull(const uint8_t* in, size_t groups, int bits, uint8_t* codes) {
   switch (bits) {
-    case 1: UnpackGroups<1>(in, groups, codes); return;
+    case 1: UnpackOdd<1>(in, groups, codes); return;
     case 2: Unpack2(in, groups, codes); return;
-    case 3: UnpackGroups<3>(in, groups, codes); return;
+    case 3: UnpackOdd<3>(in, groups, codes); return;
     case 4: Unpack4(in, groups, codes); return;
-    case 5: UnpackGroups<5>(in, groups, codes); return;
-    case 6: UnpackGroups<6>(in, groups, codes); return;
-    case 7: UnpackGroups<7>(in, groups, codes); return;
+    case 5: UnpackOdd<5>(in, groups, codes); return;
+    case 6: UnpackOdd<6>(in, groups, codes); return;
+    case 7: UnpackOdd<7>(in, groups, codes); return;
     case 8: std::memcpy(codes, in, groups * 8); return;
   }
 }
 
 }  // namespace
+
+namespace internal {
+void AllowBmi2ForTesting(bool allow) { allow_bmi2.store(allow); }
+}  // namespace internal
 
 void PackBits(const uint8_t* codes, size_t n, int bits, uint8_t* out) {
   const size_t groups = n / 8;

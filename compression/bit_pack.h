@@ -13,8 +13,9 @@
 //   UnpackBits(bytes.data(), codes.size(), 2, codes.data());
 //
 // Codes must already fit in b bits (higher bits are masked off). Thread-safe
-// (pure functions). Widths 1, 2, 4 and 8 have byte-aligned fast paths; every
-// width has an unrolled 8-codes-per-b-bytes loop.
+// (pure functions). Widths 1, 2, 4 and 8 have byte-aligned fast paths; the
+// others pack 8 codes per b bytes with BMI2's PEXT/PDEP where the CPU has
+// them, else with an unrolled shift-and-mask loop.
 #ifndef AQSWARM_COMPRESSION_BIT_PACK_H_
 #define AQSWARM_COMPRESSION_BIT_PACK_H_
 
@@ -34,6 +35,11 @@ void PackBits(const uint8_t* codes, size_t n, int bits, uint8_t* out);
 
 // Inverse of PackBits: reads PackedBytes(n, bits) bytes, writes n codes.
 void UnpackBits(const uint8_t* in, size_t n, int bits, uint8_t* codes);
+
+namespace internal {
+// Tests only: false forces the portable loops on a CPU with BMI2.
+void AllowBmi2ForTesting(bool allow);
+}  // namespace internal
 
 }  // namespace aqswarm::compression
 
