@@ -196,7 +196,7 @@ absl::Status RunLinkBench(const LinkBenchOptions& options, std::ostream& out) {
   if (!o.json) {
     out << absl::StrFormat("link bench: %dx%d fp16 rows, fw %d bits, %d samples x %d epochs, micro-batch %d\n",
                            o.rows, o.cols, o.fw_bits, o.samples, o.epochs, o.micro_batch);
-    out << absl::StrFormat("%-8s %-8s %12s %12s %10s\n", "mode", "store", "cpu us/smp", "wall us/smp", "vs dq");
+    out << absl::StrFormat("%-8s %-16s %12s %12s %10s\n", "mode", "store", "cpu us/smp", "wall us/smp", "vs dq");
   }
   double directq_cpu = 0;
   absl::Status status;
@@ -223,7 +223,7 @@ absl::Status RunLinkBench(const LinkBenchOptions& options, std::ostream& out) {
           best.cpu_us_per_sample, best.wall_us_per_sample, extra, best.delta_rows, best.full_rows,
           best.direct_rows, best.resend_rows);
     } else {
-      out << absl::StrFormat("%-8s %-8s %12.2f %12.2f %+10.2f\n", cell.mode, cell.store, best.cpu_us_per_sample,
+      out << absl::StrFormat("%-8s %-16s %12.2f %12.2f %+10.2f\n", cell.mode, cell.store, best.cpu_us_per_sample,
                              best.wall_us_per_sample, extra);
     }
   }

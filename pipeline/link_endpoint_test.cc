@@ -172,6 +172,42 @@ TEST(StatelessLinkTest, Fp32IsExactAndDirectQIsClose) {
   }
 }
 
+// The sender's error sums are ||a - what the receiver reconstructs||^2 and
+// ||a||^2, here for rows of 9 x 32 = 288 values (one 256-value block of the
+// vectorised sum and a tail), DirectQ and AQ-SGD alike.
+TEST(LinkStatsTest, ErrorSumsMatchWhatTheReceiverReconstructs) {
+  for (auto mode : {compression::LinkMode::kDirectQ, compression::LinkMode::kAqsgd}) {
+    LinkEndpointOptions o = Options(mode);
+    o.link.rows = 9;
+    o.codec.warmup_epochs = 0;
+    auto send_store = *storage::MemoryMessageStore::Create({});
+    auto recv_store = *storage::MemoryMessageStore::Create({});
+    auto sender = *ActivationSender::Create(send_store.get(), o);
+    auto receiver = *ActivationReceiver::Create(recv_store.get(), o);
+    const std::vector<uint64_t> samples = {3, 1, 2};
+    double error_sq = 0, signal_sq = 0;
+    for (int epoch = 0; epoch < 2; ++epoch) {  // AQ-SGD: FULL rows, then deltas
+      Rng rng(100 + epoch);
+      std::vector<float> acts(samples.size() * o.link.num_values()), got;
+      for (float& a : acts) a = static_cast<float>(rng.UnitDouble() * 4 - 2);
+      v1::ActivationBatch batch;
+      std::vector<uint64_t> missing;
+      ASSERT_TRUE(sender->Encode(epoch, 0, epoch, samples, acts, &batch).ok());
+      ASSERT_TRUE(receiver->Begin(epoch, 0, samples).ok());
+      ASSERT_TRUE(receiver->Apply(batch, &missing).ok());
+      ASSERT_TRUE(missing.empty());
+      ASSERT_TRUE(receiver->Take(&got).ok());
+      for (size_t i = 0; i < acts.size(); ++i) {
+        error_sq += (static_cast<double>(acts[i]) - got[i]) * (static_cast<double>(acts[i]) - got[i]);
+        signal_sq += static_cast<double>(acts[i]) * acts[i];
+      }
+    }
+    EXPECT_GT(error_sq, 0);
+    EXPECT_NEAR(sender->stats().error_sq, error_sq, 1e-5 * error_sq);
+    EXPECT_NEAR(sender->stats().signal_sq, signal_sq, 1e-5 * signal_sq);
+  }
+}
+
 TEST(LinkValidationTest, MalformedAndOutOfOrderBatchesAreRejected) {
   LinkEndpointOptions o = Options(compression::LinkMode::kAqsgd);
   Harness h(o);
