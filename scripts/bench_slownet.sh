@@ -35,6 +35,9 @@ if [[ -z ${JSON:-} ]]; then
   "$AQSWARM" bench slownet --json --slownet_out_dir="$OUT/runs" "$@" >"$JSON.tmp"
   mv "$JSON.tmp" "$JSON"
   echo "$(( $(date +%s) - start ))" >"$OUT/wall_seconds"
+  # The links' two ends alone (no model, no transport): what AQ-SGD's
+  # per-sample state costs in CPU, for the AQ-SGD vs DirectQ note.
+  "$AQSWARM" bench link --json >"$OUT/link.jsonl" || rm -f "$OUT/link.jsonl"
   echo "$CMD" >"$OUT/command"
   uptime >"$OUT/uptime"
 fi
@@ -352,6 +355,24 @@ if a_s and d_s:
               "runs beside the model, here it runs on the same 2 cores, so wherever a cell is CPU-bound (unshaped and fast "
               "links) AQ-SGD can only be as far behind DirectQ as its extra CPU and the load noise put it; at the slowest "
               "link both are link-bound.")
+    lpath = os.path.join(out, "link.jsonl")
+    if os.path.exists(lpath):
+        lk = {l["store"]: l for l in (json.loads(x) for x in open(lpath) if x.strip())}
+        a0, d0 = get(one, "aqsgd fw3bw6", 0), get(one, "directq fw3bw6", 0)
+        if "-" in lk and "rocksdb" in lk and cpu(a0) and cpu(d0):
+            links = a0.get("stages", 4) - 1
+            extra_ms = cpu(a0) - cpu(d0)
+            mem = (f", with an in-memory store instead of RocksDB +{lk['memory']['extra_cpu_us_per_sample_vs_directq']:.1f}"
+                   if "memory" in lk else "")
+            md.append(f"- **The links alone** (`aqswarm bench link`, right after the table: one link's sender and receiver, "
+                      f"no model, no transport, {lk['rocksdb']['rows']}x{lk['rocksdb']['cols']} fp16 rows): DirectQ costs "
+                      f"{lk['-']['cpu_us_per_sample']:.1f} CPU us per sample, AQ-SGD "
+                      f"{lk['rocksdb']['cpu_us_per_sample']:.1f} (+{lk['rocksdb']['extra_cpu_us_per_sample_vs_directq']:.1f}: "
+                      f"prefetcher threads, RocksDB get + put, fp16 rounding and checksums, delta coding{mem}). "
+                      f"Times {links} links that is +{links * lk['rocksdb']['extra_cpu_us_per_sample_vs_directq'] / 1000:.3f} "
+                      f"ms per sample, against +{extra_ms:.3f} ms measured between the unshaped pipelines: in a pipeline the "
+                      "same work costs more (its threads wake among 4 busy processes on 2 cores, and the model's working set "
+                      "evicts the rows from the caches).")
 def own0(c):
     for x in cells:
         if x["grid"] == c["grid"] and x["label"] == c["label"] and x["bandwidth_mbps"] == 0: return x
