@@ -321,9 +321,13 @@ int RunPipeline(const std::vector<std::string>& args) {
     int failed = 0;
     absl::StatusOr<std::vector<nlohmann::json>> ready =
         AwaitListening(children, absl::Now() + absl::Seconds(300), &failed, &pending);
-    if (!ready.ok()) {
+    if (absl::IsCancelled(ready.status())) {
+      std::cerr << "aqswarm pipeline: interrupted, stopping the stages\n";
+    } else if (!ready.ok()) {
       std::cerr << "aqswarm pipeline: stage " << name(failed / k, failed % k) << " did not start ("
                 << ready.status().message() << "):\n" << Tail(log_of(failed), 20) << "\n";
+    }
+    if (!ready.ok()) {
       StopAll(children);
       return 1;
     }
