@@ -21,6 +21,7 @@
 #include "cli/command.h"
 #include "common/blas_kernels.h"
 #include "common/metrics.h"
+#include "common/status_macros.h"
 #include "common/subprocess.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
@@ -37,7 +38,11 @@ ABSL_FLAG(int32_t, dp, 0, "Data-parallel pipelines D (overrides the job's `data_
 ABSL_FLAG(int32_t, stage, 0, "Which stage this process runs (0-based).");
 ABSL_FLAG(int32_t, pipeline_index, 0, "Which pipeline (data-parallel replica) this stage belongs to.");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "Address the StageLink server binds (stages > 0).");
-ABSL_FLAG(std::string, next, "", "HOST:PORT of the next stage (all but the last stage).");
+ABSL_FLAG(std::string, next, "", "HOST:PORT of the next stage (all but the last stage; or --peers_on_stdin).");
+ABSL_FLAG(bool, peers_on_stdin, false,
+          "After the listening line, read the neighbours' addresses on stdin: {\"next\": \"HOST:PORT\", "
+          "\"replicas\": [...]} (both as needed; what `aqswarm pipeline` sends, so that it can start the stages "
+          "in parallel).");
 ABSL_FLAG(std::string, store_dir, "", "Directory of this stage's AQ-SGD message store.");
 ABSL_FLAG(uint64_t, generation, 1, "AQ-SGD link generation (both ends of a link must agree).");
 ABSL_FLAG(uint64_t, next_generation, 0, "Generation of the link to stage+1 when it differs (0 = --generation).");
@@ -78,6 +83,35 @@ int Fail(const char* cmd, const absl::Status& s) {
   return 1;
 }
 
+// Reads one {"next": ..., "replicas": [...]} line from stdin and hands the
+// addresses to the runner: "next" when `want_next`, "replicas" when `dp`.
+absl::Status ReadPeersFromStdin(peer::StageRunner& runner, bool want_next, bool dp, absl::Duration timeout) {
+  std::string line;
+  absl::Status rs = ReadLineFromFd(0, &line, timeout);
+  if (!rs.ok()) return absl::InvalidArgumentError(absl::StrCat("no neighbour addresses on stdin: ", rs.message()));
+  nlohmann::json msg = nlohmann::json::parse(line, nullptr, false);
+  if (!msg.is_object()) return absl::InvalidArgumentError(absl::StrCat("stdin: not a JSON object: ", line));
+  if (want_next) {
+    if (!msg.contains("next") || !msg["next"].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat("stdin: expected {\"next\": \"HOST:PORT\"}: ", line));
+    }
+    AQSWARM_RETURN_IF_ERROR(runner.SetNext(msg["next"].get<std::string>()));
+  }
+  if (dp) {
+    if (!msg.contains("replicas") || !msg["replicas"].is_array()) {
+      return absl::InvalidArgumentError(absl::StrCat("expected {\"replicas\": [...]} on stdin for data parallelism: ",
+                                                     line));
+    }
+    std::vector<std::string> replicas;
+    for (const auto& a : msg["replicas"]) {
+      if (!a.is_string()) return absl::InvalidArgumentError("replica addresses must be strings");
+      replicas.push_back(a.get<std::string>());
+    }
+    AQSWARM_RETURN_IF_ERROR(runner.SetReplicas(replicas));
+  }
+  return absl::OkStatus();
+}
+
 int RunStage(const std::vector<std::string>& args) {
   if (!args.empty()) return Fail("stage", absl::InvalidArgumentError("unexpected argument " + args[0]));
   if (absl::GetFlag(FLAGS_die_with_parent)) {
@@ -90,6 +124,10 @@ int RunStage(const std::vector<std::string>& args) {
   }
   auto job = LoadJobFromFlags();
   if (!job.ok()) return Fail("stage", job.status());
+  if (absl::GetFlag(FLAGS_stage) + 1 < static_cast<int>(job->stages()) && absl::GetFlag(FLAGS_next).empty() &&
+      !absl::GetFlag(FLAGS_peers_on_stdin)) {
+    return Fail("stage", absl::InvalidArgumentError("a stage before the last needs --next (or --peers_on_stdin)"));
+  }
   peer::StageRunnerOptions o;
   o.job = *job;
   o.stage = absl::GetFlag(FLAGS_stage);
@@ -127,27 +165,22 @@ int RunStage(const std::vector<std::string>& args) {
                            R"("metrics_port":%d})",
                            o.stage, o.pipeline, (*runner)->port(), (*runner)->exchange_port(),
                            *metrics ? (**metrics).port() : 0));
-  if (job->data_parallel() > 1 && !absl::GetFlag(FLAGS_replicas).empty()) {
+  const bool last = o.stage + 1 == static_cast<int>(job->stages());
+  const bool dp = job->data_parallel() > 1;
+  if (absl::GetFlag(FLAGS_peers_on_stdin)) {
+    // The launcher answers once every stage listens, e.g.
+    //   {"next": "127.0.0.1:7001", "replicas": ["127.0.0.1:7101", "127.0.0.1:7102"]}
+    absl::Status ps = ReadPeersFromStdin(**runner, /*want_next=*/!last, dp, o.link_timeout);
+    if (!ps.ok()) return Fail("stage", ps);
+  } else if (dp && !absl::GetFlag(FLAGS_replicas).empty()) {
     std::vector<std::string> replicas = absl::StrSplit(absl::GetFlag(FLAGS_replicas), ',');
     absl::Status cs = (*runner)->SetReplicas(replicas);
     if (!cs.ok()) return Fail("stage", cs);
-  } else if (job->data_parallel() > 1) {
+  } else if (dp) {
     // The launcher (or an operator) answers with the replicas' addresses:
     //   {"replicas": ["127.0.0.1:7001", "127.0.0.1:7002"]}
-    std::string line;
-    absl::Status rs = ReadLineFromFd(0, &line, o.link_timeout);
-    nlohmann::json msg = nlohmann::json::parse(line, nullptr, false);
-    if (!rs.ok() || msg.is_discarded() || !msg.contains("replicas") || !msg["replicas"].is_array()) {
-      return Fail("stage", absl::InvalidArgumentError(absl::StrCat(
-                               "expected {\"replicas\": [...]} on stdin for data parallelism: ", rs.message())));
-    }
-    std::vector<std::string> replicas;
-    for (const auto& a : msg["replicas"]) {
-      if (!a.is_string()) return Fail("stage", absl::InvalidArgumentError("replica addresses must be strings"));
-      replicas.push_back(a.get<std::string>());
-    }
-    absl::Status cs = (*runner)->SetReplicas(replicas);
-    if (!cs.ok()) return Fail("stage", cs);
+    absl::Status ps = ReadPeersFromStdin(**runner, /*want_next=*/false, dp, o.link_timeout);
+    if (!ps.ok()) return Fail("stage", ps);
   }
   absl::Status s = (*runner)->Run();
   if (!s.ok()) return Fail("stage", s);
@@ -165,6 +198,65 @@ std::string Tail(const std::string& path, size_t max_lines) {
   while (std::getline(in, l)) lines.push_back(l);
   const size_t from = lines.size() > max_lines ? lines.size() - max_lines : 0;
   return absl::StrJoin(lines.begin() + from, lines.end(), "\n");
+}
+
+// Waits until every child has printed its first line, which must be the
+// stage's {"event":"listening",...}, all by `deadline`, and returns those
+// lines. On failure *failed is the child that exited first or printed
+// something else, or the first one still silent at the deadline. Lines a
+// child printed after its listening line are appended to (*rest)[i].
+absl::StatusOr<std::vector<nlohmann::json>> AwaitListening(const std::vector<std::unique_ptr<Subprocess>>& children,
+                                                            absl::Time deadline, int* failed,
+                                                            std::vector<std::vector<std::string>>* rest) {
+  const int n = static_cast<int>(children.size());
+  std::vector<nlohmann::json> ready(n);
+  std::vector<bool> got(n, false);
+  for (int left = n; left > 0;) {
+    std::vector<pollfd> fds;
+    std::vector<int> index;
+    for (int i = 0; i < n; ++i) {
+      if (got[i]) continue;
+      fds.push_back({children[i]->stdout_fd(), POLLIN, 0});
+      index.push_back(i);
+    }
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (ms <= 0 || g_interrupted) {
+      *failed = index[0];
+      return ms <= 0 ? absl::DeadlineExceededError("no listening line in time") : absl::CancelledError("interrupted");
+    }
+    ::poll(fds.data(), fds.size(), static_cast<int>(std::min<int64_t>(ms, 1000)));
+    for (size_t j = 0; j < fds.size(); ++j) {
+      if (fds[j].revents == 0) continue;
+      const int i = index[j];
+      std::vector<std::string> lines;
+      if (!children[i]->DrainLines(&lines).ok()) {  // end of output
+        *failed = i;
+        return absl::UnavailableError("it exited before listening");
+      }
+      if (lines.empty()) continue;
+      nlohmann::json ev = nlohmann::json::parse(lines[0], nullptr, false);
+      if (ev.is_discarded() || ev.value("event", "") != "listening") {
+        *failed = i;
+        return absl::InvalidArgumentError(absl::StrCat("its first line is not the listening event: ", lines[0]));
+      }
+      ready[i] = std::move(ev);
+      got[i] = true;
+      --left;
+      (*rest)[i].insert((*rest)[i].end(), lines.begin() + 1, lines.end());
+    }
+  }
+  return ready;
+}
+
+// Stops every child: SIGTERM, then SIGKILL whatever is still running after a
+// grace period (the Subprocess destructor reaps).
+void StopAll(std::vector<std::unique_ptr<Subprocess>>& children) {
+  for (auto& c : children) {
+    if (c != nullptr) c->Signal(SIGTERM);
+  }
+  for (auto& c : children) {
+    if (c != nullptr && !c->Wait(absl::Seconds(10)).ok()) c->Signal(SIGKILL);
+  }
 }
 
 int RunPipeline(const std::vector<std::string>& args) {
@@ -197,50 +289,64 @@ int RunPipeline(const std::vector<std::string>& args) {
   signal(SIGTERM, OnInterrupt);
   signal(SIGPIPE, SIG_IGN);
   const std::string self = SelfExecutable();
-  // children[p * k + s]; each pipeline's chain starts from its last stage.
+  // children[p * k + s]. All stages start at once (each spends seconds
+  // loading libraries and building its model); each one reports the ports it
+  // listens on, and once all have, each learns its neighbours' addresses on
+  // stdin (--peers_on_stdin).
   PickOpenBlasCoreForChildren();  // the stages' BLAS kernels (common/blas_kernels.h)
   std::vector<std::unique_ptr<Subprocess>> children(n);
-  std::vector<std::string> exchange_addr(n);
+  std::vector<std::vector<std::string>> pending(n);  // lines read past the listening line
   auto log_of = [&](int i) { return (out / absl::StrCat("stage-", name(i / k, i % k), ".log")).string(); };
-  for (int p = 0; p < d; ++p) {
-    std::string next;
-    for (int s = k - 1; s >= 0; --s) {
-      const int i = p * k + s;
-      fs::remove(log_of(i), ec);
-      std::vector<std::string> argv = {self, "stage", "--job=" + job_path, absl::StrCat("--stage=", s),
-                                       absl::StrCat("--pipeline_index=", p),
-                                       "--store_dir=" + (out / ("store-" + name(p, s))).string(),
-                                       absl::StrCat("--link_timeout_s=", absl::GetFlag(FLAGS_link_timeout_s))};
-      if (!next.empty()) argv.push_back("--next=" + next);
-      if (absl::GetFlag(FLAGS_metrics_port_base) > 0) {
-        argv.push_back(absl::StrCat("--metrics_listen=127.0.0.1:", absl::GetFlag(FLAGS_metrics_port_base) + i));
-      }
-      if (!absl::GetFlag(FLAGS_tls_dir).empty()) {
-        argv.push_back("--tls_dir=" + absl::GetFlag(FLAGS_tls_dir));
-        argv.push_back("--name=" + absl::GetFlag(FLAGS_name));
-      }
-      auto child = Subprocess::Spawn(argv, {.capture_stdout = true, .stderr_path = log_of(i), .pipe_stdin = d > 1});
-      if (!child.ok()) return Fail("pipeline", child.status());
-      children[i] = std::move(*child);
-      std::string line;
-      absl::Status st = children[i]->ReadLine(&line, absl::Seconds(300));
-      nlohmann::json ev = nlohmann::json::parse(line, nullptr, false);
-      if (!st.ok() || ev.is_discarded() || ev.value("event", "") != "listening") {
-        std::cerr << "aqswarm pipeline: stage " << name(p, s) << " did not start:\n" << Tail(log_of(i), 20) << "\n";
-        return 1;
-      }
-      next = absl::StrCat("127.0.0.1:", ev.value("port", 0));
-      exchange_addr[i] = absl::StrCat("127.0.0.1:", ev.value("exchange_port", 0));
+  for (int i = 0; i < n; ++i) {
+    const int p = i / k, s = i % k;
+    fs::remove(log_of(i), ec);
+    std::vector<std::string> argv = {self, "stage", "--job=" + job_path, absl::StrCat("--stage=", s),
+                                     absl::StrCat("--pipeline_index=", p),
+                                     "--store_dir=" + (out / ("store-" + name(p, s))).string(),
+                                     absl::StrCat("--link_timeout_s=", absl::GetFlag(FLAGS_link_timeout_s)),
+                                     "--peers_on_stdin"};
+    if (absl::GetFlag(FLAGS_metrics_port_base) > 0) {
+      argv.push_back(absl::StrCat("--metrics_listen=127.0.0.1:", absl::GetFlag(FLAGS_metrics_port_base) + i));
+    }
+    if (!absl::GetFlag(FLAGS_tls_dir).empty()) {
+      argv.push_back("--tls_dir=" + absl::GetFlag(FLAGS_tls_dir));
+      argv.push_back("--name=" + absl::GetFlag(FLAGS_name));
+    }
+    auto child = Subprocess::Spawn(argv, {.capture_stdout = true, .stderr_path = log_of(i), .pipe_stdin = true});
+    if (!child.ok()) return Fail("pipeline", child.status());  // the destructors stop those already started
+    children[i] = std::move(*child);
+  }
+  std::vector<int> port(n, 0), exchange_port(n, 0);
+  {
+    int failed = 0;
+    absl::StatusOr<std::vector<nlohmann::json>> ready =
+        AwaitListening(children, absl::Now() + absl::Seconds(300), &failed, &pending);
+    if (absl::IsCancelled(ready.status())) {
+      std::cerr << "aqswarm pipeline: interrupted, stopping the stages\n";
+    } else if (!ready.ok()) {
+      std::cerr << "aqswarm pipeline: stage " << name(failed / k, failed % k) << " did not start ("
+                << ready.status().message() << "):\n" << Tail(log_of(failed), 20) << "\n";
+    }
+    if (!ready.ok()) {
+      StopAll(children);
+      return 1;
+    }
+    for (int i = 0; i < n; ++i) {
+      port[i] = (*ready)[i].value("port", 0);
+      exchange_port[i] = (*ready)[i].value("exchange_port", 0);
     }
   }
-  if (d > 1) {  // tell every stage where its replicas are
-    for (int s = 0; s < k; ++s) {
-      nlohmann::json msg;
-      for (int p = 0; p < d; ++p) msg["replicas"].push_back(exchange_addr[p * k + s]);
-      for (int p = 0; p < d; ++p) {
-        absl::Status ws = children[p * k + s]->WriteStdin(msg.dump() + "\n");
-        if (!ws.ok()) return Fail("pipeline", ws);
-      }
+  for (int i = 0; i < n; ++i) {  // tell every stage where its neighbours are
+    const int p = i / k, s = i % k;
+    nlohmann::json msg = nlohmann::json::object();
+    if (s + 1 < k) msg["next"] = absl::StrCat("127.0.0.1:", port[i + 1]);
+    for (int r = 0; r < d && d > 1; ++r) msg["replicas"].push_back(absl::StrCat("127.0.0.1:", exchange_port[r * k + s]));
+    absl::Status ws = children[i]->WriteStdin(msg.dump() + "\n");
+    if (!ws.ok()) {
+      std::cerr << "aqswarm pipeline: stage " << name(p, s) << " exited before it got its neighbours (" << ws.message()
+                << "):\n" << Tail(log_of(i), 20) << "\n";
+      StopAll(children);
+      return 1;
     }
   }
   std::cout << "aqswarm pipeline: " << k << " stages x " << d << " pipelines running ("
@@ -272,6 +378,7 @@ int RunPipeline(const std::vector<std::string>& args) {
     ::poll(fds.data(), fds.size(), 500);
     for (int i = 0; i < n && !failed; ++i) {
       std::vector<std::string> lines;
+      lines.swap(pending[i]);
       absl::Status st = children[i]->DrainLines(&lines);
       if (absl::IsOutOfRange(st) && !children[i]->exited()) {
         auto code = children[i]->Wait(absl::Seconds(30));
@@ -383,7 +490,7 @@ std::vector<Command> PipelineCommands() {
        "Run one pipeline stage (used by `aqswarm pipeline`; prints JSON progress lines).",
        "",
        {"job", "stages", "dp", "stage", "pipeline_index", "listen", "next", "store_dir", "generation",
-        "next_generation", "previous_generation", "exchange_listen", "replicas", "replica_generation", "plan", "start_step", "die_with_parent",
+        "next_generation", "previous_generation", "peers_on_stdin", "exchange_listen", "replicas", "replica_generation", "plan", "start_step", "die_with_parent",
         "init_checkpoint", "checkpoint_dir", "keep_checkpoints", "link_timeout_s", "tls_dir", "name",
         "metrics_listen"},
        RunStage},

@@ -91,7 +91,6 @@ class StageRunnerImpl final : public StageRunner {
     num_stages_ = static_cast<int>(job_.stages());
     first_ = o_.stage == 0;
     last_ = o_.stage == num_stages_ - 1;
-    if (!last_ && o_.next.empty()) return absl::InvalidArgumentError("a stage before the last needs --next");
     AQSWARM_ASSIGN_OR_RETURN(corpus_, LoadCorpus(job_));
     pipeline::SamplePlanOptions po;
     po.seq_len = job_.model().seq_len();
@@ -141,6 +140,12 @@ class StageRunnerImpl final : public StageRunner {
 
   int port() const override { return server_ ? server_->port() : 0; }
   int exchange_port() const override { return exchange_ ? exchange_->port() : 0; }
+  absl::Status SetNext(const std::string& address) override {
+    if (last_) return absl::FailedPreconditionError("the last stage has no next stage");
+    if (address.empty()) return absl::InvalidArgumentError("empty address for the next stage");
+    o_.next = address;
+    return absl::OkStatus();
+  }
   absl::Status SetReplicas(const std::vector<std::string>& addresses) override {
     if (exchange_ == nullptr) return absl::FailedPreconditionError("this job has no data parallelism");
     return exchange_->Connect(addresses);
@@ -285,6 +290,7 @@ class StageRunnerImpl final : public StageRunner {
   }
 
   absl::Status Connect() {
+    if (!last_ && o_.next.empty()) return absl::InvalidArgumentError("a stage before the last needs --next");
     if (!last_) {
       AQSWARM_RETURN_IF_ERROR(DialNext());
       AQSWARM_ASSIGN_OR_RETURN(auto lo,
@@ -630,7 +636,7 @@ class StageRunnerImpl final : public StageRunner {
     if (o_.report) o_.report(line);
   }
 
-  const StageRunnerOptions o_;
+  StageRunnerOptions o_;  // `next` may come later (SetNext)
   const v1::JobSpec job_;
   int num_stages_ = 1;
   bool first_ = true, last_ = true;

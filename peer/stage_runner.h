@@ -46,7 +46,9 @@ struct StageRunnerOptions {
   // Address this stage's StageLink server binds (stages > 0). Default: an
   // ephemeral port on loopback.
   std::string listen = "127.0.0.1:0";
-  // Address of stage+1 (all but the last stage).
+  // Address of stage+1 (all but the last stage): here, or through
+  // SetNext() before Run() (a launcher that starts the stages in parallel
+  // learns it only once stage+1 listens).
   std::string next;
   // Directory of this stage's message store (aqsgd mode). Required then.
   std::string store_dir;
@@ -109,6 +111,8 @@ class StageRunner {
   virtual int port() const = 0;
   // Bound port of the GradientExchange server (0 without data parallelism).
   virtual int exchange_port() const = 0;
+  // The address of stage+1, when `options.next` was empty. Before Run().
+  virtual absl::Status SetNext(const std::string& address) = 0;
   // Data parallelism: the GradientExchange addresses of this stage's
   // replicas, indexed by pipeline. Required before Run() when D > 1.
   virtual absl::Status SetReplicas(const std::vector<std::string>& addresses) = 0;

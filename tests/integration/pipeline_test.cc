@@ -1,6 +1,9 @@
 // End-to-end: the real `aqswarm` binary, real processes, real gRPC over
 // loopback, real RocksDB stores.
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -287,6 +290,85 @@ TEST_F(PipelineTest, NeighbourWithDifferentLinkSettingsIsRefused) {
   ss << in.rdbuf();
   EXPECT_NE(ss.str().find("refused the link"), std::string::npos) << ss.str();
   EXPECT_NE(ss.str().find("fw_bits"), std::string::npos) << ss.str();
+}
+
+// Every process whose command line mentions `needle` (e.g. a test's own job file).
+std::vector<int> ProcessesMentioning(const std::string& needle) {
+  std::vector<int> pids;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string pid = e.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmdline.find(needle) != std::string::npos) pids.push_back(std::stoi(pid));
+  }
+  return pids;
+}
+
+TEST_F(PipelineTest, StageThatFailsToStartIsNamedAndTheOthersAreStopped) {
+  // Stage p0-s1's metrics port is taken, so it fails while the other stages,
+  // started in parallel with it, come up and wait for their neighbours.
+  const int busy = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(busy, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::bind(busy, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(busy, 1), 0);
+  ASSERT_EQ(::getsockname(busy, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+  const std::string job = WriteJob("nostart", "fp32", 3, 4, 1);
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(RunPipeline(job, (dir_ / "run").string(),
+                        {absl::StrCat("--metrics_port_base=", port - 1), "--link_timeout_s=100"}),
+            1);
+  ::close(busy);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(60));  // not the link timeout
+  std::ifstream in(dir_ / "launcher.err");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_NE(ss.str().find("stage p0-s1 did not start"), std::string::npos) << ss.str();
+  EXPECT_NE(ss.str().find(absl::StrCat(port)), std::string::npos) << ss.str();  // the stage's own error
+  EXPECT_EQ(ProcessesMentioning(job), std::vector<int>{}) << "stages left running";
+}
+
+TEST_F(PipelineTest, StageRejectsBadNeighbourAddressesOnStdin) {
+  const std::string job = WriteJob("stdin", "fp32", 2, 1, 1);
+  auto no_next = Subprocess::Spawn({kBinary, "stage", "--job=" + job, "--stage=0"},
+                                   {.capture_stdout = true, .stderr_path = (dir_ / "none.err").string()});
+  ASSERT_TRUE(no_next.ok());
+  auto code = (*no_next)->Wait(absl::Seconds(60));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 1);
+  std::ifstream none(dir_ / "none.err");
+  std::stringstream ns;
+  ns << none.rdbuf();
+  EXPECT_NE(ns.str().find("needs --next"), std::string::npos) << ns.str();
+
+  for (const std::string bad : {"not json", R"({"replicas":[]})", R"({"next":5})", ""}) {
+    const std::string err = (dir_ / "bad.err").string();
+    fs::remove(err);
+    auto p = Subprocess::Spawn({kBinary, "stage", "--job=" + job, "--stage=0", "--peers_on_stdin"},
+                               {.capture_stdout = true, .stderr_path = err, .pipe_stdin = true});
+    ASSERT_TRUE(p.ok());
+    std::string line;
+    ASSERT_TRUE((*p)->ReadLine(&line, absl::Seconds(120)).ok());
+    EXPECT_NE(line.find("listening"), std::string::npos) << line;
+    if (bad.empty()) {
+      (*p)->CloseStdin();  // the launcher went away
+    } else {
+      ASSERT_TRUE((*p)->WriteStdin(bad + "\n").ok());
+    }
+    auto c = (*p)->Wait(absl::Seconds(60));
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(*c, 1) << bad;
+    std::ifstream in(err);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    EXPECT_NE(ss.str().find(bad.empty() ? "no neighbour addresses" : "stdin"), std::string::npos) << bad << ": "
+                                                                                                   << ss.str();
+  }
 }
 
 }  // namespace
