@@ -14,6 +14,7 @@ run() {  # run NAME ARGS...
 }
 run compression bench compression --json --repeats 5
 run store bench store --json
+run link bench link --json --repeats 5
 run scheduler bench scheduler --json
 run allreduce bench allreduce --json --repeats 2
-python3 scripts/render_benchmarks.py
+python3 scripts/render_benchmarks.py  # all sections; name some to rewrite only those

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Renders docs/data/*.jsonl (written by scripts/bench_docs.sh) into the
-compression, store, scheduler and allreduce sections of docs/BENCHMARKS.md,
-between <!-- NAME:begin --> / <!-- NAME:end --> markers. Other sections of the
-file (e.g. slownet) are left alone."""
+compression, store, link, scheduler and allreduce sections of docs/BENCHMARKS.md,
+between <!-- NAME:begin --> / <!-- NAME:end --> markers (all of them, or those
+named: `render_benchmarks.py link compression`). Other sections of the file
+(e.g. slownet) are left alone."""
 import json, os, re, sys
 
 root = os.path.join(os.path.dirname(__file__), "..")
@@ -114,13 +115,40 @@ def allreduce():
     return out
 
 
-sections = {"compression": compression, "store": store, "scheduler": scheduler, "allreduce": allreduce}
+def link():
+    rows = load("link")
+    out = ["## Link endpoints (`aqswarm bench link`)", "",
+           f"Command: `build/aqswarm bench link --json --repeats 5` (one pipeline link's sender and receiver, each with "
+           f"its own store, no model, no transport: 512 samples x 8 timed epochs after AQ-SGD's FULL epoch 0, "
+           f"micro-batches of 8, 64x32 rows, fw 3 bits, fp16 m rows, each cell's lowest CPU time of 5 runs). "
+           f"{meta('link')}", "",
+           "CPU us per sample = process CPU time (every thread: the prefetchers' loaders and writers, RocksDB's "
+           "background threads) / samples. What AQ-SGD adds over DirectQ (same quantizer, same bytes) is its "
+           "per-sample state: at both ends read m(xi) through the prefetcher, add the decoded delta, round to fp16, "
+           "write it back behind. `rocksdb` is RocksDbMessageStore as the stages open it (hash memtable); "
+           "`rocksdb_skiplist` the same with RocksDB's default skip-list memtable (the baseline of that choice); "
+           "`memory` MemoryMessageStore (the prefetcher and delta coding without a store). The slow-network bench "
+           "compares this with the pipelines' extra CPU (its AQ-SGD vs DirectQ note).", "",
+           "| mode | store | CPU us / sample | wall us / sample | extra CPU us vs DirectQ |", "|---|---|---:|---:|---:|"]
+    for j in rows:
+        out.append(f"| {j['mode']} | {j['store']} | {j['cpu_us_per_sample']:.2f} | {j['wall_us_per_sample']:.2f} | "
+                   f"{j['extra_cpu_us_per_sample_vs_directq']:+.2f} |")
+    return out
+
+
+sections = {"compression": compression, "store": store, "link": link, "scheduler": scheduler, "allreduce": allreduce}
+# Arguments name the sections to rewrite (default: all).
+if len(sys.argv) > 1:
+    unknown = [a for a in sys.argv[1:] if a not in sections]
+    if unknown:
+        sys.exit(f"render_benchmarks.py: unknown section(s) {unknown}; known: {list(sections)}")
+    sections = {k: v for k, v in sections.items() if k in sys.argv[1:]}
 text = open(doc).read() if os.path.exists(doc) else "# Benchmarks\n"
 if not text.startswith("# Benchmarks"):
     text = "# Benchmarks\n\n" + text
 intro = ("All figures come from the commands shown next to them, on this project's machines (2 cores, no GPU), and "
          "each compares against a baseline measured in the same run. Raw JSON lines: `docs/data/`. Regenerate: "
-         "`scripts/bench_docs.sh` (compression, store, scheduler, allreduce) and `scripts/bench_slownet.sh`.")
+         "`scripts/bench_docs.sh` (compression, store, link, scheduler, allreduce) and `scripts/bench_slownet.sh`.")
 if "<!-- intro:begin -->" not in text:
     text = text.replace("# Benchmarks\n", f"# Benchmarks\n\n<!-- intro:begin -->\n<!-- intro:end -->\n", 1)
 for name in ["intro"] + list(sections):
