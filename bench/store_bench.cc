@@ -42,7 +42,8 @@
 // micro-batch GetBatch call (p99_put_us, max_*_us likewise). Prefetcher runs
 // also report its counters: misses (rows read synchronously), waits (for an
 // in-flight load), deferred / loaded_from_queue (next-epoch occurrences held
-// back until their previous put, then rounded from the queued put), get wait
+// back until their previous put, then rounded from the queued put),
+// encoded_ahead (queued batches encoded by the encode thread), get wait
 // and put back-pressure seconds. Each epoch uses a fresh permutation.
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -230,7 +231,8 @@ void Print(const Row& r, bool json, std::ostream& out) {
       const storage::PrefetcherStats& p = r.prefetch_stats;
       o << ",\"prefetch_misses\":" << p.misses << ",\"prefetch_waits\":" << p.waits
         << ",\"prefetch_deferred\":" << p.deferred
-        << ",\"prefetch_loaded_from_queue\":" << p.loaded_from_queue << std::setprecision(4)
+        << ",\"prefetch_loaded_from_queue\":" << p.loaded_from_queue
+        << ",\"prefetch_encoded_ahead\":" << p.batches_encoded_ahead << std::setprecision(4)
         << ",\"prefetch_get_wait_s\":" << p.get_stall_nanos * 1e-9
         << ",\"prefetch_put_backpressure_s\":" << p.put_stall_nanos * 1e-9 << std::setprecision(1);
     }

@@ -53,9 +53,11 @@
 #define AQSWARM_STORAGE_MESSAGE_STORE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/row_format.h"
 
@@ -114,7 +116,7 @@ struct MessageStoreStats {
   uint64_t get_batches = 0;
   uint64_t put_batches = 0;
   uint64_t get_nanos_total = 0;   // wall time spent in GetBatch
-  uint64_t put_nanos_total = 0;   // wall time spent in PutBatch
+  uint64_t put_nanos_total = 0;   // wall time spent in PutBatch (EncodePut + CommitPut)
   // RocksDB backend: the store was not closed cleanly last time (process
   // killed). Recent puts may be lost (see README "WAL and sync").
   bool opened_after_unclean_shutdown = false;
@@ -138,6 +140,31 @@ class MessageStore {
   // included). A sample listed twice keeps its last values.
   virtual absl::Status PutBatch(const LinkSpec& link, absl::Span<const uint64_t> samples,
                                 absl::Span<const absl::Span<const float>> values) = 0;
+
+  // PutBatch in two phases, for callers that pipeline puts (the prefetcher's
+  // write-behind encodes the next batches while one is being written: with
+  // multi-MB rows, encoding and the store's write each take about half of a
+  // put). EncodePut does the CPU-heavy half -- argument and finiteness
+  // checks, encoding, checksums -- and changes nothing in the store, so it
+  // may run on any thread, concurrently with every other call. CommitPut
+  // writes an encoded batch of THIS store; puts take effect in CommitPut
+  // order. CommitPut(EncodePut(link, s, v)) is PutBatch(link, s, v): same
+  // errors (InvalidArgument from either phase), atomicity and budget. An
+  // encoded put that is never committed is simply dropped; none may outlive
+  // the store that encoded it. The default implementations copy the values
+  // and call PutBatch.
+  class EncodedPut {
+   public:
+    virtual ~EncodedPut() = default;
+
+   protected:
+    EncodedPut() = default;
+  };
+  virtual absl::StatusOr<std::unique_ptr<EncodedPut>> EncodePut(
+      const LinkSpec& link, absl::Span<const uint64_t> samples,
+      absl::Span<const absl::Span<const float>> values);
+  // InvalidArgument for a null put or one encoded by another store.
+  virtual absl::Status CommitPut(std::unique_ptr<EncodedPut> put);
 
   // Deletes every row of `link` (all generations). Not counted as evictions.
   virtual absl::Status DropLink(const LinkId& link) = 0;

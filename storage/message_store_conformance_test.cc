@@ -421,6 +421,87 @@ TEST_P(MessageStoreConformanceTest, ConcurrentPutsAndGetsSeeWholeRows) {
   EXPECT_EQ(store_->GetStats().live_rows, 5u + kThreads);
 }
 
+// EncodePut + CommitPut is PutBatch split in two: encoding changes nothing,
+// commits take effect in commit order (not encode order), and the budget
+// applies at commit.
+TEST_P(MessageStoreConformanceTest, EncodedPutsTakeEffectOnlyWhenCommittedInCommitOrder) {
+  const LinkSpec link = SmallLink();
+  Put(link, {3}, 1);
+  std::vector<std::vector<float>> v2 = {RowValues(link, 3, 2), RowValues(link, 4, 2)};
+  std::vector<std::vector<float>> v3 = {RowValues(link, 3, 3)};
+  const std::vector<uint64_t> both = {3, 4}, three = {3};
+  auto first = store_->EncodePut(link, both, ConstSpans(v2));
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = store_->EncodePut(link, three, ConstSpans(v3));
+  ASSERT_TRUE(second.ok()) << second.status();
+  // Encoded, not committed: nothing visible, nothing counted.
+  ExpectStored(link, 3, 1);
+  EXPECT_TRUE(absl::IsNotFound(Get(link, 4).status));
+  EXPECT_EQ(store_->GetStats().rows_written, 1u);
+  // Committed out of encode order: the later commit wins.
+  ASSERT_TRUE(store_->CommitPut(std::move(second).value()).ok());
+  ExpectStored(link, 3, 3);
+  ASSERT_TRUE(store_->CommitPut(std::move(first).value()).ok());
+  ExpectStored(link, 3, 2);
+  ExpectStored(link, 4, 2);
+  const MessageStoreStats stats = store_->GetStats();
+  EXPECT_EQ(stats.rows_written, 4u);
+  EXPECT_EQ(stats.live_rows, 2u);
+  EXPECT_EQ(stats.put_batches, 3u);
+  // An encoded put that is dropped leaves the store as it was.
+  std::vector<std::vector<float>> v9 = {RowValues(link, 4, 9)};
+  const std::vector<uint64_t> four = {4};
+  ASSERT_TRUE(store_->EncodePut(link, four, ConstSpans(v9)).ok());
+  ExpectStored(link, 4, 2);
+}
+
+TEST_P(MessageStoreConformanceTest, EncodedPutAppliesTheBudgetAtCommit) {
+  const LinkSpec link = SmallLink();
+  const uint64_t row = internal::kKeyBytes + internal::kRowHeaderBytes + link.payload_bytes();
+  OpenWithCapacity(2 * row);
+  Put(link, {1}, 1);
+  std::vector<std::vector<float>> rows = {RowValues(link, 2, 1), RowValues(link, 3, 1)};
+  const std::vector<uint64_t> samples = {2, 3};
+  auto put = store_->EncodePut(link, samples, ConstSpans(rows));
+  ASSERT_TRUE(put.ok()) << put.status();
+  Put(link, {4}, 1);  // written between encode and commit: older than 2 and 3
+  ASSERT_TRUE(store_->CommitPut(std::move(put).value()).ok());
+  EXPECT_TRUE(absl::IsNotFound(Get(link, 1).status));
+  EXPECT_TRUE(absl::IsNotFound(Get(link, 4).status));
+  ExpectStored(link, 2, 1);
+  ExpectStored(link, 3, 1);
+  EXPECT_EQ(store_->GetStats().rows_evicted, 2u);
+}
+
+TEST_P(MessageStoreConformanceTest, EncodePutRejectsBadArgumentsAndCommitPutForeignPuts) {
+  const LinkSpec link = SmallLink();
+  std::vector<std::vector<float>> rows = {RowValues(link, 1, 1), RowValues(link, 2, 1)};
+  rows[1][5] = std::numeric_limits<float>::infinity();
+  const std::vector<uint64_t> samples = {1, 2};
+  auto nan = store_->EncodePut(link, samples, ConstSpans(rows));
+  EXPECT_TRUE(absl::IsInvalidArgument(nan.status())) << nan.status();
+  EXPECT_THAT(std::string(nan.status().message()), ::testing::HasSubstr("sample 2"));
+  rows[1].pop_back();
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->EncodePut(link, samples, ConstSpans(rows)).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->CommitPut(nullptr)));
+  // A put encoded by another store (of either backend) is refused.
+  auto memory = MemoryMessageStore::Create({});
+  ASSERT_TRUE(memory.ok());
+  std::vector<std::vector<float>> good = {RowValues(link, 1, 1)};
+  const std::vector<uint64_t> one = {1};
+  auto foreign = (*memory)->EncodePut(link, one, ConstSpans(good));
+  ASSERT_TRUE(foreign.ok()) << foreign.status();
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->CommitPut(std::move(foreign).value())));
+  EXPECT_TRUE(absl::IsNotFound(Get(link, 1).status));
+  EXPECT_EQ(store_->GetStats().rows_written, 0u);
+  // Closed: both phases fail; a put encoded before Close is not written.
+  auto pending = store_->EncodePut(link, one, ConstSpans(good));
+  ASSERT_TRUE(pending.ok()) << pending.status();
+  ASSERT_TRUE(store_->Close().ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(store_->EncodePut(link, one, ConstSpans(good)).status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(store_->CommitPut(std::move(pending).value())));
+}
+
 TEST_P(MessageStoreConformanceTest, ClosedStoreFailsCleanly) {
   const LinkSpec link = SmallLink();
   Put(link, {1}, 1);

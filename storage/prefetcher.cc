@@ -1,5 +1,7 @@
 #include "storage/prefetcher.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -44,6 +46,9 @@ absl::StatusOr<std::unique_ptr<Prefetcher>> Prefetcher::Create(MessageStore* sto
     return absl::InvalidArgumentError(
         "Prefetcher: micro_batch, prefetch_batches and loader_threads must be > 0");
   }
+  if (options.encode_threads < 0) {
+    return absl::InvalidArgumentError("Prefetcher: encode_threads must be >= 0");
+  }
   const uint64_t batch_bytes =
       static_cast<uint64_t>(options.micro_batch) * options.link.num_values() * sizeof(float);
   if (options.max_prefetch_bytes < batch_bytes) {
@@ -57,6 +62,9 @@ absl::StatusOr<std::unique_ptr<Prefetcher>> Prefetcher::Create(MessageStore* sto
     p->loaders_.emplace_back([raw = p.get()] { raw->LoaderLoop(); });
   }
   p->writer_ = std::thread([raw = p.get()] { raw->WriterLoop(); });
+  for (int i = 0; i < options.encode_threads; ++i) {
+    p->encoders_.emplace_back([raw = p.get()] { raw->EncoderLoop(); });
+  }
   return p;
 }
 
@@ -242,6 +250,7 @@ void Prefetcher::AdvanceConsumerLocked(int64_t batch) {
 }
 
 void Prefetcher::LoaderLoop() {
+  pthread_setname_np(pthread_self(), "aqs-prefetch");  // for perf and /proc
   const LinkSpec& link = options_.link;
   // Reused across batches: the loader allocates nothing per batch.
   std::vector<uint64_t> samples, tickets;
@@ -537,54 +546,109 @@ absl::Status Prefetcher::Enqueue(std::shared_ptr<WriteItem> item) {
     }
   }
   write_bytes_ += shared->bytes;
-  queue_.push_back(std::move(shared));
+  auto queued = std::make_unique<QueuedWrite>();
+  queued->item = std::move(shared);
+  queue_.push_back(std::move(queued));
   writer_cv_.Signal();
+  // Small writes never wake an encode thread (NextToEncodeLocked skips them).
+  if (options_.encode_threads > 0 && NextToEncodeLocked() != nullptr) encoder_cv_.Signal();
   loader_cv_.SignalAll();
   return absl::OkStatus();
 }
 
-void Prefetcher::WriterLoop() {
+absl::StatusOr<std::unique_ptr<MessageStore::EncodedPut>> Prefetcher::Encode(
+    const WriteItem& item) const {
+  std::vector<absl::Span<const float>> rows(item.rows.begin(), item.rows.end());
+  return store_->EncodePut(options_.link, item.samples, rows);
+}
+
+Prefetcher::QueuedWrite* Prefetcher::NextToEncodeLocked() const {
+  // Encoded-but-unwritten batches hold their encoded rows: keep at most one
+  // per encoding thread (and the writer's) ahead of the store.
+  if (claimed_ >= queue_.size() || claimed_ > static_cast<size_t>(options_.encode_threads)) {
+    return nullptr;
+  }
+  QueuedWrite* w = queue_[claimed_].get();
+  return w->item->bytes >= options_.min_encode_ahead_bytes ? w : nullptr;
+}
+
+void Prefetcher::EncoderLoop() {
+  pthread_setname_np(pthread_self(), "aqs-encode");
   while (true) {
-    std::vector<std::shared_ptr<const WriteItem>> items;
+    QueuedWrite* w = nullptr;
     {
       absl::MutexLock lock(&mu_);
-      while (!stop_ && queue_.empty()) writer_cv_.Wait(&mu_);
-      if (queue_.empty()) return;  // stop_ and drained
-      // One item per store write: its bytes are released (and a consumer
-      // blocked on back-pressure resumes) as soon as it is in the store, instead
-      // of in bursts after a large coalesced write.
-      items.push_back(queue_.front());
+      while (!stop_ && (w = NextToEncodeLocked()) == nullptr) encoder_cv_.Wait(&mu_);
+      if (stop_) return;
+      ++claimed_;  // `w` stays in the queue until encoded (the writer waits for it)
     }
-    std::vector<uint64_t> samples;
-    std::vector<absl::Span<const float>> rows;
-    for (const auto& it : items) {
-      for (size_t i = 0; i < it->samples.size(); ++i) {
-        samples.push_back(it->samples[i]);
-        rows.emplace_back(it->rows[i]);
-      }
-    }
-    absl::Status status = store_->PutBatch(options_.link, samples, rows);
+    auto put = Encode(*w->item);
     absl::MutexLock lock(&mu_);
-    for (const auto& it : items) {
-      queue_.pop_front();
-      write_bytes_ -= it->bytes;
-      for (size_t i = 0; i < it->samples.size(); ++i) {
-        auto p = pending_.find(it->samples[i]);
-        // A later put of the same sample stays pending.
-        if (p != pending_.end() && p->second.item.get() == it.get()) pending_.erase(p);
+    w->put = std::move(put);
+    w->encoded = true;
+    ++stats_.batches_encoded_ahead;
+    writer_cv_.Signal();
+  }
+}
+
+void Prefetcher::WriterLoop() {
+  pthread_setname_np(pthread_self(), "aqs-writeback");
+  while (true) {
+    QueuedWrite* front = nullptr;
+    QueuedWrite* todo = nullptr;  // claimed here: encode it, then look again
+    {
+      absl::MutexLock lock(&mu_);
+      while (true) {
+        while (!stop_ && queue_.empty()) writer_cv_.Wait(&mu_);
+        if (queue_.empty()) return;  // stop_ and drained
+        front = queue_.front().get();
+        if (front->encoded) break;
+        // Nobody encodes the front: do it here. Else an encode thread has
+        // it: encode the next one meanwhile, if the lookahead allows.
+        todo = claimed_ == 0 ? front : NextToEncodeLocked();
+        if (todo != nullptr) {
+          ++claimed_;
+          break;
+        }
+        writer_cv_.Wait(&mu_);
       }
-      // Nobody else can reach the item now (readers copy Pending under mu_):
-      // if we hold the last reference, recycle its buffers.
-      if (it.use_count() == 1) {
-        for (auto& row : std::const_pointer_cast<WriteItem>(it)->rows) RecycleLocked(std::move(row));
-      }
+    }
+    if (todo != nullptr) {
+      auto put = Encode(*todo->item);
+      absl::MutexLock lock(&mu_);
+      todo->put = std::move(put);
+      todo->encoded = true;
+      continue;
+    }
+    // One batch per store write: its bytes are released (and a consumer
+    // blocked on back-pressure resumes) as soon as it is in the store,
+    // instead of in bursts after a large coalesced write.
+    absl::Status status =
+        front->put.ok() ? store_->CommitPut(std::move(front->put).value()) : front->put.status();
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<QueuedWrite> done = std::move(queue_.front());
+    queue_.pop_front();
+    --claimed_;
+    const std::shared_ptr<const WriteItem>& it = done->item;
+    write_bytes_ -= it->bytes;
+    for (size_t i = 0; i < it->samples.size(); ++i) {
+      auto p = pending_.find(it->samples[i]);
+      // A later put of the same sample stays pending.
+      if (p != pending_.end() && p->second.item.get() == it.get()) pending_.erase(p);
+    }
+    // Nobody else can reach the item now (readers copy Pending under mu_):
+    // if we hold the last reference, recycle its buffers.
+    if (it.use_count() == 1) {
+      for (auto& row : std::const_pointer_cast<WriteItem>(it)->rows) RecycleLocked(std::move(row));
     }
     if (status.ok()) {
-      stats_.rows_written += samples.size();
+      stats_.rows_written += it->samples.size();
     } else if (write_error_.ok()) {
       write_error_ = absl::Status(status.code(),
                                   absl::StrCat("prefetcher write-behind failed: ", status.message()));
     }
+    // The lookahead moved. (Small writes wake no encode thread.)
+    if (options_.encode_threads > 0 && NextToEncodeLocked() != nullptr) encoder_cv_.Signal();
     consumer_cv_.SignalAll();
   }
 }
@@ -606,10 +670,12 @@ absl::Status Prefetcher::Close() {
     stop_ = true;
     loader_cv_.SignalAll();
     writer_cv_.SignalAll();
+    encoder_cv_.SignalAll();
     consumer_cv_.SignalAll();
   }
   for (std::thread& t : loaders_) t.join();
   writer_.join();
+  for (std::thread& t : encoders_) t.join();
   absl::MutexLock lock(&mu_);
   cache_.clear();
   cache_bytes_ = 0;

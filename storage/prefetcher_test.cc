@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/random.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -52,6 +53,16 @@ class ObservedStore : public MessageStore {
     }
     return inner_->PutBatch(link, samples, values);
   }
+  // Encoding: MessageStore's default (a copy; PutBatch at commit), counted.
+  absl::StatusOr<std::unique_ptr<EncodedPut>> EncodePut(
+      const LinkSpec& link, absl::Span<const uint64_t> samples,
+      absl::Span<const absl::Span<const float>> values) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ++encodes_;
+    }
+    return MessageStore::EncodePut(link, samples, values);
+  }
   absl::Status DropLink(const LinkId& link) override { return inner_->DropLink(link); }
   MessageStoreStats GetStats() const override { return inner_->GetStats(); }
   absl::Status Close() override { return absl::OkStatus(); }
@@ -69,6 +80,17 @@ class ObservedStore : public MessageStore {
     mu_.Await(absl::Condition(
         +[](std::pair<ObservedStore*, int>* a) { return a->first->puts_entered_ >= a->second; },
         &arg));
+  }
+  // False if fewer than `n` batches were encoded within a minute (a bound
+  // for a failing test, not a synchronisation).
+  bool WaitForEncodes(int n) {
+    absl::MutexLock lock(&mu_);
+    auto arg = std::make_pair(this, n);
+    return mu_.AwaitWithTimeout(
+        absl::Condition(
+            +[](std::pair<ObservedStore*, int>* a) { return a->first->encodes_ >= a->second; },
+            &arg),
+        absl::Minutes(1));
   }
   void SetGate(bool open) {
     absl::MutexLock lock(&mu_);
@@ -89,6 +111,7 @@ class ObservedStore : public MessageStore {
   int get_batches_ ABSL_GUARDED_BY(mu_) = 0;
   int get_rows_ ABSL_GUARDED_BY(mu_) = 0;
   int puts_entered_ ABSL_GUARDED_BY(mu_) = 0;
+  int encodes_ ABSL_GUARDED_BY(mu_) = 0;
   bool gate_open_ ABSL_GUARDED_BY(mu_) = true;
 };
 
@@ -116,14 +139,19 @@ class PrefetcherTest : public ::testing::Test {
   }
 
   std::unique_ptr<Prefetcher> MakePrefetcher(int64_t k, uint64_t max_prefetch_bytes = 1 << 20,
-                                             uint64_t max_write_bytes = 1 << 20) {
+                                             uint64_t max_write_bytes = 1 << 20,
+                                             int encode_threads = 1,
+                                             uint64_t min_encode_ahead_bytes = 1 << 20,
+                                             MessageStore* store = nullptr) {
     Prefetcher::Options o;
     o.link = kLink;
     o.micro_batch = kMicroBatch;
     o.prefetch_batches = k;
     o.max_prefetch_bytes = max_prefetch_bytes;
     o.max_write_behind_bytes = max_write_bytes;
-    auto p = Prefetcher::Create(observed_.get(), o);
+    o.encode_threads = encode_threads;
+    o.min_encode_ahead_bytes = min_encode_ahead_bytes;
+    auto p = Prefetcher::Create(store != nullptr ? store : observed_.get(), o);
     EXPECT_TRUE(p.ok()) << p.status();
     return std::move(p).value();
   }
@@ -369,6 +397,137 @@ TEST_F(PrefetcherTest, RejectsBadOptions) {
   o.loader_threads = 1;
   o.prefetch_batches = 0;
   EXPECT_TRUE(absl::IsInvalidArgument(Prefetcher::Create(observed_.get(), o).status()));
+  o.prefetch_batches = 1;
+  o.encode_threads = -1;
+  EXPECT_TRUE(absl::IsInvalidArgument(Prefetcher::Create(observed_.get(), o).status()));
+}
+
+// While the writer is held inside the store writing batch 1, the encode
+// thread encodes batch 2 (and read-your-writes still holds for it).
+TEST_F(PrefetcherTest, EncodeThreadEncodesTheNextWriteWhileOneIsWritten) {
+  Populate(16, 1);
+  auto p = MakePrefetcher(/*k=*/2, 1 << 20, 1 << 20, /*encode_threads=*/1,
+                          /*min_encode_ahead_bytes=*/0);
+  const std::vector<uint64_t> order = Permutation(16, 13);
+  ASSERT_TRUE(p->SetOrder(order).ok());
+  observed_->SetGate(false);
+  for (int64_t b = 0; b < 3; ++b) {
+    ExpectVersion(p.get(), Batch(order, b), 1);
+    Put(p.get(), Batch(order, b), 2);
+  }
+  observed_->WaitForPutEntered(1);  // the writer holds batch 0 in the store
+  EXPECT_TRUE(observed_->WaitForEncodes(2));
+  EXPECT_GE(p->GetStats().batches_encoded_ahead, 1u);
+  ExpectVersion(p.get(), Batch(order, 1), 2);  // encoded, not written: still the put
+  observed_->SetGate(true);
+  ASSERT_TRUE(p->Close().ok());
+  EXPECT_EQ(p->GetStats().rows_written, 3u * kMicroBatch);
+  for (int64_t b = 0; b < 3; ++b) {
+    const std::vector<uint64_t> samples = Batch(order, b);
+    std::vector<std::vector<float>> out(samples.size(), std::vector<float>(kLink.num_values()));
+    std::vector<RowRead> reads(samples.size());
+    ASSERT_TRUE(memory_->GetBatch(kLink, samples, Spans(out), absl::MakeSpan(reads)).ok());
+    for (size_t i = 0; i < samples.size(); ++i) {
+      ASSERT_TRUE(reads[i].status.ok()) << reads[i].status;
+      EXPECT_TRUE(SameBits(out[i], StoredValues(kLink, samples[i], 2)));
+    }
+  }
+}
+
+// Writes below min_encode_ahead_bytes are all encoded by the writer: small
+// rows cost no hand-off to an encode thread.
+TEST_F(PrefetcherTest, SmallWritesAreNotHandedToTheEncodeThread) {
+  Populate(32, 1);
+  auto p = MakePrefetcher(/*k=*/2);  // default threshold: 1 MiB >> a batch here
+  const std::vector<uint64_t> order = Permutation(32, 17);
+  ASSERT_TRUE(p->SetOrder(order).ok());
+  for (int64_t b = 0; b < 8; ++b) {
+    ExpectVersion(p.get(), Batch(order, b), 1);
+    Put(p.get(), Batch(order, b), 2);
+  }
+  ASSERT_TRUE(p->Close().ok());
+  const PrefetcherStats stats = p->GetStats();
+  EXPECT_EQ(stats.rows_written, 32u);
+  EXPECT_EQ(stats.batches_encoded_ahead, 0u);
+}
+
+// A non-finite batch among others, encoded by whichever thread: it alone is
+// not written, the batches before it are, and the prefetcher fails stickily
+// naming the sample.
+TEST_F(PrefetcherTest, NonFiniteWriteEncodedAheadFailsStickily) {
+  Populate(64, 1);
+  for (int encode_threads : {1, 2}) {
+    SCOPED_TRACE(encode_threads);
+    auto p = MakePrefetcher(/*k=*/2, 1 << 20, 1 << 20, encode_threads,
+                            /*min_encode_ahead_bytes=*/0, memory_.get());
+    std::vector<uint64_t> order = Permutation(32, 19 + encode_threads);
+    for (uint64_t& s : order) s += 32 * (encode_threads - 1);  // rows still at version 1
+    ASSERT_TRUE(p->SetOrder(order).ok());
+    constexpr int64_t kBad = 4;
+    uint64_t bad_sample = 0;
+    for (int64_t b = 0; b <= kBad; ++b) {  // the bad batch last: later calls would fail
+      const std::vector<uint64_t> samples = Batch(order, b);
+      std::vector<std::vector<float>> rows;
+      std::vector<RowRead> reads(samples.size());
+      ASSERT_TRUE(p->TakeBatch(samples, &rows, absl::MakeSpan(reads)).ok());
+      for (size_t i = 0; i < samples.size(); ++i) {
+        rows[i] = RowValues(kLink, samples[i], 10 + encode_threads);
+      }
+      if (b == kBad) {
+        rows[1][3] = -std::numeric_limits<float>::infinity();
+        bad_sample = samples[1];
+      }
+      ASSERT_TRUE(p->PutBatch(samples, std::move(rows)).ok());
+    }
+    const absl::Status flushed = p->Flush();
+    EXPECT_TRUE(absl::IsInvalidArgument(flushed)) << flushed;
+    EXPECT_THAT(std::string(flushed.message()),
+                ::testing::HasSubstr(absl::StrCat("sample ", bad_sample)));
+    EXPECT_TRUE(absl::IsInvalidArgument(p->Close()));
+    for (int64_t b = 0; b <= kBad; ++b) {
+      const std::vector<uint64_t> samples = Batch(order, b);
+      std::vector<std::vector<float>> out(samples.size(), std::vector<float>(kLink.num_values()));
+      std::vector<RowRead> reads(samples.size());
+      ASSERT_TRUE(memory_->GetBatch(kLink, samples, Spans(out), absl::MakeSpan(reads)).ok());
+      for (size_t i = 0; i < samples.size(); ++i) {
+        ASSERT_TRUE(reads[i].status.ok()) << reads[i].status;
+        // Batches before the bad one hold the put; the bad one the old rows.
+        EXPECT_TRUE(SameBits(out[i], b < kBad
+                                         ? StoredValues(kLink, samples[i], 10 + encode_threads)
+                                         : StoredValues(kLink, samples[i], 1)))
+            << "batch " << b << " sample " << samples[i];
+      }
+    }
+  }
+}
+
+// MessageStore's default two-phase put (a store that only has PutBatch):
+// a copy of the arguments, written by PutBatch at commit, refused elsewhere.
+TEST_F(PrefetcherTest, DefaultEncodedPutIsWrittenByPutBatchAtCommit) {
+  std::vector<std::vector<float>> rows = {RowValues(kLink, 5, 3)};
+  const std::vector<uint64_t> samples = {5};
+  auto put = observed_->EncodePut(kLink, samples, ConstSpans(rows));
+  ASSERT_TRUE(put.ok()) << put.status();
+  rows[0].assign(rows[0].size(), 0.0f);  // the put holds its own copy
+  std::vector<std::vector<float>> out(1, std::vector<float>(kLink.num_values()));
+  std::vector<RowRead> reads(1);
+  ASSERT_TRUE(memory_->GetBatch(kLink, samples, Spans(out), absl::MakeSpan(reads)).ok());
+  EXPECT_TRUE(absl::IsNotFound(reads[0].status));
+  ASSERT_TRUE(observed_->CommitPut(std::move(put).value()).ok());
+  ASSERT_TRUE(memory_->GetBatch(kLink, samples, Spans(out), absl::MakeSpan(reads)).ok());
+  ASSERT_TRUE(reads[0].status.ok()) << reads[0].status;
+  EXPECT_TRUE(SameBits(out[0], StoredValues(kLink, 5, 3)));
+  EXPECT_TRUE(absl::IsInvalidArgument(observed_->CommitPut(nullptr)));
+  // Encoded by another store (the inner one): not this store's put.
+  auto inner = memory_->EncodePut(kLink, samples, ConstSpans(rows));
+  ASSERT_TRUE(inner.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(observed_->CommitPut(std::move(inner).value())));
+  ObservedStore other(memory_.get());
+  auto foreign = other.EncodePut(kLink, samples, ConstSpans(rows));
+  ASSERT_TRUE(foreign.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(observed_->CommitPut(std::move(foreign).value())));
+  rows[0].pop_back();
+  EXPECT_TRUE(absl::IsInvalidArgument(observed_->EncodePut(kLink, samples, ConstSpans(rows)).status()));
 }
 
 // Several loader threads fill the window concurrently; every row still comes
@@ -441,6 +600,7 @@ TEST(PrefetcherRocksDbTest, AppendedEpochsOverRocksDbAreExact) {
   po.link = kLink;
   po.micro_batch = kMicroBatch;
   po.prefetch_batches = 20;  // > the 16 batches of an epoch
+  po.min_encode_ahead_bytes = 0;
   auto p = Prefetcher::Create(store->get(), po);
   ASSERT_TRUE(p.ok()) << p.status();
   ASSERT_TRUE((*p)->SetOrder(Permutation(kSamples, 100)).ok());
@@ -487,8 +647,10 @@ TEST(PrefetcherRocksDbTest, EpochOverRocksDbIsExact) {
   po.link = kLink;
   po.micro_batch = kMicroBatch;
   po.prefetch_batches = 3;
+  po.min_encode_ahead_bytes = 0;  // every write may be encoded ahead
   for (uint64_t epoch = 0; epoch < 3; ++epoch) {
     po.loader_threads = static_cast<int>(epoch) + 1;  // 1, 2, 3
+    po.encode_threads = static_cast<int>(epoch);      // 0, 1, 2
     auto p = Prefetcher::Create(store->get(), po);
     ASSERT_TRUE(p.ok()) << p.status();
     const std::vector<uint64_t> order = Permutation(64, epoch);

@@ -96,11 +96,17 @@ class RocksDbMessageStore final : public internal::RowStoreBase {
     int background_jobs = 2;
     // Memtables flushed at once (each flush is serial: RocksDB's software
     // CRC32C of every blob record, then O_DIRECT writes, one after the
-    // other). With one flush thread the bench's disk writes stayed at
-    // ~300-380 MB/s, about the synchronous rate, so write-behind could not
-    // run ahead; needs max_write_buffers >= 3.
-    // Default: 2.
-    int flush_threads = 2;
+    // other, so a flush thread waits for the disk about half of its time).
+    // With one flush thread the bench's disk writes stayed at ~300-380 MB/s,
+    // about the synchronous rate, so write-behind could not run ahead. With
+    // two, flushing was still the write path's bottleneck under a steady
+    // consumer (`bench store` hidden_1x, 3.3 MB rows: RocksDB stopped writes
+    // for all-memtables-full, single puts blocked up to ~400 ms, the
+    // write-behind queue filled epoch after epoch); three keep up, with the
+    // default 4 memtables (one active, three flushing). Useful up to
+    // max_write_buffers - 1.
+    // Default: 3.
+    int flush_threads = 3;
     // RocksDB's write slowdown rate (delayed_write_rate), applied e.g. while
     // the last allowed memtable is being written with more than 3 allowed.
     // RocksDB's default, 16 MB/s, is far below what this store sustains: with

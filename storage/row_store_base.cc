@@ -59,6 +59,41 @@ absl::Status ValidatePutArgs(const LinkSpec& link, absl::Span<const uint64_t> sa
   return absl::OkStatus();
 }
 
+namespace {
+
+// MessageStore's default EncodePut: a copy of the arguments, written by
+// PutBatch at commit.
+class CopiedPut final : public MessageStore::EncodedPut {
+ public:
+  const MessageStore* owner = nullptr;
+  LinkSpec link;
+  std::vector<uint64_t> samples;
+  std::vector<std::vector<float>> values;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MessageStore::EncodedPut>> MessageStore::EncodePut(
+    const LinkSpec& link, absl::Span<const uint64_t> samples,
+    absl::Span<const absl::Span<const float>> values) {
+  if (absl::Status s = ValidatePutArgs(link, samples, values); !s.ok()) return s;
+  auto put = std::make_unique<CopiedPut>();
+  put->owner = this;
+  put->link = link;
+  put->samples.assign(samples.begin(), samples.end());
+  for (absl::Span<const float> v : values) put->values.emplace_back(v.begin(), v.end());
+  return put;
+}
+
+absl::Status MessageStore::CommitPut(std::unique_ptr<EncodedPut> put) {
+  auto* copied = dynamic_cast<CopiedPut*>(put.get());
+  if (copied == nullptr || copied->owner != this) {
+    return absl::InvalidArgumentError("CommitPut: not a put encoded by this store");
+  }
+  std::vector<absl::Span<const float>> values(copied->values.begin(), copied->values.end());
+  return PutBatch(copied->link, copied->samples, values);
+}
+
 namespace internal {
 namespace {
 
@@ -149,34 +184,70 @@ void RowStoreBase::EraseLocked(const std::string& row_key, std::vector<WriteOp>*
   ops->push_back({true, IndexKeyFor(row_key), {}});
 }
 
-absl::Status RowStoreBase::PutBatch(const LinkSpec& link, absl::Span<const uint64_t> samples,
-                                    absl::Span<const absl::Span<const float>> values) {
+// A batch encoded by RowStoreBase::EncodePut: row keys and full row values.
+class RowStoreBase::RowPut final : public MessageStore::EncodedPut {
+ public:
+  explicit RowPut(RowStoreBase* owner) : owner_(owner) {}
+  // Not committed: its value buffers go back to the spare pool.
+  ~RowPut() override { owner_->ReturnSpareValues(&rows); }
+
+  RowStoreBase* owner() const { return owner_; }
+
+  std::vector<std::string> keys;
+  std::vector<std::string> rows;
+  uint64_t encode_nanos = 0;
+
+ private:
+  RowStoreBase* const owner_;
+};
+
+absl::StatusOr<std::unique_ptr<MessageStore::EncodedPut>> RowStoreBase::EncodePut(
+    const LinkSpec& link, absl::Span<const uint64_t> samples,
+    absl::Span<const absl::Span<const float>> values) {
   const auto t0 = std::chrono::steady_clock::now();
   if (absl::Status s = CheckOpen(); !s.ok()) return s;
   if (absl::Status s = ValidatePutArgs(link, samples, values); !s.ok()) return s;
-  // Encode (and check finiteness) outside the lock: this is the expensive
-  // part. Value buffers are recycled: a fresh multi-MB string per row costs
-  // page faults and zero-filling on every put.
-  std::vector<std::string> keys(samples.size());
-  std::vector<std::string> rows = TakeSpareValues(samples.size());
+  // The expensive part of a put, outside mu_. Value buffers are recycled: a
+  // fresh multi-MB string per row costs page faults and zero-filling on
+  // every put.
+  auto put = std::make_unique<RowPut>(this);
+  put->keys.resize(samples.size());
+  put->rows = TakeSpareValues(samples.size());
   for (size_t i = 0; i < samples.size(); ++i) {
-    keys[i] = EncodeKey(kRowKind, link.link, samples[i]);
-    if (absl::Status s = EncodeRowValue(keys[i], link, values[i], &rows[i]); !s.ok()) {
-      ReturnSpareValues(&rows);
+    put->keys[i] = EncodeKey(kRowKind, link.link, samples[i]);
+    if (absl::Status s = EncodeRowValue(put->keys[i], link, values[i], &put->rows[i]); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("PutBatch: row ", i, " (sample ", samples[i],
                                                      "): ", s.message()));
     }
   }
+  put->encode_nanos = NanosSince(t0);
+  return put;
+}
+
+absl::Status RowStoreBase::PutBatch(const LinkSpec& link, absl::Span<const uint64_t> samples,
+                                    absl::Span<const absl::Span<const float>> values) {
+  auto put = EncodePut(link, samples, values);
+  if (!put.ok()) return put.status();
+  return CommitPut(std::move(put).value());
+}
+
+absl::Status RowStoreBase::CommitPut(std::unique_ptr<EncodedPut> encoded) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto* put = dynamic_cast<RowPut*>(encoded.get());
+  if (put == nullptr || put->owner() != this) {
+    return absl::InvalidArgumentError("CommitPut: not a put encoded by this store");
+  }
+  if (absl::Status s = CheckOpen(); !s.ok()) return s;
+  std::vector<std::string>& keys = put->keys;
+  std::vector<std::string>& rows = put->rows;
+  const size_t n = keys.size();
 
   absl::MutexLock lock(&mu_);
-  if (!write_failure_.ok()) {
-    ReturnSpareValues(&rows);
-    return write_failure_;
-  }
+  if (!write_failure_.ok()) return write_failure_;
   std::vector<WriteOp> ops;
-  ops.reserve(samples.size() * 2);
+  ops.reserve(n * 2);
   uint64_t evicted = 0, written = 0;
-  for (size_t i = 0; i < samples.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     const uint64_t bytes = keys[i].size() + rows[i].size();
     // The old version (if any) is replaced: drop it from the accounting.
     if (auto it = index_.find(keys[i]); it != index_.end()) {
@@ -207,9 +278,10 @@ absl::Status RowStoreBase::PutBatch(const LinkSpec& link, absl::Span<const uint6
     ++written;
   }
   absl::Status write_status = WriteRaw(absl::MakeSpan(ops));
-  // Backends that copy values (RocksDB) leave them in `ops`: recycle them.
+  // Backends that copy values (RocksDB) leave them in `ops`: recycle them
+  // (the put's destructor returns the rows that were not written).
   std::vector<std::string> used;
-  used.reserve(samples.size());
+  used.reserve(n);
   for (WriteOp& op : ops) {
     if (!op.is_delete && op.key[0] == static_cast<char>(kRowKind)) used.push_back(std::move(op.value));
   }
@@ -224,7 +296,7 @@ absl::Status RowStoreBase::PutBatch(const LinkSpec& link, absl::Span<const uint6
   rows_written_ += written;
   rows_evicted_ += evicted;
   ++put_batches_;
-  put_nanos_ += NanosSince(t0);
+  put_nanos_ += put->encode_nanos + NanosSince(t0);
   return absl::OkStatus();
 }
 

@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,6 +48,10 @@ class RowStoreBase : public MessageStore {
                         absl::Span<RowRead> reads) override;
   absl::Status PutBatch(const LinkSpec& link, absl::Span<const uint64_t> samples,
                         absl::Span<const absl::Span<const float>> values) override;
+  absl::StatusOr<std::unique_ptr<EncodedPut>> EncodePut(
+      const LinkSpec& link, absl::Span<const uint64_t> samples,
+      absl::Span<const absl::Span<const float>> values) override;
+  absl::Status CommitPut(std::unique_ptr<EncodedPut> put) override;
   absl::Status DropLink(const LinkId& link) override;
   MessageStoreStats GetStats() const override;
 
@@ -73,6 +78,7 @@ class RowStoreBase : public MessageStore {
   absl::Status CheckOpen() const;
 
  private:
+  class RowPut;
   struct IndexEntry {
     uint64_t seq = 0;
     uint64_t bytes = 0;
