@@ -37,6 +37,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench.h"
+#include "common/malloc_tuning.h"
 #include "common/random.h"
 #include "common/status_macros.h"
 #include "pipeline/link_endpoint.h"
@@ -175,6 +176,8 @@ absl::Status RunLinkBench(const LinkBenchOptions& options, std::ostream& out) {
     return absl::InvalidArgumentError(
         "link bench: rows, cols, micro_batch > 0; samples >= micro_batch; epochs, repeats >= 1; fw_bits in 2..8");
   }
+  KeepFreedMemoryForReuse();  // as in a stage process
+
   std::vector<Cell> cells;
   for (absl::string_view s : absl::StrSplit(o.stores, ',', absl::SkipEmpty())) {
     if (s != "rocksdb" && s != "rocksdb_skiplist" && s != "memory") {
