@@ -37,7 +37,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench.h"
-#include "common/malloc_tuning.h"
+#include "bench/temp_dir.h"
 #include "common/random.h"
 #include "common/status_macros.h"
 #include "pipeline/link_endpoint.h"
@@ -176,7 +176,6 @@ absl::Status RunLinkBench(const LinkBenchOptions& options, std::ostream& out) {
     return absl::InvalidArgumentError(
         "link bench: rows, cols, micro_batch > 0; samples >= micro_batch; epochs, repeats >= 1; fw_bits in 2..8");
   }
-  KeepFreedMemoryForReuse();  // as in a stage process
 
   std::vector<Cell> cells;
   for (absl::string_view s : absl::StrSplit(o.stores, ',', absl::SkipEmpty())) {
@@ -187,15 +186,9 @@ absl::Status RunLinkBench(const LinkBenchOptions& options, std::ostream& out) {
     cells.push_back({"aqsgd", std::string(s)});
   }
   cells.insert(cells.begin(), Cell{"directq", "-"});
-  std::string base = o.dir;
-  if (base.empty()) {
-    const char* tmp = std::getenv("TMPDIR");
-    base = (tmp != nullptr && *tmp != '\0') ? tmp : "/tmp";
-  }
-  std::string tmpl = base + "/aqswarm_link_bench_XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot create a temporary directory under '", base, "'"));
-  }
+  absl::StatusOr<std::string> made = MakeTempDir(o.dir, "aqswarm_link_bench_");
+  if (!made.ok()) return made.status();
+  const std::string tmpl = *made;
   if (!o.json) {
     out << absl::StrFormat("link bench: %dx%d fp16 rows, fw %d bits, %d samples x %d epochs, micro-batch %d\n",
                            o.rows, o.cols, o.fw_bits, o.samples, o.epochs, o.micro_batch);

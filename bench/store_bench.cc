@@ -66,7 +66,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench.h"
-#include "common/malloc_tuning.h"
+#include "bench/temp_dir.h"
 #include "common/random.h"
 #include "common/row_format.h"
 #include "storage/memory_message_store.h"
@@ -595,21 +595,9 @@ absl::Status RunStoreBench(const StoreBenchOptions& options, std::ostream& out) 
   }
   auto shapes = ParseShapes(options.shapes, options.samples);
   if (!shapes.ok()) return shapes.status();
-  // The stores run under the malloc settings of a stage process (the
-  // loaders' per-thread arenas otherwise hand read buffers back to the
-  // kernel and fault them in again: ~15% of the prefetch phase's CPU).
-  KeepFreedMemoryForReuse();
-  std::string base = options.dir;
-  if (base.empty()) {
-    const char* tmp = std::getenv("TMPDIR");
-    base = (tmp != nullptr && *tmp != '\0') ? tmp : "/tmp";
-  }
-  std::string tmpl = base + "/aqswarm_store_bench_XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot create a temporary directory under '", base, "'"));
-  }
-  const std::string dir = tmpl;
+  absl::StatusOr<std::string> made = MakeTempDir(options.dir, "aqswarm_store_bench_");
+  if (!made.ok()) return made.status();
+  const std::string dir = *made;
   if (!options.json) {
     out << "store bench in " << dir << " (fp16 rows; page cache dropped before each epoch; "
         << "shapes without :SAMPLES capped at " << (kDefaultMaxBytesPerShape >> 20)
