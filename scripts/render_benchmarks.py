@@ -41,6 +41,12 @@ def compression():
                 f"**{100*n['encode_gbps']/n['memcpy_gbps']:.0f}% / {100*n['decode_gbps']/n['memcpy_gbps']:.0f}%**; "
                 f"stochastic >= 10%: **{100*s['encode_gbps']/s['memcpy_gbps']:.0f}% / {100*s['decode_gbps']/s['memcpy_gbps']:.0f}%**. "
                 "Global-QSGD and min-max encoders are scalar loops (not tuned yet)."]
+    if (3, 'nearest') in fp:
+        t = fp[(3, 'nearest')]
+        out += ["", f"3 and 6 bits (AQ-SGD's fw3bw6) pack 8 codes per b bytes with BMI2 PEXT/PDEP: 3-bit nearest decode "
+                f"{100*t['decode_gbps']/t['memcpy_gbps']:.0f}% of memcpy here; with the portable shift-and-mask loops "
+                "it was 15% (2.1 GB/s against memcpy's 13.7; `bench compression --mib=16 --codecs=fixed_point`, "
+                "commit 1e85ddb's parent, 2026-11-21 ~17:30Z, load ~4)."]
     return out
 
 
