@@ -159,9 +159,23 @@ class PrefetcherTest : public ::testing::Test {
   // Gets `samples` through `p` and checks they hold `version`.
   void ExpectVersion(Prefetcher* p, const std::vector<uint64_t>& samples, uint64_t version,
                      std::vector<uint64_t>* checksums = nullptr) {
+    ExpectRowsHold([&](auto out, auto reads) { return p->GetBatch(samples, out, reads); }, samples, version,
+                   checksums);
+  }
+
+  // The rows of `samples` in the backing store (under the prefetcher) hold `version`.
+  void ExpectStoredVersion(const std::vector<uint64_t>& samples, uint64_t version) {
+    ExpectRowsHold([&](auto out, auto reads) { return memory_->GetBatch(kLink, samples, out, reads); }, samples,
+                   version);
+  }
+
+  // Reads `samples` with get(out spans, reads) and checks they hold `version`.
+  template <typename Get>
+  void ExpectRowsHold(Get get, const std::vector<uint64_t>& samples, uint64_t version,
+                      std::vector<uint64_t>* checksums = nullptr) {
     std::vector<std::vector<float>> out(samples.size(), std::vector<float>(kLink.num_values()));
     std::vector<RowRead> reads(samples.size());
-    ASSERT_TRUE(p->GetBatch(samples, Spans(out), absl::MakeSpan(reads)).ok());
+    ASSERT_TRUE(get(Spans(out), absl::MakeSpan(reads)).ok());
     for (size_t i = 0; i < samples.size(); ++i) {
       ASSERT_TRUE(reads[i].status.ok()) << "sample " << samples[i] << ": " << reads[i].status;
       EXPECT_TRUE(SameBits(out[i], StoredValues(kLink, samples[i], version)))
@@ -422,16 +436,7 @@ TEST_F(PrefetcherTest, EncodeThreadEncodesTheNextWriteWhileOneIsWritten) {
   observed_->SetGate(true);
   ASSERT_TRUE(p->Close().ok());
   EXPECT_EQ(p->GetStats().rows_written, 3u * kMicroBatch);
-  for (int64_t b = 0; b < 3; ++b) {
-    const std::vector<uint64_t> samples = Batch(order, b);
-    std::vector<std::vector<float>> out(samples.size(), std::vector<float>(kLink.num_values()));
-    std::vector<RowRead> reads(samples.size());
-    ASSERT_TRUE(memory_->GetBatch(kLink, samples, Spans(out), absl::MakeSpan(reads)).ok());
-    for (size_t i = 0; i < samples.size(); ++i) {
-      ASSERT_TRUE(reads[i].status.ok()) << reads[i].status;
-      EXPECT_TRUE(SameBits(out[i], StoredValues(kLink, samples[i], 2)));
-    }
-  }
+  for (int64_t b = 0; b < 3; ++b) ExpectStoredVersion(Batch(order, b), 2);
 }
 
 // Writes below min_encode_ahead_bytes are all encoded by the writer: small
@@ -484,20 +489,8 @@ TEST_F(PrefetcherTest, NonFiniteWriteEncodedAheadFailsStickily) {
     EXPECT_THAT(std::string(flushed.message()),
                 ::testing::HasSubstr(absl::StrCat("sample ", bad_sample)));
     EXPECT_TRUE(absl::IsInvalidArgument(p->Close()));
-    for (int64_t b = 0; b <= kBad; ++b) {
-      const std::vector<uint64_t> samples = Batch(order, b);
-      std::vector<std::vector<float>> out(samples.size(), std::vector<float>(kLink.num_values()));
-      std::vector<RowRead> reads(samples.size());
-      ASSERT_TRUE(memory_->GetBatch(kLink, samples, Spans(out), absl::MakeSpan(reads)).ok());
-      for (size_t i = 0; i < samples.size(); ++i) {
-        ASSERT_TRUE(reads[i].status.ok()) << reads[i].status;
-        // Batches before the bad one hold the put; the bad one the old rows.
-        EXPECT_TRUE(SameBits(out[i], b < kBad
-                                         ? StoredValues(kLink, samples[i], 10 + encode_threads)
-                                         : StoredValues(kLink, samples[i], 1)))
-            << "batch " << b << " sample " << samples[i];
-      }
-    }
+    // Batches before the bad one hold the put; the bad one the old rows.
+    for (int64_t b = 0; b <= kBad; ++b) ExpectStoredVersion(Batch(order, b), b < kBad ? 10 + encode_threads : 1);
   }
 }
 
