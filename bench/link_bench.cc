@@ -37,7 +37,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench.h"
-#include "bench/temp_dir.h"
+#include "bench/bench_util.h"
 #include "common/random.h"
 #include "common/status_macros.h"
 #include "pipeline/link_endpoint.h"

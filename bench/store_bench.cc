@@ -66,7 +66,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench.h"
-#include "bench/temp_dir.h"
+#include "bench/bench_util.h"
 #include "common/random.h"
 #include "common/row_format.h"
 #include "storage/memory_message_store.h"
@@ -102,10 +102,8 @@ absl::StatusOr<std::vector<Shape>> ParseShapes(const std::string& spec, int64_t 
   std::vector<Shape> out;
   for (absl::string_view part : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
     std::vector<std::string> count = absl::StrSplit(part, ':');
-    std::vector<std::string> dims = absl::StrSplit(count[0], 'x');
     Shape s;
-    if (dims.size() != 2 || !absl::SimpleAtoi(dims[0], &s.rows) ||
-        !absl::SimpleAtoi(dims[1], &s.cols) || s.rows <= 0 || s.cols <= 0 || count.size() > 2) {
+    if (!ParseRowShape(count[0], &s.rows, &s.cols) || count.size() > 2) {
       return absl::InvalidArgumentError(
           absl::StrCat("bad shape '", std::string(part), "' (want ROWSxCOLS[:SAMPLES])"));
     }

@@ -1,9 +1,9 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/numbers.h"
 #include "absl/status/status.h"
 #include "bench/bench.h"
+#include "bench/bench_util.h"
 #include "cli/command.h"
 
 ABSL_FLAG(bool, json, false, "Print one JSON object per line instead of a table.");
@@ -113,9 +113,7 @@ std::vector<Command> BenchCommands() {
                    if (int rc = BenchNoArgs(args, "link")) return rc;
                    bench::LinkBenchOptions o;
                    const std::string shape = absl::GetFlag(FLAGS_link_shape);
-                   const size_t x = shape.find('x');
-                   if (x == std::string::npos || !absl::SimpleAtoi(shape.substr(0, x), &o.rows) ||
-                       !absl::SimpleAtoi(shape.substr(x + 1), &o.cols)) {
+                   if (!bench::ParseRowShape(shape, &o.rows, &o.cols)) {
                      std::cerr << "aqswarm bench link: --link_shape must be ROWSxCOLS, got '" << shape << "'\n";
                      return 2;
                    }

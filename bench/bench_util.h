@@ -1,14 +1,19 @@
-// A fresh temporary directory for a benchmark's files.
-#ifndef AQSWARM_BENCH_TEMP_DIR_H_
-#define AQSWARM_BENCH_TEMP_DIR_H_
+// Small pieces the benchmarks and their CLI share.
+#ifndef AQSWARM_BENCH_BENCH_UTIL_H_
+#define AQSWARM_BENCH_BENCH_UTIL_H_
 
 #include <stdlib.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 
 namespace aqswarm::bench {
 
@@ -26,6 +31,13 @@ inline absl::StatusOr<std::string> MakeTempDir(std::string dir, const std::strin
   return path;
 }
 
+// Parses a row shape "ROWSxCOLS" (both > 0); false if `spec` is not one.
+inline bool ParseRowShape(absl::string_view spec, int64_t* rows, int64_t* cols) {
+  std::vector<absl::string_view> dims = absl::StrSplit(spec, 'x');
+  return dims.size() == 2 && absl::SimpleAtoi(dims[0], rows) && absl::SimpleAtoi(dims[1], cols) && *rows > 0 &&
+         *cols > 0;
+}
+
 }  // namespace aqswarm::bench
 
-#endif  // AQSWARM_BENCH_TEMP_DIR_H_
+#endif  // AQSWARM_BENCH_BENCH_UTIL_H_
