@@ -45,8 +45,10 @@ struct LinkEndpointOptions {
   compression::AqsgdLinkOptions codec;
   // Samples per micro-batch.
   int64_t micro_batch = 1;
-  // Micro-batches prefetched ahead. Default: 4.
-  int64_t prefetch_batches = 4;
+  // Micro-batches prefetched ahead. With small rows the prefetcher hands
+  // half of them to a loader at once (Prefetcher::Options::min_handoff_bytes).
+  // Default: 16.
+  int64_t prefetch_batches = 16;
 };
 
 // Builds endpoint options from a job: mode, fw bits, m precision, warm-up.

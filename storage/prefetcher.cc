@@ -36,6 +36,17 @@ absl::Status RoundAndChecksum(const LinkSpec& link, absl::Span<const float> in,
   return absl::OkStatus();
 }
 
+uint64_t BatchBytes(const Prefetcher::Options& o) {
+  return static_cast<uint64_t>(o.micro_batch) * o.link.num_values() * sizeof(float);
+}
+
+// Options::min_handoff_bytes in whole micro-batches: >= 1, <= half the window.
+int64_t HandoffBatches(const Prefetcher::Options& o) {
+  const uint64_t batch = BatchBytes(o);
+  const int64_t n = batch > 0 ? static_cast<int64_t>(o.min_handoff_bytes / batch) : 1;
+  return std::max<int64_t>(1, std::min(n, o.prefetch_batches / 2));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Prefetcher>> Prefetcher::Create(MessageStore* store,
@@ -49,8 +60,7 @@ absl::StatusOr<std::unique_ptr<Prefetcher>> Prefetcher::Create(MessageStore* sto
   if (options.encode_threads < 0) {
     return absl::InvalidArgumentError("Prefetcher: encode_threads must be >= 0");
   }
-  const uint64_t batch_bytes =
-      static_cast<uint64_t>(options.micro_batch) * options.link.num_values() * sizeof(float);
+  const uint64_t batch_bytes = BatchBytes(options);
   if (options.max_prefetch_bytes < batch_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("Prefetcher: max_prefetch_bytes ",
                                                    options.max_prefetch_bytes,
@@ -71,7 +81,9 @@ absl::StatusOr<std::unique_ptr<Prefetcher>> Prefetcher::Create(MessageStore* sto
 Prefetcher::Prefetcher(MessageStore* store, const Options& options)
     : store_(store),
       options_(options),
-      row_bytes_(static_cast<uint64_t>(options.link.num_values()) * sizeof(float)) {
+      row_bytes_(static_cast<uint64_t>(options.link.num_values()) * sizeof(float)),
+      handoff_batches_(HandoffBatches(options)),
+      handoff_bytes_(static_cast<uint64_t>(handoff_batches_) * BatchBytes(options)) {
   // Every buffer that can be in use at once: the prefetch window, the write
   // queue (which always accepts one batch) and two batches held by the
   // consumer. Idle buffers are kept only while pool + prefetched + queued rows
@@ -157,7 +169,7 @@ void Prefetcher::AppendOrderLocked(std::vector<uint64_t> order) {
     order_.push_back(order[i]);
   }
   segment_end_.push_back(begin + n);
-  loader_cv_.SignalAll();
+  WakeLoadersLocked();
 }
 
 void Prefetcher::TrimConsumedOrdersLocked() {
@@ -212,12 +224,35 @@ absl::Status Prefetcher::AppendOrder(std::vector<uint64_t> order) {
   return absl::OkStatus();
 }
 
+int64_t Prefetcher::LoadableBatchesLocked() const {
+  const int64_t window_end = std::min(num_batches(), consumer_batch_ + options_.prefetch_batches + 1);
+  const uint64_t batch_bytes = static_cast<uint64_t>(options_.micro_batch) * row_bytes_;
+  const uint64_t room = cache_bytes_ < options_.max_prefetch_bytes
+                            ? (options_.max_prefetch_bytes - cache_bytes_) / batch_bytes
+                            : 0;
+  return std::max<int64_t>(0, std::min(window_end - next_load_batch_, static_cast<int64_t>(room)));
+}
+
 bool Prefetcher::LoaderHasWork() const {
   if (!late_.empty() && cache_bytes_ + row_bytes_ <= options_.max_prefetch_bytes) return true;
-  return next_load_batch_ < num_batches() &&
-         next_load_batch_ <= consumer_batch_ + options_.prefetch_batches &&
-         cache_bytes_ + static_cast<uint64_t>(options_.micro_batch) * row_bytes_ <=
+  const int64_t n = LoadableBatchesLocked();
+  if (n <= 0) return false;
+  // A full hand-off, or all there is: the rest of the order, or all the
+  // memory bound allows.
+  return n >= handoff_batches_ || next_load_batch_ + n >= num_batches() ||
+         cache_bytes_ + static_cast<uint64_t>(n + 1) * options_.micro_batch * row_bytes_ >
              options_.max_prefetch_bytes;
+}
+
+void Prefetcher::WakeLoadersLocked() {
+  if (!LoaderHasWork()) return;
+  // One hand-off's worth: one loader claims it all (waking the others would
+  // be wake-ups that find nothing).
+  if (late_.empty() && LoadableBatchesLocked() < 2 * handoff_batches_) {
+    loader_cv_.Signal();
+  } else {
+    loader_cv_.SignalAll();
+  }
 }
 
 void Prefetcher::EraseSlotLocked(uint64_t sample) {
@@ -248,7 +283,7 @@ void Prefetcher::AdvanceConsumerLocked(int64_t batch) {
   TrimConsumedOrdersLocked();
   // Wake the loaders only for work (each wake of an idle loader is a context
   // switch; with 4 KB rows these were a visible share of a stage's CPU).
-  if (LoaderHasWork()) loader_cv_.SignalAll();
+  WakeLoadersLocked();
 }
 
 void Prefetcher::LoaderLoop() {
@@ -305,25 +340,29 @@ void Prefetcher::LoaderLoop() {
           claim(s, position);
         }
       } else {
-        const int64_t b = next_load_batch_++;
-        const int64_t end = batch_end(b);
-        for (int64_t i = batch_begin(b); i < end; ++i) {
-          const uint64_t s = sample_at(i);
-          auto c = cache_.find(s);
-          // Loaded for this occurrence: a late load got here first.
-          if (c != cache_.end() && c->second.position == i) continue;
-          // Loaded for an earlier occurrence (a duplicate, or the same
-          // sample late in the previous epoch): this one is deferred too.
-          if (c != cache_.end() || MustDeferLocked(s, i)) {
-            // Keep the earliest occurrence still ahead.
-            auto [d, inserted] = deferred_.try_emplace(s, i);
-            if (!inserted && d->second < untaken) d->second = i;
-            ++stats_.deferred;
-            continue;
+        // A whole hand-off (or what there is) for one store read.
+        for (int64_t k = 0; k < handoff_batches_ && LoadableBatchesLocked() > 0; ++k) {
+          const int64_t b = next_load_batch_++;
+          const int64_t end = batch_end(b);
+          for (int64_t i = batch_begin(b); i < end; ++i) {
+            const uint64_t s = sample_at(i);
+            auto c = cache_.find(s);
+            // Loaded for this occurrence: a late load got here first.
+            if (c != cache_.end() && c->second.position == i) continue;
+            // Loaded for an earlier occurrence (a duplicate, or the same
+            // sample late in the previous epoch): this one is deferred too.
+            if (c != cache_.end() || MustDeferLocked(s, i)) {
+              // Keep the earliest occurrence still ahead.
+              auto [d, inserted] = deferred_.try_emplace(s, i);
+              if (!inserted && d->second < untaken) d->second = i;
+              ++stats_.deferred;
+              continue;
+            }
+            claim(s, i);
           }
-          claim(s, i);
         }
       }
+      if (!samples.empty()) ++stats_.loader_rounds;
     }
     if (samples.empty()) continue;
     for (auto& r : rows) SizeBuffer(r);
@@ -454,7 +493,7 @@ absl::Status Prefetcher::TakeBatch(absl::Span<const uint64_t> samples,
         blocked_nanos += NanosSince(w0);
       }
     }
-    if (LoaderHasWork()) loader_cv_.SignalAll();  // slots were freed
+    WakeLoadersLocked();  // slots were freed
   }
   for (auto& r : *rows) SizeBuffer(r);
   std::string scratch;
@@ -523,9 +562,12 @@ absl::Status Prefetcher::Enqueue(std::shared_ptr<WriteItem> item) {
   bool blocked = false;
   while (!closed_ && write_error_.ok() && write_bytes_ > 0 &&
          write_bytes_ + item->bytes > options_.max_write_behind_bytes) {
+    if (!blocked) ++drain_waiters_;  // the writer must not wait for a full hand-off
     blocked = true;
+    writer_cv_.Signal();
     consumer_cv_.Wait(&mu_);
   }
+  if (blocked) --drain_waiters_;
   if (blocked) stats_.put_stall_nanos += NanosSince(t0);
   if (closed_) return absl::FailedPreconditionError("Prefetcher is closed");
   if (!write_error_.ok()) return write_error_;
@@ -551,11 +593,11 @@ absl::Status Prefetcher::Enqueue(std::shared_ptr<WriteItem> item) {
   auto queued = std::make_unique<QueuedWrite>();
   queued->item = std::move(shared);
   queue_.push_back(std::move(queued));
-  writer_cv_.Signal();
+  if (WriterHasWorkLocked()) writer_cv_.Signal();
   // Small writes never wake an encode thread (NextToEncodeLocked skips them).
   if (options_.encode_threads > 0 && NextToEncodeLocked() != nullptr) encoder_cv_.Signal();
   // Freed slots or released deferred rows may have given the loaders work.
-  if (LoaderHasWork()) loader_cv_.SignalAll();
+  WakeLoadersLocked();
   return absl::OkStatus();
 }
 
@@ -602,8 +644,10 @@ void Prefetcher::WriterLoop() {
     {
       absl::MutexLock lock(&mu_);
       while (true) {
-        while (!stop_ && queue_.empty()) writer_cv_.Wait(&mu_);
+        while (!stop_ && !WriterHasWorkLocked()) writer_cv_.Wait(&mu_);
         if (queue_.empty()) return;  // stop_ and drained
+        if (!writer_draining_) ++stats_.writer_rounds;
+        writer_draining_ = true;  // until the queue is empty
         front = queue_.front().get();
         if (front->encoded) break;
         // Nobody encodes the front: do it here. Else an encode thread has
@@ -632,6 +676,7 @@ void Prefetcher::WriterLoop() {
     std::unique_ptr<QueuedWrite> done = std::move(queue_.front());
     queue_.pop_front();
     --claimed_;
+    if (queue_.empty()) writer_draining_ = false;
     const std::shared_ptr<const WriteItem>& it = done->item;
     write_bytes_ -= it->bytes;
     for (size_t i = 0; i < it->samples.size(); ++i) {
@@ -656,9 +701,21 @@ void Prefetcher::WriterLoop() {
   }
 }
 
+bool Prefetcher::WriterHasWorkLocked() const {
+  return !queue_.empty() &&
+         (writer_draining_ || write_bytes_ >= handoff_bytes_ || drain_waiters_ > 0 || stop_);
+}
+
+void Prefetcher::DrainLocked() {
+  ++drain_waiters_;
+  writer_cv_.Signal();
+  while (!queue_.empty()) consumer_cv_.Wait(&mu_);
+  --drain_waiters_;
+}
+
 absl::Status Prefetcher::Flush() {
   absl::MutexLock lock(&mu_);
-  while (!queue_.empty()) consumer_cv_.Wait(&mu_);
+  DrainLocked();
   return write_error_;
 }
 
@@ -667,7 +724,7 @@ absl::Status Prefetcher::Close() {
   {
     absl::MutexLock lock(&mu_);
     if (stop_) return write_error_;
-    while (!queue_.empty()) consumer_cv_.Wait(&mu_);
+    DrainLocked();
     status = write_error_;
     closed_ = true;
     stop_ = true;

@@ -96,6 +96,8 @@ struct PrefetcherStats {
   uint64_t deferred = 0;            // loads held back until an earlier occurrence was put
   uint64_t loaded_from_queue = 0;   // rows the loaders rounded from a queued put
   uint64_t batches_encoded_ahead = 0;  // queued writes encoded by the encode threads
+  uint64_t loader_rounds = 0;       // times a loader claimed rows (one store read each)
+  uint64_t writer_rounds = 0;       // times the writer woke and wrote queued batches
 };
 
 class Prefetcher {
@@ -132,6 +134,16 @@ class Prefetcher {
     // by the writer: for small rows a hand-off between threads costs more
     // than the encoding. Default: 1 MiB.
     uint64_t min_encode_ahead_bytes = 1ull << 20;
+    // Bytes (float32) one hand-off to a loader or to the writer carries at
+    // least. A loader is woken once this much of the window is free, and
+    // then claims all of it for one store read; the writer once this much
+    // is queued, and then writes the whole queue. With small rows every
+    // wake-up (a futex call, a context switch, cold caches) cost as much as
+    // the row work it handed over: 4 KB rows, one micro-batch per hand-off,
+    // were 2 wake-ups per 8 rows. Batches this large or larger are handed
+    // off one at a time, at once (as with 0). Capped at half the window,
+    // so the consumer still finds the other half loaded. Default: 512 KiB.
+    uint64_t min_handoff_bytes = 512ull << 10;
   };
 
   // `store` must outlive the prefetcher. Starts the threads.
@@ -206,6 +218,13 @@ class Prefetcher {
   // encode thread) may claim; nullptr if none.
   QueuedWrite* NextToEncodeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool LoaderHasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Batches of the order a loader may claim now (window and memory bound).
+  int64_t LoadableBatchesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes as many loaders as there is work for (none if LoaderHasWork() is false).
+  void WakeLoadersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool WriterHasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Blocks until the write queue is empty (waking the writer whatever it holds).
+  void DrainLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseSlotLocked(uint64_t sample) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AdvanceConsumerLocked(int64_t batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AppendOrderLocked(std::vector<uint64_t> order) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -239,6 +258,10 @@ class Prefetcher {
   MessageStore* const store_;
   const Options options_;
   const uint64_t row_bytes_;  // float32 bytes of one row
+  // Hand-off size (Options::min_handoff_bytes) in micro-batches (>= 1) and
+  // in bytes (that many full micro-batches).
+  const int64_t handoff_batches_;
+  const uint64_t handoff_bytes_;
 
   mutable absl::Mutex mu_;
   absl::CondVar loader_cv_;    // loader work may exist
@@ -283,6 +306,11 @@ class Prefetcher {
   size_t claimed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t write_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_write_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  // The writer writes until the queue is empty once woken.
+  bool writer_draining_ ABSL_GUARDED_BY(mu_) = false;
+  // Threads waiting for the queue to drain (Flush, Close, back-pressure):
+  // the writer then writes whatever is queued.
+  int drain_waiters_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);  // latest put per sample
 
   std::vector<std::vector<float>> pool_ ABSL_GUARDED_BY(mu_);

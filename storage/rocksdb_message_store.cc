@@ -96,6 +96,10 @@ absl::Status RocksDbMessageStore::Init() {
     o.memtable_factory.reset(rocksdb::NewHashSkipListRepFactory(options_.hash_memtable_buckets));
     o.allow_concurrent_memtable_write = false;  // only the skip list supports it
   }
+  o.inplace_update_support = options_.inplace_updates;
+  // Needed by both the hash memtable and in-place updates; there is one
+  // writer anyway (WriteRaw runs under RowStoreBase's write lock).
+  if (options_.inplace_updates) o.allow_concurrent_memtable_write = false;
   o.write_buffer_size = options_.write_buffer_bytes;
   o.max_write_buffer_number = options_.max_write_buffers;
   // Explicit limits (RocksDB otherwise gives flushes a quarter of the jobs).
@@ -206,6 +210,12 @@ absl::Status RocksDbMessageStore::Compact() {
   rocksdb::CompactRangeOptions co;
   co.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
   return internal::FromRocksDb(db_->CompactRange(co, nullptr, nullptr), context);
+}
+
+uint64_t RocksDbMessageStore::MemtableBytes() const {
+  uint64_t bytes = 0;
+  if (db_ == nullptr || !db_->GetIntProperty("rocksdb.cur-size-all-mem-tables", &bytes)) return 0;
+  return bytes;
 }
 
 absl::Status RocksDbMessageStore::DeleteRangesRaw(

@@ -88,6 +88,20 @@ class RocksDbMessageStore final : public internal::RowStoreBase {
     // over DirectQ ~33 -> ~22 us per link). Scans (the index rebuild at open)
     // ask for total order; flushes sort the memtable once. Default: true.
     bool hash_memtable = true;
+    // Overwrite a row in place when its previous version is still in the
+    // active memtable (RocksDB inplace_update_support; rows of one link all
+    // have the same size, so the new value always fits). AQ-SGD rewrites
+    // every row once per epoch: when a link's rows fit in a memtable (small
+    // rows, e.g. 4 KB), each put used to add a version to the key's list,
+    // the memtable grew by a whole row per put and was flushed and rewritten
+    // every few epochs; in place it stays at one version per key and is
+    // never flushed for that (measured with `aqswarm bench slownet`, 64x32
+    // rows: the stages' RocksDB flush threads and most of the write-behind
+    // thread's list walking went away). Reads take the key's lock stripe, so
+    // a get never sees half an update (and the row checksums would catch one).
+    // Rows too big to be still in the active memtable are written as before.
+    // Default: true.
+    bool inplace_updates = true;
     // Hash buckets per memtable (8 bytes each). Default: 65536.
     size_t hash_memtable_buckets = 1 << 16;
     // Memtables (active + immutable) before writes stall. Default: 4.
@@ -170,6 +184,10 @@ class RocksDbMessageStore final : public internal::RowStoreBase {
   // such rows become deletable. Background compactions do this anyway; this
   // is for tests and for tools that want disk space back immediately.
   absl::Status Compact();
+
+  // Bytes held by the memtables now (active and immutable; RocksDB's
+  // "rocksdb.cur-size-all-mem-tables"). For tests and metrics.
+  uint64_t MemtableBytes() const;
 
   // Name of the marker file written by a clean Close().
   static constexpr char kCleanShutdownMarker[] = "AQSWARM_CLEAN_SHUTDOWN";

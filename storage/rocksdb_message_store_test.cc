@@ -231,6 +231,40 @@ TEST(RocksDbMessageStoreTest, IoModesFlushThreadsAndMemtablesKeepRowsExact) {
   }
 }
 
+// AQ-SGD rewrites every row once per epoch. In place, a memtable holding a
+// link's rows keeps one version of each; without, every put adds a row.
+TEST(RocksDbMessageStoreTest, InPlaceUpdatesKeepOneVersionPerRowInTheMemtable) {
+  constexpr uint64_t kRows = 200, kVersions = 10;
+  const uint64_t version_bytes = kRows * kLink.num_values() * sizeof(float);
+  for (const bool hash_memtable : {false, true}) {
+    for (const bool inplace : {false, true}) {
+      ScratchDir dir;
+      RocksDbMessageStore::Options o = SmallOptions(dir.Sub("db"));
+      o.write_buffer_bytes = 64 << 20;  // every version fits: no flush
+      o.hash_memtable = hash_memtable;
+      o.inplace_updates = inplace;
+      const std::string what = absl::StrCat("hash_memtable ", hash_memtable, " inplace ", inplace);
+      auto store = RocksDbMessageStore::Open(o);
+      ASSERT_TRUE(store.ok()) << store.status();
+      for (uint64_t version = 1; version <= kVersions; ++version) {
+        PutRows(store->get(), kRows, version);
+        ExpectStoredRows(store->get(), kRows, [&](uint64_t) { return version; }, what);
+      }
+      const uint64_t memtable = (*store)->MemtableBytes();
+      if (inplace) {
+        EXPECT_LT(memtable, 3 * version_bytes) << what;
+      } else {
+        EXPECT_GT(memtable, (kVersions - 2) * version_bytes) << what;
+      }
+      ASSERT_TRUE((*store)->Close().ok());
+      // What was updated in place is what a reopened store reads.
+      auto reopened = RocksDbMessageStore::Open(o);
+      ASSERT_TRUE(reopened.ok()) << reopened.status();
+      ExpectStoredRows(reopened->get(), kRows, [](uint64_t) { return kVersions; }, what + " (reopened)");
+    }
+  }
+}
+
 TEST(RocksDbMessageStoreTest, RejectsBadTuningOptions) {
   ScratchDir dir;
   for (int bad = 0; bad < 5; ++bad) {
