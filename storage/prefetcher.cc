@@ -571,23 +571,15 @@ absl::Status Prefetcher::Enqueue(std::shared_ptr<WriteItem> item) {
   if (blocked) stats_.put_stall_nanos += NanosSince(t0);
   if (closed_) return absl::FailedPreconditionError("Prefetcher is closed");
   if (!write_error_.ok()) return write_error_;
+  if (item->bytes <= options_.inline_write_bytes && queue_.empty() && !inline_writing_) {
+    return WriteInlineLocked(*item);
+  }
   item->seq = next_write_seq_++;
   std::shared_ptr<const WriteItem> shared = std::move(item);
   const int64_t untaken = untaken_begin();
   for (size_t i = 0; i < shared->samples.size(); ++i) {
-    const uint64_t s = shared->samples[i];
-    pending_[s] = Pending{shared, i};
-    EraseSlotLocked(s);  // a prefetched (or in-flight) old row is now stale
-    held_.erase(s);
-    // A later occurrence the loaders skipped for this put can load now.
-    if (auto d = deferred_.find(s); d != deferred_.end()) {
-      if (d->second < untaken) {
-        deferred_.erase(d);
-      } else if (!MustDeferLocked(s, d->second)) {
-        late_.emplace_back(s, d->second);
-        deferred_.erase(d);
-      }
-    }
+    pending_[shared->samples[i]] = Pending{shared, i};
+    NotePutLocked(shared->samples[i], untaken);
   }
   write_bytes_ += shared->bytes;
   auto queued = std::make_unique<QueuedWrite>();
@@ -599,6 +591,49 @@ absl::Status Prefetcher::Enqueue(std::shared_ptr<WriteItem> item) {
   // Freed slots or released deferred rows may have given the loaders work.
   WakeLoadersLocked();
   return absl::OkStatus();
+}
+
+void Prefetcher::NotePutLocked(uint64_t sample, int64_t untaken) {
+  EraseSlotLocked(sample);  // a prefetched (or in-flight) old row is now stale
+  held_.erase(sample);
+  // A later occurrence the loaders skipped for this put can load now.
+  if (auto d = deferred_.find(sample); d != deferred_.end()) {
+    if (d->second < untaken) {
+      deferred_.erase(d);
+    } else if (!MustDeferLocked(sample, d->second)) {
+      late_.emplace_back(sample, d->second);
+      deferred_.erase(d);
+    }
+  }
+}
+
+absl::Status Prefetcher::WriteInlineLocked(WriteItem& item) {
+  // While the store is written without mu_, the samples stay held (their
+  // later occurrences are not loaded) and a load of them claimed before is
+  // discarded by NotePutLocked below, so no slot can hold the old row.
+  inline_writing_ = true;
+  const auto t0 = Clock::now();
+  mu_.Unlock();
+  absl::Status status = [&] {
+    auto put = Encode(item);
+    return put.ok() ? store_->CommitPut(std::move(put).value()) : put.status();
+  }();
+  mu_.Lock();
+  inline_writing_ = false;
+  stats_.inline_write_nanos += NanosSince(t0);
+  const int64_t untaken = untaken_begin();
+  for (uint64_t s : item.samples) NotePutLocked(s, untaken);
+  for (auto& row : item.rows) RecycleLocked(std::move(row));
+  if (status.ok()) {
+    stats_.rows_written += item.samples.size();
+    stats_.rows_written_inline += item.samples.size();
+  } else if (write_error_.ok()) {
+    write_error_ = absl::Status(status.code(), absl::StrCat("prefetcher write failed: ", status.message()));
+  }
+  if (WriterHasWorkLocked()) writer_cv_.Signal();  // puts queued meanwhile
+  consumer_cv_.SignalAll();                        // a Flush may be waiting
+  WakeLoadersLocked();
+  return write_error_;
 }
 
 absl::StatusOr<std::unique_ptr<MessageStore::EncodedPut>> Prefetcher::Encode(
@@ -702,14 +737,14 @@ void Prefetcher::WriterLoop() {
 }
 
 bool Prefetcher::WriterHasWorkLocked() const {
-  return !queue_.empty() &&
+  return !queue_.empty() && !inline_writing_ &&
          (writer_draining_ || write_bytes_ >= handoff_bytes_ || drain_waiters_ > 0 || stop_);
 }
 
 void Prefetcher::DrainLocked() {
   ++drain_waiters_;
   writer_cv_.Signal();
-  while (!queue_.empty()) consumer_cv_.Wait(&mu_);
+  while (!queue_.empty() || inline_writing_) consumer_cv_.Wait(&mu_);
   --drain_waiters_;
 }
 

@@ -98,6 +98,8 @@ struct PrefetcherStats {
   uint64_t batches_encoded_ahead = 0;  // queued writes encoded by the encode threads
   uint64_t loader_rounds = 0;       // times a loader claimed rows (one store read each)
   uint64_t writer_rounds = 0;       // times the writer woke and wrote queued batches
+  uint64_t rows_written_inline = 0; // rows written on PutBatch's thread (inline_write_bytes)
+  uint64_t inline_write_nanos = 0;  // PutBatch time spent writing them
 };
 
 class Prefetcher {
@@ -144,6 +146,13 @@ class Prefetcher {
     // off one at a time, at once (as with 0). Capped at half the window,
     // so the consumer still finds the other half loaded. Default: 512 KiB.
     uint64_t min_handoff_bytes = 512ull << 10;
+    // A put of at most this many bytes (float32) is written on the caller's
+    // thread when no write is queued (PutBatch returns once it is in the
+    // store, with its error if any), instead of being handed to the writer:
+    // the rows are still in the caller's cache, and there is no wake-up.
+    // Larger puts, and puts behind queued ones, are written behind.
+    // 0 = never. Default: 256 KiB.
+    uint64_t inline_write_bytes = 256ull << 10;
   };
 
   // `store` must outlive the prefetcher. Starts the threads.
@@ -254,6 +263,12 @@ class Prefetcher {
   void SizeBuffer(std::vector<float>& buffer) const;
   void RecycleLocked(std::vector<float> buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Enqueue(std::shared_ptr<WriteItem> item);
+  // Writes `item` on this thread (Options::inline_write_bytes); called with
+  // mu_ held, nothing queued and no other inline write, returns with it held.
+  absl::Status WriteInlineLocked(WriteItem& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Bookkeeping of a put of `sample` (its slot is stale, its deferred next
+  // occurrence may load), whether queued or written inline.
+  void NotePutLocked(uint64_t sample, int64_t untaken) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   MessageStore* const store_;
   const Options options_;
@@ -311,6 +326,8 @@ class Prefetcher {
   // Threads waiting for the queue to drain (Flush, Close, back-pressure):
   // the writer then writes whatever is queued.
   int drain_waiters_ ABSL_GUARDED_BY(mu_) = 0;
+  // A PutBatch is writing inline: the writer and other puts wait (order).
+  bool inline_writing_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);  // latest put per sample
 
   std::vector<std::vector<float>> pool_ ABSL_GUARDED_BY(mu_);

@@ -28,6 +28,7 @@ using ::aqswarm::storage::testing::SameBits;
 using ::aqswarm::storage::testing::ScratchDir;
 using ::aqswarm::storage::testing::Spans;
 using ::aqswarm::storage::testing::StoredValues;
+using ::testing::HasSubstr;
 
 // Forwards to a real store; counts batches and can hold writes at a gate.
 class ObservedStore : public MessageStore {
@@ -143,9 +144,10 @@ class PrefetcherTest : public ::testing::Test {
                                              int encode_threads = 1,
                                              uint64_t min_encode_ahead_bytes = 1 << 20,
                                              MessageStore* store = nullptr,
-                                             uint64_t min_handoff_bytes = 0) {
-    // Hand-offs of one micro-batch (min_handoff_bytes 0) unless asked: the
-    // tests below pin down which loads and writes happen when, batch by batch.
+                                             uint64_t min_handoff_bytes = 0, uint64_t inline_write_bytes = 0) {
+    // Hand-offs of one micro-batch (min_handoff_bytes 0) and every write
+    // behind (inline_write_bytes 0) unless asked: the tests below pin down
+    // which loads and writes happen when, batch by batch.
     Prefetcher::Options o;
     o.link = kLink;
     o.micro_batch = kMicroBatch;
@@ -155,6 +157,7 @@ class PrefetcherTest : public ::testing::Test {
     o.encode_threads = encode_threads;
     o.min_encode_ahead_bytes = min_encode_ahead_bytes;
     o.min_handoff_bytes = min_handoff_bytes;
+    o.inline_write_bytes = inline_write_bytes;
     auto p = Prefetcher::Create(store != nullptr ? store : observed_.get(), o);
     EXPECT_TRUE(p.ok()) << p.status();
     return std::move(p).value();
@@ -624,6 +627,73 @@ TEST_F(PrefetcherTest, WritesUnderAHandOffAreWrittenOnFlushCloseAndBackPressure)
   ExpectStoredVersion(order, 2);
 }
 
+// Small puts with nothing queued are in the store when PutBatch returns, and
+// no writer is woken for them.
+TEST_F(PrefetcherTest, SmallPutsAreWrittenOnTheCallersThread) {
+  Populate(64, 1);
+  const uint64_t batch_bytes = kMicroBatch * kLink.num_values() * sizeof(float);
+  auto p = MakePrefetcher(/*k=*/4, 1 << 20, 1 << 20, 1, 1 << 20, nullptr, 0, /*inline_write_bytes=*/batch_bytes);
+  const std::vector<uint64_t> order = Permutation(64, 7);
+  for (uint64_t epoch = 1; epoch <= 2; ++epoch) {
+    ASSERT_TRUE(p->SetOrder(order).ok());
+    for (int64_t b = 0; b < 16; ++b) {
+      ExpectVersion(p.get(), Batch(order, b), epoch);
+      Put(p.get(), Batch(order, b), epoch + 1);
+      ExpectStoredVersion(Batch(order, b), epoch + 1);  // no Flush needed
+    }
+  }
+  const PrefetcherStats stats = p->GetStats();
+  EXPECT_EQ(stats.rows_written_inline, 128u);
+  EXPECT_EQ(stats.rows_written, 128u);
+  EXPECT_EQ(stats.writer_rounds, 0u);
+  ASSERT_TRUE(p->Close().ok());
+}
+
+// An inline put returns its own error (and, as a write-behind would, fails
+// every later call); nothing of the batch is written.
+TEST_F(PrefetcherTest, NonFiniteInlinePutFailsAtOnceAndStickily) {
+  Populate(16, 1);
+  auto p = MakePrefetcher(/*k=*/2, 1 << 20, 1 << 20, 1, 1 << 20, nullptr, 0, /*inline_write_bytes=*/1 << 20);
+  const std::vector<uint64_t> order = Permutation(16, 8);
+  ASSERT_TRUE(p->SetOrder(order).ok());
+  const std::vector<uint64_t> samples = Batch(order, 0);
+  std::vector<std::vector<float>> rows;
+  for (uint64_t s : samples) rows.push_back(RowValues(kLink, s, 2));
+  rows[1][3] = std::numeric_limits<float>::quiet_NaN();
+  const absl::Status put = p->PutBatch(samples, ConstSpans(rows));
+  EXPECT_TRUE(absl::IsInvalidArgument(put)) << put;
+  EXPECT_THAT(std::string(put.message()), HasSubstr("prefetcher write failed"));
+  ExpectStoredVersion(samples, 1);
+  std::vector<std::vector<float>> out(kMicroBatch, std::vector<float>(kLink.num_values()));
+  std::vector<RowRead> reads(kMicroBatch);
+  EXPECT_TRUE(absl::IsInvalidArgument(p->GetBatch(Batch(order, 1), Spans(out), absl::MakeSpan(reads))));
+  EXPECT_TRUE(absl::IsInvalidArgument(p->Close()));
+}
+
+// A small put behind a queued one is queued too: the store sees them in
+// PutBatch order.
+TEST_F(PrefetcherTest, SmallPutBehindAQueuedOneIsQueued) {
+  Populate(16, 1);
+  const uint64_t batch_bytes = kMicroBatch * kLink.num_values() * sizeof(float);
+  auto p = MakePrefetcher(/*k=*/2, 1 << 20, 1 << 20, 1, 1 << 20, nullptr, 0, /*inline_write_bytes=*/batch_bytes);
+  const std::vector<uint64_t> order = Permutation(16, 9);
+  ASSERT_TRUE(p->SetOrder(order).ok());
+  std::vector<uint64_t> big = Batch(order, 0);
+  const std::vector<uint64_t> next = Batch(order, 1);
+  big.insert(big.end(), next.begin(), next.end());  // 2 batches: written behind
+  observed_->SetGate(false);
+  Put(p.get(), big, 2);
+  observed_->WaitForPutEntered(1);     // the writer holds it in the store
+  Put(p.get(), {big[0], big[5]}, 3);   // returns: queued, not written here
+  ExpectVersion(p.get(), {big[0]}, 3);
+  observed_->SetGate(true);
+  ASSERT_TRUE(p->Flush().ok());
+  ExpectStoredVersion({big[0], big[5]}, 3);
+  ExpectStoredVersion({big[1], big[4]}, 2);
+  EXPECT_EQ(p->GetStats().rows_written_inline, 0u);
+  ASSERT_TRUE(p->Close().ok());
+}
+
 // A RocksDB store sized for tests: small memtable, rows of 512+ bytes in blob files.
 absl::StatusOr<std::unique_ptr<RocksDbMessageStore>> OpenSmallRocksDb(const ScratchDir& dir) {
   RocksDbMessageStore::Options o;
@@ -703,6 +773,7 @@ TEST(PrefetcherRocksDbTest, EpochOverRocksDbIsExact) {
   po.micro_batch = kMicroBatch;
   po.prefetch_batches = 6;        // the default hand-off: 3 micro-batches
   po.min_encode_ahead_bytes = 0;  // every write may be encoded ahead
+  po.inline_write_bytes = 0;      // every write behind (AppendedEpochs... writes inline)
   for (uint64_t epoch = 0; epoch < 3; ++epoch) {
     po.loader_threads = static_cast<int>(epoch) + 1;  // 1, 2, 3
     po.encode_threads = static_cast<int>(epoch);      // 0, 1, 2
