@@ -148,6 +148,30 @@ class RocksDbMessageStore final : public internal::RowStoreBase {
     // row keeps its whole blob file (up to blob_file_bytes) on disk.
     // Default: false.
     bool blob_garbage_collection = false;
+    // Rate at which RocksDB deletes obsolete blob and table files, in bytes
+    // per second (RocksDB's SstFileManager: a background thread cuts a file
+    // down by `delete_chunk_bytes` at a time, then waits). AQ-SGD overwrites
+    // every row once per epoch, so the blob files written in one epoch
+    // become garbage together (~2 GB at once in `bench store`), and deleting
+    // them at once stalled the loaders' reads: where the filesystem is
+    // mounted with `discard` (the bench machine's ext4 on a virtio disk) the
+    // kernel TRIMs the whole freed range and reads queue behind it (measured:
+    // gets waiting 25-50 ms per micro-batch for ~0.5 s while the blob file
+    // count fell from 64 to 35, once per epoch; the A/B runs are in
+    // docs/BENCHMARKS.md, store section). Paced deletion spreads that over
+    // seconds. Should
+    // exceed the store's sustained write rate: obsolete files wait as
+    // NAME.trash until deleted, and beyond `max_trash_ratio` of the live
+    // files' size they are deleted at once again. Trash left at Close is
+    // deleted when the store is reopened. 0 = delete at once (RocksDB's
+    // default). Default: 1 GiB/s.
+    uint64_t delete_bytes_per_s = 1ull << 30;
+    // Bytes cut from a file per step of paced deletion. Default: 8 MiB.
+    uint64_t delete_chunk_bytes = 8ull << 20;
+    // Obsolete files held for paced deletion, as a fraction of the size of the
+    // live table and blob files, beyond which new obsolete files are deleted
+    // at once. Default: 1.0.
+    double max_trash_ratio = 1.0;
     // Also verify RocksDB's own block and blob CRCs on every read, on top of
     // the row checksums that are always verified (see the banner). Default:
     // false.
