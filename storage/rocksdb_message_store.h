@@ -13,9 +13,10 @@
 //   - MultiGet for batched reads. Every row read is verified by our own
 //     checksums (header checksum over key + header, payload checksum over the
 //     payload: every byte we use). RocksDB's read-side CRCs are off by default
-//     (Options::verify_rocksdb_checksums): the installed librocksdb computes
-//     CRC32C in software, and re-checking bytes our checksums already cover
-//     was a visible share of the read path. RocksDB still writes its CRCs.
+//     (Options::verify_rocksdb_checksums): re-checking bytes our checksums
+//     already cover was a visible share of the read path (measured while the
+//     installed librocksdb still computed CRC32C in software; it now uses
+//     the crc32 instruction, rocksdb_crc32c.h). RocksDB still writes its CRCs.
 //
 // WAL and sync (Options::use_wal, default false): rows are written with the
 // WAL disabled, halving write bytes for multi-MB rows. A process crash can
@@ -94,9 +95,10 @@ class RocksDbMessageStore final : public internal::RowStoreBase {
     int max_write_buffers = 4;
     // Background compaction threads. Default: 2.
     int background_jobs = 2;
-    // Memtables flushed at once (each flush is serial: RocksDB's software
-    // CRC32C of every blob record, then O_DIRECT writes, one after the
-    // other, so a flush thread waits for the disk about half of its time).
+    // Memtables flushed at once (each flush is serial: the CRC32C of every
+    // blob record -- in software when this was measured, see
+    // rocksdb_crc32c.h -- then O_DIRECT writes, one after the other, so a
+    // flush thread waits for the disk much of its time).
     // With one flush thread the bench's disk writes stayed at ~300-380 MB/s,
     // about the synchronous rate, so write-behind could not run ahead. With
     // two, flushing was still the write path's bottleneck under a steady
