@@ -36,6 +36,9 @@ struct StoreBenchOptions {
   int64_t prefetch_batches = 0;
   // Comma-separated row shapes "ROWSxCOLS" (fp16). Default: the two.
   std::string shapes = "128x768,1024x1600";
+  // Comma-separated backends to run, in this order per shape: file_seq (the
+  // sequential-file baseline), rocksdb, memory. Default: all three.
+  std::string backends = "file_seq,rocksdb,memory";
   bool json = false;
 };
 inline constexpr int64_t kAutoPrefetchBytes = int64_t{256} << 20;  // the Prefetcher's default memory bound

@@ -483,8 +483,21 @@ absl::StatusOr<Row> RunFileBaseline(const std::string& dir, uint64_t row_bytes, 
   return row;
 }
 
-absl::Status RunShape(const Shape& shape, const StoreBenchOptions& options, const std::string& dir,
-                      std::ostream& out) {
+absl::StatusOr<std::vector<std::string>> ParseBackends(const std::string& spec) {
+  std::vector<std::string> out;
+  for (absl::string_view part : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
+    if (part != "file_seq" && part != "rocksdb" && part != "memory") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bad store backend '", std::string(part), "' (want file_seq, rocksdb or memory)"));
+    }
+    out.emplace_back(part);
+  }
+  if (out.empty()) return absl::InvalidArgumentError("no store backends");
+  return out;
+}
+
+absl::Status RunShape(const Shape& shape, const std::vector<std::string>& backends,
+                      const StoreBenchOptions& options, const std::string& dir, std::ostream& out) {
   LinkSpec link;
   link.link = {0, 0};
   link.generation = 1;
@@ -508,14 +521,15 @@ absl::Status RunShape(const Shape& shape, const StoreBenchOptions& options, cons
     r.prefetch_batches = window;
   };
 
-  {
-    auto base = RunFileBaseline(dir, row_bytes, shape.samples, mb);
-    if (!base.ok()) return base.status();
-    fill(*base, "file_seq", "direct");
-    Print(*base, options.json, out);
-  }
-
-  for (const char* name : {"rocksdb", "memory"}) {
+  for (const std::string& backend_name : backends) {
+    const char* name = backend_name.c_str();
+    if (backend_name == "file_seq") {
+      auto base = RunFileBaseline(dir, row_bytes, shape.samples, mb);
+      if (!base.ok()) return base.status();
+      fill(*base, "file_seq", "direct");
+      Print(*base, options.json, out);
+      continue;
+    }
     std::unique_ptr<Backend> backend;
     const std::string path = dir + "/rocksdb_" + std::to_string(shape.rows) + "x" +
                              std::to_string(shape.cols);
@@ -593,6 +607,8 @@ absl::Status RunStoreBench(const StoreBenchOptions& options, std::ostream& out) 
   }
   auto shapes = ParseShapes(options.shapes, options.samples);
   if (!shapes.ok()) return shapes.status();
+  auto backends = ParseBackends(options.backends);
+  if (!backends.ok()) return backends.status();
   absl::StatusOr<std::string> made = MakeTempDir(options.dir, "aqswarm_store_bench_");
   if (!made.ok()) return made.status();
   const std::string dir = *made;
@@ -604,7 +620,7 @@ absl::Status RunStoreBench(const StoreBenchOptions& options, std::ostream& out) 
   }
   absl::Status status;
   for (const Shape& shape : *shapes) {
-    status = RunShape(shape, options, dir, out);
+    status = RunShape(shape, *backends, options, dir, out);
     if (!status.ok()) break;
   }
   std::error_code ec;

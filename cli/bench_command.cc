@@ -17,6 +17,8 @@ ABSL_FLAG(int64_t, micro_batch, 8, "Store bench: rows per micro-batch.");
 ABSL_FLAG(int64_t, prefetch, 0,
           "Store bench: prefetch depth in micro-batches (0 = as many as 256 MiB of fp32 rows hold, at least 4).");
 ABSL_FLAG(std::string, shapes, "128x768,1024x1600", "Store bench: fp16 row shapes ROWSxCOLS.");
+ABSL_FLAG(std::string, store_backends, "file_seq,rocksdb,memory",
+          "Store bench: comma-separated backends to run (file_seq, rocksdb, memory).");
 ABSL_FLAG(std::string, link_shape, "64x32", "Link bench: row shape SEQ_LENxD_MODEL (fp16 m rows).");
 ABSL_FLAG(int32_t, link_fw_bits, 3, "Link bench: activation bits.");
 ABSL_FLAG(int64_t, link_samples, 512, "Link bench: samples per epoch.");
@@ -91,7 +93,7 @@ std::vector<Command> BenchCommands() {
                  "Per-sample message store through the prefetcher: RocksDB vs in-memory vs a "
                  "sequential file baseline, plus the hidden-I/O stall scenario.",
                  "",
-                 {"json", "dir", "samples", "micro_batch", "prefetch", "shapes"},
+                 {"json", "dir", "samples", "micro_batch", "prefetch", "shapes", "store_backends"},
                  [](const std::vector<std::string>& args) {
                    if (int rc = BenchNoArgs(args, "store")) return rc;
                    bench::StoreBenchOptions o;
@@ -100,6 +102,7 @@ std::vector<Command> BenchCommands() {
                    o.micro_batch = absl::GetFlag(FLAGS_micro_batch);
                    o.prefetch_batches = absl::GetFlag(FLAGS_prefetch);
                    o.shapes = absl::GetFlag(FLAGS_shapes);
+                   o.backends = absl::GetFlag(FLAGS_store_backends);
                    o.json = absl::GetFlag(FLAGS_json);
                    return BenchReport(bench::RunStoreBench(o, std::cout), "store");
                  }});

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <climits>
 #include <filesystem>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "rocksdb/memtablerep.h"
 #include "rocksdb/options.h"
 #include "rocksdb/slice_transform.h"
+#include "rocksdb/sst_file_manager.h"
 #include "rocksdb/write_batch.h"
 #include "storage/rocksdb_util.h"
 #include "storage/row_codec.h"
@@ -61,6 +63,8 @@ absl::StatusOr<std::unique_ptr<RocksDbMessageStore>> RocksDbMessageStore::Open(
   if (options.max_write_buffers < 2 || options.background_jobs < 1 || options.flush_threads < 1 ||
       options.slowdown_write_bytes_per_s == 0 ||
       options.write_buffer_bytes == 0 || options.blob_file_bytes == 0 ||
+      options.delete_bytes_per_s > static_cast<uint64_t>(INT64_MAX) ||
+      !(options.max_trash_ratio >= 0) ||
       (options.hash_memtable && options.hash_memtable_buckets == 0)) {
     return absl::InvalidArgumentError("message store: bad RocksDB tuning options");
   }
@@ -113,6 +117,17 @@ absl::Status RocksDbMessageStore::Init() {
   const bool direct_io = (options_.direct_io_writes || options_.direct_io_reads) && SupportsDirectIo(path);
   o.use_direct_io_for_flush_and_compaction = options_.direct_io_writes && direct_io;
   o.use_direct_reads = options_.direct_io_reads && direct_io;
+  if (options_.delete_bytes_per_s > 0) {
+    rocksdb::Status status;
+    o.sst_file_manager.reset(rocksdb::NewSstFileManager(
+        o.env, /*info_log=*/nullptr, /*trash_dir=*/"",
+        static_cast<int64_t>(options_.delete_bytes_per_s), /*delete_existing_trash=*/true,
+        &status, options_.max_trash_ratio, options_.delete_chunk_bytes));
+    if (!status.ok()) {
+      return internal::FromRocksDb(status, absl::StrCat("message store at '", path,
+                                                        "': paced file deletion"));
+    }
+  }
   auto db = internal::OpenRocksDb(o, path, "message store");
   if (!db.ok()) return db.status();
   db_ = std::move(db).value();

@@ -13,9 +13,10 @@
 //   - MultiGet for batched reads. Every row read is verified by our own
 //     checksums (header checksum over key + header, payload checksum over the
 //     payload: every byte we use). RocksDB's read-side CRCs are off by default
-//     (Options::verify_rocksdb_checksums): the installed librocksdb computes
-//     CRC32C in software, and re-checking bytes our checksums already cover
-//     was a visible share of the read path. RocksDB still writes its CRCs.
+//     (Options::verify_rocksdb_checksums): re-checking bytes our checksums
+//     already cover was a visible share of the read path (measured while the
+//     installed librocksdb still computed CRC32C in software; it now uses
+//     the crc32 instruction, rocksdb_crc32c.h). RocksDB still writes its CRCs.
 //
 // WAL and sync (Options::use_wal, default false): rows are written with the
 // WAL disabled, halving write bytes for multi-MB rows. A process crash can
@@ -108,9 +109,10 @@ class RocksDbMessageStore final : public internal::RowStoreBase {
     int max_write_buffers = 4;
     // Background compaction threads. Default: 2.
     int background_jobs = 2;
-    // Memtables flushed at once (each flush is serial: RocksDB's software
-    // CRC32C of every blob record, then O_DIRECT writes, one after the
-    // other, so a flush thread waits for the disk about half of its time).
+    // Memtables flushed at once (each flush is serial: the CRC32C of every
+    // blob record -- in software when this was measured, see
+    // rocksdb_crc32c.h -- then O_DIRECT writes, one after the other, so a
+    // flush thread waits for the disk much of its time).
     // With one flush thread the bench's disk writes stayed at ~300-380 MB/s,
     // about the synchronous rate, so write-behind could not run ahead. With
     // two, flushing was still the write path's bottleneck under a steady
@@ -162,6 +164,30 @@ class RocksDbMessageStore final : public internal::RowStoreBase {
     // row keeps its whole blob file (up to blob_file_bytes) on disk.
     // Default: false.
     bool blob_garbage_collection = false;
+    // Rate at which RocksDB deletes obsolete blob and table files, in bytes
+    // per second (RocksDB's SstFileManager: a background thread cuts a file
+    // down by `delete_chunk_bytes` at a time, then waits). AQ-SGD overwrites
+    // every row once per epoch, so the blob files written in one epoch
+    // become garbage together (~2 GB at once in `bench store`), and deleting
+    // them at once stalled the loaders' reads: where the filesystem is
+    // mounted with `discard` (the bench machine's ext4 on a virtio disk) the
+    // kernel TRIMs the whole freed range and reads queue behind it (measured:
+    // gets waiting 25-50 ms per micro-batch for ~0.5 s while the blob file
+    // count fell from 64 to 35, once per epoch; the A/B runs are in
+    // docs/BENCHMARKS.md, store section). Paced deletion spreads that over
+    // seconds. Should
+    // exceed the store's sustained write rate: obsolete files wait as
+    // NAME.trash until deleted, and beyond `max_trash_ratio` of the live
+    // files' size they are deleted at once again. Trash left at Close is
+    // deleted when the store is reopened. 0 = delete at once (RocksDB's
+    // default). Default: 1 GiB/s.
+    uint64_t delete_bytes_per_s = 1ull << 30;
+    // Bytes cut from a file per step of paced deletion. Default: 8 MiB.
+    uint64_t delete_chunk_bytes = 8ull << 20;
+    // Obsolete files held for paced deletion, as a fraction of the size of the
+    // live table and blob files, beyond which new obsolete files are deleted
+    // at once. Default: 1.0.
+    double max_trash_ratio = 1.0;
     // Also verify RocksDB's own block and blob CRCs on every read, on top of
     // the row checksums that are always verified (see the banner). Default:
     // false.

@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "storage/rocksdb_crc32c.h"
 
 namespace aqswarm::storage::internal {
 
@@ -38,6 +39,11 @@ absl::StatusOr<std::unique_ptr<rocksdb::DB>> OpenRocksDb(const rocksdb::Options&
                                                         const std::string& path,
                                                         absl::string_view what) {
   const std::string context = absl::StrCat("cannot open ", what, " at '", path, "'");
+  // The CRC32C that RocksDB will use (rocksdb_crc32c.h), checked once against
+  // the standard check value. This call is also what links the override into
+  // every binary that opens a DB.
+  static const bool crc32c_ok = Crc32cExtend(0, "123456789", 9) == 0xE3069283u;
+  if (!crc32c_ok) return absl::InternalError(absl::StrCat(context, ": CRC32C self-test failed"));
   if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(context, ": empty path"));
   std::error_code ec;
   std::filesystem::create_directories(path, ec);
