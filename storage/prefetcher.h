@@ -51,6 +51,13 @@
 //     sticky InvalidArgument (naming the sample) from the next call on;
 //     Flush()/Close() return it. A get of such a queued row fails the same way.
 //
+// Small rows (Options::min_handoff_bytes, inline_write_bytes): a loader is
+// woken only once it can claim half the window's worth and reads it in one
+// store read; the writer only once that much is queued; and a small put with
+// nothing queued is written by PutBatch itself (which then returns that
+// write's error, sticky as a write-behind's), so 4 KB rows cost no wake-up
+// per micro-batch.
+//
 // Write-behind: puts are written in PutBatch order, one queued batch per
 // store write. The writer commits (MessageStore::CommitPut); encode threads
 // encode the next queued batches meanwhile (MessageStore::EncodePut), so

@@ -134,13 +134,18 @@ TEST(RocksDbMessageStoreTest, BytesFlippedInBlobFilesAreDataLossNeverData) {
   EXPECT_EQ((*store)->GetStats().rows_corrupt, corrupt);
 }
 
-uint64_t BlobFileBytes(const std::string& dir) {
+// Bytes of the files in `dir` named *`extension` (".blob": blob files;
+// ".trash": obsolete files waiting for paced deletion, which RocksDB renames
+// NAME.trash first).
+uint64_t FileBytes(const std::string& dir, const std::string& extension) {
   uint64_t total = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (entry.path().extension() == ".blob") total += entry.file_size();
+    if (entry.path().extension() == extension) total += entry.file_size();
   }
   return total;
 }
+
+uint64_t BlobFileBytes(const std::string& dir) { return FileBytes(dir, ".blob"); }
 
 // Blob GC is off by default (Options::blob_garbage_collection): blob files
 // whose rows were all overwritten must still be deleted once compaction has
@@ -186,15 +191,7 @@ TEST(RocksDbMessageStoreTest, OverwrittenBlobFilesAreDeletedWithoutBlobGc) {
   }
 }
 
-// Bytes of obsolete files waiting for paced deletion (RocksDB renames them
-// to NAME.trash first).
-uint64_t TrashBytes(const std::string& dir) {
-  uint64_t total = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (entry.path().extension() == ".trash") total += entry.file_size();
-  }
-  return total;
-}
+uint64_t TrashBytes(const std::string& dir) { return FileBytes(dir, ".trash"); }
 
 // Paced deletion of obsolete files (Options::delete_bytes_per_s, on by
 // default): rows stay exact while RocksDB's background thread cuts obsolete
