@@ -131,7 +131,9 @@ def link():
            "CPU us per sample = process CPU time (every thread: the prefetchers' loaders and writers, RocksDB's "
            "background threads) / samples. What AQ-SGD adds over DirectQ (same quantizer, same bytes) is its "
            "per-sample state: at both ends read m(xi) through the prefetcher, add the decoded delta, round to fp16, "
-           "write it back behind. `rocksdb` is RocksDbMessageStore as the stages open it (hash memtable); "
+           "write it back (rows this small: loaders handed half the window at a time, puts written inline, "
+           "rows overwritten in place in the memtable; storage/README.md). `rocksdb` is RocksDbMessageStore as "
+           "the stages open it (hash memtable); "
            "`rocksdb_skiplist` the same with RocksDB's default skip-list memtable (the baseline of that choice); "
            "`memory` MemoryMessageStore (the prefetcher and delta coding without a store). The slow-network bench "
            "compares this with the pipelines' extra CPU (its AQ-SGD vs DirectQ note).", "",
