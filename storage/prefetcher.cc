@@ -567,8 +567,10 @@ absl::Status Prefetcher::Enqueue(std::shared_ptr<WriteItem> item) {
     writer_cv_.Signal();
     consumer_cv_.Wait(&mu_);
   }
-  if (blocked) --drain_waiters_;
-  if (blocked) stats_.put_stall_nanos += NanosSince(t0);
+  if (blocked) {
+    --drain_waiters_;
+    stats_.put_stall_nanos += NanosSince(t0);
+  }
   if (closed_) return absl::FailedPreconditionError("Prefetcher is closed");
   if (!write_error_.ok()) return write_error_;
   if (item->bytes <= options_.inline_write_bytes && queue_.empty() && !inline_writing_) {

@@ -4,6 +4,7 @@
 #include "storage/prefetcher.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <thread>
@@ -139,25 +140,23 @@ class PrefetcherTest : public ::testing::Test {
     ASSERT_TRUE(memory_->PutBatch(kLink, samples, ConstSpans(rows)).ok());
   }
 
-  std::unique_ptr<Prefetcher> MakePrefetcher(int64_t k, uint64_t max_prefetch_bytes = 1 << 20,
-                                             uint64_t max_write_bytes = 1 << 20,
-                                             int encode_threads = 1,
-                                             uint64_t min_encode_ahead_bytes = 1 << 20,
-                                             MessageStore* store = nullptr,
-                                             uint64_t min_handoff_bytes = 0, uint64_t inline_write_bytes = 0) {
-    // Hand-offs of one micro-batch (min_handoff_bytes 0) and every write
-    // behind (inline_write_bytes 0) unless asked: the tests below pin down
-    // which loads and writes happen when, batch by batch.
+  // A prefetcher over observed_ (or `store`) with a window of `k` batches,
+  // 1 MiB memory bounds and the options' defaults otherwise, then `tweak`.
+  // Hand-offs of one micro-batch (min_handoff_bytes 0) and every write
+  // behind (inline_write_bytes 0) unless a tweak asks: the tests below pin
+  // down which loads and writes happen when, batch by batch.
+  std::unique_ptr<Prefetcher> MakePrefetcher(int64_t k,
+                                             const std::function<void(Prefetcher::Options&)>& tweak = nullptr,
+                                             MessageStore* store = nullptr) {
     Prefetcher::Options o;
     o.link = kLink;
     o.micro_batch = kMicroBatch;
     o.prefetch_batches = k;
-    o.max_prefetch_bytes = max_prefetch_bytes;
-    o.max_write_behind_bytes = max_write_bytes;
-    o.encode_threads = encode_threads;
-    o.min_encode_ahead_bytes = min_encode_ahead_bytes;
-    o.min_handoff_bytes = min_handoff_bytes;
-    o.inline_write_bytes = inline_write_bytes;
+    o.max_prefetch_bytes = 1 << 20;
+    o.max_write_behind_bytes = 1 << 20;
+    o.min_handoff_bytes = 0;
+    o.inline_write_bytes = 0;
+    if (tweak) tweak(o);
     auto p = Prefetcher::Create(store != nullptr ? store : observed_.get(), o);
     EXPECT_TRUE(p.ok()) << p.status();
     return std::move(p).value();
@@ -273,7 +272,10 @@ TEST_F(PrefetcherTest, MemoryIsBoundedAndWritesApplyBackPressure) {
   Populate(64, 1);
   const uint64_t batch_bytes = kMicroBatch * kLink.num_values() * sizeof(float);
   // K = 10 but memory for only 2 micro-batches; writes: 1 micro-batch.
-  auto p = MakePrefetcher(/*k=*/10, 2 * batch_bytes, batch_bytes);
+  auto p = MakePrefetcher(/*k=*/10, [&](Prefetcher::Options& o) {
+    o.max_prefetch_bytes = 2 * batch_bytes;
+    o.max_write_behind_bytes = batch_bytes;
+  });
   const std::vector<uint64_t> order = Permutation(64, 11);
   ASSERT_TRUE(p->SetOrder(order).ok());
   observed_->WaitForGetBatches(2);
@@ -339,7 +341,10 @@ TEST_F(PrefetcherTest, SteadyZeroCopyEpochsRecycleBuffers) {
   const uint64_t batch_bytes = kMicroBatch * kLink.num_values() * sizeof(float);
   // Window: 3 micro-batches, write-behind: 2 -> at most 5 batches queued or
   // prefetched, plus the consumer's; the pool may keep (5 + 3) batches.
-  auto p = MakePrefetcher(/*k=*/2, 3 * batch_bytes, 2 * batch_bytes);
+  auto p = MakePrefetcher(/*k=*/2, [&](Prefetcher::Options& o) {
+    o.max_prefetch_bytes = 3 * batch_bytes;
+    o.max_write_behind_bytes = 2 * batch_bytes;
+  });
   uint64_t rows_moved = 0;
   for (uint64_t epoch = 0; epoch < 3; ++epoch) {
     const std::vector<uint64_t> order = Permutation(256, 40 + epoch);
@@ -427,8 +432,10 @@ TEST_F(PrefetcherTest, RejectsBadOptions) {
 // thread encodes batch 2 (and read-your-writes still holds for it).
 TEST_F(PrefetcherTest, EncodeThreadEncodesTheNextWriteWhileOneIsWritten) {
   Populate(16, 1);
-  auto p = MakePrefetcher(/*k=*/2, 1 << 20, 1 << 20, /*encode_threads=*/1,
-                          /*min_encode_ahead_bytes=*/0);
+  auto p = MakePrefetcher(/*k=*/2, [](Prefetcher::Options& o) {
+    o.encode_threads = 1;
+    o.min_encode_ahead_bytes = 0;
+  });
   const std::vector<uint64_t> order = Permutation(16, 13);
   ASSERT_TRUE(p->SetOrder(order).ok());
   observed_->SetGate(false);
@@ -473,8 +480,13 @@ TEST_F(PrefetcherTest, NonFiniteWriteEncodedAheadFailsStickily) {
   Populate(64, 1);
   for (int encode_threads : {1, 2}) {
     SCOPED_TRACE(encode_threads);
-    auto p = MakePrefetcher(/*k=*/2, 1 << 20, 1 << 20, encode_threads,
-                            /*min_encode_ahead_bytes=*/0, memory_.get());
+    auto p = MakePrefetcher(
+        /*k=*/2,
+        [&](Prefetcher::Options& o) {
+          o.encode_threads = encode_threads;
+          o.min_encode_ahead_bytes = 0;
+        },
+        memory_.get());
     std::vector<uint64_t> order = Permutation(32, 19 + encode_threads);
     for (uint64_t& s : order) s += 32 * (encode_threads - 1);  // rows still at version 1
     ASSERT_TRUE(p->SetOrder(order).ok());
@@ -581,7 +593,7 @@ TEST_F(PrefetcherTest, SmallRowsAreHandedOffHalfAWindowAtATime) {
   for (const uint64_t handoff : {uint64_t{0}, 4 * batch_bytes, 100 * batch_bytes}) {
     SetUp();
     Populate(kBatches * kMicroBatch, 1);
-    auto p = MakePrefetcher(kWindow, 1 << 20, 1 << 20, 1, 1 << 20, nullptr, handoff);
+    auto p = MakePrefetcher(kWindow, [&](Prefetcher::Options& o) { o.min_handoff_bytes = handoff; });
     const std::vector<uint64_t> order = Permutation(kBatches * kMicroBatch, 5);
     ASSERT_TRUE(p->SetOrder(order).ok());
     for (int64_t b = 0; b < kBatches; ++b) {
@@ -614,8 +626,10 @@ TEST_F(PrefetcherTest, SmallRowsAreHandedOffHalfAWindowAtATime) {
 TEST_F(PrefetcherTest, WritesUnderAHandOffAreWrittenOnFlushCloseAndBackPressure) {
   Populate(64, 1);
   const uint64_t batch_bytes = kMicroBatch * kLink.num_values() * sizeof(float);
-  auto p = MakePrefetcher(/*k=*/16, 1 << 20, /*max_write_bytes=*/2 * batch_bytes, 1, 1 << 20, nullptr,
-                          /*min_handoff_bytes=*/8 * batch_bytes);
+  auto p = MakePrefetcher(/*k=*/16, [&](Prefetcher::Options& o) {
+    o.max_write_behind_bytes = 2 * batch_bytes;
+    o.min_handoff_bytes = 8 * batch_bytes;
+  });
   const std::vector<uint64_t> order = Permutation(64, 6);
   ASSERT_TRUE(p->SetOrder(order).ok());
   Put(p.get(), Batch(order, 0), 2);
@@ -632,7 +646,7 @@ TEST_F(PrefetcherTest, WritesUnderAHandOffAreWrittenOnFlushCloseAndBackPressure)
 TEST_F(PrefetcherTest, SmallPutsAreWrittenOnTheCallersThread) {
   Populate(64, 1);
   const uint64_t batch_bytes = kMicroBatch * kLink.num_values() * sizeof(float);
-  auto p = MakePrefetcher(/*k=*/4, 1 << 20, 1 << 20, 1, 1 << 20, nullptr, 0, /*inline_write_bytes=*/batch_bytes);
+  auto p = MakePrefetcher(/*k=*/4, [&](Prefetcher::Options& o) { o.inline_write_bytes = batch_bytes; });
   const std::vector<uint64_t> order = Permutation(64, 7);
   for (uint64_t epoch = 1; epoch <= 2; ++epoch) {
     ASSERT_TRUE(p->SetOrder(order).ok());
@@ -653,7 +667,7 @@ TEST_F(PrefetcherTest, SmallPutsAreWrittenOnTheCallersThread) {
 // every later call); nothing of the batch is written.
 TEST_F(PrefetcherTest, NonFiniteInlinePutFailsAtOnceAndStickily) {
   Populate(16, 1);
-  auto p = MakePrefetcher(/*k=*/2, 1 << 20, 1 << 20, 1, 1 << 20, nullptr, 0, /*inline_write_bytes=*/1 << 20);
+  auto p = MakePrefetcher(/*k=*/2, [](Prefetcher::Options& o) { o.inline_write_bytes = 1 << 20; });
   const std::vector<uint64_t> order = Permutation(16, 8);
   ASSERT_TRUE(p->SetOrder(order).ok());
   const std::vector<uint64_t> samples = Batch(order, 0);
@@ -675,7 +689,7 @@ TEST_F(PrefetcherTest, NonFiniteInlinePutFailsAtOnceAndStickily) {
 TEST_F(PrefetcherTest, SmallPutBehindAQueuedOneIsQueued) {
   Populate(16, 1);
   const uint64_t batch_bytes = kMicroBatch * kLink.num_values() * sizeof(float);
-  auto p = MakePrefetcher(/*k=*/2, 1 << 20, 1 << 20, 1, 1 << 20, nullptr, 0, /*inline_write_bytes=*/batch_bytes);
+  auto p = MakePrefetcher(/*k=*/2, [&](Prefetcher::Options& o) { o.inline_write_bytes = batch_bytes; });
   const std::vector<uint64_t> order = Permutation(16, 9);
   ASSERT_TRUE(p->SetOrder(order).ok());
   std::vector<uint64_t> big = Batch(order, 0);
