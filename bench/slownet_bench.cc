@@ -51,10 +51,11 @@
 //                  only once it fully arrived (store-and-forward over K-1
 //                  links). With t_fw, t_bw = bytes per micro-batch * 8 / B on
 //                  the busiest link, LinkBoundStepTime replays the stages'
-//                  op lists with zero compute:
+//                  op sequences with zero compute:
 //                    gpipe: (M + K - 2) * (t_fw + t_bw)
-//                    1f1b with enough in flight (W_0 >= the round trip
-//                    2 (K-1) transfers): (M - 1) * max(t_fw, t_bw)
+//                    adaptive or 1f1b with enough in flight (W_0 >= the
+//                    round trip 2 (K-1) transfers; 1f1b not much more):
+//                                        (M - 1) * max(t_fw, t_bw)
 //                                        + (K - 1) * (t_fw + t_bw)
 //                  (the bound of any schedule that flushes every step),
 //                  [+ DP bytes * 8 / B, D > 1];
@@ -107,34 +108,32 @@ struct Mode {
   int fw_bits = 0, bw_bits = 0;
   std::string dp_optimizer = "adamw";  // adamw | quantized_adam
   int dp_bits = 0;
-  std::string schedule = "1f1b";  // job.schedule
-  int in_flight = 0;              // job.schedule_in_flight (0 = the default, 2K - 1)
+  std::string schedule = "adaptive";  // job.schedule
+  int in_flight = 0;                  // job.schedule_in_flight (0 = the schedule's default)
   std::string Name() const {
     std::string s = link == "fp32" ? "fp32" : absl::StrFormat("%s fw%dbw%d", link, fw_bits, bw_bits);
     if (dp_optimizer == "quantized_adam") absl::StrAppendFormat(&s, " +qadam%d", dp_bits);
-    if (schedule != "1f1b" || in_flight != 0) absl::StrAppend(&s, " ", ScheduleName());
+    if (schedule != "adaptive" || in_flight != 0) absl::StrAppend(&s, " ", ScheduleName());
     return s;
   }
-  std::string ScheduleName() const {
-    return schedule == "1f1b" && in_flight > 0 ? absl::StrCat("1f1b/", in_flight) : schedule;
-  }
+  std::string ScheduleName() const { return in_flight > 0 ? absl::StrCat(schedule, "/", in_flight) : schedule; }
 };
 
 // "fp32", "directq:3:6", "aqsgd:4:8", any of them with "+qadam4", then
-// optionally "@gpipe", "@1f1b" (the default) or "@1f1b/W" (W micro-batches in
-// flight at stage 0).
+// optionally "@adaptive" (the default), "@1f1b", "@gpipe", or "@1f1b/W" /
+// "@adaptive/W" (W micro-batches in flight at stage 0).
 absl::StatusOr<Mode> ParseMode(absl::string_view text) {
   Mode m;
   if (size_t at = text.find('@'); at != absl::string_view::npos) {
     absl::string_view sched = text.substr(at + 1);
     text = text.substr(0, at);
-    if (sched == "gpipe" || sched == "1f1b") {
-      m.schedule = std::string(sched);
-    } else if (absl::ConsumePrefix(&sched, "1f1b/") && absl::SimpleAtoi(sched, &m.in_flight) && m.in_flight >= 1) {
-      m.schedule = "1f1b";
-    } else {
+    std::vector<absl::string_view> parts = absl::StrSplit(sched, absl::MaxSplits('/', 1));
+    m.schedule = std::string(parts[0]);
+    const bool windowed = m.schedule == "1f1b" || m.schedule == "adaptive";
+    if (!(windowed || m.schedule == "gpipe") ||
+        (parts.size() == 2 && !(windowed && absl::SimpleAtoi(parts[1], &m.in_flight) && m.in_flight >= 1))) {
       return absl::InvalidArgumentError(absl::StrCat("bad schedule in mode '", text, "@", sched,
-                                                     "' (want @gpipe, @1f1b or @1f1b/W)"));
+                                                     "' (want @gpipe, @1f1b, @adaptive, @1f1b/W or @adaptive/W)"));
     }
   }
   std::vector<std::string> plus = absl::StrSplit(text, '+');
@@ -544,11 +543,12 @@ absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
     c.achieved_vs_limit = c.samples_per_s / std::min(c.compute_limit, c.link_limit);
     if (c.bandwidth_mbps > 0) {
       const double bps = c.bandwidth_mbps * 1e6 / 8;  // bytes per second
-      pipeline::StepSchedule sched;
-      sched.kind = c.mode.schedule == "gpipe" ? pipeline::StepSchedule::kGpipe : pipeline::StepSchedule::k1F1B;
-      sched.stages = c.stages;
-      sched.micro_batches = o.micro_batches;
-      sched.in_flight = c.mode.in_flight;
+      v1::JobSpec job;
+      job.set_schedule(c.mode.schedule);
+      job.set_schedule_in_flight(c.mode.in_flight);
+      job.set_stages(c.stages);
+      job.set_micro_batches_per_step(o.micro_batches);
+      const pipeline::StepSchedule sched = pipeline::StepScheduleFromJob(job).value();  // ParseMode checked it
       const double m = o.micro_batches;
       const double t = pipeline::LinkBoundStepTime(sched, c.fw_bytes_per_step / m / bps, c.bw_bytes_per_step / m / bps) +
                        c.dp_bytes_per_step / bps;

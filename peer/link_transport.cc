@@ -92,6 +92,38 @@ absl::StatusOr<v1::LinkFrame> LinkConnection::Receive(const std::function<bool(c
   }
 }
 
+absl::StatusOr<bool> LinkConnection::Has(const std::function<bool(const v1::LinkFrame&)>& match) {
+  absl::MutexLock l(&mu_);
+  for (const v1::LinkFrame& f : inbound_) {
+    if (match(f)) return true;
+  }
+  if (reader_done_) {
+    return !broken_.ok() ? broken_ : absl::UnavailableError(absl::StrCat("link ", name_, " was closed by the peer"));
+  }
+  return false;
+}
+
+void LinkConnection::NotifyArrivals(FrameArrivals* arrivals) {
+  absl::MutexLock l(&mu_);
+  arrivals_ = arrivals;
+}
+
+uint64_t FrameArrivals::count() const {
+  absl::MutexLock l(&mu_);
+  return count_;
+}
+
+bool FrameArrivals::WaitPast(uint64_t seen, absl::Time deadline) const {
+  absl::MutexLock l(&mu_);
+  auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return count_ != seen; };
+  return mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
+}
+
+void FrameArrivals::Notify() {
+  absl::MutexLock l(&mu_);
+  ++count_;
+}
+
 void LinkConnection::CloseSend() {
   absl::MutexLock l(&mu_);
   send_closed_ = true;
@@ -168,14 +200,24 @@ void LinkConnection::ReaderLoop() {
       const int64_t wait = due - NowMicros();
       if (wait > 0) absl::SleepFor(absl::Microseconds(std::min<int64_t>(wait, 60'000'000)));
     }
-    absl::MutexLock l(&mu_);
-    inbound_.push_back(std::move(frame));
+    FrameArrivals* arrivals;
+    {
+      absl::MutexLock l(&mu_);
+      inbound_.push_back(std::move(frame));
+      arrivals = arrivals_;
+    }
     frame = v1::LinkFrame();
+    if (arrivals != nullptr) arrivals->Notify();
   }
   absl::Status final_status = FinalStatus();
-  absl::MutexLock l(&mu_);
-  if (broken_.ok() && !final_status.ok()) broken_ = final_status;
-  reader_done_ = true;
+  FrameArrivals* arrivals;
+  {
+    absl::MutexLock l(&mu_);
+    if (broken_.ok() && !final_status.ok()) broken_ = final_status;
+    reader_done_ = true;
+    arrivals = arrivals_;
+  }
+  if (arrivals != nullptr) arrivals->Notify();
 }
 
 // ------------------------------------------------------------ client side

@@ -69,6 +69,24 @@ class EmulatedWire {
   absl::Time wire_free_ = absl::InfinitePast();
 };
 
+// Counts the frames that arrive on the links that notify it (and their
+// ends), so that one thread can wait for the next frame on any of them:
+//
+//   up->NotifyArrivals(&arrivals);  down->NotifyArrivals(&arrivals);
+//   const uint64_t seen = arrivals.count();
+//   if (!*up->Has(a) && !*down->Has(b)) arrivals.WaitPast(seen, deadline);
+class FrameArrivals {
+ public:
+  uint64_t count() const;
+  // Waits until count() != seen; false if the deadline came first.
+  bool WaitPast(uint64_t seen, absl::Time deadline) const;
+  void Notify();
+
+ private:
+  mutable absl::Mutex mu_;
+  uint64_t count_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 // Largest frame accepted on a link (gRPC's 4 MiB default is too small for
 // FULL activation batches of real models). Default: 512 MiB.
 inline constexpr int kMaxLinkFrameBytes = 512 << 20;
@@ -86,6 +104,12 @@ class LinkConnection {
   absl::Status Send(v1::LinkFrame frame, absl::Duration timeout = absl::Seconds(600));
   absl::StatusOr<v1::LinkFrame> Receive(const std::function<bool(const v1::LinkFrame&)>& match,
                                         absl::Duration timeout);
+  // Whether a frame that `match`es has arrived (Receive would return it at
+  // once). Fails like Receive once the link has ended and holds none.
+  absl::StatusOr<bool> Has(const std::function<bool(const v1::LinkFrame&)>& match);
+  // From now on every frame that arrives, and the link's end, notify
+  // `arrivals` (nullptr: none). It must outlive this link or be replaced.
+  void NotifyArrivals(FrameArrivals* arrivals);
   // No more sends: flushes queued frames, then half-closes. Idempotent.
   void CloseSend();
   // Waits (bounded) until the peer has closed its side too; returns the
@@ -138,6 +162,7 @@ class LinkConnection {
   bool writer_done_ ABSL_GUARDED_BY(mu_) = false;
   bool reader_done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);  // first failure, sticky
+  FrameArrivals* arrivals_ ABSL_GUARDED_BY(mu_) = nullptr;
   static constexpr size_t kMaxQueuedFrames = 64;
   std::thread writer_;
   std::atomic<uint64_t> bytes_sent_{0};

@@ -114,6 +114,35 @@ TEST(LinkTransportTest, VanishedPeerFailsPendingReceiveQuickly) {
                p.client->Receive(StepIs(9), absl::Seconds(5)).ok());
 }
 
+// Has() peeks without taking; FrameArrivals wakes a waiter for a frame on
+// either of two links, and for a link's end.
+TEST(LinkTransportTest, ArrivalsOnTwoLinksWakeOneWaiter) {
+  FrameArrivals arrivals;  // outlives the links that notify it
+  Pair a, b;
+  a.server_end->NotifyArrivals(&arrivals);
+  b.client->NotifyArrivals(&arrivals);
+  EXPECT_FALSE(*a.server_end->Has(StepIs(1)));
+  uint64_t seen = arrivals.count();
+  EXPECT_FALSE(arrivals.WaitPast(seen, absl::Now() + absl::Milliseconds(20))) << "nothing arrived";
+  ASSERT_TRUE(b.server_end->Send(Commit(2)).ok());  // towards b.client
+  ASSERT_TRUE(arrivals.WaitPast(seen, absl::Now() + absl::Seconds(10)));
+  EXPECT_TRUE(*b.client->Has(StepIs(2)));
+  EXPECT_TRUE(*b.client->Has(StepIs(2))) << "Has does not take the frame";
+  EXPECT_FALSE(*b.client->Has(StepIs(3)));
+  ASSERT_TRUE(b.client->Receive(StepIs(2), absl::Seconds(1)).ok());
+  EXPECT_FALSE(*b.client->Has(StepIs(2)));
+  seen = arrivals.count();
+  ASSERT_TRUE(a.client->Send(Commit(1)).ok());  // towards a.server_end
+  ASSERT_TRUE(arrivals.WaitPast(seen, absl::Now() + absl::Seconds(10)));
+  EXPECT_TRUE(*a.server_end->Has(StepIs(1)));
+  // The peer goes away: the waiter wakes, and Has fails like Receive.
+  seen = arrivals.count();
+  a.server->Shutdown(absl::ZeroDuration());
+  ASSERT_TRUE(arrivals.WaitPast(seen, absl::Now() + absl::Seconds(30)));
+  EXPECT_TRUE(*a.server_end->Has(StepIs(1))) << "what arrived before the end stays";
+  EXPECT_FALSE(a.server_end->Has(StepIs(5)).ok());
+}
+
 TEST(LinkTransportTest, SecondUpstreamIsRefused) {
   Pair p;
   auto intruder = LinkConnection::Dial(absl::StrCat("127.0.0.1:", p.server->port()), {}, absl::Seconds(10));

@@ -382,16 +382,23 @@ class StageRunnerImpl final : public StageRunner {
     StepState st{sched, epoch, s, gs};
     pipeline::GradientCodec grads(job_.compression().mode(), job_.compression().bw_bits(), t,
                                   job_.model().d_model());
-    // The schedule's forwards and backwards (pipeline/step_schedule.h); both
-    // schedules run backwards in increasing micro-batch order, so the last
+    // The schedule's forwards and backwards (pipeline/step_schedule.h); every
+    // schedule runs backwards in increasing micro-batch order, so the last
     // one, micro-batch m - 1, is where the partial gradient norm and the loss
     // are complete: its gradient carries them upstream.
-    for (const pipeline::StepOp& op : pipeline::StageStepOps(schedule_, o_.stage)) {
+    pipeline::StepOpSequencer seq(schedule_, o_.stage);
+    if (seq.adaptive()) {
+      if (up_ != nullptr) up_->NotifyArrivals(&arrivals_);
+      if (down_ != nullptr) down_->NotifyArrivals(&arrivals_);
+    }
+    while (!seq.done()) {
+      AQSWARM_ASSIGN_OR_RETURN(const pipeline::StepOp op, NextOp(seq, st));
       if (op.forward) {
         AQSWARM_RETURN_IF_ERROR(ForwardMicroBatch(st, op.micro_batch));
       } else {
         AQSWARM_RETURN_IF_ERROR(BackwardMicroBatch(st, op.micro_batch, grads));
       }
+      seq.Ran(op);
     }
     const double below_sq = st.below_sq;
     const double loss = last_ ? st.loss_sum / m : st.loss;
@@ -465,6 +472,60 @@ class StageRunnerImpl final : public StageRunner {
     double loss = 0;      // from downstream: the step's loss
   };
 
+  static bool IsGradient(const v1::LinkFrame& x, int64_t gs, int mb) {
+    return x.has_gradients() && x.gradients().step() == static_cast<uint64_t>(gs) &&
+           x.gradients().micro_batch() == static_cast<uint32_t>(mb);
+  }
+  static bool IsActivations(const v1::LinkFrame& x, int64_t gs, int mb, bool resend) {
+    return x.has_activations() && !x.activations().eval() && x.activations().resend() == resend &&
+           x.activations().step() == static_cast<uint64_t>(gs) &&
+           x.activations().micro_batch() == static_cast<uint32_t>(mb);
+  }
+
+  // The op of `seq` to run next. A static schedule offers one: run it (its
+  // receive waits for the input). An adaptive one runs the offered backward
+  // if its gradient is here, else the offered forward if its activations
+  // are, else waits (bounded) for the next frame on either link; resend
+  // requests from downstream are served meanwhile.
+  absl::StatusOr<pipeline::StepOp> NextOp(const pipeline::StepOpSequencer& seq, StepState& st) {
+    const std::optional<pipeline::StepOp> b = seq.backward(), f = seq.forward();
+    if (!seq.adaptive()) return b ? *b : *f;
+    const absl::Time deadline = absl::Now() + o_.link_timeout;
+    while (true) {
+      const uint64_t seen = arrivals_.count();
+      if (!last_) {
+        auto is_resend = [](const v1::LinkFrame& x) { return x.has_resend(); };
+        AQSWARM_ASSIGN_OR_RETURN(const bool resend, down_->Has(is_resend));
+        if (resend) {
+          AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame r, FromDown(is_resend));
+          AQSWARM_RETURN_IF_ERROR(ServeResend(st.sched, st.epoch, st.s, st.gs, r.resend(), st.outputs));
+          continue;
+        }
+      }
+      if (b) {
+        if (last_) return *b;
+        AQSWARM_ASSIGN_OR_RETURN(
+            const bool ready, down_->Has([&](const v1::LinkFrame& x) { return IsGradient(x, st.gs, b->micro_batch); }));
+        if (ready) return *b;
+      }
+      if (f) {
+        if (first_) return *f;
+        AQSWARM_ASSIGN_OR_RETURN(const bool ready, up_->Has([&](const v1::LinkFrame& x) {
+                                   return IsActivations(x, st.gs, f->micro_batch, /*resend=*/false);
+                                 }));
+        if (ready) return *f;
+      }
+      Timer tm(&wait_s_);
+      if (!arrivals_.WaitPast(seen, deadline)) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "stage ", o_.stage, ": step ", st.gs, ": neither ",
+            b ? absl::StrCat("the gradient of micro-batch ", b->micro_batch) : std::string("a gradient"), " nor ",
+            f ? absl::StrCat("the activations of micro-batch ", f->micro_batch) : std::string("activations"),
+            " arrived within ", absl::FormatDuration(o_.link_timeout)));
+      }
+    }
+  }
+
   absl::Status ForwardMicroBatch(StepState& st, int mb) {
     const int64_t b = job_.micro_batch_size(), t = job_.model().seq_len();
     absl::Span<const int64_t> ids64 = st.sched.MicroBatch(st.s, mb);
@@ -501,9 +562,7 @@ class StageRunnerImpl final : public StageRunner {
     std::vector<float> g, gin;
     while (!last_) {
       AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame f, FromDown([&](const v1::LinkFrame& x) {
-                                 return (x.has_gradients() && x.gradients().step() == static_cast<uint64_t>(st.gs) &&
-                                         x.gradients().micro_batch() == static_cast<uint32_t>(mb)) ||
-                                        x.has_resend();
+                                 return IsGradient(x, st.gs, mb) || x.has_resend();
                                }));
       if (f.has_resend()) {
         AQSWARM_RETURN_IF_ERROR(ServeResend(st.sched, st.epoch, st.s, st.gs, f.resend(), st.outputs));
@@ -537,11 +596,7 @@ class StageRunnerImpl final : public StageRunner {
   absl::Status ReceiveActivations(int64_t gs, int mb, const std::vector<uint64_t>& ids, std::vector<float>* in) {
     AQSWARM_RETURN_IF_ERROR(receiver_->Begin(gs, mb, ids));
     auto is_batch = [&](bool resend) {
-      return [&, resend](const v1::LinkFrame& x) {
-        return x.has_activations() && !x.activations().eval() && x.activations().resend() == resend &&
-               x.activations().step() == static_cast<uint64_t>(gs) &&
-               x.activations().micro_batch() == static_cast<uint32_t>(mb);
-      };
+      return [&, resend](const v1::LinkFrame& x) { return IsActivations(x, gs, mb, resend); };
     };
     AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame f, FromUp(is_batch(false)));
     std::vector<uint64_t> missing;
@@ -644,6 +699,7 @@ class StageRunnerImpl final : public StageRunner {
   std::optional<pipeline::SamplePlan> plan_;
   std::unique_ptr<pipeline::StageWorker> worker_;
   std::unique_ptr<storage::MessageStore> store_;
+  FrameArrivals arrivals_;  // adaptive schedule; declared before the links that notify it
   std::unique_ptr<StageLinkServer> server_;
   std::unique_ptr<LinkConnection> down_;
   LinkConnection* up_ = nullptr;  // owned by server_

@@ -8,8 +8,9 @@
 //   AQSWARM_RETURN_IF_ERROR(runner->Run());
 //
 // Per step (M micro-batches): forwards and backwards in the order of
-// job.schedule (pipeline/step_schedule.h: 1f1b interleaves them, gpipe runs
-// all forwards first; backwards always in increasing micro-batch order),
+// job.schedule (pipeline/step_schedule.h: adaptive runs whichever has its
+// input first, 1f1b interleaves them in a fixed order, gpipe runs all
+// forwards first; backwards always in increasing micro-batch order),
 // sending each stage output downstream and each input gradient upstream as
 // soon as it is computed (each link direction has its own writer thread, so
 // transfers overlap compute and each other). The last backward (micro-batch

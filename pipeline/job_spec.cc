@@ -72,7 +72,7 @@ void ApplyJobDefaults(v1::JobSpec* job) {
     dp->set_variance_refresh_steps(kDefaultVarianceRefreshSteps);
   }
   if (job->eval_batches() == 0) job->set_eval_batches(8);
-  if (job->schedule().empty()) job->set_schedule("1f1b");
+  if (job->schedule().empty()) job->set_schedule("adaptive");
 }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& job) {
@@ -162,8 +162,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
                                    "use the gradient_exchange transport to emulate slow links");
   }
   // Empty (a job stored before the field existed) means the default, 1f1b.
-  if (!job.schedule().empty() && job.schedule() != "1f1b" && job.schedule() != "gpipe") {
-    return Invalid("schedule", absl::StrCat("'", job.schedule(), "' is not 1f1b or gpipe"));
+  if (!job.schedule().empty() && job.schedule() != "1f1b" && job.schedule() != "adaptive" &&
+      job.schedule() != "gpipe") {
+    return Invalid("schedule", absl::StrCat("'", job.schedule(), "' is not 1f1b, adaptive or gpipe"));
   }
   if (job.schedule_in_flight() > 4096) return Invalid("schedule_in_flight", "at most 4096");
   if (job.checkpoint_every_steps() > 1000000) return Invalid("checkpoint_every_steps", "at most 1000000");

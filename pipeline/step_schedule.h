@@ -28,6 +28,23 @@
 //          forwards before a backward delays the gradients of every stage
 //          above it.
 //
+//   adaptive  the 1f1b window (W_i in flight) and orders (forwards and
+//          backwards each in increasing micro-batch order), but each op runs
+//          when its input is there rather than at a fixed place: the next
+//          backward as soon as its gradient has arrived, otherwise the next
+//          forward whose activations have, while fewer than W_i are in
+//          flight (StepOpSequencer). A middle stage then never holds a
+//          gradient back behind a forward whose input is late, or a forward
+//          behind a late gradient, so a window deeper than 2K - 1 costs only
+//          memory, and it covers the round trip where compute and links are
+//          about as slow (it then crosses 2(K - 1) transfers and as many
+//          computes, and here the stages share cores). The default,
+//          W_0 = 4K - 1: fp32 at 100 Mbit/s in `aqswarm bench slownet`
+//          (4 stages, 64 x 8) ran 963 samples/s at W_0 = 7, 1086-1117 at 13,
+//          1105-1114 at 16, 1108-1112 at 20; 1f1b at W_0 = 13 ran 1103
+//          there but lost 5% at 10 Mbit/s (133 vs 140), adaptive/13 did not.
+//          The default schedule.
+//
 // Any W_i that does not grow along the pipeline (W_{i-1} >= W_i, W_last = 1)
 // is deadlock-free with asynchronous sends: a stage never waits for an
 // activation that its upstream will only send after a backward this stage
@@ -37,6 +54,7 @@
 #ifndef AQSWARM_PIPELINE_STEP_SCHEDULE_H_
 #define AQSWARM_PIPELINE_STEP_SCHEDULE_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,18 +64,20 @@
 namespace aqswarm::pipeline {
 
 struct StepSchedule {
-  enum Kind { kGpipe, k1F1B };
-  Kind kind = k1F1B;
+  enum Kind { kGpipe, k1F1B, kAdaptive };
+  Kind kind = kAdaptive;
   int stages = 1;          // K
   int micro_batches = 1;   // M
-  // 1f1b: micro-batches in flight at stage 0 (W_0). 0 = 2K - 1. Ignored by gpipe.
+  // 1f1b, adaptive: micro-batches in flight at stage 0 (W_0). 0 = 2K - 1
+  // (1f1b), 4K - 1 (adaptive). Ignored by gpipe.
   int in_flight = 0;
 };
 
-// From job.schedule ("1f1b" or empty: 1f1b; "gpipe"), job.schedule_in_flight,
-// job.stages and job.micro_batches_per_step.
+// From job.schedule ("adaptive" or empty: adaptive; "1f1b"; "gpipe"),
+// job.schedule_in_flight, job.stages and job.micro_batches_per_step.
 absl::StatusOr<StepSchedule> StepScheduleFromJob(const v1::JobSpec& job);
-// "gpipe", "1f1b" (W_0 = 2K - 1), "1f1b/W" (another W_0).
+// "gpipe", "1f1b" (W_0 = 2K - 1), "1f1b/W" (another W_0), "adaptive"
+// (W_0 = 4K - 1), "adaptive/W".
 std::string StepScheduleName(const StepSchedule& s);
 
 struct StepOp {
@@ -67,10 +87,44 @@ struct StepOp {
 
 // Micro-batches in flight at `stage` (W_i above; M for gpipe).
 int InFlightAt(const StepSchedule& s, int stage);
-// The step's 2M operations of `stage`, in order.
+// The step's 2M operations of `stage`, in order (gpipe, 1f1b; for adaptive,
+// the 1f1b order, which is what it runs when every input arrives in it).
 std::vector<StepOp> StageStepOps(const StepSchedule& s, int stage);
 
-// Link-bound step time: every stage runs StageStepOps with zero compute;
+// Hands out one stage's ops of one step.
+//
+//   StepOpSequencer seq(schedule, stage);
+//   while (!seq.done()) {
+//     std::optional<StepOp> op = ...;  // backward() or forward(), see below
+//     Run(*op);
+//     seq.Ran(*op);
+//   }
+//
+// gpipe and 1f1b offer exactly one op at a time, their fixed order: run it
+// (waiting for its input). adaptive offers the next backward (once its
+// forward ran) and the next forward (while fewer than W_i are in flight):
+// the caller runs the backward if its gradient has arrived (at the last
+// stage it always has: the loss is local), else the forward if its
+// activations have (at stage 0 they always have), else waits for a frame.
+class StepOpSequencer {
+ public:
+  StepOpSequencer(const StepSchedule& s, int stage);
+  bool adaptive() const { return ops_.empty(); }
+  bool done() const { return backwards_ == m_; }
+  std::optional<StepOp> backward() const;
+  std::optional<StepOp> forward() const;
+  // Records that `op`, one of the two above, ran.
+  void Ran(const StepOp& op);
+
+ private:
+  int m_ = 0, window_ = 1;
+  std::vector<StepOp> ops_;  // static schedules; empty for adaptive
+  int forwards_ = 0, backwards_ = 0;
+};
+
+// Link-bound step time: every stage runs its StepOpSequencer with zero
+// compute (an adaptive stage takes whichever offered op's input arrives
+// first, a backward on a tie);
 // each link direction sends one micro-batch at a time (t_fw seconds for the
 // activations on every link, t_bw for the gradients), FIFO, and a stage
 // forwards a micro-batch only once it has fully arrived (store-and-forward).

@@ -1,5 +1,7 @@
-// End-to-end: the same job under job.schedule = gpipe and = 1f1b (classic and
-// the default depth) trains to bit-identical weights and optimizer state.
+// End-to-end: the same job under job.schedule = gpipe, = 1f1b (classic and
+// the default depth) and = adaptive (whose order follows the frames' arrival
+// times, so differs from run to run) trains to bit-identical weights and
+// optimizer state.
 // Real `aqswarm stage` processes over loopback gRPC, AQ-SGD links with their
 // RocksDB stores; every stage writes its state after every step
 // (--checkpoint_dir) and the files are compared byte for byte.
@@ -100,14 +102,16 @@ class ScheduleTest : public ::testing::Test {
   fs::path dir_;
 };
 
-TEST_F(ScheduleTest, GpipeAndOneFOneBTrainToBitIdenticalWeights) {
-  Run gpipe, classic, deep;
+TEST_F(ScheduleTest, GpipeOneFOneBAndAdaptiveTrainToBitIdenticalWeights) {
+  Run gpipe, classic, deep, adaptive;
   ASSERT_NO_FATAL_FAILURE(RunStages("gpipe", WriteJob("gpipe", "gpipe", 0), &gpipe));
   ASSERT_NO_FATAL_FAILURE(RunStages("classic", WriteJob("classic", "1f1b", kStages), &classic));
   ASSERT_NO_FATAL_FAILURE(RunStages("deep", WriteJob("deep", "1f1b", 0), &deep));
+  ASSERT_NO_FATAL_FAILURE(RunStages("adaptive", WriteJob("adaptive", "adaptive", 6), &adaptive));
   ASSERT_EQ(gpipe.losses.size(), static_cast<size_t>(kSteps));
   EXPECT_EQ(classic.losses, gpipe.losses);
   EXPECT_EQ(deep.losses, gpipe.losses);
+  EXPECT_EQ(adaptive.losses, gpipe.losses);
   // Weights and optimizer state after every step (start state included).
   for (int s = 0; s < kStages; ++s) {
     for (int n = 0; n <= kSteps; ++n) {
@@ -116,6 +120,7 @@ TEST_F(ScheduleTest, GpipeAndOneFOneBTrainToBitIdenticalWeights) {
       ASSERT_FALSE(a.empty()) << (gpipe.checkpoints / rel);
       EXPECT_TRUE(a == ReadFile(classic.checkpoints / rel)) << "classic 1f1b differs from gpipe: " << rel;
       EXPECT_TRUE(a == ReadFile(deep.checkpoints / rel)) << "1f1b differs from gpipe: " << rel;
+      EXPECT_TRUE(a == ReadFile(adaptive.checkpoints / rel)) << "adaptive differs from gpipe: " << rel;
     }
   }
   // The weights did move (the comparison is not between three initial states).
