@@ -15,7 +15,8 @@
 // window's step_seconds (stage 0's step time, the pipeline's period in steady
 // state; the median ignores a step that another job on the machine slowed).
 // With repeats > 1 the table runs as whole passes and every cell keeps its
-// best pass (load only ever slows a cell down). Every cell, the compute-only
+// best pass (load only ever slows a cell down). Within a pass the modes of
+// one bandwidth run back to back, in an order that rotates from pass to pass. Every cell, the compute-only
 // ones included, is measured the same way in the same passes.
 //
 // CPU: every stage reports its process CPU time per step (all threads);
@@ -486,8 +487,18 @@ absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
   std::string blas_core = PickOpenBlasCoreForChildren();  // inherited by the pipelines and their stages
   if (blas_core.empty()) blas_core = "none (no OpenBLAS)";
   const int cores = Cores();
-  std::vector<Cell> cells;
+  std::vector<Cell> cells;  // mode-major (the JSON's order)
+  // Run order: group by group, bandwidth by bandwidth, the modes of one
+  // bandwidth back to back and, from pass to pass, starting one mode later:
+  // the cells compared at one bandwidth (AQ-SGD vs DirectQ) run minutes
+  // apart at most and none always runs first.
+  struct Group {
+    size_t first;
+    int modes, bandwidths;
+  };
+  std::vector<Group> groups;
   auto plan = [&](int dp, const std::vector<Mode>& ms, const std::vector<double>& bws) {
+    groups.push_back({cells.size(), static_cast<int>(ms.size()), static_cast<int>(bws.size())});
     for (const Mode& m : ms) {
       for (double b : bws) {
         Cell c;
@@ -506,13 +517,20 @@ absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
   // Repeats run as whole passes over the table (the machine's load drifts
   // over minutes; a pass spreads it over every cell); the best pass counts.
   for (int r = 0; r < std::max(1, o.repeats); ++r) {
-    for (size_t i = 0; i < cells.size(); ++i) {
+    std::vector<size_t> order;
+    for (const Group& g : groups) {
+      for (int b = 0; b < g.bandwidths; ++b) {
+        for (int k = 0; k < g.modes; ++k) order.push_back(g.first + ((k + r) % g.modes) * g.bandwidths + b);
+      }
+    }
+    for (size_t n = 0; n < order.size(); ++n) {
+      const size_t i = order[n];
       Cell c = cells[i];
       absl::Status s = RunCell(opts, root, &c);
       if (!s.ok()) return s;
       std::cerr << absl::StrFormat(
           "slownet [pass %d, %2d/%d] %s %-22s %8s Mbit/s  %9.1f samples/s  (%d steps, %.1f s)\n", r + 1,
-          static_cast<int>(i + 1), static_cast<int>(cells.size()), Grid(c), c.mode.Name(),
+          static_cast<int>(n + 1), static_cast<int>(cells.size()), Grid(c), c.mode.Name(),
           c.bandwidth_mbps > 0 ? absl::StrCat(c.bandwidth_mbps) : "unshaped", c.samples_per_s, c.steps_timed,
           c.wall_seconds);
       cells[i].passes.push_back(c.samples_per_s);
