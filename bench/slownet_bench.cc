@@ -16,8 +16,9 @@
 // state; the median ignores a step that another job on the machine slowed).
 // With repeats > 1 the table runs as whole passes and every cell keeps its
 // best pass (load only ever slows a cell down). Within a pass the modes of
-// one bandwidth run back to back, in an order that rotates from pass to pass. Every cell, the compute-only
-// ones included, is measured the same way in the same passes.
+// one bandwidth run back to back, in an order that rotates from pass to
+// pass. Every cell, the compute-only ones included, is measured the same way
+// in the same passes.
 //
 // CPU: every stage reports its process CPU time per step (all threads);
 // cpu_ms_per_sample sums them over the stages in the window, and
@@ -130,9 +131,11 @@ absl::StatusOr<Mode> ParseMode(absl::string_view text) {
     text = text.substr(0, at);
     std::vector<absl::string_view> parts = absl::StrSplit(sched, absl::MaxSplits('/', 1));
     m.schedule = std::string(parts[0]);
-    const bool windowed = m.schedule == "1f1b" || m.schedule == "adaptive";
-    if (!(windowed || m.schedule == "gpipe") ||
-        (parts.size() == 2 && !(windowed && absl::SimpleAtoi(parts[1], &m.in_flight) && m.in_flight >= 1))) {
+    v1::JobSpec job;  // the schedule names are pipeline::StepScheduleFromJob's
+    job.set_schedule(m.schedule);
+    if (m.schedule.empty() || !pipeline::StepScheduleFromJob(job).ok() ||
+        (parts.size() == 2 &&
+         !(m.schedule != "gpipe" && absl::SimpleAtoi(parts[1], &m.in_flight) && m.in_flight >= 1))) {
       return absl::InvalidArgumentError(absl::StrCat("bad schedule in mode '", text, "@", sched,
                                                      "' (want @gpipe, @1f1b, @adaptive, @1f1b/W or @adaptive/W)"));
     }

@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "compression/global_qsgd.h"
 #include "google/protobuf/util/json_util.h"
+#include "pipeline/step_schedule.h"
 
 namespace aqswarm::pipeline {
 namespace {
@@ -161,11 +162,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
     return Invalid("dp.transport", "nccl is not shaped, but the job shapes its links (shaping.bandwidth_mbps); "
                                    "use the gradient_exchange transport to emulate slow links");
   }
-  // Empty (a job stored before the field existed) means the default, 1f1b.
-  if (!job.schedule().empty() && job.schedule() != "1f1b" && job.schedule() != "adaptive" &&
-      job.schedule() != "gpipe") {
-    return Invalid("schedule", absl::StrCat("'", job.schedule(), "' is not 1f1b, adaptive or gpipe"));
-  }
+  // Empty (a job stored before the field existed) means the default; every
+  // schedule trains to the same weights.
+  AQSWARM_RETURN_IF_ERROR(StepScheduleFromJob(job).status());
   if (job.schedule_in_flight() > 4096) return Invalid("schedule_in_flight", "at most 4096");
   if (job.checkpoint_every_steps() > 1000000) return Invalid("checkpoint_every_steps", "at most 1000000");
   return absl::OkStatus();

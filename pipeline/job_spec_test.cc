@@ -14,6 +14,7 @@ TEST(JobSpecTest, ParsesAndFillsDefaults) {
   EXPECT_EQ(job->compression().mode(), v1::LinkCompression::aqsgd);
   EXPECT_EQ(job->compression().m_precision(), "fp16");
   EXPECT_EQ(job->stages(), 2u);
+  EXPECT_EQ(job->schedule(), "adaptive");
 }
 
 TEST(JobSpecTest, SnakeCaseFieldNamesWork) {
@@ -46,6 +47,8 @@ TEST(JobSpecTest, PreciseErrors) {
       {R"({"dp":{"optimizer":"quantized_adam","frozenVariance":"thawed"}})", "thawed"},
       {R"({"dataParallel":2,"shaping":{"bandwidthMbps":100},"dp":{"transport":"nccl"}})", "dp.transport"},
       {R"({"dp":{"transport":"infiniband"}})", "infiniband"},
+      {R"({"schedule":"interleaved"})", "schedule: 'interleaved'"},
+      {R"({"scheduleInFlight":5000})", "schedule_in_flight"},
   };
   for (const auto& c : cases) {
     auto job = ParseJobSpec(c.json);
