@@ -148,8 +148,8 @@ struct SlownetBenchOptions {
   // with D > 1 a pipeline meets unseen samples in later epochs too).
   int grid_skip_steps = 7;
   int steps = 6;
-  // Passes over the whole table; each cell keeps its best pass, a pass being
-  // samples per step / the median of its timed steps' step_seconds. Default: 2.
+  // Passes over the whole table; a cell's samples/s = samples per step / the
+  // median step_seconds of its timed steps in all passes, pooled. Default: 2.
   int repeats = 2;
   // Keep the raw runs here (job.json, pipeline output, metrics.csv, stage
   // logs); empty = a temporary directory, removed at the end.

@@ -11,14 +11,21 @@
 // `skip_steps` steps of an AQ-SGD cell (process start, epoch 0, and a little
 // more; `grid_skip_steps` with D > 1) and the first `plain_skip_steps` of an
 // fp32 or DirectQ cell (process start: they keep no per-sample state) are
-// dropped, and a pass's samples/s = samples per step / the MEDIAN of the
-// window's step_seconds (stage 0's step time, the pipeline's period in steady
-// state; the median ignores a step that another job on the machine slowed).
-// With repeats > 1 the table runs as whole passes and every cell keeps its
-// best pass (load only ever slows a cell down). Within a pass the modes of
-// one bandwidth run back to back, in an order that rotates from pass to
-// pass. Every cell, the compute-only ones included, is measured the same way
-// in the same passes.
+// dropped. With repeats > 1 the table runs as whole passes, and a cell's
+// samples/s = samples per step / the MEDIAN of the step_seconds (stage 0's
+// step time, the pipeline's period in steady state) of its timed steps in
+// ALL passes, pooled. Within a pass the modes of one bandwidth run back to
+// back, in an order that rotates from pass to pass. Every cell, the
+// compute-only ones included, is measured the same way in the same passes.
+// Why pooled and not the best pass (what this bench did before): the 2
+// cores' speed moves by +-25% within seconds and drifts over minutes (a
+// fixed single-thread loop, scripts/bench_slownet.sh's probe), so a
+// compute-bound cell's best of a few passes picks its luckiest minute while
+// a link-bound cell's passes hardly differ; ratios between the two kinds
+// (achieved / compute-only limit) were then biased low, and comparisons of
+// two compute-bound cells (AQ-SGD vs DirectQ) came down to which one got the
+// quiet minute. The pooled median estimates both under the same, typical,
+// machine; samples_per_s_passes keeps each pass's own median.
 //
 // CPU: every stage reports its process CPU time per step (all threads);
 // cpu_ms_per_sample sums them over the stages in the window, and
@@ -207,8 +214,8 @@ struct Cell {
   double fw_bytes_per_step = 0, bw_bytes_per_step = 0;  // busiest link, each direction
   double dp_bytes_per_step = 0;       // busiest DP sender (bytes it sent)
   double wall_seconds = 0;
-  std::vector<double> passes;  // samples/s of every pass (the best is kept)
-  std::vector<double> step_seconds_list;  // the window's steps (stage 0)
+  std::vector<double> passes;  // samples/s of every pass (its own median)
+  std::vector<double> step_seconds_list;  // the timed steps of every pass (stage 0), pooled
   double cpu_seconds_per_step = 0;        // all stages (and pipelines)
   std::vector<double> cpu_by_stage;       // per step, summed over pipelines
   // Derived.
@@ -384,6 +391,39 @@ absl::Status RunCell(const SlownetBenchOptions& o, const fs::path& root, Cell* c
   return absl::OkStatus();
 }
 
+// Adds one pass's measurement `run` (pass `r`) to `pooled`: the timed steps
+// are pooled and samples/s is their median; bytes and CPU per step are
+// averaged over every timed step of every pass.
+void PoolPass(const Cell& run, int r, Cell* pooled) {
+  if (r == 0) {
+    *pooled = run;
+    pooled->passes = {run.samples_per_s};
+    return;
+  }
+  const double n0 = pooled->steps_timed, n1 = run.steps_timed, n = n0 + n1;
+  auto mix = [&](double a, double b) { return (a * n0 + b * n1) / n; };
+  pooled->passes.push_back(run.samples_per_s);
+  pooled->step_seconds_list.insert(pooled->step_seconds_list.end(), run.step_seconds_list.begin(),
+                                   run.step_seconds_list.end());
+  std::vector<double> secs = pooled->step_seconds_list;
+  std::sort(secs.begin(), secs.end());
+  const size_t m = secs.size();
+  pooled->step_seconds = m % 2 ? secs[m / 2] : (secs[m / 2 - 1] + secs[m / 2]) / 2;
+  pooled->samples_per_s = pooled->samples_per_step / pooled->step_seconds;
+  pooled->max_dir_bytes_per_step = mix(pooled->max_dir_bytes_per_step, run.max_dir_bytes_per_step);
+  pooled->fw_bytes_per_step = mix(pooled->fw_bytes_per_step, run.fw_bytes_per_step);
+  pooled->bw_bytes_per_step = mix(pooled->bw_bytes_per_step, run.bw_bytes_per_step);
+  pooled->dp_bytes_per_step = mix(pooled->dp_bytes_per_step, run.dp_bytes_per_step);
+  pooled->cpu_seconds_per_step = mix(pooled->cpu_seconds_per_step, run.cpu_seconds_per_step);
+  for (size_t s = 0; s < pooled->cpu_by_stage.size() && s < run.cpu_by_stage.size(); ++s) {
+    pooled->cpu_by_stage[s] = mix(pooled->cpu_by_stage[s], run.cpu_by_stage[s]);
+  }
+  pooled->first_epoch = std::min(pooled->first_epoch, run.first_epoch);
+  pooled->steps_timed += run.steps_timed;
+  pooled->wall_seconds += run.wall_seconds;
+  pooled->run_dir = run.run_dir;  // the last pass's (each pass reuses the directory)
+}
+
 int Cores() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
@@ -536,12 +576,7 @@ absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
           static_cast<int>(n + 1), static_cast<int>(cells.size()), Grid(c), c.mode.Name(),
           c.bandwidth_mbps > 0 ? absl::StrCat(c.bandwidth_mbps) : "unshaped", c.samples_per_s, c.steps_timed,
           c.wall_seconds);
-      cells[i].passes.push_back(c.samples_per_s);
-      if (r == 0 || c.samples_per_s > cells[i].samples_per_s) {
-        std::vector<double> passes = std::move(cells[i].passes);
-        cells[i] = c;
-        cells[i].passes = std::move(passes);
-      }
+      PoolPass(c, r, &cells[i]);
     }
   }
 

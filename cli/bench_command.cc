@@ -55,9 +55,9 @@ ABSL_FLAG(int32_t, slownet_plain_skip_steps, 2,
           "Slownet bench: steps dropped before timing in fp32 and DirectQ cells (start-up; they keep no state).");
 ABSL_FLAG(int32_t, slownet_grid_skip_steps, 7, "Slownet bench: steps dropped in the DP grid's AQ-SGD cells (AQ-SGD meets unseen samples in later epochs when D > 1).");
 ABSL_FLAG(int32_t, slownet_repeats, 2,
-          "Slownet bench: passes over the table; each cell keeps its best pass (a pass: samples per step / the "
-          "median step time).");
-ABSL_FLAG(int32_t, slownet_steps, 6, "Slownet bench: timed steps per cell.");
+          "Slownet bench: passes over the table; a cell's samples/s = samples per step / the median step time "
+          "of its timed steps in all passes, pooled.");
+ABSL_FLAG(int32_t, slownet_steps, 6, "Slownet bench: timed steps per cell and pass.");
 ABSL_FLAG(std::string, slownet_out_dir, "", "Slownet bench: keep the raw runs here (default: a temporary "
           "directory, removed).");
 
