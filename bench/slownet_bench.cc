@@ -227,6 +227,12 @@ struct Cell {
 
 std::string Grid(const Cell& c) { return absl::StrCat(c.dp, "x", c.stages); }
 
+double Median(std::vector<double> v) {  // v non-empty
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 // Runs one cell: job JSON, `aqswarm pipeline`, metrics.csv.
 absl::Status RunCell(const SlownetBenchOptions& o, const fs::path& root, Cell* c) {
   // With D > 1 the sample plan deals each epoch's permutation round-robin to
@@ -356,8 +362,7 @@ absl::Status RunCell(const SlownetBenchOptions& o, const fs::path& root, Cell* c
   c->max_dir_bytes_per_step = c->fw_bytes_per_step = c->bw_bytes_per_step = 0;
   c->cpu_seconds_per_step = 0;
   c->step_seconds_list = secs;
-  std::sort(secs.begin(), secs.end());
-  c->step_seconds = n % 2 ? secs[n / 2] : (secs[n / 2 - 1] + secs[n / 2]) / 2;  // median
+  c->step_seconds = Median(secs);
   c->samples_per_s = c->samples_per_step / c->step_seconds;
   // CPU time of every stage process over the window's steps (events.jsonl:
   // the stages' step lines, with cpu_seconds).
@@ -405,10 +410,7 @@ void PoolPass(const Cell& run, int r, Cell* pooled) {
   pooled->passes.push_back(run.samples_per_s);
   pooled->step_seconds_list.insert(pooled->step_seconds_list.end(), run.step_seconds_list.begin(),
                                    run.step_seconds_list.end());
-  std::vector<double> secs = pooled->step_seconds_list;
-  std::sort(secs.begin(), secs.end());
-  const size_t m = secs.size();
-  pooled->step_seconds = m % 2 ? secs[m / 2] : (secs[m / 2 - 1] + secs[m / 2]) / 2;
+  pooled->step_seconds = Median(pooled->step_seconds_list);
   pooled->samples_per_s = pooled->samples_per_step / pooled->step_seconds;
   pooled->max_dir_bytes_per_step = mix(pooled->max_dir_bytes_per_step, run.max_dir_bytes_per_step);
   pooled->fw_bytes_per_step = mix(pooled->fw_bytes_per_step, run.fw_bytes_per_step);
