@@ -560,7 +560,8 @@ absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
 
   const auto start = std::chrono::steady_clock::now();
   // Repeats run as whole passes over the table (the machine's load drifts
-  // over minutes; a pass spreads it over every cell); the best pass counts.
+  // over minutes; a pass spreads it over every cell); every pass counts
+  // (PoolPass).
   for (int r = 0; r < std::max(1, o.repeats); ++r) {
     std::vector<size_t> order;
     for (const Group& g : groups) {
