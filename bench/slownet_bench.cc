@@ -396,11 +396,11 @@ absl::Status RunCell(const SlownetBenchOptions& o, const fs::path& root, Cell* c
   return absl::OkStatus();
 }
 
-// Adds one pass's measurement `run` (pass `r`) to `pooled`: the timed steps
-// are pooled and samples/s is their median; bytes and CPU per step are
-// averaged over every timed step of every pass.
-void PoolPass(const Cell& run, int r, Cell* pooled) {
-  if (r == 0) {
+// Adds one pass's measurement `run` to `pooled` (a planned cell, or the
+// passes so far): the timed steps are pooled and samples/s is their median;
+// bytes and CPU per step are averaged over every timed step of every pass.
+void PoolPass(const Cell& run, Cell* pooled) {
+  if (pooled->passes.empty()) {
     *pooled = run;
     pooled->passes = {run.samples_per_s};
     return;
@@ -579,7 +579,7 @@ absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
           static_cast<int>(n + 1), static_cast<int>(cells.size()), Grid(c), c.mode.Name(),
           c.bandwidth_mbps > 0 ? absl::StrCat(c.bandwidth_mbps) : "unshaped", c.samples_per_s, c.steps_timed,
           c.wall_seconds);
-      PoolPass(c, r, &cells[i]);
+      PoolPass(c, &cells[i]);
     }
   }
 

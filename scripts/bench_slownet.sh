@@ -119,6 +119,10 @@ with open(os.path.join(out, "series.txt"), "w") as s:
 m = cells[0]["model"]
 one = [c for c in cells if c["dp"] == 1]
 grid = [c for c in cells if c["dp"] > 1]
+# Pass-by-pass ratios of two cells' samples/s (cells of one run: pass i of
+# each ran in the same pass).
+def pass_ratios(a, b):
+    return [x / y for x, y in zip(a.get("samples_per_s_passes") or [], b.get("samples_per_s_passes") or [])]
 def get(cs, label, b):
     for c in cs:
         if c["label"] == label and c["bandwidth_mbps"] == b: return c
@@ -427,10 +431,10 @@ if a_s and d_s:
     for b in sorted({c["bandwidth_mbps"] for c in one}, key=lambda b: -(b or UNSHAPED_X)):
         a, d = get(one, "aqsgd fw3bw6", b), get(one, "directq fw3bw6", b)
         if a and d:
-            pairs = [x / y - 1 for x, y in zip(a.get("samples_per_s_passes") or [], d.get("samples_per_s_passes") or [])]
+            pairs = pass_ratios(a, d)
             gaps.append(f"{bwname(b)} {100 * (a['samples_per_s'] / d['samples_per_s'] - 1):+.0f}% "
                         f"(CPU {100 * ((cpu(a) or 0) / (cpu(d) or 1) - 1):+.0f}%"
-                        + (f"; passes {' / '.join(f'{100 * x:+.0f}%' for x in pairs)}" if len(pairs) > 1 else "") + ")")
+                        + (f"; passes {' / '.join(f'{100 * (x - 1):+.0f}%' for x in pairs)}" if len(pairs) > 1 else "") + ")")
     md.append(f"- **AQ-SGD vs DirectQ.** Same bytes per sample (fw {a_s['fw_bytes_per_sample']:.0f} vs {d_s['fw_bytes_per_sample']:.0f}, "
               f"bw {a_s['bw_bytes_per_sample']:.0f} vs {d_s['bw_bytes_per_sample']:.0f}). samples/s of AQ-SGD vs DirectQ, and "
               f"(in brackets) AQ-SGD's extra CPU per sample and the pass-by-pass ratios (the two run back to back in a pass): "
@@ -461,7 +465,7 @@ if a_s and d_s:
                          ", a difference the noise of two short cells hides (see the long cells below)."))
 if la and ld:
     lcmd = open(os.path.join(out, "long_command")).read().strip() if os.path.exists(os.path.join(out, "long_command")) else "?"
-    pairs = [x / y for x, y in zip(la["samples_per_s_passes"], ld["samples_per_s_passes"])]
+    pairs = pass_ratios(la, ld)
     geo = math.exp(sum(math.log(x) for x in pairs) / len(pairs)) if pairs else float("nan")
     by = lambda c: " / ".join(f"{x:.2f}" for x in c.get("cpu_ms_per_sample_by_stage") or [])
     md.append(f"- **AQ-SGD vs DirectQ in long cells** (`{lcmd}`, right after the table; both CPU-bound): DirectQ "
@@ -477,8 +481,10 @@ if la and ld:
               "the stage's own thread for rows this small (RocksDB's write path ~1.7% of the stage, our row index ~0.9%, "
               "fp16 encoding and checksums the rest), then the loader's reads (~1.7%) and the delta coding (~2%). "
               "No single piece dominates; on a CPU-bound 2-core machine all of it is on the cores the "
-              "model needs, and handing the writes to a background thread at low priority instead (an experiment, "
-              "12 alternating runs per variant) moved nothing measurable.")
+              "model needs, and handing the writes to a background thread at low priority instead (an experiment with a "
+              "temporary change not in the tree: prefetcher threads at nice 19, Prefetcher::Options::inline_write_bytes "
+              "= 0; 12 alternating unshaped cells of 12 steps per variant: 0.976 of plain AQ-SGD, 95% interval "
+              "0.91-1.05) moved nothing measurable.")
 def own0(c):
     for x in cells:
         if x["grid"] == c["grid"] and x["label"] == c["label"] and x["bandwidth_mbps"] == 0: return x
