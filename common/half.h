@@ -72,6 +72,10 @@ void HalfToFloatPortable(absl::Span<const uint16_t> in, float* out);
 // Rounds every value through binary16 and back (what an fp16 store returns).
 inline float RoundToHalf(float f) { return HalfToFloat(FloatToHalf(f)); }
 
+// m[i] = RoundToHalf(m[i] + d[i]) for i < n, in one pass (F16C when present;
+// the same bits as the scalar expression for every input).
+void AddRoundToHalf(float* m, const float* d, size_t n);
+
 }  // namespace aqswarm
 
 #endif  // AQSWARM_COMMON_HALF_H_

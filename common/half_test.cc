@@ -67,5 +67,28 @@ TEST(HalfTest, SpanFastPathIsBitIdenticalToPortable) {
   for (size_t i = 0; i < floats.size(); ++i) ASSERT_EQ(fast[i], slow[i]) << floats[i];
 }
 
+TEST(HalfTest, AddRoundToHalfIsTheScalarExpression) {
+  // Sums over the whole float range (subnormal, halfway, overflow to inf,
+  // inf + -inf = NaN, NaN inputs), in blocks of 8 and a tail.
+  std::vector<float> m, d;
+  for (uint64_t bits = 0; bits < 0x7f800000ull; bits += 4099) {
+    m.push_back(BitsToFloat(static_cast<uint32_t>(bits)));
+    d.push_back(-BitsToFloat(static_cast<uint32_t>(bits ^ 0x1234)) * 0.75f);
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float x : {inf, -inf, std::numeric_limits<float>::quiet_NaN(), 65504.f, 70000.f}) {
+    m.push_back(x);
+    d.push_back(m.size() % 2 ? -inf : 1.f);
+  }
+  m.push_back(1.f);  // a tail of 1..7 values after the blocks
+  d.push_back(1e-4f);
+  std::vector<float> want(m.size());
+  for (size_t i = 0; i < m.size(); ++i) want[i] = RoundToHalf(m[i] + d[i]);
+  AddRoundToHalf(m.data(), d.data(), m.size());
+  for (size_t i = 0; i < m.size(); ++i) {
+    ASSERT_EQ(FloatToBits(m[i]), FloatToBits(want[i])) << i << ": " << want[i];
+  }
+}
+
 }  // namespace
 }  // namespace aqswarm

@@ -161,6 +161,15 @@ void RoundRowInPlace(RowPrecision p, int64_t rows, int64_t cols, absl::Span<floa
   }
 }
 
+void AddRowInPlace(RowPrecision p, int64_t rows, int64_t cols, absl::Span<float> values,
+                   absl::Span<const float> delta) {
+  if (p == RowPrecision::kFloat16) return AddRoundToHalf(values.data(), delta.data(), values.size());
+  float* v = values.data();  // raw pointers: no per-element bounds checks
+  const float* d = delta.data();
+  for (size_t i = 0; i < values.size(); ++i) v[i] += d[i];
+  RoundRowInPlace(p, rows, cols, values);
+}
+
 absl::Status ValidateFinite(absl::Span<const float> values) {
   for (size_t i = 0; i < values.size(); ++i) {
     if (!std::isfinite(values[i])) {

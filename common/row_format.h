@@ -48,6 +48,11 @@ absl::Status DecodeRow(RowPrecision p, int64_t rows, int64_t cols, std::string_v
 // values <- Decode(Encode(values)) in place, without allocating for fp32/fp16.
 void RoundRowInPlace(RowPrecision p, int64_t rows, int64_t cols, absl::Span<float> values);
 
+// values <- Round_p(values + delta): the same bits as adding, then
+// RoundRowInPlace, in one pass for fp32/fp16. Sizes must match.
+void AddRowInPlace(RowPrecision p, int64_t rows, int64_t cols, absl::Span<float> values,
+                   absl::Span<const float> delta);
+
 // InvalidArgument naming the first non-finite index, if any.
 absl::Status ValidateFinite(absl::Span<const float> values);
 

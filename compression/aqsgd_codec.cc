@@ -15,8 +15,19 @@ absl::StatusOr<std::unique_ptr<AqsgdLinkCodec>> AqsgdLinkCodec::Create(const Aqs
   return std::unique_ptr<AqsgdLinkCodec>(new AqsgdLinkCodec(o));
 }
 
-uint64_t AqsgdLinkCodec::RowChecksum(absl::Span<const float> m) {
-  return Checksum64(m.data(), m.size() * sizeof(float));
+uint64_t AqsgdLinkCodec::RowChecksum(RowPrecision stored, int64_t rows, int64_t cols,
+                                     absl::Span<const float> m) {
+  std::string bytes(EncodedRowBytes(stored, rows, cols), '\0');
+  ::aqswarm::EncodeRow(stored, rows, cols, m, bytes.data());
+  return Checksum64(bytes.data(), bytes.size());
+}
+
+uint64_t AqsgdLinkCodec::Checksum(int64_t rows, int64_t cols, absl::Span<const float> m,
+                                  std::optional<uint64_t> known) {
+  if (known.has_value()) return *known;
+  encoded_.resize(EncodedRowBytes(options_.stored, rows, cols));
+  ::aqswarm::EncodeRow(options_.stored, rows, cols, m, encoded_.data());
+  return Checksum64(encoded_.data(), encoded_.size());
 }
 
 absl::Status AqsgdLinkCodec::CheckSize(absl::Span<const float> m, int64_t rows, int64_t cols) const {
@@ -59,18 +70,18 @@ absl::Status AqsgdLinkCodec::EncodeRow(const RowContext& ctx, absl::Span<const f
   scratch_.resize(n);
   for (size_t i = 0; i < n; ++i) scratch_[i] = a[i] - m[i];
   msg.set_kind(v1::AqsgdRow::KIND_DELTA);
-  msg.set_base_checksum(RowChecksum(m));
+  msg.set_base_checksum(Checksum(rows, cols, m, ctx.m_checksum));
   AQSWARM_RETURN_IF_ERROR(Encode(options_.quantizer, scratch_, shape, rng_key, msg.mutable_tensor()));
   // Apply exactly what the receiver will apply: D(c), the same Decode.
   AQSWARM_RETURN_IF_ERROR(Decode(msg.tensor(), absl::MakeSpan(scratch_), options_.limits));
-  for (size_t i = 0; i < n; ++i) m[i] += scratch_[i];
-  RoundRowInPlace(options_.stored, rows, cols, m);
+  AddRowInPlace(options_.stored, rows, cols, m, scratch_);
   *out = std::move(msg);
   return absl::OkStatus();
 }
 
 absl::StatusOr<ReceiveResult> AqsgdLinkCodec::DecodeRow(const v1::AqsgdRow& msg, int64_t rows,
-                                                        int64_t cols, absl::Span<float> m) {
+                                                        int64_t cols, absl::Span<float> m,
+                                                        std::optional<uint64_t> m_checksum) {
   AQSWARM_RETURN_IF_ERROR(CheckSize(m, rows, cols));
   if (msg.stored_precision() != static_cast<uint32_t>(options_.stored)) {
     return absl::InvalidArgumentError(absl::StrCat("AQ-SGD row stored precision ",
@@ -91,11 +102,10 @@ absl::StatusOr<ReceiveResult> AqsgdLinkCodec::DecodeRow(const v1::AqsgdRow& msg,
       return ReceiveResult::kApplied;
     case v1::AqsgdRow::KIND_DELTA:
       if (options_.mode != LinkMode::kAqsgd) break;
-      if (RowChecksum(m) != msg.base_checksum()) return ReceiveResult::kResendNeeded;
+      if (Checksum(rows, cols, m, m_checksum) != msg.base_checksum()) return ReceiveResult::kResendNeeded;
       scratch_.resize(n);
       AQSWARM_RETURN_IF_ERROR(Decode(msg.tensor(), absl::MakeSpan(scratch_), options_.limits));
-      for (size_t i = 0; i < n; ++i) m[i] += scratch_[i];
-      RoundRowInPlace(options_.stored, rows, cols, m);
+      AddRowInPlace(options_.stored, rows, cols, m, scratch_);
       return ReceiveResult::kApplied;
     default:
       break;

@@ -8,12 +8,16 @@
 //         warmup_epochs, or the receiver asked for a resend:
 //           tensor = a as raw f16 (p = fp16) or raw f32 (fp32, int8), i.e.
 //           lossless w.r.t. what is stored;  m = Round_p(a)
-//   DELTA otherwise:  c = Q(a - m);  base_checksum = XXH3(m bytes);
+//   DELTA otherwise:  c = Q(a - m);  base_checksum = RowChecksum(m);
 //           m = Round_p(m + D(c))
 // Receiver:
 //   FULL:  m = Round_p(decoded a)
-//   DELTA: XXH3(m bytes) != base_checksum -> kResendNeeded, m untouched;
+//   DELTA: RowChecksum(m) != base_checksum -> kResendNeeded, m untouched;
 //          else m = Round_p(m + D(c))
+// RowChecksum(m) is XXH3-64 of m's stored encoding (common/row_format.h
+// EncodeRow at precision p): the payload checksum a message store keeps with
+// the row and hands back with every read (storage::RowRead), so a caller
+// that read m from its store passes that value in and neither end hashes m.
 // Round_p is RoundRowInPlace (common/row_format.h) and D is Decode
 // (bit-exact), so both ends hold bit-identical m after every message; the
 // receiver's stage input is m itself.
@@ -38,6 +42,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -73,6 +79,9 @@ struct RowContext {
   int64_t epoch = 0;        // current epoch (0-based)
   bool force_full = false;  // the receiver asked for a RESEND
   uint64_t sample_id = 0;   // copied into the message
+  // RowChecksum(m) if the caller knows it (the store's
+  // RowRead::payload_checksum of the row m was read from); else computed.
+  std::optional<uint64_t> m_checksum;
 };
 
 enum class ReceiveResult {
@@ -92,11 +101,15 @@ class AqsgdLinkCodec {
   // Applies `msg` to the receiver's m (or writes the decoded row for
   // stateless modes). Errors (malformed message, wrong precision or size)
   // leave m unchanged; so does kResendNeeded.
+  // `m_checksum`: RowChecksum(m) if the caller knows it (see RowContext).
   absl::StatusOr<ReceiveResult> DecodeRow(const v1::AqsgdRow& msg, int64_t rows, int64_t cols,
-                                          absl::Span<float> m);
+                                          absl::Span<float> m,
+                                          std::optional<uint64_t> m_checksum = std::nullopt);
 
-  // XXH3-64 of the float32 bytes of m (what DELTA messages carry).
-  static uint64_t RowChecksum(absl::Span<const float> m);
+  // XXH3-64 of m's encoding at `stored` precision (what DELTA messages carry;
+  // equal to a message store's payload checksum of the row).
+  static uint64_t RowChecksum(RowPrecision stored, int64_t rows, int64_t cols,
+                              absl::Span<const float> m);
 
   const AqsgdLinkOptions& options() const { return options_; }
 
@@ -104,8 +117,13 @@ class AqsgdLinkCodec {
   explicit AqsgdLinkCodec(const AqsgdLinkOptions& options) : options_(options) {}
   absl::Status CheckSize(absl::Span<const float> m, int64_t rows, int64_t cols) const;
 
+  // `known` if set, else RowChecksum(options_.stored, rows, cols, m).
+  uint64_t Checksum(int64_t rows, int64_t cols, absl::Span<const float> m,
+                    std::optional<uint64_t> known);
+
   const AqsgdLinkOptions options_;
   std::vector<float> scratch_;
+  std::string encoded_;  // RowChecksum's scratch
 };
 
 }  // namespace aqswarm::compression

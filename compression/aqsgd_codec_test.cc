@@ -85,10 +85,12 @@ TEST_P(AqsgdCodecTest, CorruptionIsDetectedAndFullResendRestores) {
   ASSERT_TRUE((*sender)->EncodeRow({false, 0}, a, kRows, kCols, absl::MakeSpan(ms), 0, &msg).ok());
   ASSERT_EQ(msg.kind(), v1::AqsgdRow::KIND_FULL);
   ASSERT_EQ(*(*receiver)->DecodeRow(msg, kRows, kCols, absl::MakeSpan(mr)), ReceiveResult::kApplied);
-  // Corrupt one bit of the receiver's stored row.
+  // Corrupt one bit of the receiver's stored row: the sign, which every
+  // precision keeps (the checksum covers m's stored encoding, so a flip below
+  // its resolution would not be a different stored row).
   uint32_t u;
   std::memcpy(&u, &mr[17], 4);
-  u ^= 1;
+  u ^= 0x80000000u;
   std::memcpy(&mr[17], &u, 4);
   const std::vector<float> corrupted = mr;
   for (auto& v : a) v += 0.01f;

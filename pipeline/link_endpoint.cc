@@ -157,6 +157,7 @@ absl::Status ActivationSender::Encode(uint64_t step, uint32_t mb, uint32_t epoch
     if (!reads[i].status.ok() && !storage::IsUnseen(reads[i].status)) return reads[i].status;
     compression::RowContext ctx;
     ctx.seen = reads[i].status.ok() && prefetcher_ != nullptr;
+    if (ctx.seen) ctx.m_checksum = reads[i].payload_checksum;  // the store's: no hashing here
     ctx.epoch = epoch;
     ctx.sample_id = samples[i];
     v1::AqsgdRow* row = out->add_rows();
@@ -314,9 +315,15 @@ absl::Status ActivationReceiver::Apply(const v1::ActivationBatch& batch, std::ve
   }
   for (int r = 0; r < batch.rows_size(); ++r) {
     const size_t i = index[r];
-    AQSWARM_ASSIGN_OR_RETURN(compression::ReceiveResult res,
-                             codec_->DecodeRow(batch.rows(r), options_.link.rows, options_.link.cols,
-                                               absl::MakeSpan(m_[i])));
+    compression::ReceiveResult res = compression::ReceiveResult::kResendNeeded;
+    if (!stateful || batch.rows(r).kind() != v1::AqsgdRow::KIND_DELTA) {
+      AQSWARM_ASSIGN_OR_RETURN(res, codec_->DecodeRow(batch.rows(r), options_.link.rows, options_.link.cols,
+                                                      absl::MakeSpan(m_[i])));
+    } else if (reads_[i].status.ok()) {  // else no m here (unseen, corrupt): a DELTA needs a RESEND
+      // Against the store's checksum of the row m was read from: no hashing here.
+      AQSWARM_ASSIGN_OR_RETURN(res, codec_->DecodeRow(batch.rows(r), options_.link.rows, options_.link.cols,
+                                                      absl::MakeSpan(m_[i]), reads_[i].payload_checksum));
+    }
     CountRow(batch.rows(r), options_.link.num_values(), &stats_);
     if (res == compression::ReceiveResult::kApplied) {
       done_[i] = true;

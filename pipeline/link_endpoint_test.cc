@@ -93,6 +93,9 @@ void ExpectStoresIdentical(Harness& h, const LinkEndpointOptions& o) {
     ASSERT_TRUE(ra[i].status.ok() && rb[i].status.ok());
     EXPECT_EQ(0, std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4)) << "sample " << ids[i];
     EXPECT_EQ(ra[i].payload_checksum, rb[i].payload_checksum);
+    // What DELTA messages carry: the codec's checksum of m is the store's.
+    EXPECT_EQ(ra[i].payload_checksum,
+              compression::AqsgdLinkCodec::RowChecksum(o.link.precision, kRows, kCols, a[i]));
   }
 }
 

@@ -108,6 +108,15 @@ std::string IndexKeyFor(std::string row_key) {
   return row_key;
 }
 
+// The writes of one stored row: the row and its index entry (same batch).
+void AppendRowOps(std::string row_key, std::string row, uint64_t seq, uint64_t bytes,
+                  std::vector<WriteOp>* ops) {
+  std::string index_key = IndexKeyFor(row_key);
+  std::string index_value = EncodeIndexValue(index_key, seq, bytes);
+  ops->push_back({false, std::move(row_key), std::move(row)});
+  ops->push_back({false, std::move(index_key), std::move(index_value)});
+}
+
 }  // namespace
 
 absl::Status RowStoreBase::CheckOpen() const {
@@ -249,8 +258,25 @@ absl::Status RowStoreBase::CommitPut(std::unique_ptr<EncodedPut> encoded) {
   uint64_t evicted = 0, written = 0;
   for (size_t i = 0; i < n; ++i) {
     const uint64_t bytes = keys[i].size() + rows[i].size();
+    // Overwriting a row (every put of a steady epoch) that grows neither the
+    // budget nor past it, so nothing is evicted: update its entries in place,
+    // moving the key string between the eviction-order nodes, so the
+    // bookkeeping allocates nothing.
+    auto it = index_.find(keys[i]);
+    if (it != index_.end() && (capacity_bytes_ == 0 || bytes <= it->second.bytes)) {
+      auto old = by_seq_.find(it->second.seq);
+      std::string key = std::move(old->second);
+      by_seq_.erase(old);
+      const uint64_t seq = next_seq_++;
+      live_bytes_ = live_bytes_ - it->second.bytes + bytes;
+      it->second = {seq, bytes};
+      by_seq_.emplace_hint(by_seq_.end(), seq, std::move(key));
+      AppendRowOps(std::move(keys[i]), std::move(rows[i]), seq, bytes, &ops);
+      ++written;
+      continue;
+    }
     // The old version (if any) is replaced: drop it from the accounting.
-    if (auto it = index_.find(keys[i]); it != index_.end()) {
+    if (it != index_.end()) {
       live_bytes_ -= it->second.bytes;
       by_seq_.erase(it->second.seq);
       index_.erase(it);
@@ -271,10 +297,7 @@ absl::Status RowStoreBase::CommitPut(std::unique_ptr<EncodedPut> encoded) {
     index_[keys[i]] = {seq, bytes};
     by_seq_[seq] = keys[i];
     live_bytes_ += bytes;
-    std::string index_key = IndexKeyFor(keys[i]);
-    std::string index_value = EncodeIndexValue(index_key, seq, bytes);
-    ops.push_back({false, std::move(keys[i]), std::move(rows[i])});
-    ops.push_back({false, std::move(index_key), std::move(index_value)});
+    AppendRowOps(std::move(keys[i]), std::move(rows[i]), seq, bytes, &ops);
     ++written;
   }
   absl::Status write_status = WriteRaw(absl::MakeSpan(ops));
