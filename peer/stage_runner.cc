@@ -34,6 +34,9 @@ namespace {
 using pipeline::ActivationReceiver;
 using pipeline::ActivationSender;
 
+// LinkHello::link_protocol of this build (proto/link.proto).
+constexpr uint32_t kLinkProtocol = 2;
+
 const char* ModeName(v1::LinkCompression::Mode m) {
   switch (m) {
     case v1::LinkCompression::aqsgd: return "aqsgd";
@@ -201,6 +204,7 @@ class StageRunnerImpl final : public StageRunner {
     h.set_bw_bits(job_.compression().bw_bits());
     h.set_m_precision(job_.compression().m_precision());
     h.set_plan(o_.plan);
+    h.set_link_protocol(kLinkProtocol);
     return h;
   }
 

@@ -27,6 +27,7 @@ absl::StatusOr<std::unique_ptr<storage::Prefetcher>> MakePrefetcher(storage::Mes
   p.link = o.link;
   p.micro_batch = o.micro_batch;
   p.prefetch_batches = o.prefetch_batches;
+  p.inline_read_bytes = o.inline_read_bytes;
   return storage::Prefetcher::Create(store, p);
 }
 

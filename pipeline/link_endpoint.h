@@ -49,6 +49,10 @@ struct LinkEndpointOptions {
   // half of them to a loader at once (Prefetcher::Options::min_handoff_bytes).
   // Default: 16.
   int64_t prefetch_batches = 16;
+  // Micro-batches this small (float32 bytes) are read from the store's memory
+  // on the endpoint's thread rather than prefetched while they are in memory
+  // (Prefetcher::Options::inline_read_bytes). Default: 256 KiB.
+  uint64_t inline_read_bytes = 256ull << 10;
 };
 
 // Builds endpoint options from a job: mode, fw bits, m precision, warm-up.

@@ -18,7 +18,8 @@ absl::Status MemoryMessageStore::Close() {
   return absl::OkStatus();
 }
 
-void MemoryMessageStore::ReadRaw(absl::Span<const std::string> keys, RawVisitor visit) {
+void MemoryMessageStore::ReadRaw(absl::Span<const std::string> keys, bool /*memory_only: all is*/,
+                                 RawVisitor visit) {
   std::vector<std::shared_ptr<const std::string>> values(keys.size());
   {
     absl::MutexLock lock(&map_mu_);

@@ -45,7 +45,7 @@ class MemoryMessageStore final : public internal::RowStoreBase {
  private:
   explicit MemoryMessageStore(const Options& options) : RowStoreBase(options.capacity_bytes) {}
 
-  void ReadRaw(absl::Span<const std::string> keys, RawVisitor visit) override;
+  void ReadRaw(absl::Span<const std::string> keys, bool memory_only, RawVisitor visit) override;
   absl::Status WriteRaw(absl::Span<internal::WriteOp> ops) override;
   absl::Status DeleteRangesRaw(
       absl::Span<const std::pair<std::string, std::string>> ranges) override;

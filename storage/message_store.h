@@ -28,7 +28,8 @@
 //   DataLoss  corrupt or truncated row (checksum verified on every read).
 //             Counted in stats; `out` holds garbage; callers treat it as unseen.
 //   other     an I/O error of the backend.
-// Callers use IsUnseen(status) for "send FULL next time".
+// Callers use IsUnseen(status) for "send FULL next time". GetBatchFromMemory
+// adds Unavailable: the row is not in memory (read it with GetBatch).
 //
 // Capacity budget (Options::capacity_bytes of each backend): the store tracks
 // the logical bytes of live rows (key + header + payload). A put that would
@@ -132,6 +133,17 @@ class MessageStore {
   virtual absl::Status GetBatch(const LinkSpec& link, absl::Span<const uint64_t> samples,
                                 absl::Span<const absl::Span<float>> out,
                                 absl::Span<RowRead> reads) = 0;
+
+  // GetBatch without I/O: keys whose row the backend holds in memory
+  // (RocksDB: memtables and block cache; the memory backend: all) get
+  // GetBatch's outcome; the others get Unavailable ("not in memory"), `out`
+  // unspecified, for the caller to read with GetBatch. Lets a caller read
+  // small memory-resident rows on its own thread and hand only real I/O to
+  // loader threads (Prefetcher::Options::inline_read_bytes). Default: every
+  // key Unavailable.
+  virtual absl::Status GetBatchFromMemory(const LinkSpec& link, absl::Span<const uint64_t> samples,
+                                          absl::Span<const absl::Span<float>> out,
+                                          absl::Span<RowRead> reads);
 
   // Stores Encode(values[i]) as the row of samples[i] under link.generation,
   // replacing any previous row. values[i] has link.num_values() floats, all

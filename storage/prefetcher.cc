@@ -91,6 +91,7 @@ Prefetcher::Prefetcher(MessageStore* store, const Options& options)
   // epoch then allocates (and page-faults, and zero-fills) nothing.
   const uint64_t bound_bytes = options.max_prefetch_bytes + options.max_write_behind_bytes;
   max_pool_rows_ = static_cast<size_t>(bound_bytes / row_bytes_ + 3 * options.micro_batch);
+  inline_reads_ = BatchBytes(options) <= options.inline_read_bytes;
 }
 
 std::vector<float> Prefetcher::NewBufferLocked() {
@@ -212,6 +213,7 @@ absl::Status Prefetcher::SetOrder(std::vector<uint64_t> order) {
   consumer_batch_ = -1;
   next_load_batch_ = 0;
   released_batch_ = 0;
+  inline_reads_ = BatchBytes(options_) <= options_.inline_read_bytes;
   AppendOrderLocked(std::move(order));
   return absl::OkStatus();
 }
@@ -225,6 +227,7 @@ absl::Status Prefetcher::AppendOrder(std::vector<uint64_t> order) {
 }
 
 int64_t Prefetcher::LoadableBatchesLocked() const {
+  if (inline_reads_) return 0;  // TakeBatch reads the rows itself
   const int64_t window_end = std::min(num_batches(), consumer_batch_ + options_.prefetch_batches + 1);
   const uint64_t batch_bytes = static_cast<uint64_t>(options_.micro_batch) * row_bytes_;
   const uint64_t room = cache_bytes_ < options_.max_prefetch_bytes
@@ -441,7 +444,8 @@ absl::Status Prefetcher::TakeBatch(absl::Span<const uint64_t> samples,
     return absl::InvalidArgumentError("TakeBatch: reads.size() != samples.size()");
   }
   rows->resize(samples.size());
-  uint64_t blocked_nanos = 0;
+  uint64_t blocked_nanos = 0, inline_nanos = 0;
+  bool inline_reads = false;
   std::vector<size_t> misses;
   std::vector<std::pair<size_t, Pending>> from_queue;
   {
@@ -481,7 +485,6 @@ absl::Status Prefetcher::TakeBatch(absl::Span<const uint64_t> samples,
           }
           misses.push_back(i);
           (*rows)[i] = NewBufferLocked();
-          ++stats_.misses;
           break;
         }
         // In flight: wait for the loader, then look again (a put may have
@@ -494,6 +497,7 @@ absl::Status Prefetcher::TakeBatch(absl::Span<const uint64_t> samples,
       }
     }
     WakeLoadersLocked();  // slots were freed
+    inline_reads = inline_reads_;
   }
   for (auto& r : *rows) SizeBuffer(r);
   std::string scratch;
@@ -508,8 +512,9 @@ absl::Status Prefetcher::TakeBatch(absl::Span<const uint64_t> samples,
           "); its write-behind fails too"));
     }
   }
-  if (!misses.empty()) {
-    const auto m0 = Clock::now();
+  // Rows read from the store's memory on this thread (inline_read_bytes).
+  size_t read_inline = 0;
+  auto read = [&](bool memory_only) -> absl::Status {
     std::vector<uint64_t> miss_samples;
     std::vector<absl::Span<float>> miss_out;
     std::vector<RowRead> miss_reads(misses.size());
@@ -517,13 +522,46 @@ absl::Status Prefetcher::TakeBatch(absl::Span<const uint64_t> samples,
       miss_samples.push_back(samples[i]);
       miss_out.push_back(absl::MakeSpan((*rows)[i]));
     }
-    absl::Status s = store_->GetBatch(link, miss_samples, miss_out, absl::MakeSpan(miss_reads));
+    absl::Status s = memory_only
+                         ? store_->GetBatchFromMemory(link, miss_samples, miss_out, absl::MakeSpan(miss_reads))
+                         : store_->GetBatch(link, miss_samples, miss_out, absl::MakeSpan(miss_reads));
     if (!s.ok()) return s;
-    for (size_t k = 0; k < misses.size(); ++k) reads[misses[k]] = std::move(miss_reads[k]);
+    size_t left = 0;  // misses[0, left): not in memory, still to read
+    for (size_t k = 0; k < misses.size(); ++k) {
+      if (memory_only && absl::IsUnavailable(miss_reads[k].status)) {
+        misses[left++] = misses[k];
+      } else {
+        reads[misses[k]] = std::move(miss_reads[k]);
+      }
+    }
+    if (memory_only) read_inline = misses.size() - left;
+    misses.resize(memory_only ? left : 0);
+    return absl::OkStatus();
+  };
+  const size_t missed = misses.size();
+  if (inline_reads && !misses.empty()) {
+    const auto i0 = Clock::now();
+    if (absl::Status s = read(/*memory_only=*/true); !s.ok()) return s;
+    inline_nanos = NanosSince(i0);
+  }
+  const size_t not_in_memory = inline_reads ? misses.size() : 0;
+  if (!misses.empty()) {
+    const auto m0 = Clock::now();
+    if (absl::Status s = read(/*memory_only=*/false); !s.ok()) return s;
     blocked_nanos += NanosSince(m0);
   }
   absl::MutexLock lock(&mu_);
   stats_.get_stall_nanos += blocked_nanos;
+  stats_.hits += read_inline;
+  stats_.misses += missed - read_inline;
+  stats_.rows_read_inline += read_inline;
+  stats_.inline_read_nanos += inline_nanos;
+  if (not_in_memory > 0 && inline_reads_) {
+    // Rows on disk: prefetch them from here on (until the next SetOrder).
+    stats_.inline_read_fallbacks += not_in_memory;
+    inline_reads_ = false;
+    WakeLoadersLocked();
+  }
   return absl::OkStatus();
 }
 

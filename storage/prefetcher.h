@@ -89,7 +89,7 @@
 namespace aqswarm::storage {
 
 struct PrefetcherStats {
-  uint64_t hits = 0;                // rows served from memory (prefetched or queued writes)
+  uint64_t hits = 0;                // rows served from memory (prefetched, queued writes, inline reads)
   uint64_t misses = 0;              // rows read synchronously from the store
   uint64_t waits = 0;               // hits that waited for an in-flight load
   uint64_t rows_prefetched = 0;     // rows loaded by the loader threads
@@ -107,6 +107,9 @@ struct PrefetcherStats {
   uint64_t writer_rounds = 0;       // times the writer woke and wrote queued batches
   uint64_t rows_written_inline = 0; // rows written on PutBatch's thread (inline_write_bytes)
   uint64_t inline_write_nanos = 0;  // PutBatch time spent writing them
+  uint64_t rows_read_inline = 0;    // hits read from the store's memory on the caller's thread
+  uint64_t inline_read_nanos = 0;   // TakeBatch time spent reading them
+  uint64_t inline_read_fallbacks = 0;  // rows not in memory that turned prefetching on
 };
 
 class Prefetcher {
@@ -160,6 +163,17 @@ class Prefetcher {
     // Larger puts, and puts behind queued ones, are written behind.
     // 0 = never. Default: 256 KiB.
     uint64_t inline_write_bytes = 256ull << 10;
+    // Micro-batches of at most this many bytes (float32) are read on the
+    // caller's thread (in TakeBatch/GetBatch) from the store's memory
+    // (MessageStore::GetBatchFromMemory) instead of being prefetched: for
+    // rows already in memory (RocksDB's memtable) the loaders' hand-off --
+    // the wake-up, and the decoded rows crossing to the caller's core --
+    // costs more CPU than the read (4 KB rows: ~6 of AQ-SGD's ~16 extra CPU
+    // us per sample and link; `aqswarm bench link`). A row that is not in
+    // memory is read with GetBatch (the caller waits for the I/O) and turns
+    // prefetching on until the next SetOrder, so rows on disk still load
+    // ahead. 0 = never (always prefetch). Default: 0.
+    uint64_t inline_read_bytes = 0;
   };
 
   // `store` must outlive the prefetcher. Starts the threads.
@@ -291,6 +305,9 @@ class Prefetcher {
   absl::CondVar encoder_cv_;   // a write to encode ahead may exist
   absl::CondVar consumer_cv_;  // a slot became ready / writes drained
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Options::inline_read_bytes applies and no row was missing from the
+  // store's memory since the last SetOrder: the loaders do not prefetch.
+  bool inline_reads_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status write_error_ ABSL_GUARDED_BY(mu_);
 

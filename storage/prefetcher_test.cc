@@ -45,6 +45,17 @@ class ObservedStore : public MessageStore {
     get_rows_ += static_cast<int>(samples.size());
     return s;
   }
+  // The inner store's, or (SetInMemory(false)) every row "not in memory".
+  absl::Status GetBatchFromMemory(const LinkSpec& link, absl::Span<const uint64_t> samples,
+                                  absl::Span<const absl::Span<float>> out, absl::Span<RowRead> reads) override {
+    bool in_memory;
+    {
+      absl::MutexLock lock(&mu_);
+      in_memory = in_memory_;
+    }
+    return in_memory ? inner_->GetBatchFromMemory(link, samples, out, reads)
+                     : MessageStore::GetBatchFromMemory(link, samples, out, reads);
+  }
   absl::Status PutBatch(const LinkSpec& link, absl::Span<const uint64_t> samples,
                         absl::Span<const absl::Span<const float>> values) override {
     {
@@ -98,6 +109,10 @@ class ObservedStore : public MessageStore {
     absl::MutexLock lock(&mu_);
     gate_open_ = open;
   }
+  void SetInMemory(bool in_memory) {
+    absl::MutexLock lock(&mu_);
+    in_memory_ = in_memory;
+  }
   int get_batches() {
     absl::MutexLock lock(&mu_);
     return get_batches_;
@@ -115,6 +130,7 @@ class ObservedStore : public MessageStore {
   int puts_entered_ ABSL_GUARDED_BY(mu_) = 0;
   int encodes_ ABSL_GUARDED_BY(mu_) = 0;
   bool gate_open_ ABSL_GUARDED_BY(mu_) = true;
+  bool in_memory_ ABSL_GUARDED_BY(mu_) = true;
 };
 
 const LinkSpec kLink{{1, 2}, /*generation=*/1, /*rows=*/4, /*cols=*/32, RowPrecision::kFloat16};
@@ -720,6 +736,57 @@ absl::StatusOr<std::unique_ptr<RocksDbMessageStore>> OpenSmallRocksDb(const Scra
 // A trainer's loop: each epoch's successor appended when it starts, window
 // deeper than an epoch, writes completing at their own pace. Every row read
 // is the previous epoch's put, exactly.
+TEST_F(PrefetcherTest, SmallBatchesInMemoryAreReadOnTheCallersThread) {
+  Populate(32, 1);
+  auto p = MakePrefetcher(/*k=*/3, [](Prefetcher::Options& o) { o.inline_read_bytes = 1 << 20; });
+  const std::vector<uint64_t> order = Permutation(32, 7);
+  ASSERT_TRUE(p->SetOrder(order).ok());
+  for (int64_t b = 0; b < 8; ++b) {
+    ExpectVersion(p.get(), Batch(order, b), 1);
+    Put(p.get(), Batch(order, b), 2);
+  }
+  PrefetcherStats stats = p->GetStats();
+  EXPECT_EQ(stats.rows_read_inline, 32u);
+  EXPECT_EQ(stats.hits, 32u);
+  EXPECT_EQ(stats.misses, 0u);
+  EXPECT_EQ(stats.inline_read_fallbacks, 0u);
+  EXPECT_EQ(stats.loader_rounds, 0u);  // no loader ever woke
+  EXPECT_EQ(stats.rows_prefetched, 0u);
+  EXPECT_EQ(observed_->get_batches(), 0);  // and no read that could wait for I/O
+  // Read-your-writes: the next epoch sees every put, queued or written.
+  const std::vector<uint64_t> next = Permutation(32, 8);
+  ASSERT_TRUE(p->SetOrder(next).ok());
+  for (int64_t b = 0; b < 8; ++b) ExpectVersion(p.get(), Batch(next, b), 2);
+  ASSERT_TRUE(p->Close().ok());
+  ExpectStoredVersion(order, 2);
+}
+
+TEST_F(PrefetcherTest, RowsNotInMemoryTurnPrefetchingOnUntilTheNextOrder) {
+  Populate(32, 1);
+  observed_->SetInMemory(false);  // as if every row were on disk
+  auto p = MakePrefetcher(/*k=*/3, [](Prefetcher::Options& o) { o.inline_read_bytes = 1 << 20; });
+  const std::vector<uint64_t> order = Permutation(32, 9);
+  ASSERT_TRUE(p->SetOrder(order).ok());
+  ExpectVersion(p.get(), Batch(order, 0), 1);  // read with GetBatch after all
+  PrefetcherStats stats = p->GetStats();
+  EXPECT_EQ(stats.inline_read_fallbacks, 4u);
+  EXPECT_EQ(stats.misses, 4u);
+  EXPECT_EQ(stats.rows_read_inline, 0u);
+  observed_->WaitForGetBatches(1 + 3);  // ... and the loaders now fill the window (batches 1-3)
+  for (int64_t b = 1; b < 8; ++b) ExpectVersion(p.get(), Batch(order, b), 1);
+  stats = p->GetStats();
+  EXPECT_GE(stats.rows_prefetched, 12u);
+  EXPECT_EQ(stats.hits + stats.misses, 32u);
+  // A new order tries memory again.
+  observed_->SetInMemory(true);
+  const std::vector<uint64_t> next = Permutation(32, 10);
+  ASSERT_TRUE(p->SetOrder(next).ok());
+  for (int64_t b = 0; b < 8; ++b) ExpectVersion(p.get(), Batch(next, b), 1);
+  const PrefetcherStats after = p->GetStats();
+  EXPECT_EQ(after.rows_read_inline, 32u);
+  EXPECT_EQ(after.inline_read_fallbacks, 4u);
+}
+
 TEST(PrefetcherRocksDbTest, AppendedEpochsOverRocksDbAreExact) {
   ScratchDir dir;
   auto store = OpenSmallRocksDb(dir);

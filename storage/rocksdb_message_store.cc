@@ -177,7 +177,8 @@ absl::Status RocksDbMessageStore::Init() {
   return absl::OkStatus();
 }
 
-void RocksDbMessageStore::ReadRaw(absl::Span<const std::string> keys, RawVisitor visit) {
+void RocksDbMessageStore::ReadRaw(absl::Span<const std::string> keys, bool memory_only,
+                                  RawVisitor visit) {
   const size_t n = keys.size();
   std::vector<rocksdb::Slice> slices(n);
   for (size_t i = 0; i < n; ++i) slices[i] = ToSlice(keys[i]);
@@ -185,10 +186,14 @@ void RocksDbMessageStore::ReadRaw(absl::Span<const std::string> keys, RawVisitor
   std::vector<rocksdb::Status> statuses(n);
   rocksdb::ReadOptions ro;
   ro.verify_checksums = options_.verify_rocksdb_checksums;
+  // Memtables and block cache only: a key needing I/O comes back Incomplete.
+  if (memory_only) ro.read_tier = rocksdb::kBlockCacheTier;
   db_->MultiGet(ro, db_->DefaultColumnFamily(), n, slices.data(), values.data(), statuses.data());
   for (size_t i = 0; i < n; ++i) {
     if (statuses[i].IsNotFound()) {
       visit(i, absl::NotFoundError("unseen"), {});
+    } else if (memory_only && statuses[i].IsIncomplete()) {
+      visit(i, absl::UnavailableError("not in memory"), {});
     } else if (!statuses[i].ok()) {
       visit(i, internal::FromRocksDb(statuses[i], "message store read"), {});
     } else {

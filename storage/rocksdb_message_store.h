@@ -222,7 +222,7 @@ class RocksDbMessageStore final : public internal::RowStoreBase {
   explicit RocksDbMessageStore(const Options& options);
 
   absl::Status Init();
-  void ReadRaw(absl::Span<const std::string> keys, RawVisitor visit) override;
+  void ReadRaw(absl::Span<const std::string> keys, bool memory_only, RawVisitor visit) override;
   absl::Status WriteRaw(absl::Span<internal::WriteOp> ops) override;
   absl::Status DeleteRangesRaw(
       absl::Span<const std::pair<std::string, std::string>> ranges) override;

@@ -88,6 +88,36 @@ TEST(RocksDbMessageStoreTest, RowsPersistAndCleanShutdownIsRecognised) {
   EXPECT_TRUE((*again)->GetStats().opened_after_unclean_shutdown);
 }
 
+TEST(RocksDbMessageStoreTest, ReadsFromMemoryFindMemtableRowsAndNeverDoIo) {
+  ScratchDir dir;
+  std::vector<uint64_t> samples = {0, 7, 19, 25};  // 25 was never written
+  std::vector<std::vector<float>> out(samples.size(), std::vector<float>(kLink.num_values()));
+  std::vector<RowRead> reads(samples.size());
+  {
+    auto store = RocksDbMessageStore::Open(SmallOptions(dir.Sub("db")));
+    ASSERT_TRUE(store.ok()) << store.status();
+    PutRows(store->get(), 20, 3);
+    // Just written: in the memtable, read as GetBatch reads them.
+    ASSERT_TRUE((*store)->GetBatchFromMemory(kLink, samples, Spans(out), absl::MakeSpan(reads)).ok());
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(reads[i].status.ok()) << reads[i].status;
+      EXPECT_TRUE(SameBits(out[i], StoredValues(kLink, samples[i], 3)));
+      EXPECT_NE(reads[i].payload_checksum, 0u);
+    }
+    EXPECT_TRUE(absl::IsNotFound(reads[3].status)) << reads[3].status;
+    ASSERT_TRUE((*store)->Close().ok());  // flushed to SST and blob files
+  }
+  auto store = RocksDbMessageStore::Open(SmallOptions(dir.Sub("db")));
+  ASSERT_TRUE(store.ok()) << store.status();
+  // On disk now: not in memory, and nothing was read to find out.
+  ASSERT_TRUE((*store)->GetBatchFromMemory(kLink, samples, Spans(out), absl::MakeSpan(reads)).ok());
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(absl::IsUnavailable(reads[i].status)) << "sample " << samples[i] << ": " << reads[i].status;
+  }
+  EXPECT_EQ((*store)->GetStats().rows_found, 0u);
+  ExpectStoredRows(store->get(), 20, [](uint64_t) { return 3; }, "after reopen");
+}
+
 TEST(RocksDbMessageStoreTest, BytesFlippedInBlobFilesAreDataLossNeverData) {
   ScratchDir dir;
   constexpr uint64_t kRows = 64;

@@ -85,6 +85,14 @@ absl::StatusOr<std::unique_ptr<MessageStore::EncodedPut>> MessageStore::EncodePu
   return put;
 }
 
+absl::Status MessageStore::GetBatchFromMemory(const LinkSpec& link, absl::Span<const uint64_t> samples,
+                                              absl::Span<const absl::Span<float>> out,
+                                              absl::Span<RowRead> reads) {
+  if (absl::Status s = ValidateGetArgs(link, samples, out, reads); !s.ok()) return s;
+  for (RowRead& r : reads) r = {absl::UnavailableError("not in memory"), 0};
+  return absl::OkStatus();
+}
+
 absl::Status MessageStore::CommitPut(std::unique_ptr<EncodedPut> put) {
   auto* copied = dynamic_cast<CopiedPut*>(put.get());
   if (copied == nullptr || copied->owner != this) {
@@ -127,6 +135,18 @@ absl::Status RowStoreBase::CheckOpen() const {
 absl::Status RowStoreBase::GetBatch(const LinkSpec& link, absl::Span<const uint64_t> samples,
                                     absl::Span<const absl::Span<float>> out,
                                     absl::Span<RowRead> reads) {
+  return Get(link, samples, out, reads, /*memory_only=*/false);
+}
+
+absl::Status RowStoreBase::GetBatchFromMemory(const LinkSpec& link, absl::Span<const uint64_t> samples,
+                                              absl::Span<const absl::Span<float>> out,
+                                              absl::Span<RowRead> reads) {
+  return Get(link, samples, out, reads, /*memory_only=*/true);
+}
+
+absl::Status RowStoreBase::Get(const LinkSpec& link, absl::Span<const uint64_t> samples,
+                               absl::Span<const absl::Span<float>> out, absl::Span<RowRead> reads,
+                               bool memory_only) {
   const auto t0 = std::chrono::steady_clock::now();
   if (absl::Status s = CheckOpen(); !s.ok()) return s;
   if (absl::Status s = ValidateGetArgs(link, samples, out, reads); !s.ok()) return s;
@@ -135,7 +155,7 @@ absl::Status RowStoreBase::GetBatch(const LinkSpec& link, absl::Span<const uint6
   for (uint64_t sample : samples) keys.push_back(EncodeKey(kRowKind, link.link, sample));
 
   uint64_t found = 0, unseen = 0, stale = 0, corrupt = 0;
-  ReadRaw(keys, [&](size_t i, const absl::Status& status, std::string_view value) {
+  ReadRaw(keys, memory_only, [&](size_t i, const absl::Status& status, std::string_view value) {
     RowRead& r = reads[i];
     r.payload_checksum = 0;
     if (absl::IsNotFound(status)) {

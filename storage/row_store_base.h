@@ -46,6 +46,9 @@ class RowStoreBase : public MessageStore {
   absl::Status GetBatch(const LinkSpec& link, absl::Span<const uint64_t> samples,
                         absl::Span<const absl::Span<float>> out,
                         absl::Span<RowRead> reads) override;
+  absl::Status GetBatchFromMemory(const LinkSpec& link, absl::Span<const uint64_t> samples,
+                                  absl::Span<const absl::Span<float>> out,
+                                  absl::Span<RowRead> reads) override;
   absl::Status PutBatch(const LinkSpec& link, absl::Span<const uint64_t> samples,
                         absl::Span<const absl::Span<const float>> values) override;
   absl::StatusOr<std::unique_ptr<EncodedPut>> EncodePut(
@@ -60,9 +63,10 @@ class RowStoreBase : public MessageStore {
 
   // Calls visit(i, status, value) once for each key, with `value` valid only
   // during the call. status: OK, NotFound, DataLoss (backend-detected
-  // corruption) or another error.
+  // corruption) or another error; with `memory_only`, Unavailable for a key
+  // whose value is not in memory (no I/O is done).
   using RawVisitor = absl::FunctionRef<void(size_t, const absl::Status&, std::string_view)>;
-  virtual void ReadRaw(absl::Span<const std::string> keys, RawVisitor visit) = 0;
+  virtual void ReadRaw(absl::Span<const std::string> keys, bool memory_only, RawVisitor visit) = 0;
   // Applies `ops` in order, atomically (may move values out of `ops`).
   virtual absl::Status WriteRaw(absl::Span<WriteOp> ops) = 0;
   // Deletes all keys in [begin, end) for each pair, atomically.
@@ -79,6 +83,8 @@ class RowStoreBase : public MessageStore {
 
  private:
   class RowPut;
+  absl::Status Get(const LinkSpec& link, absl::Span<const uint64_t> samples,
+                   absl::Span<const absl::Span<float>> out, absl::Span<RowRead> reads, bool memory_only);
   struct IndexEntry {
     uint64_t seq = 0;
     uint64_t bytes = 0;
