@@ -57,9 +57,9 @@ struct LinkBenchOptions {
   int64_t samples = 512;
   int64_t epochs = 8;
   int64_t micro_batch = 8;
-  // Comma-separated AQ-SGD stores: rocksdb, rocksdb_skiplist, memory.
-  // DirectQ always runs.
-  std::string stores = "rocksdb,rocksdb_skiplist,memory";
+  // Comma-separated AQ-SGD stores: rocksdb, rocksdb_prefetch,
+  // rocksdb_skiplist, memory. DirectQ always runs.
+  std::string stores = "rocksdb,rocksdb_prefetch,rocksdb_skiplist,memory";
   // Runs per cell; the lowest CPU time is kept. Default: 3.
   int repeats = 3;
   uint64_t seed = 1;

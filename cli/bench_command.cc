@@ -23,8 +23,8 @@ ABSL_FLAG(std::string, link_shape, "64x32", "Link bench: row shape SEQ_LENxD_MOD
 ABSL_FLAG(int32_t, link_fw_bits, 3, "Link bench: activation bits.");
 ABSL_FLAG(int64_t, link_samples, 512, "Link bench: samples per epoch.");
 ABSL_FLAG(int64_t, link_epochs, 8, "Link bench: timed epochs (after AQ-SGD's FULL epoch 0).");
-ABSL_FLAG(std::string, link_stores, "rocksdb,rocksdb_skiplist,memory",
-          "Link bench: AQ-SGD stores to run (rocksdb, rocksdb_skiplist, memory).");
+ABSL_FLAG(std::string, link_stores, "rocksdb,rocksdb_prefetch,rocksdb_skiplist,memory",
+          "Link bench: AQ-SGD stores to run (rocksdb, rocksdb_prefetch, rocksdb_skiplist, memory).");
 ABSL_FLAG(std::string, sched_sizes, "8,16,64,256", "Scheduler bench: comma-separated peer counts.");
 ABSL_FLAG(uint64_t, seed, 1, "Scheduler bench: seed of the synthetic networks and the solver.");
 ABSL_FLAG(std::string, slownet_bandwidths, "0,1000,500,300,100,10",

@@ -131,10 +131,13 @@ def link():
            "CPU us per sample = process CPU time (every thread: the prefetchers' loaders and writers, RocksDB's "
            "background threads) / samples. What AQ-SGD adds over DirectQ (same quantizer, same bytes) is its "
            "per-sample state: at both ends read m(xi) through the prefetcher, add the decoded delta, round to fp16, "
-           "write it back (rows this small: loaders handed half the window at a time, puts written inline, "
-           "rows overwritten in place in the memtable; storage/README.md). `rocksdb` is RocksDbMessageStore as "
-           "the stages open it (hash memtable); "
-           "`rocksdb_skiplist` the same with RocksDB's default skip-list memtable (the baseline of that choice); "
+           "write it back (rows this small: read from the memtable on the endpoint's own thread, puts written "
+           "inline, rows overwritten in place in the memtable; storage/README.md). DELTA messages carry the "
+           "store's own checksum of m(xi), so neither end hashes m. `rocksdb` is RocksDbMessageStore as "
+           "the stages open it (hash memtable) with the endpoints' defaults; "
+           "`rocksdb_prefetch` the same with every row loaded ahead by the prefetcher's loader threads "
+           "(LinkEndpointOptions::inline_read_bytes = 0: the baseline of reading small rows inline); "
+           "`rocksdb_skiplist` RocksDB's default skip-list memtable (the baseline of the hash memtable); "
            "`memory` MemoryMessageStore (the prefetcher and delta coding without a store). The slow-network bench "
            "compares this with the pipelines' extra CPU (its AQ-SGD vs DirectQ note).", "",
            "| mode | store | CPU us / sample | wall us / sample | extra CPU us vs DirectQ |", "|---|---|---:|---:|---:|"]
