@@ -57,9 +57,13 @@ struct PeerFamilies {
   Family<Gauge>& store_capacity =
       DeclareGauge("aqswarm_store_capacity_bytes", "The message store's byte budget (0 = unlimited).");
   Family<Counter>& prefetch_hits = DeclareCounter(
-      "aqswarm_prefetch_hits_total", "m(xi) rows served from the prefetcher's memory.", {"link", "role"});
+      "aqswarm_prefetch_hits_total",
+      "m(xi) rows served from memory: prefetched, still queued for writing, or (small rows) read from the store's "
+      "memory on the stage's thread.",
+      {"link", "role"});
   Family<Counter>& prefetch_misses = DeclareCounter(
-      "aqswarm_prefetch_misses_total", "m(xi) rows the prefetcher had to read synchronously.", {"link", "role"});
+      "aqswarm_prefetch_misses_total", "m(xi) rows the prefetcher had to read synchronously (with I/O if need be).",
+      {"link", "role"});
   // Steps.
   Family<Counter>& step_phase = DeclareCounter(
       "aqswarm_step_phase_seconds_total",

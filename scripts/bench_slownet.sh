@@ -168,15 +168,20 @@ for lab in ("aqsgd fw3bw6", "aqsgd fw4bw8"):
     if a and u:
         r = a["samples_per_s"] / u["samples_per_s"]
         targets.append((f"{lab} at 100 Mbit/s >= 85% of its own unshaped throughput", f"{100*r:.0f}%", r >= 0.85))
-worst = None
+worst = behind = None  # largest |AQ-SGD / DirectQ - 1|; most negative
 for b in sorted({c["bandwidth_mbps"] for c in one}, key=lambda b: -(b or UNSHAPED_X)):
     a, d = get(one, "aqsgd fw3bw6", b), get(one, "directq fw3bw6", b)
     if a and d:
         r = a["samples_per_s"] / d["samples_per_s"] - 1
         if worst is None or abs(r) > abs(worst[1]): worst = (b, r)
+        if behind is None or r < behind[1]: behind = (b, r)
 if worst:
+    # AQ-SGD ahead of DirectQ (it does strictly more work) is noise of the same
+    # size: the verdict stays two-sided; how far it fell behind is shown too.
     targets.append(("AQ-SGD fw3bw6 within 5% of DirectQ fw3bw6 at every bandwidth",
-                    f"worst {100*worst[1]:+.0f}% at {bwname(worst[0])}", abs(worst[1]) <= 0.05))
+                    f"worst {100*worst[1]:+.0f}% at {bwname(worst[0])}"
+                    + (f" (furthest behind: {100*behind[1]:+.0f}% at {bwname(behind[0])})" if behind[1] < 0 and behind != worst else ""),
+                    abs(worst[1]) <= 0.05))
 # Long unshaped AQ-SGD and DirectQ cells (run after the table), if any.
 la = ld = None
 lpath = os.path.join(out, "long.jsonl")
@@ -450,13 +455,16 @@ if a_s and d_s:
         if "-" in lk and "rocksdb" in lk and cpu(a0) and cpu(d0):
             links = a0.get("stages", 4) - 1
             extra_ms = cpu(a0) - cpu(d0)
-            mem = (f", with an in-memory store instead of RocksDB +{lk['memory']['extra_cpu_us_per_sample_vs_directq']:.1f}"
+            mem = (f"; with an in-memory store instead of RocksDB +{lk['memory']['extra_cpu_us_per_sample_vs_directq']:.1f}"
                    if "memory" in lk else "")
+            if "rocksdb_prefetch" in lk:
+                mem += (f"; with every row loaded ahead by the prefetcher's loader threads (as until this run) "
+                        f"+{lk['rocksdb_prefetch']['extra_cpu_us_per_sample_vs_directq']:.1f}")
             md.append(f"- **The links alone** (`aqswarm bench link`, right after the table: one link's sender and receiver, "
                       f"no model, no transport, {lk['rocksdb']['rows']}x{lk['rocksdb']['cols']} fp16 rows): DirectQ costs "
                       f"{lk['-']['cpu_us_per_sample']:.1f} CPU us per sample, AQ-SGD "
                       f"{lk['rocksdb']['cpu_us_per_sample']:.1f} (+{lk['rocksdb']['extra_cpu_us_per_sample_vs_directq']:.1f}: "
-                      f"prefetcher threads, RocksDB get + put, fp16 rounding and checksums, delta coding{mem}). "
+                      f"RocksDB get + put on the endpoint's own thread, fp16 rounding, delta coding{mem}). "
                       f"Times {links} links that is +{links * lk['rocksdb']['extra_cpu_us_per_sample_vs_directq'] / 1000:.3f} "
                       f"ms per sample, against {extra_ms:+.3f} ms measured between the unshaped pipelines"
                       + (": in a pipeline the same work costs more (its threads wake among 4 busy processes on 2 cores, and "
@@ -474,17 +482,26 @@ if la and ld:
               f"{100 * (long_ratio - 1):+.1f}% (pass by pass {' / '.join(f'{100 * (x - 1):+.0f}%' for x in pairs)}, geometric "
               f"mean {100 * (geo - 1):+.1f}%). CPU per sample {cpu(la):.2f} vs {cpu(ld):.2f} ms "
               f"({100 * (cpu(la) / cpu(ld) - 1):+.0f}%; by stage {by(la)} vs {by(ld)}): every link end adds about the same. "
-              "Where it goes (spot check: `perf record --call-graph dwarf -F 400 -p <stage 1> -- sleep 8`, 15 s into "
-              "`aqswarm pipeline --job=J` with J the bench's unshaped job.json of each mode at maxSteps 60; stage 1 holds "
-              "both ends of AQ-SGD's per-sample state): AQ-SGD's link work was ~9% of the stage's CPU "
-              "against ~2% for DirectQ's; about half of the difference is the m(xi) writes, which the prefetcher does on "
-              "the stage's own thread for rows this small (RocksDB's write path ~1.7% of the stage, our row index ~0.9%, "
-              "fp16 encoding and checksums the rest), then the loader's reads (~1.7%) and the delta coding (~2%). "
-              "No single piece dominates; on a CPU-bound 2-core machine all of it is on the cores the "
-              "model needs, and handing the writes to a background thread at low priority instead (an experiment with a "
-              "temporary change not in the tree: prefetcher threads at nice 19, Prefetcher::Options::inline_write_bytes "
-              "= 0; 12 alternating unshaped cells of 12 steps per variant: 0.976 of plain AQ-SGD, 95% interval "
-              "0.91-1.05) moved nothing measurable.")
+              "Where it goes (spot check with this run's build: `perf record -a -F 1999 -- sleep 20`, 12 s into "
+              "`aqswarm pipeline --job=J` with J the bench's unshaped job.json of each mode at maxSteps 60, every "
+              "symbol's samples compared after scaling DirectQ's by the ratio of the model's kernels, libtorch and "
+              "OpenBLAS, between the two runs): AQ-SGD's extra was 4.3% of all CPU samples: RocksDB 1.8% (memtable "
+              "lookups in memory the model keeps evicting from the caches: the hash bucket's skip list and key compares "
+              "~0.4%, the in-place updates' lock stripes ~0.3%, write batches), our code 1.2% (fp16 conversions ~0.5%, "
+              "the row index ~0.2%, delta coding), malloc and kernel entries the rest. No single piece dominates; on a "
+              "CPU-bound 2-core machine all of it is on the cores the model needs, and handing the writes to a "
+              "background thread at low priority instead (an earlier experiment with a temporary change not in the "
+              "tree: prefetcher threads at nice 19, Prefetcher::Options::inline_write_bytes = 0; 12 alternating "
+              "unshaped cells of 12 steps per variant: 0.976 of plain AQ-SGD, 95% interval 0.91-1.05) moved nothing "
+              "measurable. This run's build halved the links' own cost (`aqswarm bench link --link_stores=rocksdb,memory "
+              "--repeats 3` alternated 3 times with the previous binary: +19.1 -> +10.4 CPU us per sample and link): "
+              "rows this small are read from the memtable on the stage's own thread instead of being handed over by "
+              "loader threads, and DELTA messages carry the store's checksum of m(xi) instead of each end hashing m. "
+              "At 3 links that is ~0.026 ms per sample, ~1.4% of the pipelines' CPU, which this machine's noise hides: "
+              "6 rounds alternating `build/aqswarm bench slownet --json --slownet_bandwidths=0 "
+              "--slownet_modes=aqsgd:3:6 --slownet_grid=false --slownet_repeats=1 --slownet_steps=40` of the two "
+              "binaries gave 1082 vs 1084 samples/s and 1.826 vs 1.825 CPU ms per sample (medians; DirectQ in the "
+              "same rounds 1146 samples/s, 1.726 ms).")
 def own0(c):
     for x in cells:
         if x["grid"] == c["grid"] and x["label"] == c["label"] and x["bandwidth_mbps"] == 0: return x
