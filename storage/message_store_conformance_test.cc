@@ -388,6 +388,21 @@ TEST_P(MessageStoreConformanceTest, BudgetEvictsOldestWrittenFirst) {
   }
 }
 
+TEST_P(MessageStoreConformanceTest, OverwriteUnderASmallerBudgetEvictsDownToIt) {
+  if (!harness_->persistent()) GTEST_SKIP() << "the memory backend keeps nothing across opens";
+  const LinkSpec link = SmallLink();
+  const uint64_t row_bytes = internal::kKeyBytes + internal::kRowHeaderBytes + link.payload_bytes();
+  Put(link, {1, 2, 3}, 1);          // no budget
+  OpenWithCapacity(2 * row_bytes);  // reopened over its new budget
+  Put(link, {3}, 2);                // an overwrite, but the store must shrink to fit: evicts 1
+  const MessageStoreStats stats = store_->GetStats();
+  EXPECT_EQ(stats.rows_evicted, 1u);
+  EXPECT_EQ(stats.live_bytes, 2 * row_bytes);
+  EXPECT_TRUE(absl::IsNotFound(Get(link, 1).status));
+  ExpectStored(link, 2, 1);
+  ExpectStored(link, 3, 2);
+}
+
 TEST_P(MessageStoreConformanceTest, ConcurrentPutsAndGetsSeeWholeRows) {
   const LinkSpec link = SmallLink(RowPrecision::kFloat16);
   constexpr int kThreads = 4, kRounds = 40;

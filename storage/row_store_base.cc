@@ -278,12 +278,12 @@ absl::Status RowStoreBase::CommitPut(std::unique_ptr<EncodedPut> encoded) {
   uint64_t evicted = 0, written = 0;
   for (size_t i = 0; i < n; ++i) {
     const uint64_t bytes = keys[i].size() + rows[i].size();
-    // Overwriting a row (every put of a steady epoch) that grows neither the
-    // budget nor past it, so nothing is evicted: update its entries in place,
-    // moving the key string between the eviction-order nodes, so the
-    // bookkeeping allocates nothing.
+    // Overwriting a row (every put of a steady epoch) that needs no eviction:
+    // update its entries in place, moving the key string between the
+    // eviction-order nodes, so the bookkeeping allocates nothing.
     auto it = index_.find(keys[i]);
-    if (it != index_.end() && (capacity_bytes_ == 0 || bytes <= it->second.bytes)) {
+    if (it != index_.end() &&
+        (capacity_bytes_ == 0 || live_bytes_ - it->second.bytes + bytes <= capacity_bytes_)) {
       auto old = by_seq_.find(it->second.seq);
       std::string key = std::move(old->second);
       by_seq_.erase(old);
