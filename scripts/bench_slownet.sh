@@ -494,7 +494,7 @@ if la and ld:
               "tree: prefetcher threads at nice 19, Prefetcher::Options::inline_write_bytes = 0; 12 alternating "
               "unshaped cells of 12 steps per variant: 0.976 of plain AQ-SGD, 95% interval 0.91-1.05) moved nothing "
               "measurable. This run's build halved the links' own cost (`aqswarm bench link --link_stores=rocksdb,memory "
-              "--repeats 3` alternated 3 times with the previous binary: +19.1 -> +10.4 CPU us per sample and link): "
+              "--repeats 3` alternated 3 times with the previous binary: +19.3 -> +10.4 CPU us per sample and link, medians): "
               "rows this small are read from the memtable on the stage's own thread instead of being handed over by "
               "loader threads, and DELTA messages carry the store's checksum of m(xi) instead of each end hashing m. "
               "At 3 links that is ~0.026 ms per sample, ~1.4% of the pipelines' CPU, which this machine's noise hides: "
