@@ -1,5 +1,7 @@
 #include "compression/aqsgd_codec.h"
 
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
 #include "common/status_macros.h"
@@ -23,11 +25,8 @@ uint64_t AqsgdLinkCodec::RowChecksum(RowPrecision stored, int64_t rows, int64_t 
 }
 
 uint64_t AqsgdLinkCodec::Checksum(int64_t rows, int64_t cols, absl::Span<const float> m,
-                                  std::optional<uint64_t> known) {
-  if (known.has_value()) return *known;
-  encoded_.resize(EncodedRowBytes(options_.stored, rows, cols));
-  ::aqswarm::EncodeRow(options_.stored, rows, cols, m, encoded_.data());
-  return Checksum64(encoded_.data(), encoded_.size());
+                                  std::optional<uint64_t> known) const {
+  return known.has_value() ? *known : RowChecksum(options_.stored, rows, cols, m);
 }
 
 absl::Status AqsgdLinkCodec::CheckSize(absl::Span<const float> m, int64_t rows, int64_t cols) const {

@@ -43,7 +43,6 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -119,11 +118,10 @@ class AqsgdLinkCodec {
 
   // `known` if set, else RowChecksum(options_.stored, rows, cols, m).
   uint64_t Checksum(int64_t rows, int64_t cols, absl::Span<const float> m,
-                    std::optional<uint64_t> known);
+                    std::optional<uint64_t> known) const;
 
   const AqsgdLinkOptions options_;
   std::vector<float> scratch_;
-  std::string encoded_;  // RowChecksum's scratch
 };
 
 }  // namespace aqswarm::compression

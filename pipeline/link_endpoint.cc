@@ -316,14 +316,13 @@ absl::Status ActivationReceiver::Apply(const v1::ActivationBatch& batch, std::ve
   }
   for (int r = 0; r < batch.rows_size(); ++r) {
     const size_t i = index[r];
+    const bool delta = stateful && batch.rows(r).kind() == v1::AqsgdRow::KIND_DELTA;
     compression::ReceiveResult res = compression::ReceiveResult::kResendNeeded;
-    if (!stateful || batch.rows(r).kind() != v1::AqsgdRow::KIND_DELTA) {
+    if (!delta || reads_[i].status.ok()) {  // a DELTA with no m here (unseen, corrupt) needs a RESEND
+      std::optional<uint64_t> m_checksum;  // the store's, for a DELTA: no hashing here
+      if (delta) m_checksum = reads_[i].payload_checksum;
       AQSWARM_ASSIGN_OR_RETURN(res, codec_->DecodeRow(batch.rows(r), options_.link.rows, options_.link.cols,
-                                                      absl::MakeSpan(m_[i])));
-    } else if (reads_[i].status.ok()) {  // else no m here (unseen, corrupt): a DELTA needs a RESEND
-      // Against the store's checksum of the row m was read from: no hashing here.
-      AQSWARM_ASSIGN_OR_RETURN(res, codec_->DecodeRow(batch.rows(r), options_.link.rows, options_.link.cols,
-                                                      absl::MakeSpan(m_[i]), reads_[i].payload_checksum));
+                                                      absl::MakeSpan(m_[i]), m_checksum));
     }
     CountRow(batch.rows(r), options_.link.num_values(), &stats_);
     if (res == compression::ReceiveResult::kApplied) {

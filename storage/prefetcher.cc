@@ -444,7 +444,7 @@ absl::Status Prefetcher::TakeBatch(absl::Span<const uint64_t> samples,
     return absl::InvalidArgumentError("TakeBatch: reads.size() != samples.size()");
   }
   rows->resize(samples.size());
-  uint64_t blocked_nanos = 0, inline_nanos = 0;
+  uint64_t blocked_nanos = 0;
   bool inline_reads = false;
   std::vector<size_t> misses;
   std::vector<std::pair<size_t, Pending>> from_queue;
@@ -512,8 +512,8 @@ absl::Status Prefetcher::TakeBatch(absl::Span<const uint64_t> samples,
           "); its write-behind fails too"));
     }
   }
-  // Rows read from the store's memory on this thread (inline_read_bytes).
-  size_t read_inline = 0;
+  // Reads the rows of `misses` and leaves in it those still to read: none
+  // after GetBatch; after GetBatchFromMemory, the rows not in memory.
   auto read = [&](bool memory_only) -> absl::Status {
     std::vector<uint64_t> miss_samples;
     std::vector<absl::Span<float>> miss_out;
@@ -526,7 +526,7 @@ absl::Status Prefetcher::TakeBatch(absl::Span<const uint64_t> samples,
                          ? store_->GetBatchFromMemory(link, miss_samples, miss_out, absl::MakeSpan(miss_reads))
                          : store_->GetBatch(link, miss_samples, miss_out, absl::MakeSpan(miss_reads));
     if (!s.ok()) return s;
-    size_t left = 0;  // misses[0, left): not in memory, still to read
+    size_t left = 0;
     for (size_t k = 0; k < misses.size(); ++k) {
       if (memory_only && absl::IsUnavailable(miss_reads[k].status)) {
         misses[left++] = misses[k];
@@ -534,16 +534,15 @@ absl::Status Prefetcher::TakeBatch(absl::Span<const uint64_t> samples,
         reads[misses[k]] = std::move(miss_reads[k]);
       }
     }
-    if (memory_only) read_inline = misses.size() - left;
-    misses.resize(memory_only ? left : 0);
+    misses.resize(left);
     return absl::OkStatus();
   };
   const size_t missed = misses.size();
+  // First from the store's memory on this thread (Options::inline_read_bytes).
   if (inline_reads && !misses.empty()) {
-    const auto i0 = Clock::now();
     if (absl::Status s = read(/*memory_only=*/true); !s.ok()) return s;
-    inline_nanos = NanosSince(i0);
   }
+  const size_t read_inline = missed - misses.size();
   const size_t not_in_memory = inline_reads ? misses.size() : 0;
   if (!misses.empty()) {
     const auto m0 = Clock::now();
@@ -555,7 +554,6 @@ absl::Status Prefetcher::TakeBatch(absl::Span<const uint64_t> samples,
   stats_.hits += read_inline;
   stats_.misses += missed - read_inline;
   stats_.rows_read_inline += read_inline;
-  stats_.inline_read_nanos += inline_nanos;
   if (not_in_memory > 0 && inline_reads_) {
     // Rows on disk: prefetch them from here on (until the next SetOrder).
     stats_.inline_read_fallbacks += not_in_memory;

@@ -108,7 +108,6 @@ struct PrefetcherStats {
   uint64_t rows_written_inline = 0; // rows written on PutBatch's thread (inline_write_bytes)
   uint64_t inline_write_nanos = 0;  // PutBatch time spent writing them
   uint64_t rows_read_inline = 0;    // hits read from the store's memory on the caller's thread
-  uint64_t inline_read_nanos = 0;   // TakeBatch time spent reading them
   uint64_t inline_read_fallbacks = 0;  // rows not in memory that turned prefetching on
 };
 
