@@ -15,8 +15,9 @@
 // samples/s = samples per step / the MEDIAN of the step_seconds (stage 0's
 // step time, the pipeline's period in steady state) of its timed steps in
 // ALL passes, pooled. Within a pass the modes of one bandwidth run back to
-// back, in an order that rotates from pass to pass. Every cell, the
-// compute-only ones included, is measured the same way in the same passes.
+// back, in an order that rotates from pass to pass, and every other pass
+// runs the bandwidths slowest first. Every cell, the compute-only ones
+// included, is measured the same way in the same passes.
 // Why pooled and not the best pass (what this bench did before): the 2
 // cores' speed moves by +-25% within seconds and drifts over minutes (a
 // fixed single-thread loop, scripts/bench_slownet.sh's probe), so a
@@ -536,7 +537,11 @@ absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
   // Run order: group by group, bandwidth by bandwidth, the modes of one
   // bandwidth back to back and, from pass to pass, starting one mode later:
   // the cells compared at one bandwidth (AQ-SGD vs DirectQ) run minutes
-  // apart at most and none always runs first.
+  // apart at most and none always runs first. Every other pass runs the
+  // groups and bandwidths in reverse (slowest link first), so that the
+  // compute-only cells, every ratio's baseline, do not always run at the
+  // same point of a pass (e.g. right after the idle machine of the slowest
+  // links' cells).
   struct Group {
     size_t first;
     int modes, bandwidths;
@@ -563,12 +568,16 @@ absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
   // over minutes; a pass spreads it over every cell); every pass counts
   // (PoolPass).
   for (int r = 0; r < std::max(1, o.repeats); ++r) {
-    std::vector<size_t> order;
+    std::vector<std::vector<size_t>> blocks;  // one per group and bandwidth: its modes, back to back
     for (const Group& g : groups) {
       for (int b = 0; b < g.bandwidths; ++b) {
-        for (int k = 0; k < g.modes; ++k) order.push_back(g.first + ((k + r) % g.modes) * g.bandwidths + b);
+        std::vector<size_t>& block = blocks.emplace_back();
+        for (int k = 0; k < g.modes; ++k) block.push_back(g.first + ((k + r) % g.modes) * g.bandwidths + b);
       }
     }
+    if (r % 2 == 1) std::reverse(blocks.begin(), blocks.end());
+    std::vector<size_t> order;
+    for (const std::vector<size_t>& block : blocks) order.insert(order.end(), block.begin(), block.end());
     for (size_t n = 0; n < order.size(); ++n) {
       const size_t i = order[n];
       Cell c = cells[i];

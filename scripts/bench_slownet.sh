@@ -4,14 +4,14 @@
 # section of docs/BENCHMARKS.md (between <!-- slownet:begin --> and
 # <!-- slownet:end -->; the rest of the file is left alone).
 #
-#   scripts/bench_slownet.sh                 # full table (~35 min on 2 cores; $DEFAULT_ARGS below)
+#   scripts/bench_slownet.sh                 # full table (~45 min on 2 cores; $DEFAULT_ARGS below)
 #   JSON=/tmp/aqswarm-slownet/slownet.jsonl scripts/bench_slownet.sh   # redo plots + docs only
 #   scripts/bench_slownet.sh --slownet_grid=false --slownet_bandwidths=100,10   # extra flags go to the bench
 #
 # Environment: AQSWARM (binary, default build/aqswarm), OUT (raw runs and the
 # JSON, default /tmp/aqswarm-slownet), JSON (skip the run, use this file),
 # RUN_NETNS=1 (root: also run deploy/netns/run_tc.sh and put its table in the docs),
-# LONG=0 (skip the long AQ-SGD vs DirectQ cells run after the table).
+# PAIRED=0 (skip the paired AQ-SGD vs DirectQ cells run after the table).
 # Needs: gnuplot, python3.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -30,8 +30,14 @@ mkdir -p "$OUT" "$ROOT/docs"
 DEFAULT_ARGS=(--slownet_modes=fp32,directq:3:6,aqsgd:3:6,aqsgd:4:8,fp32@1f1b,fp32@gpipe --slownet_grid_bandwidths=0,100,10
               --slownet_repeats=3)
 (( $# > 0 )) || set -- "${DEFAULT_ARGS[@]}"
-LONG_ARGS=(--json --slownet_out_dir="$OUT/runs_long" --slownet_bandwidths=0 --slownet_modes=directq:3:6,aqsgd:3:6
-           --slownet_grid=false --slownet_steps=60 --slownet_repeats=3)
+# AQ-SGD vs DirectQ at every bandwidth where both are CPU-bound (at 10
+# Mbit/s both sit at their link limits), after the table: the two back to back
+# at each bandwidth, many short passes. The machine's speed moves in phases of
+# seconds to tens of seconds, so many short windows estimate a difference
+# better than a few long ones (long cells, 60 steps x 3 passes, until
+# 2026-11-22).
+PAIRED_ARGS=(--json --slownet_out_dir="$OUT/runs_paired" --slownet_bandwidths=0,1000,500,300,100
+             --slownet_modes=directq:3:6,aqsgd:3:6 --slownet_grid=false --slownet_steps=10 --slownet_repeats=8)
 # How fast the machine is from second to second: CPU seconds of a fixed
 # single-thread loop, 15 times (a JSON list). Same work every time, so the
 # spread is the machine's (other tenants of its cores), not ours.
@@ -58,13 +64,12 @@ if [[ -z ${JSON:-} ]]; then
   # The links' two ends alone (no model, no transport): what AQ-SGD's
   # per-sample state costs in CPU, for the AQ-SGD vs DirectQ note.
   "$AQSWARM" bench link --json >"$OUT/link.jsonl" || rm -f "$OUT/link.jsonl"
-  # AQ-SGD vs DirectQ where both are CPU-bound, in long cells (10x the
-  # table's timed steps per pass): the table's short cells cannot tell a 5%
-  # difference from the machine's noise.
-  rm -f "$OUT/long.jsonl" "$OUT/long_command"
-  if [[ ${LONG:-1} != 0 ]]; then
-    "$AQSWARM" bench slownet "${LONG_ARGS[@]}" >"$OUT/long.jsonl.tmp" && mv "$OUT/long.jsonl.tmp" "$OUT/long.jsonl"
-    echo "${AQSWARM#"$ROOT"/} bench slownet ${LONG_ARGS[*]}" >"$OUT/long_command"
+  # AQ-SGD vs DirectQ in paired cells (PAIRED_ARGS): the table's 3 passes
+  # cannot tell a 5% difference from the machine's noise.
+  rm -f "$OUT/paired.jsonl" "$OUT/paired_command"
+  if [[ ${PAIRED:-1} != 0 ]]; then
+    "$AQSWARM" bench slownet "${PAIRED_ARGS[@]}" >"$OUT/paired.jsonl.tmp" && mv "$OUT/paired.jsonl.tmp" "$OUT/paired.jsonl"
+    echo "${AQSWARM#"$ROOT"/} bench slownet ${PAIRED_ARGS[*]}" >"$OUT/paired_command"
   fi
   echo "$CMD" >"$OUT/command"
   speed_probe >"$OUT/probe_end"
@@ -85,11 +90,11 @@ echo "bench_slownet.sh: results in $JSON"
 mkdir -p "$ROOT/docs/data"
 [[ $(realpath "$JSON") == $(realpath -m "$ROOT/docs/data/slownet.jsonl") ]] || cp "$JSON" "$ROOT/docs/data/slownet.jsonl"
 [[ -f $OUT/netns/summary.txt ]] && cp "$OUT/netns/summary.txt" "$ROOT/docs/data/slownet_netns.txt"
-[[ -f $OUT/long.jsonl ]] && cp "$OUT/long.jsonl" "$ROOT/docs/data/slownet_long.jsonl"
+[[ -f $OUT/paired.jsonl ]] && cp "$OUT/paired.jsonl" "$ROOT/docs/data/slownet_paired.jsonl"
 
 # ------------------------------------------------- data files + markdown
 python3 - "$JSON" "$OUT" "$DOC" "$CMD" <<'PY'
-import json, math, os, re, sys
+import json, math, os, random, re, sys
 path, out, doc, cmd = sys.argv[1:5]
 cells = [json.loads(l) for l in open(path) if l.strip()]
 wall = open(os.path.join(out, "wall_seconds")).read().strip() if os.path.exists(os.path.join(out, "wall_seconds")) else "?"
@@ -182,16 +187,35 @@ if worst:
                     f"worst {100*worst[1]:+.0f}% at {bwname(worst[0])}"
                     + (f" (furthest behind: {100*behind[1]:+.0f}% at {bwname(behind[0])})" if behind[1] < 0 and behind != worst else ""),
                     abs(worst[1]) <= 0.05))
-# Long unshaped AQ-SGD and DirectQ cells (run after the table), if any.
-la = ld = None
-lpath = os.path.join(out, "long.jsonl")
-if os.path.exists(lpath):
-    lc = {c["label"]: c for c in (json.loads(x) for x in open(lpath) if x.strip())}
-    la, ld = lc.get("aqsgd fw3bw6"), lc.get("directq fw3bw6")
-if la and ld:
-    long_ratio = la["samples_per_s"] / ld["samples_per_s"]
-    targets.append((f"(the same, unshaped, in long cells: {la['steps_timed']} timed steps each) AQ-SGD fw3bw6 vs DirectQ fw3bw6",
-                    f"{100 * (long_ratio - 1):+.0f}%", abs(long_ratio - 1) <= 0.05))
+# Paired AQ-SGD and DirectQ cells (run after the table), if any: bandwidth ->
+# (AQ-SGD cell, DirectQ cell).
+paired = {}
+ppath = os.path.join(out, "paired.jsonl")
+if os.path.exists(ppath):
+    pc = {(c["label"], c["bandwidth_mbps"]): c for c in (json.loads(x) for x in open(ppath) if x.strip())}
+    for b in sorted({b for _, b in pc}, key=lambda b: -(b or UNSHAPED_X)):
+        if ("aqsgd fw3bw6", b) in pc and ("directq fw3bw6", b) in pc:
+            paired[b] = (pc[("aqsgd fw3bw6", b)], pc[("directq fw3bw6", b)])
+la, ld = paired.get(0, (None, None))
+def geo_mean(v): return math.exp(sum(math.log(x) for x in v) / len(v)) if v else float("nan")
+# 95% interval of the geometric mean of pass-by-pass ratios: bootstrap over
+# the passes (seeded, so a redraw gives the same numbers).
+def boot_interval(ratios, n=4000):
+    if len(ratios) < 2: return (float("nan"), float("nan"))
+    rng = random.Random(1)
+    means = sorted(geo_mean([rng.choice(ratios) for _ in ratios]) for _ in range(n))
+    return means[int(0.025 * n)], means[int(0.975 * n) - 1]
+if paired:
+    rel = {b: a["samples_per_s"] / d["samples_per_s"] - 1 for b, (a, d) in paired.items()}
+    pw = max(rel, key=lambda b: abs(rel[b]))
+    pb = min(rel, key=lambda b: rel[b])
+    a0 = next(iter(paired.values()))[0]
+    np_ = len(a0.get("samples_per_s_passes") or [1])
+    targets.append((f"(the same in paired cells: {np_} passes of {a0['steps_timed'] // np_} timed steps, the two back to back "
+                    f"at {', '.join(bwname(b) for b in paired)} Mbit/s) AQ-SGD fw3bw6 vs DirectQ fw3bw6",
+                    f"worst {100 * rel[pw]:+.1f}% at {bwname(pw)}"
+                    + (f" (furthest behind: {100 * rel[pb]:+.1f}% at {bwname(pb)})" if rel[pb] < 0 and pb != pw else ""),
+                    abs(rel[pw]) <= 0.05))
 # The issue's cells run the default schedule; the other schedules are comparison columns.
 DEFAULT_SCHEDULE = "adaptive"
 shaped = [c for c in cells if c["bandwidth_mbps"] > 0 and c["schedule"] == DEFAULT_SCHEDULE]
@@ -201,6 +225,16 @@ if shaped:
     ok_g = sum(1 for c in shaped if c["achieved_vs_min_schedule_limits"] >= 0.9)
     targets.append(("achieved >= 0.9 x min(compute, wire limit), shaped cells of the issue's modes", f"{ok_w}/{len(shaped)}", ok_w == len(shaped)))
     targets.append(("achieved >= 0.9 x min(compute, schedule link limit), same cells", f"{ok_g}/{len(shaped)}", ok_g == len(shaped)))
+# The same for the paired cells' shaped AQ-SGD and DirectQ cells (their
+# compute-only limit is the paired run's own unshaped cell of the mode).
+pshaped = [c for b, ad in paired.items() if b > 0 for c in ad]
+if pshaped:
+    ok_p = sum(1 for c in pshaped if c["achieved_vs_min_limits"] >= 0.9)
+    lo = min(pshaped, key=lambda c: c["achieved_vs_min_limits"])
+    targets.append((f"(the same in the paired cells: AQ-SGD and DirectQ fw3bw6 at {', '.join(bwname(b) for b in paired if b > 0)} "
+                    "Mbit/s) achieved >= 0.9 x min(compute, wire limit)",
+                    f"{ok_p}/{len(pshaped)} (lowest {lo['achieved_vs_min_limits']:.2f}: {lo['label']} at {bwname(lo['bandwidth_mbps'])})",
+                    ok_p == len(pshaped)))
 if compared:
     ok_w = sum(1 for c in compared if c["achieved_vs_min_limits"] >= 0.9)
     ok_g = sum(1 for c in compared if c["achieved_vs_min_schedule_limits"] >= 0.9)
@@ -254,7 +288,7 @@ md.append("Generated by `scripts/bench_slownet.sh` (do not edit by hand: it rewr
           f"Command: `{cmd}`; total wall time {wall} s. Load "
           + (f"when it started: `{load0}`; " if load0 else "") + f"when it finished: `{load}` "
           "(2 cores shared with other work: absolute numbers are noisy, the ratios compare cells of one run). "
-          "Every cell's JSON: `docs/data/slownet.jsonl` (the long AQ-SGD vs DirectQ cells: `docs/data/slownet_long.jsonl`; "
+          "Every cell's JSON: `docs/data/slownet.jsonl` (the paired AQ-SGD vs DirectQ cells: `docs/data/slownet_paired.jsonl`; "
           "the kernel-shaping check's table: `docs/data/slownet_netns.txt`).")
 md.append("")
 md.append("**Setup.** Each cell is one `aqswarm pipeline` run: "
@@ -470,17 +504,27 @@ if a_s and d_s:
                       + (": in a pipeline the same work costs more (its threads wake among 4 busy processes on 2 cores, and "
                          "the model's working set evicts the rows from the caches)."
                          if extra_ms > links * lk['rocksdb']['extra_cpu_us_per_sample_vs_directq'] / 1000 else
-                         ", a difference the noise of two short cells hides (see the long cells below)."))
+                         ", a difference the noise of two short cells hides (see the paired cells below)."))
+if paired:
+    pcmd = open(os.path.join(out, "paired_command")).read().strip() if os.path.exists(os.path.join(out, "paired_command")) else "?"
+    def pair_text(b, a, d):
+        pr = pass_ratios(a, d)
+        lo, hi = boot_interval(pr)
+        return (f"{bwname(b)}: {d['samples_per_s']:.0f} vs {a['samples_per_s']:.0f}, "
+                f"**{100 * (a['samples_per_s'] / d['samples_per_s'] - 1):+.1f}%** (geometric mean of the pass-by-pass ratios "
+                f"{100 * (geo_mean(pr) - 1):+.1f}%, 95% interval {100 * (lo - 1):+.1f}..{100 * (hi - 1):+.1f}%; CPU per sample "
+                f"{100 * ((cpu(a) or 0) / (cpu(d) or 1) - 1):+.0f}%)")
+    ach = "; ".join(f"{bwname(b)} {a['achieved_vs_min_limits']:.2f} / {d['achieved_vs_min_limits']:.2f}"
+                    for b, (a, d) in paired.items() if b > 0)
+    md.append(f"- **AQ-SGD vs DirectQ in paired cells** (`{pcmd}`, right after the table: at each bandwidth the two run "
+              "back to back, in turns, and every other pass runs the bandwidths in reverse; both are CPU-bound at all of "
+              "them). samples/s of DirectQ vs AQ-SGD (pooled medians, as in the table) and AQ-SGD's difference: "
+              + "; ".join(pair_text(b, a, d) for b, (a, d) in paired.items())
+              + (f". Achieved / min(compute, wire limit) of the shaped ones against the paired run's own unshaped cells, "
+                 f"AQ-SGD / DirectQ: {ach}." if ach else "."))
 if la and ld:
-    lcmd = open(os.path.join(out, "long_command")).read().strip() if os.path.exists(os.path.join(out, "long_command")) else "?"
-    pairs = pass_ratios(la, ld)
-    geo = math.exp(sum(math.log(x) for x in pairs) / len(pairs)) if pairs else float("nan")
     by = lambda c: " / ".join(f"{x:.2f}" for x in c.get("cpu_ms_per_sample_by_stage") or [])
-    md.append(f"- **AQ-SGD vs DirectQ in long cells** (`{lcmd}`, right after the table; both CPU-bound): DirectQ "
-              f"{ld['samples_per_s']:.0f} samples/s (passes {' / '.join(f'{x:.0f}' for x in ld['samples_per_s_passes'])}), "
-              f"AQ-SGD {la['samples_per_s']:.0f} ({' / '.join(f'{x:.0f}' for x in la['samples_per_s_passes'])}): "
-              f"{100 * (long_ratio - 1):+.1f}% (pass by pass {' / '.join(f'{100 * (x - 1):+.0f}%' for x in pairs)}, geometric "
-              f"mean {100 * (geo - 1):+.1f}%). CPU per sample {cpu(la):.2f} vs {cpu(ld):.2f} ms "
+    md.append(f"- **AQ-SGD's extra CPU** (the paired unshaped cells): {cpu(la):.2f} vs {cpu(ld):.2f} CPU ms per sample "
               f"({100 * (cpu(la) / cpu(ld) - 1):+.0f}%; by stage {by(la)} vs {by(ld)}): every link end adds about the same. "
               "Where it goes (spot check with this run's build: `perf record -a -F 1999 -- sleep 20`, 12 s into "
               "`aqswarm pipeline --job=J` with J the bench's unshaped job.json of each mode at maxSteps 60, every "
