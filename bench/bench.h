@@ -148,6 +148,11 @@ struct SlownetBenchOptions {
   // with D > 1 a pipeline meets unseen samples in later epochs too).
   int grid_skip_steps = 7;
   int steps = 6;
+  // One pipeline run per mode and grid (and pass) with its bandwidths
+  // interleaved step by step (JobSpec shaping.bandwidth_schedule_mbps): every
+  // bandwidth, the compute-only one included, meets the same machine load.
+  // false: one run per cell. Default: true.
+  bool sweep = true;
   // Passes over the whole table; a cell's samples/s = samples per step / the
   // median step_seconds of its timed steps in all passes, pooled. Default: 2.
   int repeats = 2;

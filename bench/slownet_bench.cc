@@ -1,10 +1,16 @@
 // `aqswarm bench slownet`: the AQ-SGD paper's Table 2 (throughput of a GPT
 // pipeline as the links get slower) reproduced as ratios on local processes.
 //
-// Every cell is one real run of `aqswarm pipeline` (this executable) on a
-// fresh run directory: K stage processes (x D pipelines for the grid) on
-// 127.0.0.1, links shaped in user space by the job's `shaping` (a token bucket
-// per link direction, peer/link_transport.h; the DP GradientExchange too).
+// Cells are real runs of `aqswarm pipeline` (this executable) on a fresh run
+// directory: K stage processes (x D pipelines for the grid) on 127.0.0.1,
+// links shaped in user space by the job's `shaping` (a FIFO wire per link
+// direction, peer/link_transport.h; the DP GradientExchange too). By default
+// (sweep) one run holds every bandwidth of a mode: the job's
+// shaping.bandwidth_schedule_mbps gives step g the g % n-th bandwidth, so
+// the cells of one mode -- its compute-only cell, every ratio's baseline,
+// included -- interleave step by step and meet the same machine load (the
+// 2 cores' speed drifts over seconds to minutes); each step still ends with
+// a flush, so a step at one rate inherits nothing from the step before.
 //
 // Timing: the synthetic corpus holds `steps_per_epoch` steps, so AQ-SGD's
 // FULL epoch (every sample unseen on the link) is epoch 0; the first
@@ -14,10 +20,10 @@
 // dropped. With repeats > 1 the table runs as whole passes, and a cell's
 // samples/s = samples per step / the MEDIAN of the step_seconds (stage 0's
 // step time, the pipeline's period in steady state) of its timed steps in
-// ALL passes, pooled. Within a pass the modes of one bandwidth run back to
-// back, in an order that rotates from pass to pass, and every other pass
-// runs the bandwidths slowest first. Every cell, the compute-only ones
-// included, is measured the same way in the same passes.
+// ALL passes, pooled. Within a pass the modes run one after the other, in an
+// order that rotates from pass to pass, and every other pass cycles the
+// bandwidths in reverse. Every cell, the compute-only ones included, is
+// measured the same way in the same runs.
 // Why pooled and not the best pass (what this bench did before): the 2
 // cores' speed moves by +-25% within seconds and drifts over minutes (a
 // fixed single-thread loop, scripts/bench_slownet.sh's probe), so a
@@ -224,6 +230,7 @@ struct Cell {
   double compute_limit = NAN, link_limit = NAN, achieved_vs_limit = NAN;
   double schedule_link_limit = NAN, achieved_vs_schedule = NAN;
   std::string run_dir;
+  int interleaved = 1;  // bandwidths interleaved step by step in its runs (sweep)
 };
 
 std::string Grid(const Cell& c) { return absl::StrCat(c.dp, "x", c.stages); }
@@ -234,20 +241,27 @@ double Median(std::vector<double> v) {  // v non-empty
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-// Runs one cell: job JSON, `aqswarm pipeline`, metrics.csv.
-absl::Status RunCell(const SlownetBenchOptions& o, const fs::path& root, Cell* c) {
+// Runs the cells `run` (one mode and grid, one cell per bandwidth) as one
+// `aqswarm pipeline` run on a fresh directory: with several, the job's
+// shaping.bandwidth_schedule_mbps interleaves them step by step (step g runs
+// at run[g % n]'s bandwidth), so every bandwidth meets the same machine load;
+// then splits metrics.csv and the stages' step lines by step.
+absl::Status RunCells(const SlownetBenchOptions& o, const fs::path& root, std::vector<Cell>* run) {
+  Cell& c0 = run->front();
+  const int n_bw = static_cast<int>(run->size());
   // With D > 1 the sample plan deals each epoch's permutation round-robin to
   // the pipelines, so a pipeline meets samples it has never sent on its link
   // in every epoch (fraction ~ (1 - 1/D)^epoch): AQ-SGD sends those FULL.
   // The grid therefore drops more epochs before timing.
-  const int skip = c->mode.link != "aqsgd" ? o.plain_skip_steps : c->dp > 1 ? o.grid_skip_steps : o.skip_steps;
+  const int skip = c0.mode.link != "aqsgd" ? o.plain_skip_steps : c0.dp > 1 ? o.grid_skip_steps : o.skip_steps;
   const int64_t per_pipeline_step = int64_t{o.micro_batch_size} * o.micro_batches;
   // Exactly steps_per_epoch steps per shard, plus a few validation samples.
   const double val_fraction = 0.02;
-  const int64_t train = per_pipeline_step * c->dp * o.steps_per_epoch;
+  const int64_t train = per_pipeline_step * c0.dp * o.steps_per_epoch;
   const auto samples = static_cast<int64_t>(std::ceil((train + 1) / (1.0 - val_fraction))) + 1;
-  std::string name = absl::StrFormat("slownet-%s-%s-%s", Grid(*c), c->mode.Name(),
-                                     c->bandwidth_mbps > 0 ? absl::StrCat(c->bandwidth_mbps, "mbps") : "unshaped");
+  std::string name = absl::StrFormat(
+      "slownet-%s-%s-%s", Grid(c0), c0.mode.Name(),
+      n_bw > 1 ? "sweep" : c0.bandwidth_mbps > 0 ? absl::StrCat(c0.bandwidth_mbps, "mbps") : "unshaped");
   for (char& ch : name) {
     if (ch == ' ' || ch == '+' || ch == '/') ch = '_';
   }
@@ -256,7 +270,7 @@ absl::Status RunCell(const SlownetBenchOptions& o, const fs::path& root, Cell* c
   fs::remove_all(dir, ec);
   fs::create_directories(dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", dir.string()));
-  c->run_dir = dir.string();
+  const int total_steps = skip + o.steps * n_bw;
 
   nlohmann::json job;
   job["name"] = name;
@@ -267,25 +281,30 @@ absl::Status RunCell(const SlownetBenchOptions& o, const fs::path& root, Cell* c
   job["optimizer"] = {{"lr", 1e-4}, {"gradClip", 1.0}};
   job["microBatchSize"] = o.micro_batch_size;
   job["microBatchesPerStep"] = o.micro_batches;
-  job["maxSteps"] = skip + o.steps;
-  job["epochs"] = (skip + o.steps) / o.steps_per_epoch + 2;
-  job["compression"] = {{"mode", c->mode.link}, {"warmupEpochs", 0}, {"mPrecision", "fp16"}};
-  if (c->mode.link != "fp32") {
-    job["compression"]["fwBits"] = c->mode.fw_bits;
-    job["compression"]["bwBits"] = c->mode.bw_bits;
+  job["maxSteps"] = total_steps;
+  job["epochs"] = total_steps / o.steps_per_epoch + 2;
+  job["compression"] = {{"mode", c0.mode.link}, {"warmupEpochs", 0}, {"mPrecision", "fp16"}};
+  if (c0.mode.link != "fp32") {
+    job["compression"]["fwBits"] = c0.mode.fw_bits;
+    job["compression"]["bwBits"] = c0.mode.bw_bits;
   }
-  job["shaping"] = {{"bandwidthMbps", c->bandwidth_mbps}, {"latencyMs", o.latency_ms}};
-  job["stages"] = c->stages;
-  job["dataParallel"] = c->dp;
-  job["schedule"] = c->mode.schedule;
-  if (c->mode.in_flight > 0) job["scheduleInFlight"] = c->mode.in_flight;
+  job["shaping"] = {{"bandwidthMbps", c0.bandwidth_mbps}, {"latencyMs", o.latency_ms}};
+  if (n_bw > 1) {
+    std::vector<double> schedule;
+    for (const Cell& c : *run) schedule.push_back(c.bandwidth_mbps);
+    job["shaping"]["bandwidthScheduleMbps"] = schedule;
+  }
+  job["stages"] = c0.stages;
+  job["dataParallel"] = c0.dp;
+  job["schedule"] = c0.mode.schedule;
+  if (c0.mode.in_flight > 0) job["scheduleInFlight"] = c0.mode.in_flight;
   job["threads"] = o.threads;
   job["evalEverySteps"] = 0;
   job["evalBatches"] = 1;
-  if (c->dp > 1) {
-    job["dp"] = {{"optimizer", c->mode.dp_optimizer}};
-    if (c->mode.dp_optimizer == "quantized_adam") {
-      job["dp"]["bits"] = c->mode.dp_bits;
+  if (c0.dp > 1) {
+    job["dp"] = {{"optimizer", c0.mode.dp_optimizer}};
+    if (c0.mode.dp_optimizer == "quantized_adam") {
+      job["dp"]["bits"] = c0.mode.dp_bits;
       // Plain AdamW steps first: keep them inside the skipped steps.
       job["dp"]["warmupSteps"] = std::max(1, skip - 1);
     }
@@ -300,21 +319,21 @@ absl::Status RunCell(const SlownetBenchOptions& o, const fs::path& root, Cell* c
   if (!child.ok()) return child.status();
   std::ofstream log(dir / "pipeline.out");
   std::string line;
-  const auto deadline = absl::Now() + absl::Seconds(o.cell_timeout_s);
+  const auto deadline = absl::Now() + absl::Seconds(o.cell_timeout_s * n_bw);
   while (true) {
     absl::Status s = (*child)->ReadLine(&line, std::max(deadline - absl::Now(), absl::Seconds(1)));
     if (absl::IsOutOfRange(s)) break;
     if (!s.ok()) {
       (*child)->Signal(SIGTERM);
       (void)(*child)->Wait(absl::Seconds(15));
-      return absl::DeadlineExceededError(absl::StrCat(name, ": no result within ", o.cell_timeout_s, " s (", s.message(),
-                                                      "); see ", dir.string()));
+      return absl::DeadlineExceededError(absl::StrCat(name, ": no result within ", o.cell_timeout_s * n_bw, " s (",
+                                                      s.message(), "); see ", dir.string()));
     }
     log << line << "\n";
     log.flush();
   }
   auto code = (*child)->Wait(absl::Seconds(60));
-  c->wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!code.ok() || *code != 0) {
     std::ifstream err(dir / "pipeline.err");
     std::stringstream ss;
@@ -323,6 +342,20 @@ absl::Status RunCell(const SlownetBenchOptions& o, const fs::path& root, Cell* c
                                             "): ", ss.str().substr(0, 2000)));
   }
 
+  // Per cell (k = step % n_bw), accumulated over its timed steps.
+  struct Acc {
+    std::vector<double> secs;
+    std::vector<double> fw, bw, dpb;
+    std::vector<double> cpu_by_stage;
+    int64_t first_epoch = -1;
+  };
+  std::vector<Acc> acc(n_bw);
+  for (Acc& a : acc) {
+    a.fw.assign(c0.stages - 1, 0);
+    a.bw.assign(c0.stages - 1, 0);
+    a.dpb.assign(c0.stages, 0);
+    a.cpu_by_stage.assign(c0.stages, 0);
+  }
   // metrics.csv: step,epoch,loss,val_loss,step_seconds,tokens_per_second,
   // fw_bytes_link<l>,bw_bytes_link<l>...[,dp_bytes_stage<s>...]
   std::ifstream csv(dir / "run" / "metrics.csv");
@@ -331,69 +364,84 @@ absl::Status RunCell(const SlownetBenchOptions& o, const fs::path& root, Cell* c
   std::vector<std::string> cols = absl::StrSplit(header, ',');
   std::map<std::string, size_t> col;
   for (size_t i = 0; i < cols.size(); ++i) col[cols[i]] = i;
-  std::vector<double> secs;
-  std::vector<double> fw(c->stages - 1, 0), bw(c->stages - 1, 0), dpb(c->stages, 0);
-  int n = 0;
   for (std::string row; std::getline(csv, row);) {
     std::vector<std::string> v = absl::StrSplit(row, ',');
     if (v.size() != cols.size()) continue;
     int64_t step = 0, epoch = 0;
     if (!absl::SimpleAtoi(v[col["step"]], &step) || !absl::SimpleAtoi(v[col["epoch"]], &epoch)) continue;
-    if (step < skip) continue;
-    if (n == 0) c->first_epoch = epoch;
+    if (step < skip || step >= total_steps) continue;
+    Acc& a = acc[step % n_bw];
+    if (a.first_epoch < 0) a.first_epoch = epoch;
     double x = 0;
     (void)absl::SimpleAtod(v[col["step_seconds"]], &x);
-    secs.push_back(x);
-    for (int l = 0; l + 1 < c->stages; ++l) {
-      if (absl::SimpleAtod(v[col[absl::StrCat("fw_bytes_link", l)]], &x)) fw[l] += x;
-      if (absl::SimpleAtod(v[col[absl::StrCat("bw_bytes_link", l)]], &x)) bw[l] += x;
+    a.secs.push_back(x);
+    for (int l = 0; l + 1 < c0.stages; ++l) {
+      if (absl::SimpleAtod(v[col[absl::StrCat("fw_bytes_link", l)]], &x)) a.fw[l] += x;
+      if (absl::SimpleAtod(v[col[absl::StrCat("bw_bytes_link", l)]], &x)) a.bw[l] += x;
     }
-    for (int s = 0; s < c->stages && c->dp > 1; ++s) {
+    for (int s = 0; s < c0.stages && c0.dp > 1; ++s) {
       auto it = col.find(absl::StrCat("dp_bytes_stage", s));
-      if (it != col.end() && absl::SimpleAtod(v[it->second], &x)) dpb[s] += x;
+      if (it != col.end() && absl::SimpleAtod(v[it->second], &x)) a.dpb[s] += x;
     }
-    ++n;
   }
-  if (n == 0) {
-    return absl::DataLossError(absl::StrCat(name, ": no step after the first ", skip, " in metrics.csv"));
+  for (int k = 0; k < n_bw; ++k) {
+    if (acc[k].secs.empty()) {
+      return absl::DataLossError(absl::StrCat(name, ": no step of ", (*run)[k].bandwidth_mbps, " Mbit/s after the first ",
+                                              skip, " in metrics.csv"));
+    }
   }
-  // (Measured fields start from zero: `c` may hold an earlier pass.)
-  c->steps_timed = n;
-  c->samples_per_step = static_cast<double>(per_pipeline_step) * c->dp;
-  c->max_dir_bytes_per_step = c->fw_bytes_per_step = c->bw_bytes_per_step = 0;
-  c->cpu_seconds_per_step = 0;
-  c->step_seconds_list = secs;
-  c->step_seconds = Median(secs);
-  c->samples_per_s = c->samples_per_step / c->step_seconds;
-  // CPU time of every stage process over the window's steps (events.jsonl:
-  // the stages' step lines, with cpu_seconds).
+  // CPU time of every stage process over the timed steps (events.jsonl: the
+  // stages' step lines, with cpu_seconds and the step's bandwidth).
   std::ifstream events(dir / "run" / "events.jsonl");
-  c->cpu_by_stage.assign(c->stages, 0);
   std::map<int64_t, int> seen;  // step -> stage lines counted
   for (std::string l; std::getline(events, l);) {
     nlohmann::json e = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
     if (!e.is_object() || e.value("event", "") != "step" || !e.contains("cpu_seconds")) continue;
     const int64_t step = e.value("step", int64_t{-1});
     const int stage = e.value("stage", -1);
-    if (step < skip || step >= skip + n || stage < 0 || stage >= c->stages) continue;
-    c->cpu_by_stage[stage] += e.value("cpu_seconds", 0.0) / n;
+    if (step < skip || step >= total_steps || stage < 0 || stage >= c0.stages) continue;
+    const int k = static_cast<int>(step % n_bw);
+    if (e.value("bandwidth_mbps", -1.0) != (*run)[k].bandwidth_mbps) {
+      return absl::DataLossError(absl::StrCat(name, ": step ", step, " of stage ", stage, " ran at ",
+                                              e.value("bandwidth_mbps", -1.0), " Mbit/s, want ",
+                                              (*run)[k].bandwidth_mbps));
+    }
+    acc[k].cpu_by_stage[stage] += e.value("cpu_seconds", 0.0) / acc[k].secs.size();
     ++seen[step];
   }
-  for (double v : c->cpu_by_stage) c->cpu_seconds_per_step += v;
-  for (const auto& [step, lines] : seen) {
-    if (lines != c->stages * c->dp) {
-      return absl::DataLossError(absl::StrCat(name, ": step ", step, " has ", lines, " stage lines in events.jsonl, want ",
-                                              c->stages * c->dp));
+  for (int64_t step = skip; step < total_steps; ++step) {
+    if (seen[step] != c0.stages * c0.dp) {
+      return absl::DataLossError(absl::StrCat(name, ": step ", step, " has ", seen[step],
+                                              " stage lines in events.jsonl, want ", c0.stages * c0.dp));
     }
   }
-  for (int l = 0; l + 1 < c->stages; ++l) {
-    if (std::max(fw[l], bw[l]) / n > c->max_dir_bytes_per_step) {
-      c->max_dir_bytes_per_step = std::max(fw[l], bw[l]) / n;
-      c->fw_bytes_per_step = fw[l] / n;
-      c->bw_bytes_per_step = bw[l] / n;
+  for (int k = 0; k < n_bw; ++k) {
+    Cell* c = &(*run)[k];
+    const Acc& a = acc[k];
+    const double n = a.secs.size();
+    // (Measured fields start from zero: `c` may hold an earlier pass.)
+    c->run_dir = dir.string();
+    c->interleaved = n_bw;
+    c->wall_seconds = wall / n_bw;
+    c->first_epoch = a.first_epoch;
+    c->steps_timed = static_cast<int>(n);
+    c->samples_per_step = static_cast<double>(per_pipeline_step) * c->dp;
+    c->max_dir_bytes_per_step = c->fw_bytes_per_step = c->bw_bytes_per_step = 0;
+    c->step_seconds_list = a.secs;
+    c->step_seconds = Median(a.secs);
+    c->samples_per_s = c->samples_per_step / c->step_seconds;
+    c->cpu_by_stage = a.cpu_by_stage;
+    c->cpu_seconds_per_step = 0;
+    for (double v : c->cpu_by_stage) c->cpu_seconds_per_step += v;
+    for (int l = 0; l + 1 < c->stages; ++l) {
+      if (std::max(a.fw[l], a.bw[l]) / n > c->max_dir_bytes_per_step) {
+        c->max_dir_bytes_per_step = std::max(a.fw[l], a.bw[l]) / n;
+        c->fw_bytes_per_step = a.fw[l] / n;
+        c->bw_bytes_per_step = a.bw[l] / n;
+      }
     }
+    c->dp_bytes_per_step = *std::max_element(a.dpb.begin(), a.dpb.end()) / n;
   }
-  c->dp_bytes_per_step = *std::max_element(dpb.begin(), dpb.end()) / n;
   return absl::OkStatus();
 }
 
@@ -481,6 +529,7 @@ nlohmann::json CellJson(const SlownetBenchOptions& o, const Cell& c, const std::
             {"n_head", o.n_head}, {"micro_batch", o.micro_batch_size}, {"micro_batches", o.micro_batches},
             {"threads", o.threads}}},
           {"skip_steps", c.mode.link != "aqsgd" ? o.plain_skip_steps : c.dp > 1 ? o.grid_skip_steps : o.skip_steps},
+          {"interleaved_bandwidths", c.interleaved},
           {"run_dir", c.run_dir}};
 }
 
@@ -534,14 +583,11 @@ absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
   if (blas_core.empty()) blas_core = "none (no OpenBLAS)";
   const int cores = Cores();
   std::vector<Cell> cells;  // mode-major (the JSON's order)
-  // Run order: group by group, bandwidth by bandwidth, the modes of one
-  // bandwidth back to back and, from pass to pass, starting one mode later:
-  // the cells compared at one bandwidth (AQ-SGD vs DirectQ) run minutes
-  // apart at most and none always runs first. Every other pass runs the
-  // groups and bandwidths in reverse (slowest link first), so that the
-  // compute-only cells, every ratio's baseline, do not always run at the
-  // same point of a pass (e.g. right after the idle machine of the slowest
-  // links' cells).
+  // Run order (sweep, the default): group by group, one run per mode with
+  // every bandwidth of the group interleaved step by step, the modes
+  // starting one later from pass to pass. Without sweep: bandwidth by
+  // bandwidth, the modes of one bandwidth back to back (rotating likewise),
+  // every other pass slowest link first.
   struct Group {
     size_t first;
     int modes, bandwidths;
@@ -567,28 +613,42 @@ absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
   // Repeats run as whole passes over the table (the machine's load drifts
   // over minutes; a pass spreads it over every cell); every pass counts
   // (PoolPass).
+  int done = 0;
   for (int r = 0; r < std::max(1, o.repeats); ++r) {
-    std::vector<std::vector<size_t>> blocks;  // one per group and bandwidth: its modes, back to back
+    // Runs of this pass, in order; each is a list of cells (indices into
+    // `cells`) that run as one pipeline run: with sweep, one run per mode
+    // holding every bandwidth of its group (interleaved step by step, in
+    // reverse order every other pass); else one run per cell, the modes of
+    // one bandwidth back to back.
+    std::vector<std::vector<size_t>> runs;
     for (const Group& g : groups) {
+      if (o.sweep) {
+        for (int k = 0; k < g.modes; ++k) {
+          std::vector<size_t>& run = runs.emplace_back();
+          for (int b = 0; b < g.bandwidths; ++b) run.push_back(g.first + ((k + r) % g.modes) * g.bandwidths + b);
+          if (r % 2 == 1) std::reverse(run.begin(), run.end());
+        }
+        continue;
+      }
       for (int b = 0; b < g.bandwidths; ++b) {
-        std::vector<size_t>& block = blocks.emplace_back();
-        for (int k = 0; k < g.modes; ++k) block.push_back(g.first + ((k + r) % g.modes) * g.bandwidths + b);
+        for (int k = 0; k < g.modes; ++k) runs.push_back({g.first + ((k + r) % g.modes) * g.bandwidths + b});
       }
     }
-    if (r % 2 == 1) std::reverse(blocks.begin(), blocks.end());
-    std::vector<size_t> order;
-    for (const std::vector<size_t>& block : blocks) order.insert(order.end(), block.begin(), block.end());
-    for (size_t n = 0; n < order.size(); ++n) {
-      const size_t i = order[n];
-      Cell c = cells[i];
-      absl::Status s = RunCell(opts, root, &c);
+    if (r % 2 == 1 && !o.sweep) std::reverse(runs.begin(), runs.end());
+    for (const std::vector<size_t>& run : runs) {
+      std::vector<Cell> measured;
+      for (size_t i : run) measured.push_back(cells[i]);
+      absl::Status s = RunCells(opts, root, &measured);
       if (!s.ok()) return s;
-      std::cerr << absl::StrFormat(
-          "slownet [pass %d, %2d/%d] %s %-22s %8s Mbit/s  %9.1f samples/s  (%d steps, %.1f s)\n", r + 1,
-          static_cast<int>(n + 1), static_cast<int>(cells.size()), Grid(c), c.mode.Name(),
-          c.bandwidth_mbps > 0 ? absl::StrCat(c.bandwidth_mbps) : "unshaped", c.samples_per_s, c.steps_timed,
-          c.wall_seconds);
-      PoolPass(c, &cells[i]);
+      for (size_t k = 0; k < run.size(); ++k) {
+        const Cell& c = measured[k];
+        std::cerr << absl::StrFormat(
+            "slownet [pass %d, %2d/%d] %s %-22s %8s Mbit/s  %9.1f samples/s  (%d steps, %.1f s)\n", r + 1, ++done,
+            static_cast<int>(cells.size()) * std::max(1, o.repeats), Grid(c), c.mode.Name(),
+            c.bandwidth_mbps > 0 ? absl::StrCat(c.bandwidth_mbps) : "unshaped", c.samples_per_s, c.steps_timed,
+            c.wall_seconds);
+        PoolPass(c, &cells[run[k]]);
+      }
     }
   }
 

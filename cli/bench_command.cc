@@ -58,6 +58,9 @@ ABSL_FLAG(int32_t, slownet_repeats, 2,
           "Slownet bench: passes over the table; a cell's samples/s = samples per step / the median step time "
           "of its timed steps in all passes, pooled.");
 ABSL_FLAG(int32_t, slownet_steps, 6, "Slownet bench: timed steps per cell and pass.");
+ABSL_FLAG(bool, slownet_sweep, true,
+          "Slownet bench: one pipeline run per mode (and pass) with its bandwidths interleaved step by step; "
+          "false: one run per cell.");
 ABSL_FLAG(std::string, slownet_out_dir, "", "Slownet bench: keep the raw runs here (default: a temporary "
           "directory, removed).");
 
@@ -153,7 +156,7 @@ std::vector<Command> BenchCommands() {
                   "slownet_grid_modes", "slownet_grid_bandwidths", "slownet_stages", "slownet_vocab",
                   "slownet_seq_len", "slownet_d_model", "slownet_layers", "slownet_heads", "slownet_micro_batch",
                   "slownet_micro_batches", "slownet_threads", "slownet_latency_ms", "slownet_steps_per_epoch",
-                  "slownet_skip_steps", "slownet_plain_skip_steps", "slownet_grid_skip_steps", "slownet_steps", "slownet_repeats", "slownet_out_dir"},
+                  "slownet_skip_steps", "slownet_plain_skip_steps", "slownet_grid_skip_steps", "slownet_steps", "slownet_sweep", "slownet_repeats", "slownet_out_dir"},
                  [](const std::vector<std::string>& args) {
                    if (int rc = BenchNoArgs(args, "slownet")) return rc;
                    bench::SlownetBenchOptions o;
@@ -179,6 +182,7 @@ std::vector<Command> BenchCommands() {
                    o.grid_skip_steps = absl::GetFlag(FLAGS_slownet_grid_skip_steps);
                    o.repeats = absl::GetFlag(FLAGS_slownet_repeats);
                    o.steps = absl::GetFlag(FLAGS_slownet_steps);
+                   o.sweep = absl::GetFlag(FLAGS_slownet_sweep);
                    o.out_dir = absl::GetFlag(FLAGS_slownet_out_dir);
                    o.json = absl::GetFlag(FLAGS_json);
                    return BenchReport(bench::RunSlownetBench(o, std::cout), "slownet");

@@ -15,7 +15,12 @@ struct GrpcReplicaExchange::Peer {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::GradientExchange::Stub> stub;
   absl::Mutex mu;
-  std::deque<std::pair<v1::ExchangeChunk, absl::Time>> queue ABSL_GUARDED_BY(mu);  // with the time queued
+  struct Queued {
+    v1::ExchangeChunk chunk;
+    absl::Time queued;  // when Send took it
+    double mbps;        // the exchange's bandwidth then
+  };
+  std::deque<Queued> queue ABSL_GUARDED_BY(mu);
   bool closing ABSL_GUARDED_BY(mu) = false;
   absl::Status failed ABSL_GUARDED_BY(mu);
   std::atomic<uint64_t> bytes_sent{0};
@@ -36,7 +41,9 @@ class GrpcReplicaExchange::Service final : public v1::GradientExchange::Service 
 };
 
 GrpcReplicaExchange::GrpcReplicaExchange(const ReplicaExchangeOptions& options)
-    : options_(options), mailbox_(options.group, options.rank, options.size, options.max_buffered_bytes) {}
+    : options_(options),
+      bandwidth_mbps_(options.shaping.bandwidth_mbps),
+      mailbox_(options.group, options.rank, options.size, options.max_buffered_bytes) {}
 
 absl::StatusOr<std::unique_ptr<GrpcReplicaExchange>> GrpcReplicaExchange::Start(const ReplicaExchangeOptions& o) {
   if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
@@ -115,25 +122,27 @@ absl::Status GrpcReplicaExchange::Send(int to, const v1::ExchangeChunk& chunk) {
   if (!p->failed.ok()) return p->failed;
   v1::ExchangeChunk c = chunk;
   c.set_group(options_.group);
-  p->queue.emplace_back(std::move(c), absl::Now());
+  p->queue.push_back({std::move(c), absl::Now(), bandwidth_mbps_.load()});
   return absl::OkStatus();
 }
 
 void GrpcReplicaExchange::SenderLoop(Peer* p) {
-  EmulatedWire wire(options_.shaping.bandwidth_mbps);
+  EmulatedWire wire;
   while (true) {
     v1::ExchangeChunk c;
     absl::Time queued;
+    double mbps;
     {
       absl::MutexLock l(&p->mu);
       auto ready = [p]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) { return !p->queue.empty() || p->closing; };
       p->mu.Await(absl::Condition(&ready));
       if (p->queue.empty()) return;
-      c = std::move(p->queue.front().first);
-      queued = p->queue.front().second;
+      c = std::move(p->queue.front().chunk);
+      queued = p->queue.front().queued;
+      mbps = p->queue.front().mbps;
       p->queue.pop_front();
     }
-    const absl::Time now = wire.Transmit(c.ByteSizeLong() + 8, queued);
+    const absl::Time now = wire.Transmit(c.ByteSizeLong() + 8, queued, mbps);
     c.set_sent_unix_micros(absl::ToUnixMicros(now));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.timeout));

@@ -19,6 +19,7 @@
 #ifndef AQSWARM_PEER_GRADIENT_EXCHANGE_H_
 #define AQSWARM_PEER_GRADIENT_EXCHANGE_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -67,6 +68,9 @@ class GrpcReplicaExchange final : public pipeline::ReplicaExchange {
   absl::StatusOr<v1::ExchangeChunk> Receive(int from, uint64_t step, uint32_t round, v1::ExchangeChunk::Phase phase,
                                             uint32_t bucket, uint32_t chunk) override;
   uint64_t bytes_sent() const;
+  // Shapes the chunks sent from now on at `mbps` (0 = unshaped) instead of
+  // options.shaping.bandwidth_mbps (see LinkConnection::SetBandwidth).
+  void SetBandwidth(double mbps) { bandwidth_mbps_ = mbps; }
 
  private:
   class Service;
@@ -76,6 +80,7 @@ class GrpcReplicaExchange final : public pipeline::ReplicaExchange {
   void SenderLoop(Peer* peer);
 
   const ReplicaExchangeOptions options_;
+  std::atomic<double> bandwidth_mbps_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -32,7 +32,7 @@ grpc::ChannelArguments LinkChannelArgs() {
 // ------------------------------------------------------------ LinkConnection
 
 LinkConnection::LinkConnection(std::string name, const ShapingOptions& shaping)
-    : name_(std::move(name)), shaping_(shaping) {}
+    : name_(std::move(name)), shaping_(shaping), bandwidth_mbps_(shaping.bandwidth_mbps) {}
 
 LinkConnection::~LinkConnection() = default;
 
@@ -60,7 +60,7 @@ absl::Status LinkConnection::Send(v1::LinkFrame frame, absl::Duration timeout) {
   }
   if (!broken_.ok()) return broken_;
   if (send_closed_) return absl::FailedPreconditionError(absl::StrCat("link ", name_, " is closed for sending"));
-  outbound_.push_back({std::move(frame), absl::Now()});
+  outbound_.push_back({std::move(frame), absl::Now(), bandwidth_mbps_.load()});
   return absl::OkStatus();
 }
 
@@ -145,21 +145,22 @@ void LinkConnection::WaitWriterDone() {
   mu_.Await(absl::Condition(&done));
 }
 
-absl::Time EmulatedWire::Transmit(size_t bytes, absl::Time queued) {
+absl::Time EmulatedWire::Transmit(size_t bytes, absl::Time queued, double bandwidth_mbps) {
   const absl::Time now = absl::Now();
-  if (bandwidth_mbps_ <= 0) return now;
-  wire_free_ = std::max(queued, wire_free_) + absl::Seconds(bytes * 8.0 / (bandwidth_mbps_ * 1e6));
+  if (bandwidth_mbps <= 0) return now;
+  wire_free_ = std::max(queued, wire_free_) + absl::Seconds(bytes * 8.0 / (bandwidth_mbps * 1e6));
   if (wire_free_ <= now) return now;  // a late sender catches up: the wire did not idle
   absl::SleepFor(wire_free_ - now);   // the emulated wire is busy
   return wire_free_;
 }
 
 void LinkConnection::WriterLoop() {
-  EmulatedWire wire(shaping_.bandwidth_mbps);
+  EmulatedWire wire;
   absl::Time last_done = absl::InfinitePast();
   while (true) {
     v1::LinkFrame frame;
     absl::Time queued;
+    double mbps;
     {
       absl::MutexLock l(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -169,11 +170,12 @@ void LinkConnection::WriterLoop() {
       if (!broken_.ok() || outbound_.empty()) break;  // broken, or closed and drained
       frame = std::move(outbound_.front().frame);
       queued = outbound_.front().queued;
+      mbps = outbound_.front().mbps;
       outbound_.pop_front();
     }
     const size_t bytes = frame.ByteSizeLong() + 8;  // + the timestamp set below
     const absl::Time busy_from = std::max(absl::Now(), last_done);
-    const absl::Time now = wire.Transmit(bytes, queued);
+    const absl::Time now = wire.Transmit(bytes, queued, mbps);
     frame.set_sent_unix_micros(absl::ToUnixMicros(now));
     if (!WriteFrame(frame)) {
       MarkBroken(absl::UnavailableError(absl::StrCat("link ", name_, ": write failed (peer gone)")));

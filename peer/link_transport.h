@@ -53,19 +53,18 @@ struct ShapingOptions {
   double latency_ms = 0;
 };
 
-// The emulated wire of one sending direction (user-space shaping): a FIFO at
-// `bandwidth_mbps`. A frame's bytes start when it was queued or when the
-// previous frame's last byte left, whichever is later -- the sender thread's
-// wake-up and write latencies are not wire time. Transmit() sleeps until the
-// frame's last byte has left and returns that time (now, when unshaped).
+// The emulated wire of one sending direction (user-space shaping): a FIFO.
+// A frame's bytes start when it was queued or when the previous frame's last
+// byte left, whichever is later -- the sender thread's wake-up and write
+// latencies are not wire time -- and take bytes * 8 / bandwidth_mbps (the
+// rate the frame was queued under; <= 0: no time). Transmit() sleeps until
+// the frame's last byte has left and returns that time (now, when unshaped).
 // Used by StageLink and the gradient exchange; one per sender thread.
 class EmulatedWire {
  public:
-  explicit EmulatedWire(double bandwidth_mbps) : bandwidth_mbps_(bandwidth_mbps) {}
-  absl::Time Transmit(size_t bytes, absl::Time queued);
+  absl::Time Transmit(size_t bytes, absl::Time queued, double bandwidth_mbps);
 
  private:
-  const double bandwidth_mbps_;
   absl::Time wire_free_ = absl::InfinitePast();
 };
 
@@ -100,7 +99,8 @@ class LinkConnection {
                                                               absl::Duration timeout, const TlsOptions& tls = {});
 
   // Queues a frame. Blocks while `max_queued_frames` are waiting (flow
-  // control) up to `timeout`. Fails once the link is broken or closed.
+  // control) up to `timeout`. Fails once the link is broken or closed. The
+  // frame is shaped at the bandwidth set when it was queued.
   absl::Status Send(v1::LinkFrame frame, absl::Duration timeout = absl::Seconds(600));
   absl::StatusOr<v1::LinkFrame> Receive(const std::function<bool(const v1::LinkFrame&)>& match,
                                         absl::Duration timeout);
@@ -116,6 +116,10 @@ class LinkConnection {
   // stream's final status.
   absl::Status WaitClosed(absl::Duration timeout);
 
+  // Shapes the frames queued from now on at `mbps` (0 = unshaped) instead of
+  // ShapingOptions::bandwidth_mbps (benchmarks that change a link's rate
+  // from step to step: JobSpec shaping.bandwidth_schedule_mbps).
+  void SetBandwidth(double mbps) { bandwidth_mbps_ = mbps; }
   uint64_t bytes_sent() const { return bytes_sent_.load(); }
   // Passive bandwidth measurement of real traffic: bytes of frames of at
   // least kBusyFrameBytes and the seconds the link spent sending them (from
@@ -155,6 +159,7 @@ class LinkConnection {
   struct Outbound {
     v1::LinkFrame frame;
     absl::Time queued;  // when Send took it: it may use the wire from then on
+    double mbps;        // the link's bandwidth then
   };
   std::deque<Outbound> outbound_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::LinkFrame> inbound_ ABSL_GUARDED_BY(mu_);
@@ -165,6 +170,7 @@ class LinkConnection {
   FrameArrivals* arrivals_ ABSL_GUARDED_BY(mu_) = nullptr;
   static constexpr size_t kMaxQueuedFrames = 64;
   std::thread writer_;
+  std::atomic<double> bandwidth_mbps_;
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> busy_bytes_{0};

@@ -87,6 +87,33 @@ TEST(LinkTransportTest, ShapedLinkKeepsItsBandwidthWithManySmallFrames) {
   EXPECT_LT(secs, wire * 1.25 + 0.02) << "wire " << wire << " s";
 }
 
+TEST(LinkTransportTest, SetBandwidthShapesTheFramesQueuedAfterIt) {
+  // 5 frames of ~50 kB at 8 Mbit/s (>= 0.25 s of wire), then the rate drops
+  // to 2 Mbit/s for 5 more (>= 1 s): a frame keeps the rate it was queued
+  // under, so the first five arrive at the fast rate and the whole takes the
+  // sum of both. Then unshaped: 20 more frames take no wire time at all.
+  Pair p(ShapingOptions{8.0, 0});
+  const absl::Time start = absl::Now();
+  for (uint64_t i = 0; i < 5; ++i) ASSERT_TRUE(p.client->Send(Commit(i, 50000)).ok());
+  p.client->SetBandwidth(2.0);
+  for (uint64_t i = 5; i < 10; ++i) ASSERT_TRUE(p.client->Send(Commit(i, 50000)).ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(p.server_end->Receive([](auto&) { return true; }, absl::Seconds(30)).ok());
+  const double first = absl::ToDoubleSeconds(absl::Now() - start);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(p.server_end->Receive([](auto&) { return true; }, absl::Seconds(30)).ok());
+  const double both = absl::ToDoubleSeconds(absl::Now() - start);
+  const double half = p.client->bytes_sent() / 2 * 8.0;  // bits of each five
+  EXPECT_GE(first, half / 8e6 * 0.99);
+  EXPECT_LT(first, half / 2e6) << "the first five went at 8 Mbit/s, not 2";
+  EXPECT_GE(both, half / 8e6 + half / 2e6 * 0.99);
+  p.client->SetBandwidth(0);
+  const uint64_t before = p.client->bytes_sent();
+  const absl::Time t0 = absl::Now();
+  for (uint64_t i = 0; i < 20; ++i) ASSERT_TRUE(p.client->Send(Commit(i, 50000)).ok());
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(p.server_end->Receive([](auto&) { return true; }, absl::Seconds(30)).ok());
+  EXPECT_LT(absl::ToDoubleSeconds(absl::Now() - t0), (p.client->bytes_sent() - before) * 8.0 / 2e6 / 4)
+      << "unshaped frames are not held at the old rate";
+}
+
 TEST(LinkTransportTest, PassiveMeasurementOfBusyTimeFindsTheShapedBandwidth) {
   // Large frames on an 8 Mbit/s link: the busy-time rate is the wire's (the
   // emulated wire time dominates; loopback writes add a little).

@@ -375,9 +375,22 @@ class StageRunnerImpl final : public StageRunner {
     return absl::OkStatus();
   }
 
+  // The links' bandwidth in step `gs` (JobSpec shaping.bandwidth_schedule_mbps),
+  // applied to this stage's sending directions and DP exchange from now on.
+  double StepBandwidth(int64_t gs) {
+    const auto& schedule = job_.shaping().bandwidth_schedule_mbps();
+    if (schedule.empty()) return job_.shaping().bandwidth_mbps();
+    const double mbps = schedule[static_cast<int>(gs % schedule.size())];
+    if (up_ != nullptr) up_->SetBandwidth(mbps);
+    if (down_ != nullptr) down_->SetBandwidth(mbps);
+    if (exchange_ != nullptr) exchange_->SetBandwidth(mbps);
+    return mbps;
+  }
+
   absl::Status RunStep(const pipeline::ShardSchedule& sched, int64_t epoch, int64_t s, int64_t gs) {
     const int m = job_.micro_batches_per_step();
     const int64_t t = job_.model().seq_len();
+    const double mbps = StepBandwidth(gs);
     const absl::Time start = absl::Now();
     const double cpu0 = ProcessCpuSeconds();
     compute_s_ = wait_s_ = dp_s_ = 0;
@@ -434,10 +447,10 @@ class StageRunnerImpl final : public StageRunner {
     std::string line = absl::StrFormat(
         R"({"event":"step","stage":%d,"pipeline":%d,"step":%d,"epoch":%d,"loss":%.6f,"grad_norm":%.6f,)"
         R"("step_seconds":%.4f,"compute_seconds":%.4f,"wait_seconds":%.4f,"cpu_seconds":%.4f,"tokens":%d,)"
-        R"("fw_bytes":%d,"bw_bytes":%d)",
+        R"("fw_bytes":%d,"bw_bytes":%d,"bandwidth_mbps":%g)",
         o_.stage, o_.pipeline, gs, epoch, (first_ || last_) ? loss : 0.0, std::sqrt(total_sq), secs, compute_s_,
         wait_s_, ProcessCpuSeconds() - cpu0, static_cast<int64_t>(m) * job_.micro_batch_size() * t,
-        down_ ? down_->bytes_sent() - fw0 : 0, up_ ? up_->bytes_sent() - bw0 : 0);
+        down_ ? down_->bytes_sent() - fw0 : 0, up_ ? up_->bytes_sent() - bw0 : 0, mbps);
     if (exchange_ != nullptr) {
       absl::StrAppendFormat(&line, R"(,"dp_seconds":%.4f,"dp_bytes":%d,"dp_raw_bytes":%d,"param_hash":"%016x")", dp_s_,
                             worker_->dp_bytes_sent() - dp0, worker_->dp_raw_bytes() - dpraw0,

@@ -1,6 +1,7 @@
 #include "pipeline/job_spec.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -119,6 +120,12 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   }
   const auto& s = job.shaping();
   if (s.bandwidth_mbps() < 0) return Invalid("shaping.bandwidth_mbps", "must be >= 0");
+  if (s.bandwidth_schedule_mbps_size() > 1024) return Invalid("shaping.bandwidth_schedule_mbps", "at most 1024 entries");
+  for (double b : s.bandwidth_schedule_mbps()) {
+    if (!(b >= 0) || !std::isfinite(b)) {
+      return Invalid("shaping.bandwidth_schedule_mbps", absl::StrCat(b, " is not a bandwidth (Mbit/s >= 0)"));
+    }
+  }
   if (s.latency_ms() < 0 || s.latency_ms() > 10000) return Invalid("shaping.latency_ms", "must be in [0, 10000]");
   if (job.device() != "cpu" && job.device().rfind("cuda", 0) != 0) {
     return Invalid("device", absl::StrCat("'", job.device(), "' is not cpu or cuda[:N]"));
@@ -158,7 +165,10 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
                                                 "or drop dp.variance_refresh_steps");
   }
   if (dp.variance_refresh_steps() > 1000000) return Invalid("dp.variance_refresh_steps", "at most 1000000");
-  if (dp.transport() == v1::DataParallelSpec::nccl && job.data_parallel() > 1 && s.bandwidth_mbps() > 0) {
+  const bool shaped = s.bandwidth_mbps() > 0 || std::any_of(s.bandwidth_schedule_mbps().begin(),
+                                                              s.bandwidth_schedule_mbps().end(),
+                                                              [](double b) { return b > 0; });
+  if (dp.transport() == v1::DataParallelSpec::nccl && job.data_parallel() > 1 && shaped) {
     return Invalid("dp.transport", "nccl is not shaped, but the job shapes its links (shaping.bandwidth_mbps); "
                                    "use the gradient_exchange transport to emulate slow links");
   }

@@ -25,14 +25,14 @@ mkdir -p "$OUT" "$ROOT/docs"
 
 # The published table: the issue's modes and bandwidths under the default
 # (adaptive) schedule, fp32 under the fixed 1F1B order and under GPipe as
-# comparison columns, the grid at 0/100/10 Mbit/s, 3 passes. Arguments
+# comparison columns, the grid at 0/100/10 Mbit/s, 3 passes of 8 timed steps per cell. Arguments
 # replace these.
 DEFAULT_ARGS=(--slownet_modes=fp32,directq:3:6,aqsgd:3:6,aqsgd:4:8,fp32@1f1b,fp32@gpipe --slownet_grid_bandwidths=0,100,10
-              --slownet_repeats=3)
+              --slownet_repeats=3 --slownet_steps=8)
 (( $# > 0 )) || set -- "${DEFAULT_ARGS[@]}"
 # AQ-SGD vs DirectQ at every bandwidth where both are CPU-bound (at 10
 # Mbit/s both sit at their link limits), after the table: the two back to back
-# at each bandwidth, many short passes. The machine's speed moves in phases of
+# (each one run with its bandwidths interleaved step by step), many short passes. The machine's speed moves in phases of
 # seconds to tens of seconds, so many short windows estimate a difference
 # better than a few long ones (long cells, 60 steps x 3 passes, until
 # 2026-11-22).
@@ -300,12 +300,19 @@ md.append("**Setup.** Each cell is one `aqswarm pipeline` run: "
           "per epoch; AQ-SGD cells skip their FULL epoch 0 and start-up (1x4: timed from step "
           f"{aq_skip(one)}; grid: from step {aq_skip(grid)}, see the DP note below), fp32 and DirectQ cells, which keep no "
           f"per-sample state, skip start-up only (timed from step {plain_skip(cells)}). "
-          f"**Estimator (every cell alike, the compute-only ones included):** the table runs as {npass} whole passes (within a "
-          f"pass the modes of one bandwidth run back to back, in an order that rotates from pass to pass, so the cells compared "
-          f"at one bandwidth run minutes apart at most), each cell timing {cells[0]['steps_timed'] // npass} steps per pass; a "
-          f"cell's samples/s = samples per step / the median of stage 0's `step_seconds` over its {cells[0]['steps_timed']} timed "
-          "steps of all passes, pooled. Until this run each cell kept its best pass instead; see the noise note for why that "
-          f"was biased. OpenBLAS kernels: `{cells[0].get('blas_core', '?')}` (see the notes).")
+          f"**Estimator (every cell alike, the compute-only ones included):** the table runs as {npass} whole passes, each cell "
+          f"timing {cells[0]['steps_timed'] // npass} steps per pass; a cell's samples/s = samples per step / the median of stage "
+          f"0's `step_seconds` over its {cells[0]['steps_timed']} timed steps of all passes, pooled. "
+          + ("**Interleaved bandwidths:** a pass runs each mode (and grid) once, in an order that rotates from pass to pass, "
+             "and that one pipeline run holds every bandwidth of the table: the job's `shaping.bandwidthScheduleMbps` gives "
+             "step g the (g mod n)-th bandwidth (every stage switches its sending links and DP exchange as it starts the step; "
+             "a step ends with a flush, so it inherits nothing from the step before), and every other pass cycles them in "
+             "reverse. So a mode's cells, its compute-only cell included, are measured seconds apart under the same machine "
+             "load, instead of minutes apart in separate runs (this table's layout until 2026-11-25, when a mode's shaped "
+             "cells came out ~5-15% below its compute-only one even where the link was nowhere near its limit). "
+             if cells[0].get("interleaved_bandwidths", 1) > 1 else
+             "Within a pass the modes of one bandwidth run back to back, in an order that rotates from pass to pass. ")
+          + f"OpenBLAS kernels: `{cells[0].get('blas_core', '?')}` (see the notes).")
 md.append("")
 md.append("**Scaling argument.** The paper's GPT2-1.5B on 8 V100 stages runs 3.8 sequences/s unshaped with 6.55 MB of fp32 "
           "activations per sequence per link direction (1024 x 1600 x 4 B): each link direction must carry "
@@ -516,9 +523,12 @@ if paired:
                 f"{100 * ((cpu(a) or 0) / (cpu(d) or 1) - 1):+.0f}%)")
     ach = "; ".join(f"{bwname(b)} {a['achieved_vs_min_limits']:.2f} / {d['achieved_vs_min_limits']:.2f}"
                     for b, (a, d) in paired.items() if b > 0)
-    md.append(f"- **AQ-SGD vs DirectQ in paired cells** (`{pcmd}`, right after the table: at each bandwidth the two run "
-              "back to back, in turns, and every other pass runs the bandwidths in reverse; both are CPU-bound at all of "
-              "them). samples/s of DirectQ vs AQ-SGD (pooled medians, as in the table) and AQ-SGD's difference: "
+    md.append(f"- **AQ-SGD vs DirectQ in paired cells** (`{pcmd}`, right after the table: "
+              + ("in every pass the two run back to back, in turns, each one pipeline run with the bandwidths interleaved "
+                 "step by step as in the table"
+                 if a0.get("interleaved_bandwidths", 1) > 1 else
+                 "at each bandwidth the two run back to back, in turns, and every other pass runs the bandwidths in reverse")
+              + "; both are CPU-bound at all of them). samples/s of DirectQ vs AQ-SGD (pooled medians, as in the table) and AQ-SGD's difference: "
               + "; ".join(pair_text(b, a, d) for b, (a, d) in paired.items())
               + (f". Achieved / min(compute, wire limit) of the shaped ones against the paired run's own unshaped cells, "
                  f"AQ-SGD / DirectQ: {ach}." if ach else "."))

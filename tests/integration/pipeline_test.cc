@@ -143,6 +143,33 @@ TEST_F(PipelineTest, ThreeStageFp32PipelineTrainsLikeOneStage) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4) << "step " << i;
 }
 
+// shaping.bandwidthScheduleMbps (the slownet bench's sweeps): step g runs at
+// schedule[g % 2], every stage reports it, a shaped step cannot beat its
+// link's bytes / rate, and shaping changes nothing of what is trained.
+TEST_F(PipelineTest, BandwidthScheduleShapesEachStepAtItsOwnRate) {
+  const std::string plain = (dir_ / "plain").string(), swept = (dir_ / "swept").string();
+  ASSERT_EQ(RunPipeline(WriteJob("plain", "fp32", 2, 4, 1), plain), 0) << output_;
+  ASSERT_EQ(RunPipeline(WriteJob("swept", "fp32", 2, 4, 1, 3, R"(,"shaping":{"bandwidthScheduleMbps":[0,2]})"), swept),
+            0)
+      << output_;
+  EXPECT_EQ(Losses(plain), Losses(swept));
+  std::ifstream events(fs::path(swept) / "events.jsonl");
+  int lines = 0;
+  for (std::string l; std::getline(events, l);) {
+    nlohmann::json e = nlohmann::json::parse(l, nullptr, false);
+    if (!e.is_object() || e.value("event", "") != "step") continue;
+    ++lines;
+    const int64_t step = e.value("step", -1);
+    ASSERT_EQ(e.value("bandwidth_mbps", -1.0), step % 2 == 0 ? 0.0 : 2.0) << l;
+    if (step % 2 == 1 && e.value("stage", -1) == 0) {
+      const double wire = e.value("fw_bytes", 0.0) * 8 / 2e6;
+      EXPECT_GT(wire, 0.05) << l;
+      EXPECT_GE(e.value("step_seconds", 0.0), wire) << l;
+    }
+  }
+  EXPECT_EQ(lines, 8);
+}
+
 TEST_F(PipelineTest, TwoByTwoGridWithQuantizedAdamTrainsAndKeepsReplicasBitIdentical) {
   const std::string out = (dir_ / "grid").string();
   const std::string job = WriteJob("grid", "aqsgd", 2, 8, 10, 3,
