@@ -53,6 +53,12 @@ TEST(JobSpecTest, PreciseErrors) {
       {R"({"schedule":"interleaved"})", "schedule: 'interleaved'"},
       {R"({"scheduleInFlight":5000})", "schedule_in_flight"},
   };
+  std::string many = R"({"shaping":{"bandwidthScheduleMbps":[1)";
+  for (int i = 0; i < 1024; ++i) many += ",1";
+  many += "]}}";
+  auto too_many = ParseJobSpec(many);
+  EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_many.status().message().find("at most 1024"), std::string::npos) << too_many.status();
   for (const auto& c : cases) {
     auto job = ParseJobSpec(c.json);
     ASSERT_FALSE(job.ok()) << c.json;
