@@ -644,11 +644,27 @@ if os.path.exists(netns):
     md.append("")
     md.append("### Kernel shaping (`deploy/netns/run_tc.sh`: namespaces + veth + `tc tbf`) vs user-space shaping")
     md.append("")
-    md.append("Same job, stage 0 step_seconds over the same window; one run each, so expect the noise above.")
+    md.append("Same job, stage 0 step_seconds over the same window; one run each, so expect the noise above. `tc CPU/st`, "
+              "`user CPU/st`: CPU seconds per step of all 4 stages (their processes' own time, which includes the kernel's "
+              "TCP/IP work done in their context); `wire/app`: bytes link 0's forward qdisc sent per byte the application "
+              "sent (TCP/IP and Ethernet headers, the ACKs of the other direction's data, retransmissions).")
     md.append("")
     md.append("```")
     md.append(open(netns).read().rstrip())
     md.append("```")
+    md.append("")
+    md.append("Where the kernel-shaped runs lose (spot checks on 2026-11-25, fp32, `sudo BWS=... MODES=fp32 "
+              "deploy/netns/run_tc.sh`): at 100 Mbit/s fp32 is CPU-bound in both, and the real TCP/IP path over veth "
+              "(1500-byte MTU; 25 MB per step across the 3 links) cost the stages 36-47% more CPU per step than "
+              "loopback with 64 KiB segments (three runs), on the same 2 cores as the model: tc/user roughly follows the CPU ratio. At "
+              "10 Mbit/s both are link-bound; headers and ACKs cost ~6.5% of the wire (wire/app), and the rest of the gap "
+              "(tc/user 0.79-0.87 over four runs of the same job) did not move with the tbf queue (`TBF_LATENCY_MS=20` vs "
+              "500: 0.78 vs 0.82) or with `net.ipv4.tcp_slow_start_after_idle=0` set in the namespaces by hand (0.86 vs 0.87 with the "
+              "default). Not pinned down; presumably TCP's own dynamics on a shaped link that carries both directions of "
+              "one gRPC stream, which the user-space wire (a FIFO that delivers a frame once its last byte has left) does "
+              "not model. The user-space numbers are "
+              "therefore an upper bound for fp32 on real TCP links by ~15-20%; AQ-SGD's links, carrying ~5-10x fewer "
+              "bytes, come out within the noise.")
 section = "\n".join(md) + "\n"
 
 begin, end = "<!-- slownet:begin -->", "<!-- slownet:end -->"

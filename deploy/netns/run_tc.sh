@@ -15,6 +15,7 @@
 # Environment: AQSWARM (binary, default build/aqswarm), BWS (Mbit/s list),
 # MODES (fp32 | directq:FW:BW | aqsgd:FW:BW), STAGES (4), SKIP (steps dropped,
 # default 3), STEPS (timed steps, default 6), OUT (run dir, default a temp dir),
+# TBF_LATENCY_MS (the tbf queue, default 500),
 # and the model knobs SEQ (64) DMODEL (32) MB (8) M (64) VOCAB (256) LAYERS (4)
 # HEADS (2): the same defaults as `aqswarm bench slownet`. Set OPENBLAS_CORETYPE
 # as the bench does on CPUs OpenBLAS does not know (scripts/bench_slownet.sh
@@ -41,6 +42,7 @@ MODES=${MODES:-"fp32 aqsgd:3:6"}
 STAGES=${STAGES:-4}
 SKIP=${SKIP:-3}
 STEPS=${STEPS:-6}
+TBF_LATENCY_MS=${TBF_LATENCY_MS:-500}
 SEQ=${SEQ:-64}; DMODEL=${DMODEL:-32}; MB=${MB:-8}; M=${M:-64}; VOCAB=${VOCAB:-256}
 LAYERS=${LAYERS:-4}; HEADS=${HEADS:-2}
 SPE=1  # steps per epoch of the synthetic corpus (AQ-SGD FULL epoch 0 = step 0)
@@ -68,7 +70,7 @@ make_topology() {
   # tbf: burst = one 4 ms tick of the rate (>= 16 KiB; tbf segments larger GSO
   # packets). Keep it small: the user-space bucket gives no burst credit at all,
   # and a 128 KiB burst let AQ-SGD's small bursty frames through at 1.7x the
-  # user-space rate at 10 Mbit/s. Queue up to 500 ms.
+  # user-space rate at 10 Mbit/s. Queue up to TBF_LATENCY_MS (default 500 ms).
   local burst=$(( bw * 1000000 / 8 / 250 ))
   (( burst < 16384 )) && burst=16384
   for l in $(seq 0 $((STAGES - 2))); do
@@ -78,8 +80,8 @@ make_topology() {
     ip -n "$b" addr add "10.77.$l.2/24" dev "sn${l}d$$"
     ip -n "$a" link set "sn${l}u$$" up
     ip -n "$b" link set "sn${l}d$$" up
-    ip netns exec "$a" tc qdisc add dev "sn${l}u$$" root tbf rate "${bw}mbit" burst "$burst" latency 500ms
-    ip netns exec "$b" tc qdisc add dev "sn${l}d$$" root tbf rate "${bw}mbit" burst "$burst" latency 500ms
+    ip netns exec "$a" tc qdisc add dev "sn${l}u$$" root tbf rate "${bw}mbit" burst "$burst" latency "${TBF_LATENCY_MS}ms"
+    ip netns exec "$b" tc qdisc add dev "sn${l}d$$" root tbf rate "${bw}mbit" burst "$burst" latency "${TBF_LATENCY_MS}ms"
   done
 }
 
@@ -110,6 +112,23 @@ samples_per_s_from_csv() {
   awk -F, -v skip="$SKIP" -v per=$(( MB * M )) 'NR > 1 && $1 >= skip { t += $5; n++ } END { if (n) printf "%.1f", n * per / t; else print "nan" }' "$1"
 }
 
+# CPU seconds per timed step, summed over the stages (their step lines'
+# cpu_seconds: the process's own time, which includes the kernel's TCP/IP
+# work done in its context).
+cpu_per_step() {  # step-line files...
+  cat "$@" | grep '"event":"step"' | sed -E 's/.*"step":([0-9]+),.*"cpu_seconds":([0-9.]+),.*/\1 \2/' |
+    awk -v skip="$SKIP" '$1 >= skip { t += $2; if (!($1 in seen)) { seen[$1] = 1; n++ } } END { if (n) printf "%.3f", t / n; else print "nan" }'
+}
+# Bytes the qdisc of link 0's forward end has sent (L2 frames: TCP/IP headers,
+# ACKs and retransmissions included).
+qdisc_sent() {
+  ip netns exec "${PREFIX}-0" tc -s qdisc show dev "sn0u$$" | awk '/Sent/ { print $2; exit }'
+}
+# Bytes the application sent on link 0 forward (stage 0's fw_bytes, every step).
+app_fw_bytes() {
+  grep '"event":"step"' "$1" | sed -E 's/.*"fw_bytes":([0-9]+).*/\1/' | awk '{ t += $1 } END { printf "%d", t }'
+}
+
 # ---------------------------------------------------------------- runs
 run_netns() {  # dir
   local dir=$1 next="" line port
@@ -138,21 +157,33 @@ run_netns() {  # dir
   return $rc
 }
 
-printf '%-16s %8s %16s %16s %8s\n' mode Mbit/s "tc tbf samp/s" "user-space samp/s" "tc/user" | tee "$OUT/summary.txt"
+# Columns: samples/s under tc and in user space and their ratio; CPU seconds
+# per step of all stages under each (the kernel's TCP/IP path over veth costs
+# CPU that loopback with 64 KiB segments does not, on the same 2 cores as the
+# model); bytes link 0's forward qdisc sent per application byte (headers,
+# ACKs of the other direction's data, retransmissions).
+printf '%-16s %8s %16s %16s %8s %10s %10s %10s\n' mode Mbit/s "tc tbf samp/s" "user-space samp/s" "tc/user" \
+  "tc CPU/st" "user CPU/st" "wire/app" | tee "$OUT/summary.txt"
 for bw in $BWS; do
   make_topology "$bw"
   for mode in $MODES; do
     d="$OUT/${mode//:/_}-${bw}mbit"
     mkdir -p "$d/tc" "$d/user"
     write_job "$d/tc/job.json" "$mode" 0
+    sent0=$(qdisc_sent)
     run_netns "$d/tc" || { echo "run_tc.sh: netns run failed, logs in $d/tc" >&2; exit 1; }
+    wire=$(( $(qdisc_sent) - sent0 ))
+    app=$(app_fw_bytes "$d/tc/stage-0.jsonl")
     tc_sps=$(samples_per_s_from_steps "$d/tc/stage-0.jsonl")
+    tc_cpu=$(cpu_per_step "$d"/tc/stage-*.jsonl)
     write_job "$d/user/job.json" "$mode" "$bw"
     "$AQSWARM" pipeline --job="$d/user/job.json" --out_dir="$d/user/run" >"$d/user/pipeline.out" 2>&1 ||
       { echo "run_tc.sh: user-space run failed, see $d/user" >&2; exit 1; }
     user_sps=$(samples_per_s_from_csv "$d/user/run/metrics.csv")
-    printf '%-16s %8s %16s %16s %8s\n' "$mode" "$bw" "$tc_sps" "$user_sps" \
-      "$(awk -v a="$tc_sps" -v b="$user_sps" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "nan" }')" |
+    user_cpu=$(cpu_per_step "$d/user/run/events.jsonl")
+    printf '%-16s %8s %16s %16s %8s %10s %10s %10s\n' "$mode" "$bw" "$tc_sps" "$user_sps" \
+      "$(awk -v a="$tc_sps" -v b="$user_sps" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "nan" }')" \
+      "$tc_cpu" "$user_cpu" "$(awk -v a="$wire" -v b="$app" 'BEGIN { if (b > 0) printf "%.3f", a / b; else print "nan" }')" |
       tee -a "$OUT/summary.txt"
   done
 done
