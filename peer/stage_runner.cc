@@ -375,9 +375,10 @@ class StageRunnerImpl final : public StageRunner {
     return absl::OkStatus();
   }
 
-  // The links' bandwidth in step `gs` (JobSpec shaping.bandwidth_schedule_mbps),
-  // applied to this stage's sending directions and DP exchange from now on.
-  double StepBandwidth(int64_t gs) {
+  // Applies the links' bandwidth of step `gs` (JobSpec
+  // shaping.bandwidth_schedule_mbps) to this stage's sending directions and
+  // DP exchange from now on; returns it.
+  double ApplyStepBandwidth(int64_t gs) {
     const auto& schedule = job_.shaping().bandwidth_schedule_mbps();
     if (schedule.empty()) return job_.shaping().bandwidth_mbps();
     const double mbps = schedule[static_cast<int>(gs % schedule.size())];
@@ -390,7 +391,7 @@ class StageRunnerImpl final : public StageRunner {
   absl::Status RunStep(const pipeline::ShardSchedule& sched, int64_t epoch, int64_t s, int64_t gs) {
     const int m = job_.micro_batches_per_step();
     const int64_t t = job_.model().seq_len();
-    const double mbps = StepBandwidth(gs);
+    const double mbps = ApplyStepBandwidth(gs);
     const absl::Time start = absl::Now();
     const double cpu0 = ProcessCpuSeconds();
     compute_s_ = wait_s_ = dp_s_ = 0;

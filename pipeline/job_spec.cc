@@ -77,6 +77,9 @@ void ApplyJobDefaults(v1::JobSpec* job) {
   if (job->schedule().empty()) job->set_schedule("adaptive");
 }
 
+// Slowest link rate a job may shape to, in Mbit/s (1 kbit/s).
+constexpr double kMinBandwidthMbps = 0.001;
+
 absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   const auto& m = job.model();
   if (m.vocab_size() < 2) return Invalid("model.vocab_size", "must be >= 2");
@@ -119,11 +122,18 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
                    absl::StrCat("'", c.m_precision(), "' is not fp32, fp16 or int8"));
   }
   const auto& s = job.shaping();
-  if (s.bandwidth_mbps() < 0) return Invalid("shaping.bandwidth_mbps", "must be >= 0");
+  // 0 = unshaped; otherwise at least 1 kbit/s (a frame's emulated wire time
+  // must stay finite) and finite.
+  auto bad_bandwidth = [](double b) { return !std::isfinite(b) || b < 0 || (b > 0 && b < kMinBandwidthMbps); };
+  if (bad_bandwidth(s.bandwidth_mbps())) {
+    return Invalid("shaping.bandwidth_mbps", absl::StrCat(s.bandwidth_mbps(), " is not 0 (unshaped) or in [",
+                                                          kMinBandwidthMbps, ", inf) Mbit/s"));
+  }
   if (s.bandwidth_schedule_mbps_size() > 1024) return Invalid("shaping.bandwidth_schedule_mbps", "at most 1024 entries");
   for (double b : s.bandwidth_schedule_mbps()) {
-    if (!(b >= 0) || !std::isfinite(b)) {
-      return Invalid("shaping.bandwidth_schedule_mbps", absl::StrCat(b, " is not a bandwidth (Mbit/s >= 0)"));
+    if (bad_bandwidth(b)) {
+      return Invalid("shaping.bandwidth_schedule_mbps",
+                     absl::StrCat(b, " is not 0 (unshaped) or in [", kMinBandwidthMbps, ", inf) Mbit/s"));
     }
   }
   if (s.latency_ms() < 0 || s.latency_ms() > 10000) return Invalid("shaping.latency_ms", "must be in [0, 10000]");
@@ -169,7 +179,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
                                                               s.bandwidth_schedule_mbps().end(),
                                                               [](double b) { return b > 0; });
   if (dp.transport() == v1::DataParallelSpec::nccl && job.data_parallel() > 1 && shaped) {
-    return Invalid("dp.transport", "nccl is not shaped, but the job shapes its links (shaping.bandwidth_mbps); "
+    return Invalid("dp.transport", "nccl is not shaped, but the job shapes its links (shaping.bandwidth_mbps or "
+                                   "shaping.bandwidth_schedule_mbps); "
                                    "use the gradient_exchange transport to emulate slow links");
   }
   // Empty (a job stored before the field existed) means the default; every
