@@ -10,7 +10,8 @@
 #
 # Environment: AQSWARM (binary, default build/aqswarm), OUT (raw runs and the
 # JSON, default /tmp/aqswarm-slownet), JSON (skip the run, use this file),
-# RUN_NETNS=1 (root: also run deploy/netns/run_tc.sh and put its table in the docs),
+# RUN_NETNS=1 (root: also run deploy/netns/run_tc.sh and put its table in the docs;
+# NETNS_PASSES, default 2, its passes),
 # PAIRED=0 (skip the paired AQ-SGD vs DirectQ cells run after the table).
 # Needs: gnuplot, python3.
 set -euo pipefail
@@ -83,7 +84,12 @@ if [[ ${RUN_NETNS:-0} == 1 ]]; then
   # The same OpenBLAS kernels as the bench's pipelines (see slownet_bench.cc).
   core=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline()).get("blas_core",""))' "$JSON")
   case $core in Haswell|SkylakeX|Cooperlake|SapphireRapids) export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-$core} ;; esac
-  OUT="$OUT/netns" AQSWARM="$AQSWARM" "$ROOT/deploy/netns/run_tc.sh" || echo "bench_slownet.sh: netns check failed" >&2
+  # The tc runs under CUBIC and under BBR where the kernel has both (a fresh
+  # namespace gets the host's default, often one of the two).
+  ccs=""
+  for cc in cubic bbr; do grep -qw "$cc" /proc/sys/net/ipv4/tcp_available_congestion_control && ccs+="$cc "; done
+  OUT="$OUT/netns" AQSWARM="$AQSWARM" TCP_CCS="${TCP_CCS:-${ccs% }}" PASSES="${NETNS_PASSES:-2}" "$ROOT/deploy/netns/run_tc.sh" ||
+    echo "bench_slownet.sh: netns check failed" >&2
 fi
 echo "bench_slownet.sh: results in $JSON"
 # Keep the published run's data beside the docs.
@@ -648,7 +654,19 @@ if os.path.exists(netns):
     md.append("")
     md.append("### Kernel shaping (`deploy/netns/run_tc.sh`: namespaces + veth + `tc tbf`) vs user-space shaping")
     md.append("")
-    md.append("Same job, stage 0 step_seconds over the same window; one run each, so expect the noise above. `tc CPU/st`, "
+    passes = max((len(line.split()[6].split(",")) for line in open(netns).read().splitlines()[1:]
+                  if len(line.split()) == 10), default=1)
+    import datetime
+    when = datetime.datetime.fromtimestamp(os.path.getmtime(netns), datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    ccs_run = " ".join(dict.fromkeys(line.split()[2] for line in open(netns).read().splitlines()[1:]
+                                     if len(line.split()) == 10))
+    md.append(f"Command: `sudo TCP_CCS=\"{ccs_run}\" PASSES={passes} deploy/netns/run_tc.sh` (what "
+              f"`sudo RUN_NETNS=1 scripts/bench_slownet.sh` runs after the table); finished {when}.")
+    md.append("")
+    md.append(f"Same job, stage 0's step_seconds over the same window; {passes} pass(es), each running every cell once "
+              "(the user-space job, then the tc job under each TCP congestion control, `tcp cc`: the namespaces' "
+              "`net.ipv4.tcp_congestion_control`); samples/s at the median step time of all passes' timed steps, and "
+              "`tc/user by pass` the same ratio pass by pass. `tc CPU/st`, "
               "`user CPU/st`: CPU seconds per step of all 4 stages (their processes' own time, which includes the kernel's "
               "TCP/IP work done in their context); `wire/app`: bytes link 0's forward qdisc sent per byte the application "
               "sent (TCP/IP and Ethernet headers, the ACKs of the other direction's data, retransmissions).")
@@ -657,18 +675,49 @@ if os.path.exists(netns):
     md.append(open(netns).read().rstrip())
     md.append("```")
     md.append("")
-    md.append("Where the kernel-shaped runs lose (spot checks on 2026-11-25, fp32, `sudo BWS=... MODES=fp32 "
-              "deploy/netns/run_tc.sh`): at 100 Mbit/s fp32 is CPU-bound in both, and the real TCP/IP path over veth "
-              "(1500-byte MTU; 25 MB per step across the 3 links) cost the stages 36-47% more CPU per step than "
-              "loopback with 64 KiB segments (three runs), on the same 2 cores as the model: tc/user roughly follows the CPU ratio. At "
-              "10 Mbit/s both are link-bound; headers and ACKs cost ~6.5% of the wire (wire/app), and the rest of the gap "
-              "(tc/user 0.79-0.87 over four runs of the same job) did not move with the tbf queue (`TBF_LATENCY_MS=20` vs "
-              "500: 0.78 vs 0.82) or with `net.ipv4.tcp_slow_start_after_idle=0` set in the namespaces by hand (0.86 vs 0.87 with the "
-              "default). Not pinned down; presumably TCP's own dynamics on a shaped link that carries both directions of "
-              "one gRPC stream, which the user-space wire (a FIFO that delivers a frame once its last byte has left) does "
-              "not model. The user-space numbers are "
-              "therefore an upper bound for fp32 on real TCP links by ~15-20%; AQ-SGD's links, carrying ~5-10x fewer "
-              "bytes, come out within the noise.")
+    rows = {}
+    for line in open(netns).read().splitlines()[1:]:
+        f = line.split()
+        if len(f) == 10:
+            rows[(f[0], f[1], f[2])] = {"tc": float(f[3]), "user": float(f[4]), "ratio": float(f[5]),
+                                        "by_pass": f[6].replace(",", ", "), "tc_cpu": float(f[7]),
+                                        "user_cpu": float(f[8]), "wire": float(f[9])}
+    def r(mode, bw, cc):
+        return rows.get((mode, bw, cc))
+    ccs = sorted({k[2] for k in rows})
+    c10, b10 = r("fp32", "10", "cubic"), r("fp32", "10", "bbr")
+    if c10 and b10:
+        md.append(f"- **fp32 at 10 Mbit/s: TCP congestion control.** Both shapings are link-bound here. Under CUBIC "
+                  f"the kernel-shaped runs get {c10['ratio']:.2f} of the user-space ones (pass by pass {c10['by_pass']}), and headers and ACKs take "
+                  f"{(c10['wire'] - 1) * 100:.1f}% of the wire (wire/app {c10['wire']:.3f}): {c10['ratio'] * c10['wire']:.2f} "
+                  f"of the user-space wire's rate in wire bytes, so the user-space wire models a CUBIC link well. Under "
+                  f"BBR (this host's default) they get {b10['ratio']:.2f} (pass by pass {b10['by_pass']}) with the same overhead "
+                  f"({b10['ratio'] * b10['wire']:.2f} in wire bytes): the ~10-15% gap that earlier runs of this check "
+                  "could not pin down (it did not move with the tbf queue or with `tcp_slow_start_after_idle`) is BBR's, "
+                  "not TCP's. BBR paces at its own estimate of the bottleneck rate, and on this token-bucket link that "
+                  "estimate wandered: a spot check with `ss -ti` in the namespaces during a BBR run (2026-11-25, two "
+                  "samples 6 s apart of every link socket's `bbr:(bw:...)` that was not application-limited) read "
+                  "8.3 to 15.3 Mbit/s on the 10 Mbit/s links. A user on a shaped slow link who ships fp32 "
+                  "activations loses that much to BBR; AQ-SGD's links carry ~5-10x fewer bytes and come out the same "
+                  "under both (" + ", ".join(f"{cc} {r('aqsgd:3:6', '10', cc)['ratio']:.2f}" for cc in ccs
+                                                  if r('aqsgd:3:6', '10', cc)) + " at 10 Mbit/s).")
+    ratios10 = [(cc, r("aqsgd:3:6", "10", cc)["tc"] / r("fp32", "10", cc)["tc"]) for cc in ccs
+                if r("aqsgd:3:6", "10", cc) and r("fp32", "10", cc)]
+    if ratios10:
+        u = r("aqsgd:3:6", "10", ratios10[0][0])["user"] / r("fp32", "10", ratios10[0][0])["user"]
+        md.append("- **The 10 Mbit/s target under kernel shaping.** AQ-SGD fw3bw6 over fp32 samples/s in this check: " +
+                  ", ".join(f"{cc} {x:.2f}x" for cc, x in ratios10) + f" (user space, same runs: {u:.2f}x).")
+    c100 = [(mode, cc, r(mode, "100", cc)) for mode in ("fp32", "aqsgd:3:6") for cc in ccs if r(mode, "100", cc)]
+    if c100:
+        costly = [f"{mode} {cc}" for mode, cc, x in c100 if x["tc_cpu"] > 1.1 * x["user_cpu"]]
+        md.append("- **100 Mbit/s: CPU.** Both modes are CPU-bound here under both shapings, on the 2 cores the model "
+                  "runs on. tc/user and, in brackets, tc CPU/st over user CPU/st: " +
+                  "; ".join(f"{mode} {cc} {x['ratio']:.2f} ({x['tc_cpu'] / x['user_cpu']:.2f})" for mode, cc, x in c100) +
+                  ". tc/user follows the CPU ratio: where the real TCP/IP path over veth (1500-byte MTU; fp32 moves "
+                  "25 MB per step across the 3 links) costs the stages more CPU than loopback with 64 KiB segments, the "
+                  "kernel-shaped run is slower by about as much. So the user-space figures at 100 Mbit/s are an upper "
+                  "bound for real TCP links on a CPU-starved machine where that CPU ratio is above 1.1 here (" +
+                  (", ".join(costly) if costly else "none") + ").")
 section = "\n".join(md) + "\n"
 
 begin, end = "<!-- slownet:begin -->", "<!-- slownet:end -->"

@@ -11,11 +11,17 @@
 #
 #   sudo deploy/netns/run_tc.sh                      # 10 and 100 Mbit/s, fp32 and aqsgd fw3bw6
 #   sudo BWS="10" MODES="fp32" deploy/netns/run_tc.sh
+#   sudo TCP_CCS="cubic bbr" deploy/netns/run_tc.sh    # the tc runs under each congestion control
 #
 # Environment: AQSWARM (binary, default build/aqswarm), BWS (Mbit/s list),
 # MODES (fp32 | directq:FW:BW | aqsgd:FW:BW), STAGES (4), SKIP (steps dropped,
-# default 3), STEPS (timed steps, default 6), OUT (run dir, default a temp dir),
-# TBF_LATENCY_MS (the tbf queue, default 500),
+# default 3), STEPS (timed steps, default 6), PASSES (each cell's runs, default 1),
+# OUT (run dir, default a temp dir),
+# TBF_LATENCY_MS (the tbf queue, default 500), TCP_CCS (TCP congestion controls
+# for the namespaced stages, default the host's: a new namespace copies the
+# host's net.ipv4.tcp_congestion_control when it is created, so the script sets
+# the host's for the moment it creates the namespaces and puts it back at
+# once; the user-space run on loopback is not shaped by TCP and runs once),
 # and the model knobs SEQ (64) DMODEL (32) MB (8) M (64) VOCAB (256) LAYERS (4)
 # HEADS (2): the same defaults as `aqswarm bench slownet`. Set OPENBLAS_CORETYPE
 # as the bench does on CPUs OpenBLAS does not know (scripts/bench_slownet.sh
@@ -42,17 +48,27 @@ MODES=${MODES:-"fp32 aqsgd:3:6"}
 STAGES=${STAGES:-4}
 SKIP=${SKIP:-3}
 STEPS=${STEPS:-6}
+PASSES=${PASSES:-1}
 TBF_LATENCY_MS=${TBF_LATENCY_MS:-500}
 SEQ=${SEQ:-64}; DMODEL=${DMODEL:-32}; MB=${MB:-8}; M=${M:-64}; VOCAB=${VOCAB:-256}
 LAYERS=${LAYERS:-4}; HEADS=${HEADS:-2}
+HOST_CC=$(sysctl -n net.ipv4.tcp_congestion_control)
+TCP_CCS=${TCP_CCS:-$HOST_CC}
 SPE=1  # steps per epoch of the synthetic corpus (AQ-SGD FULL epoch 0 = step 0)
 OUT=${OUT:-$(mktemp -d /tmp/aqswarm-netns.XXXXXX)}
 PREFIX="aqsn$$"
 [[ -x $AQSWARM ]] || { echo "run_tc.sh: $AQSWARM not built (cmake --build build --target aqswarm)" >&2; exit 1; }
 mkdir -p "$OUT"
+for cc in $TCP_CCS; do
+  grep -qw -- "$cc" /proc/sys/net/ipv4/tcp_available_congestion_control || {
+    echo "run_tc.sh: TCP congestion control '$cc' not available (have: $(cat /proc/sys/net/ipv4/tcp_available_congestion_control))" >&2
+    exit 2
+  }
+done
 
 PIDS=()
 cleanup() {
+  sysctl -qw net.ipv4.tcp_congestion_control="$HOST_CC" 2>/dev/null || true
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   for s in $(seq 0 $((STAGES - 1))); do ip netns del "${PREFIX}-$s" 2>/dev/null || true; done
 }
@@ -60,12 +76,19 @@ trap cleanup EXIT
 
 # ---------------------------------------------------------------- topology
 # ns <prefix>-s holds stage s; veth l joins ns l (10.77.l.1) and ns l+1 (10.77.l.2).
-make_topology() {
-  local bw=$1
+make_topology() {  # bandwidth congestion-control
+  local bw=$1 cc=$2
   cleanup
+  sysctl -qw net.ipv4.tcp_congestion_control="$cc"
   for s in $(seq 0 $((STAGES - 1))); do
     ip netns add "${PREFIX}-$s"
+  done
+  sysctl -qw net.ipv4.tcp_congestion_control="$HOST_CC"
+  for s in $(seq 0 $((STAGES - 1))); do
     ip -n "${PREFIX}-$s" link set lo up
+    local got
+    got=$(ip netns exec "${PREFIX}-$s" sysctl -n net.ipv4.tcp_congestion_control)
+    [[ $got == "$cc" ]] || { echo "run_tc.sh: namespace got TCP congestion control '$got', not '$cc'" >&2; exit 1; }
   done
   # tbf: burst = one 4 ms tick of the rate (>= 16 KiB; tbf segments larger GSO
   # packets). Keep it small: the user-space bucket gives no burst credit at all,
@@ -103,22 +126,31 @@ write_job() {  # file mode bandwidth(0 = none)
 EOF
 }
 
-# samples/s from stage-0 step lines (JSON, one per line) after SKIP steps.
-samples_per_s_from_steps() {
-  grep '"event":"step"' "$1" | sed -E 's/.*"step":([0-9]+),.*"step_seconds":([0-9.]+),.*/\1 \2/' |
-    awk -v skip="$SKIP" -v per=$(( MB * M )) '$1 >= skip { t += $2; n++ } END { if (n) printf "%.1f", n * per / t; else print "nan" }'
+# "step step_seconds" lines: stage 0's JSON step lines, or a run's metrics.csv.
+steps_from_jsonl() {
+  grep -h '"event":"step"' "$@" | sed -E 's/.*"step":([0-9]+),.*"step_seconds":([0-9.]+),.*/\1 \2/'
 }
-samples_per_s_from_csv() {
-  awk -F, -v skip="$SKIP" -v per=$(( MB * M )) 'NR > 1 && $1 >= skip { t += $5; n++ } END { if (n) printf "%.1f", n * per / t; else print "nan" }' "$1"
+steps_from_csv() { awk -F, 'FNR > 1 { print $1, $5 }' "$@"; }
+# samples/s at the median step time over the steps >= SKIP on stdin (pooled
+# over passes: the bench's estimator, which a slow second in one pass moves less
+# than a mean does).
+median_sps() {
+  awk -v skip="$SKIP" '$1 >= skip { print $2 }' | sort -g |
+    awk -v per=$(( MB * M )) '{ v[NR] = $1 } END {
+      if (!NR) { print "nan"; exit }
+      m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+      printf "%.1f", per / m }'
 }
 
 # CPU seconds per timed step, summed over the stages (their step lines'
 # cpu_seconds: the process's own time, which includes the kernel's TCP/IP
-# work done in its context).
-cpu_per_step() {  # step-line files...
+# work done in its context), for one run.
+cpu_per_step() {  # step-line files of one run...
   cat "$@" | grep '"event":"step"' | sed -E 's/.*"step":([0-9]+),.*"cpu_seconds":([0-9.]+),.*/\1 \2/' |
     awk -v skip="$SKIP" '$1 >= skip { t += $2; if (!($1 in seen)) { seen[$1] = 1; n++ } } END { if (n) printf "%.3f", t / n; else print "nan" }'
 }
+mean() { awk '{ t += $1; n++ } END { if (n) printf "%.3f", t / n; else print "nan" }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "nan" }'; }
 # Bytes the qdisc of link 0's forward end has sent (L2 frames: TCP/IP headers,
 # ACKs and retransmissions included).
 qdisc_sent() {
@@ -157,36 +189,58 @@ run_netns() {  # dir
   return $rc
 }
 
-# Columns: samples/s under tc and in user space and their ratio; CPU seconds
+# Columns: the namespaces' TCP congestion control; samples/s under tc and in
+# user space (at the median step time, all passes pooled), their ratio, and
+# the ratio pass by pass; CPU seconds
 # per step of all stages under each (the kernel's TCP/IP path over veth costs
 # CPU that loopback with 64 KiB segments does not, on the same 2 cores as the
 # model); bytes link 0's forward qdisc sent per application byte (headers,
 # ACKs of the other direction's data, retransmissions).
-printf '%-16s %8s %16s %16s %8s %10s %10s %10s\n' mode Mbit/s "tc tbf samp/s" "user-space samp/s" "tc/user" \
-  "tc CPU/st" "user CPU/st" "wire/app" | tee "$OUT/summary.txt"
+# Every pass runs every cell once (user space, then tc under each congestion
+# control); the summary pools each cell's timed steps over the passes.
+for pass in $(seq 1 "$PASSES"); do
+  for bw in $BWS; do
+    for mode in $MODES; do
+      d="$OUT/${mode//:/_}-${bw}mbit"
+      u="$d/user-p$pass"
+      mkdir -p "$u"
+      write_job "$u/job.json" "$mode" "$bw"
+      "$AQSWARM" pipeline --job="$u/job.json" --out_dir="$u/run" >"$u/pipeline.out" 2>&1 ||
+        { echo "run_tc.sh: user-space run failed, see $u" >&2; exit 1; }
+      echo "pass $pass $mode $bw Mbit/s user space: $(steps_from_csv "$u/run/metrics.csv" | median_sps) samples/s"
+      for cc in $TCP_CCS; do
+        make_topology "$bw" "$cc"
+        t="$d/tc-$cc-p$pass"
+        mkdir -p "$t"
+        write_job "$t/job.json" "$mode" 0
+        sent0=$(qdisc_sent)
+        run_netns "$t" || { echo "run_tc.sh: netns run failed, logs in $t" >&2; exit 1; }
+        echo "$(( $(qdisc_sent) - sent0 )) $(app_fw_bytes "$t/stage-0.jsonl")" >"$t/wire_app_bytes"
+        echo "pass $pass $mode $bw Mbit/s tc ($cc): $(steps_from_jsonl "$t/stage-0.jsonl" | median_sps) samples/s"
+      done
+    done
+  done
+done
+
+printf '%-16s %8s %6s %16s %16s %8s %16s %10s %10s %10s\n' mode Mbit/s "tcp cc" "tc tbf samp/s" "user-space samp/s" \
+  "tc/user" "tc/user by pass" "tc CPU/st" "user CPU/st" "wire/app" | tee "$OUT/summary.txt"
 for bw in $BWS; do
-  make_topology "$bw"
   for mode in $MODES; do
     d="$OUT/${mode//:/_}-${bw}mbit"
-    mkdir -p "$d/tc" "$d/user"
-    write_job "$d/tc/job.json" "$mode" 0
-    sent0=$(qdisc_sent)
-    run_netns "$d/tc" || { echo "run_tc.sh: netns run failed, logs in $d/tc" >&2; exit 1; }
-    wire=$(( $(qdisc_sent) - sent0 ))
-    app=$(app_fw_bytes "$d/tc/stage-0.jsonl")
-    tc_sps=$(samples_per_s_from_steps "$d/tc/stage-0.jsonl")
-    tc_cpu=$(cpu_per_step "$d"/tc/stage-*.jsonl)
-    write_job "$d/user/job.json" "$mode" "$bw"
-    "$AQSWARM" pipeline --job="$d/user/job.json" --out_dir="$d/user/run" >"$d/user/pipeline.out" 2>&1 ||
-      { echo "run_tc.sh: user-space run failed, see $d/user" >&2; exit 1; }
-    user_sps=$(samples_per_s_from_csv "$d/user/run/metrics.csv")
-    user_cpu=$(cpu_per_step "$d/user/run/events.jsonl")
-    printf '%-16s %8s %16s %16s %8s %10s %10s %10s\n' "$mode" "$bw" "$tc_sps" "$user_sps" \
-      "$(awk -v a="$tc_sps" -v b="$user_sps" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "nan" }')" \
-      "$tc_cpu" "$user_cpu" "$(awk -v a="$wire" -v b="$app" 'BEGIN { if (b > 0) printf "%.3f", a / b; else print "nan" }')" |
-      tee -a "$OUT/summary.txt"
+    user_sps=$(steps_from_csv "$d"/user-p*/run/metrics.csv | median_sps)
+    user_cpu=$(for u in "$d"/user-p*; do cpu_per_step "$u/run/events.jsonl"; echo; done | mean)
+    for cc in $TCP_CCS; do
+      tc_sps=$(steps_from_jsonl "$d"/tc-"$cc"-p*/stage-0.jsonl | median_sps)
+      tc_cpu=$(for t in "$d"/tc-"$cc"-p*; do cpu_per_step "$t"/stage-*.jsonl; echo; done | mean)
+      by_pass=$(for pass in $(seq 1 "$PASSES"); do
+                  ratio "$(steps_from_jsonl "$d/tc-$cc-p$pass/stage-0.jsonl" | median_sps)" \
+                        "$(steps_from_csv "$d/user-p$pass/run/metrics.csv" | median_sps)"; echo; done | paste -sd, -)
+      wire_app=$(cat "$d"/tc-"$cc"-p*/wire_app_bytes | awk '{ w += $1; a += $2 } END { if (a > 0) printf "%.3f", w / a; else print "nan" }')
+      printf '%-16s %8s %6s %16s %16s %8s %16s %10s %10s %10s\n' "$mode" "$bw" "$cc" "$tc_sps" "$user_sps" \
+        "$(ratio "$tc_sps" "$user_sps")" "$by_pass" "$tc_cpu" "$user_cpu" "$wire_app" | tee -a "$OUT/summary.txt"
+    done
   done
 done
 # Unshaped reference over the same namespaces with no qdisc would need another
 # topology; the bench's unshaped cells give it.
-echo "runs in $OUT (stage JSON lines: */tc/stage-*.jsonl)"
+echo "runs in $OUT (stage JSON lines: */tc-*-p*/stage-*.jsonl)"
