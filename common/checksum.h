@@ -11,7 +11,8 @@ namespace aqswarm {
 uint64_t Checksum64(const void* data, size_t size, uint64_t seed = 0);
 
 // Incremental form: feed pieces, then Digest(). Same value as Checksum64 of the
-// concatenation.
+// concatenation. The hash state lives inside the object (no allocation): a
+// Checksummer on the stack is cheap enough for a few dozen bytes per row.
 class Checksummer {
  public:
   explicit Checksummer(uint64_t seed = 0);
@@ -22,7 +23,10 @@ class Checksummer {
   uint64_t Digest() const;
 
  private:
-  void* state_;  // XXH3_state_t
+  // An XXH3_state_t (576 bytes in xxHash 0.8, 64-byte aligned); checksum.cc
+  // checks that it fits.
+  static constexpr size_t kStateBytes = 640;
+  alignas(64) unsigned char state_[kStateBytes];
 };
 
 }  // namespace aqswarm

@@ -36,7 +36,11 @@
 // exceed the budget first evicts rows oldest-written first (FIFO by write
 // order) until the new row fits; a row larger than the whole budget is not
 // stored (and any older version of it is deleted). Evicted rows are deleted
-// and counted; they simply read as unseen.
+// and counted; they simply read as unseen. With no budget (0) nothing is
+// evicted, and an overwrite that keeps a row's size keeps its place in the
+// write order too (its index entry is not rewritten: half the writes of a
+// steady epoch), so a store reopened later WITH a budget evicts such rows by
+// their first write.
 //
 // Example:
 //   AQSWARM_ASSIGN_OR_RETURN(auto store, RocksDbMessageStore::Open(options));

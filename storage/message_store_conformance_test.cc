@@ -403,6 +403,43 @@ TEST_P(MessageStoreConformanceTest, OverwriteUnderASmallerBudgetEvictsDownToIt) 
   ExpectStored(link, 3, 2);
 }
 
+// Without a budget a same-size overwrite writes the row alone (no index
+// entry): the row is the new one, the accounting stays exact across a reopen,
+// and the row keeps its first write's place in the eviction order, which a
+// store reopened with a budget then follows. A size change still updates it.
+TEST_P(MessageStoreConformanceTest, WithoutABudgetAnOverwriteKeepsItsFirstWritePlace) {
+  const LinkSpec link = SmallLink();
+  LinkSpec big = link;
+  big.rows = 40;
+  const uint64_t row_bytes = internal::kKeyBytes + internal::kRowHeaderBytes + link.payload_bytes();
+  Put(link, {1, 2, 3}, 1);
+  Put(big, {4}, 1);
+  Put(link, {1}, 2);  // same size: row only
+  Put(link, {4}, 2);  // smaller than before: index entry rewritten
+  ExpectStored(link, 1, 2);
+  ExpectStored(link, 4, 2);
+  MessageStoreStats stats = store_->GetStats();
+  EXPECT_EQ(stats.live_rows, 4u);
+  EXPECT_EQ(stats.live_bytes, 4 * row_bytes);
+  EXPECT_EQ(stats.rows_written, 6u);
+  if (!harness_->persistent()) return;
+  OpenWithCapacity(4 * row_bytes);
+  stats = store_->GetStats();
+  EXPECT_EQ(stats.live_rows, 4u);
+  EXPECT_EQ(stats.live_bytes, 4 * row_bytes);
+  ExpectStored(link, 1, 2);
+  Put(link, {5}, 1);  // evicts 1: first written, though overwritten since
+  EXPECT_TRUE(absl::IsNotFound(Get(link, 1).status));
+  ExpectStored(link, 2, 1);
+  ExpectStored(link, 4, 2);
+  ExpectStored(link, 5, 1);
+  // With a budget an overwrite moves the row to the back again.
+  Put(link, {2}, 2);
+  Put(link, {6}, 1);  // evicts 3, not 2
+  EXPECT_TRUE(absl::IsNotFound(Get(link, 3).status));
+  ExpectStored(link, 2, 2);
+}
+
 TEST_P(MessageStoreConformanceTest, ConcurrentPutsAndGetsSeeWholeRows) {
   const LinkSpec link = SmallLink(RowPrecision::kFloat16);
   constexpr int kThreads = 4, kRounds = 40;

@@ -182,7 +182,15 @@ void RocksDbMessageStore::ReadRaw(absl::Span<const std::string> keys, bool memor
   const size_t n = keys.size();
   std::vector<rocksdb::Slice> slices(n);
   for (size_t i = 0; i < n; ++i) slices[i] = ToSlice(keys[i]);
-  std::vector<rocksdb::PinnableSlice> values(n);
+  // A value RocksDB cannot pin (a memtable row: in-place updates copy it out
+  // under the key's lock) lands in a buffer of this thread that keeps its
+  // capacity from call to call: a row-sized malloc and free per read is what
+  // it would cost otherwise, in a heap the model's tensors keep fragmenting.
+  thread_local std::vector<std::string> buffers;
+  if (buffers.size() < n) buffers.resize(n);
+  std::vector<rocksdb::PinnableSlice> values;
+  values.reserve(n);
+  for (size_t i = 0; i < n; ++i) values.emplace_back(&buffers[i]);
   std::vector<rocksdb::Status> statuses(n);
   rocksdb::ReadOptions ro;
   ro.verify_checksums = options_.verify_rocksdb_checksums;
@@ -199,6 +207,12 @@ void RocksDbMessageStore::ReadRaw(absl::Span<const std::string> keys, bool memor
     } else {
       visit(i, absl::OkStatus(), std::string_view(values[i].data(), values[i].size()));
     }
+    values[i].Reset();  // release a pinned block before the next key's visit
+  }
+  // Keep what a steady stream of small rows needs, not a one-off huge batch.
+  constexpr size_t kMaxKeptBytes = 1ull << 20;
+  for (size_t i = 0; i < n; ++i) {
+    if (buffers[i].capacity() > kMaxKeptBytes) std::string().swap(buffers[i]);
   }
 }
 

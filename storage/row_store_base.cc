@@ -282,6 +282,15 @@ absl::Status RowStoreBase::CommitPut(std::unique_ptr<EncodedPut> encoded) {
     // update its entries in place, moving the key string between the
     // eviction-order nodes, so the bookkeeping allocates nothing.
     auto it = index_.find(keys[i]);
+    // Without a budget nothing is ever evicted: an overwrite of the same size
+    // (every put of a steady epoch) changes nothing the index holds but the
+    // write order, so it writes the row alone. A row keeps the place of its
+    // first write (message_store.h, "Capacity budget").
+    if (it != index_.end() && capacity_bytes_ == 0 && it->second.bytes == bytes) {
+      ops.push_back({false, std::move(keys[i]), std::move(rows[i])});
+      ++written;
+      continue;
+    }
     if (it != index_.end() &&
         (capacity_bytes_ == 0 || live_bytes_ - it->second.bytes + bytes <= capacity_bytes_)) {
       auto old = by_seq_.find(it->second.seq);

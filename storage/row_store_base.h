@@ -10,7 +10,8 @@
 // Budget bookkeeping: an in-memory index (row key -> write seq, bytes) plus a
 // persisted index entry per row (kind 0x02, row_codec.h) written in the SAME
 // atomic batch as the row, so a reopened store rebuilds the exact index by
-// scanning small index entries instead of reading every row.
+// scanning small index entries instead of reading every row. Without a budget
+// a same-size overwrite leaves both untouched (message_store.h).
 //
 // Thread-safety: thread-safe. Writes (PutBatch, DropLink) are serialised by
 // `mu_`, which also guards the index; reads run concurrently with each other
