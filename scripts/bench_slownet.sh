@@ -559,15 +559,24 @@ if paired:
 if la and ld:
     by = lambda c: " / ".join(f"{x:.2f}" for x in c.get("cpu_ms_per_sample_by_stage") or [])
     md.append(f"- **AQ-SGD's extra CPU** (the paired unshaped cells): {cpu(la):.2f} vs {cpu(ld):.2f} CPU ms per sample "
-              f"({100 * (cpu(la) / cpu(ld) - 1):+.0f}%; by stage {by(la)} vs {by(ld)}): every link end adds about the same. "
-              "Where it goes (spot check on 2026-11-25 with the build of this table: `perf record -a -g -F 999 -- sleep 15`, 12 s into "
+              f"({100 * (cpu(la) / cpu(ld) - 1):+.0f}%; by stage {by(la)} vs {by(ld)})"
+              + (": every link end adds about the same. " if cpu(la) > 1.02 * cpu(ld) else ". ") +
+              "Where it went (spot check on 2026-11-25 with the build before this table's, ffcbdf2: `perf record -a -g -F 999 -- sleep 15`, 12 s into "
               "`aqswarm pipeline --job=J` with J the paired run's job.json of each mode, unshaped, at maxSteps 60, every "
               "library's samples compared after scaling DirectQ's by the ratio of the model's kernels, libtorch, sleef and "
               "OpenBLAS, between the two runs): AQ-SGD's extra was 3.8% of all CPU samples (the model's kernels: 67%, so "
               "+5.7% on top of them, as in the table): RocksDB 1.8% (memtable skip-list lookups and key compares in memory "
               "the model keeps evicting from the caches), our code 1.2% (delta coding and the sender's second Decode, the "
               "row store's CommitPut ~0.2%, fp16 conversions ~0.4%), libc 0.7% (row copies, the in-place updates' "
-              "rwlocks). An earlier spot check (2026-11-22) found the same split. No single piece dominates; on a "
+              "rwlocks). An earlier spot check (2026-11-22) found the same split. This table's build (dcc4d1b) cut three "
+              "pieces of it: without a byte budget (the peers run none) an overwrite writes the row alone, not also its "
+              "index entry (half the memtable updates of a put); reads copy memtable rows into per-thread buffers kept "
+              "between calls instead of a fresh row-sized string each; row checksums keep their hash state on the stack "
+              "(`aqswarm bench link --repeats=3 --link_stores=rocksdb,memory` alternated 6 times with the binary before "
+              "each change, medians: AQ-SGD's extra 10.0 -> 8.9 us per sample and link for the reads and checksums, "
+              "9.5 -> 8.7 for the index entries). The previous build's paired cells (the same command, 2026-11-25, "
+              "docs of ffcbdf2) had AQ-SGD at -5.1..-6.5% from DirectQ with +7-9% CPU per sample. No single piece "
+              "dominated; on a "
               "CPU-bound 2-core machine all of it is on the cores the model needs, and handing the writes to a "
               "background thread at low priority instead (an earlier experiment with a temporary change not in the "
               "tree: prefetcher threads at nice 19, Prefetcher::Options::inline_write_bytes = 0; 12 alternating "
@@ -581,11 +590,15 @@ if la and ld:
               "--slownet_modes=aqsgd:3:6 --slownet_grid=false --slownet_repeats=1 --slownet_steps=40` of the two "
               "binaries gave 1082 vs 1084 samples/s and 1.826 vs 1.825 CPU ms per sample (medians; DirectQ in the "
               "same rounds 1146 samples/s, 1.726 ms)."
-              + (f" In the pipelines the same work costs more than the link bench measures (the paired unshaped cells: "
-                 f"{cpu(la) - cpu(ld):+.2f} ms per sample), and the paired cells put AQ-SGD "
+              + (f" This table's paired cells put AQ-SGD "
                  f"{100 * min(rel.values()):+.1f}..{100 * max(rel.values()):+.1f}% from DirectQ across the bandwidths, "
-                 f"the unshaped one ({100 * rel[0]:+.1f}%) included: CPU work on the 2 cores the model runs on, not "
-                 "waiting on links." if paired and 0 in rel else ""))
+                 f"the unshaped one ({100 * rel[0]:+.1f}%) included, with {cpu(la) - cpu(ld):+.2f} ms of CPU per sample "
+                 "between the unshaped pipelines: whatever gap remains is CPU work on the 2 cores the model runs on, not "
+                 "waiting on links" + (
+                     ", and the 95% intervals of the pass-by-pass ratios above include no difference at every bandwidth."
+                     if all(lo <= 1 <= hi for lo, hi in (boot_interval(pass_ratios(a, d)) for a, d in paired.values()))
+                     else ".")
+                 if paired and 0 in rel else ""))
 def own0(c):
     for x in cells:
         if x["grid"] == c["grid"] and x["label"] == c["label"] and x["bandwidth_mbps"] == 0: return x
