@@ -20,6 +20,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 AQSWARM=${AQSWARM:-$ROOT/build/aqswarm}
 OUT=${OUT:-/tmp/aqswarm-slownet}
+[[ ${PAIRED_RUNS:-2} =~ ^[1-9][0-9]*$ ]] || { echo "bench_slownet.sh: PAIRED_RUNS must be a positive integer" >&2; exit 2; }
 DOC=$ROOT/docs/BENCHMARKS.md
 for tool in gnuplot python3; do
   command -v "$tool" >/dev/null || { echo "bench_slownet.sh: needs $tool" >&2; exit 1; }
@@ -715,12 +716,19 @@ if os.path.exists(netns):
     md.append("")
     md.append("### Kernel shaping (`deploy/netns/run_tc.sh`: namespaces + veth + `tc tbf`) vs user-space shaping")
     md.append("")
-    passes = max((len(line.split()[6].split(",")) for line in open(netns).read().splitlines()[1:]
-                  if len(line.split()) == 10), default=1)
+    netns_text = open(netns).read()
+    # mode, Mbit/s, cc -> the summary's columns (deploy/netns/run_tc.sh).
+    rows = {}
+    for line in netns_text.splitlines()[1:]:
+        f = line.split()
+        if len(f) == 10:
+            rows[(f[0], f[1], f[2])] = {"tc": float(f[3]), "user": float(f[4]), "ratio": float(f[5]),
+                                        "by_pass": f[6].replace(",", ", "), "tc_cpu": float(f[7]),
+                                        "user_cpu": float(f[8]), "wire": float(f[9])}
+    passes = max((len(x["by_pass"].split(", ")) for x in rows.values()), default=1)
+    ccs_run = " ".join(dict.fromkeys(k[2] for k in rows))
     import datetime
     when = datetime.datetime.fromtimestamp(os.path.getmtime(netns), datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    ccs_run = " ".join(dict.fromkeys(line.split()[2] for line in open(netns).read().splitlines()[1:]
-                                     if len(line.split()) == 10))
     md.append(f"Command: `sudo TCP_CCS=\"{ccs_run}\" PASSES={passes} deploy/netns/run_tc.sh` (what "
               f"`sudo RUN_NETNS=1 scripts/bench_slownet.sh` runs after the table); finished {when}.")
     md.append("")
@@ -733,16 +741,9 @@ if os.path.exists(netns):
               "sent (TCP/IP and Ethernet headers, the ACKs of the other direction's data, retransmissions).")
     md.append("")
     md.append("```")
-    md.append(open(netns).read().rstrip())
+    md.append(netns_text.rstrip())
     md.append("```")
     md.append("")
-    rows = {}
-    for line in open(netns).read().splitlines()[1:]:
-        f = line.split()
-        if len(f) == 10:
-            rows[(f[0], f[1], f[2])] = {"tc": float(f[3]), "user": float(f[4]), "ratio": float(f[5]),
-                                        "by_pass": f[6].replace(",", ", "), "tc_cpu": float(f[7]),
-                                        "user_cpu": float(f[8]), "wire": float(f[9])}
     def r(mode, bw, cc):
         return rows.get((mode, bw, cc))
     ccs = sorted({k[2] for k in rows})

@@ -208,10 +208,8 @@ void RocksDbMessageStore::ReadRaw(absl::Span<const std::string> keys, bool memor
       visit(i, absl::OkStatus(), std::string_view(values[i].data(), values[i].size()));
     }
     values[i].Reset();  // release a pinned block before the next key's visit
-  }
-  // Keep what a steady stream of small rows needs, not a one-off huge batch.
-  constexpr size_t kMaxKeptBytes = 1ull << 20;
-  for (size_t i = 0; i < n; ++i) {
+    // Keep what a steady stream of small rows needs, not a one-off huge row.
+    constexpr size_t kMaxKeptBytes = 1ull << 20;
     if (buffers[i].capacity() > kMaxKeptBytes) std::string().swap(buffers[i]);
   }
 }

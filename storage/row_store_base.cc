@@ -278,9 +278,6 @@ absl::Status RowStoreBase::CommitPut(std::unique_ptr<EncodedPut> encoded) {
   uint64_t evicted = 0, written = 0;
   for (size_t i = 0; i < n; ++i) {
     const uint64_t bytes = keys[i].size() + rows[i].size();
-    // Overwriting a row (every put of a steady epoch) that needs no eviction:
-    // update its entries in place, moving the key string between the
-    // eviction-order nodes, so the bookkeeping allocates nothing.
     auto it = index_.find(keys[i]);
     // Without a budget nothing is ever evicted: an overwrite of the same size
     // (every put of a steady epoch) changes nothing the index holds but the
@@ -291,6 +288,9 @@ absl::Status RowStoreBase::CommitPut(std::unique_ptr<EncodedPut> encoded) {
       ++written;
       continue;
     }
+    // Overwriting a row that needs no eviction: update its entries in place,
+    // moving the key string between the eviction-order nodes, so the
+    // bookkeeping allocates nothing.
     if (it != index_.end() &&
         (capacity_bytes_ == 0 || live_bytes_ - it->second.bytes + bytes <= capacity_bytes_)) {
       auto old = by_seq_.find(it->second.seq);

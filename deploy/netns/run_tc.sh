@@ -49,6 +49,7 @@ STAGES=${STAGES:-4}
 SKIP=${SKIP:-3}
 STEPS=${STEPS:-6}
 PASSES=${PASSES:-1}
+[[ $PASSES =~ ^[1-9][0-9]*$ ]] || { echo "run_tc.sh: PASSES must be a positive integer, got '$PASSES'" >&2; exit 2; }
 TBF_LATENCY_MS=${TBF_LATENCY_MS:-500}
 SEQ=${SEQ:-64}; DMODEL=${DMODEL:-32}; MB=${MB:-8}; M=${M:-64}; VOCAB=${VOCAB:-256}
 LAYERS=${LAYERS:-4}; HEADS=${HEADS:-2}
