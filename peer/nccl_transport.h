@@ -20,8 +20,9 @@
 // protobufs (the exchange interface is host-side): they are staged through
 // device buffers that grow to the largest chunk seen.
 //
-// Status: compiled and its argument/no-GPU paths tested in CI; the D >= 2 test
-// needs two GPUs (NCCL refuses two ranks on one device) and has not run here.
+// Status: compiled and its argument/no-GPU paths tested in CI; the one-GPU
+// tests ran on an H200 (scripts/cuda_check.sh); the D >= 2 test needs two GPUs
+// (NCCL refuses two ranks on one device) and has not run.
 #ifndef AQSWARM_PEER_NCCL_TRANSPORT_H_
 #define AQSWARM_PEER_NCCL_TRANSPORT_H_
 

@@ -3,6 +3,7 @@
 #include "peer/nccl_transport.h"
 
 #include <cstring>
+#include <iostream>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -53,6 +54,77 @@ TEST(NcclTransportTest, WithoutAGpuEveryReplicaFailsWithAClearStatus) {
     EXPECT_NE(st[r].message().find(why), std::string::npos) << r << ": " << st[r];
     if (!built) break;  // rank 0 fails before sending: the others wait out the hub
   }
+}
+
+// One rank on a real GPU: the device staging of every collective (host ->
+// device -> NCCL -> host, buffers grown as chunks grow), and the compressed
+// all-reduce over it matches the in-process reference bit for bit.
+TEST(NcclTransportTest, OneRankOnAGpuStagesEveryCollectiveThroughTheDevice) {
+  if (CudaDeviceCount() < 1) GTEST_SKIP() << "needs a GPU";
+  auto id = NewNcclUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  NcclTransportOptions to;
+  to.unique_id = *id;
+  to.timeout = absl::Seconds(60);
+  auto t = StartNcclTransport(to);
+  ASSERT_TRUE(t.ok()) << t.status();
+  const std::vector<int64_t> row = {7, -1, int64_t{1} << 40};
+  std::vector<int64_t> table(row.size());
+  ASSERT_TRUE((*t)->AllGather(row, absl::MakeSpan(table)).ok());
+  EXPECT_EQ(table, row);
+  for (size_t n : {size_t{1}, size_t{1000}, size_t{3} << 20}) {  // the staging buffers grow
+    std::string bytes(n, '\0');
+    for (size_t i = 0; i < n; ++i) bytes[i] = static_cast<char>(i * 131 + n);
+    std::vector<std::string> received(1);
+    const int64_t want[] = {static_cast<int64_t>(n)};
+    ASSERT_TRUE((*t)->Exchange({bytes}, want, &received).ok()) << n;
+    EXPECT_EQ(received[0], bytes) << n;
+  }
+  RoundExchangeOptions eo;
+  eo.group = "job/stage-0";
+  auto ex = RoundReplicaExchange::Start(eo, std::move(*t));
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  const int64_t n = 100000;
+  pipeline::AllReduceOptions o;
+  o.codec.codec = v1::CODEC_MINMAX;
+  o.codec.bits = 4;
+  o.bucket_elements = 40000;
+  const std::vector<float> in = pipeline::testing::RandomFloats(n, 3);
+  std::vector<float> out(n), ref(n), we, se, we_ref, se_ref;
+  ASSERT_TRUE(pipeline::AllReduceMean(**ex, o, 0, 0, in, absl::MakeSpan(out), &we, &se).ok());
+  pipeline::testing::Hub hub;
+  pipeline::testing::HubExchange h(&hub, 0, 1);
+  ASSERT_TRUE(pipeline::AllReduceMean(h, o, 0, 0, in, absl::MakeSpan(ref), &we_ref, &se_ref).ok());
+  EXPECT_EQ(0, std::memcmp(out.data(), ref.data(), n * sizeof(float)));
+  EXPECT_EQ(we, we_ref);
+  EXPECT_EQ(se, se_ref);
+  (*ex)->Close();
+}
+
+// Two ranks on one GPU (NCCL refuses them): both fail with a status, neither hangs.
+TEST(NcclTransportTest, TwoRanksOnOneGpuFailWithAStatus) {
+  if (CudaDeviceCount() != 1) GTEST_SKIP() << "needs exactly 1 GPU";
+  auto id = NewNcclUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  std::vector<absl::Status> st(2);
+  std::vector<std::thread> t;
+  const absl::Time start = absl::Now();
+  for (int r = 0; r < 2; ++r) {
+    t.emplace_back([&, r] {
+      NcclTransportOptions o;
+      o.rank = r;
+      o.size = 2;
+      o.unique_id = *id;
+      o.timeout = absl::Seconds(30);
+      st[r] = StartNcclTransport(o).status();
+    });
+  }
+  for (auto& th : t) th.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(st[r].ok()) << r;
+    std::cout << "rank " << r << ": " << st[r] << "\n";
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(45));
 }
 
 // Two ranks on two GPUs: the compressed all-reduce with error feedback over

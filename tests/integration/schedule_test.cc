@@ -5,6 +5,7 @@
 // Real `aqswarm stage` processes over loopback gRPC, AQ-SGD links with their
 // RocksDB stores; every stage writes its state after every step
 // (--checkpoint_dir) and the files are compared byte for byte.
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -21,6 +22,12 @@ namespace {
 namespace fs = std::filesystem;
 
 const char* kBinary = AQSWARM_BINARY;
+
+// The stages' torch device: AQSWARM_TEST_DEVICE (e.g. "cuda:0"), else "cpu".
+std::string TestDevice() {
+  const char* d = std::getenv("AQSWARM_TEST_DEVICE");
+  return d != nullptr && *d != '\0' ? d : "cpu";
+}
 
 std::string ReadFile(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -54,7 +61,7 @@ class ScheduleTest : public ::testing::Test {
       "microBatchSize":2,"microBatchesPerStep":6,"epochs":4,"maxSteps":)", kSteps, R"(,
       "compression":{"mode":"aqsgd","fwBits":3,"bwBits":6,"warmupEpochs":0},
       "stages":)", kStages, R"(,"evalEverySteps":0,"evalBatches":1,
-      "schedule":")", schedule, R"(","scheduleInFlight":)", in_flight, "}");
+      "schedule":")", schedule, R"(","scheduleInFlight":)", in_flight, R"(,"device":")", TestDevice(), "\"}");
     const fs::path path = dir_ / (tag + ".json");
     std::ofstream(path) << json;
     return path.string();
