@@ -126,8 +126,10 @@ struct Mode {
   int dp_bits = 0;
   std::string schedule = "adaptive";  // job.schedule
   int in_flight = 0;                  // job.schedule_in_flight (0 = the schedule's default)
+  std::string store = "rocksdb";      // aqsgd: job.compression.store
   std::string Name() const {
     std::string s = link == "fp32" ? "fp32" : absl::StrFormat("%s fw%dbw%d", link, fw_bits, bw_bits);
+    if (store != "rocksdb") absl::StrAppend(&s, " ", store);
     if (dp_optimizer == "quantized_adam") absl::StrAppendFormat(&s, " +qadam%d", dp_bits);
     if (schedule != "adaptive" || in_flight != 0) absl::StrAppend(&s, " ", ScheduleName());
     return s;
@@ -135,7 +137,8 @@ struct Mode {
   std::string ScheduleName() const { return in_flight > 0 ? absl::StrCat(schedule, "/", in_flight) : schedule; }
 };
 
-// "fp32", "directq:3:6", "aqsgd:4:8", any of them with "+qadam4", then
+// "fp32", "directq:3:6", "aqsgd:4:8" (or "aqsgd:4:8:memory": m(xi) in RAM
+// instead of RocksDB), any of them with "+qadam4", then
 // optionally "@adaptive" (the default), "@1f1b", "@gpipe", or "@1f1b/W" /
 // "@adaptive/W" (W micro-batches in flight at stage 0).
 absl::StatusOr<Mode> ParseMode(absl::string_view text) {
@@ -171,11 +174,16 @@ absl::StatusOr<Mode> ParseMode(absl::string_view text) {
     m.bw_bits = 32;
     return m;
   }
+  if (m.link == "aqsgd" && parts.size() == 4 && (parts[3] == "memory" || parts[3] == "rocksdb")) {
+    m.store = parts[3];
+    parts.pop_back();
+  }
   if ((m.link != "directq" && m.link != "aqsgd") || parts.size() != 3 || !absl::SimpleAtoi(parts[1], &m.fw_bits) ||
       !absl::SimpleAtoi(parts[2], &m.bw_bits) || m.fw_bits < 1 || m.fw_bits > 8 || m.bw_bits < 1 ||
       m.bw_bits > 8) {
     return absl::InvalidArgumentError(
-        absl::StrCat("bad mode '", text, "' (want fp32, directq:FW:BW or aqsgd:FW:BW, optionally +qadamBITS)"));
+        absl::StrCat("bad mode '", text,
+                     "' (want fp32, directq:FW:BW or aqsgd:FW:BW[:memory], optionally +qadamBITS)"));
   }
   return m;
 }
@@ -225,6 +233,11 @@ struct Cell {
   std::vector<double> step_seconds_list;  // the timed steps of every pass (stage 0), pooled
   double cpu_seconds_per_step = 0;        // all stages (and pipelines)
   std::vector<double> cpu_by_stage;       // per step, summed over pipelines
+  std::vector<double> cpu_passes;         // cpu_seconds_per_step of every pass
+  // Per step, all stages (getrusage): kernel CPU, minor faults, voluntary and
+  // involuntary context switches.
+  double sys_seconds_per_step = 0, minor_faults_per_step = 0, ctx_switches_per_step = 0,
+         invol_ctx_switches_per_step = 0;
   // Derived.
   double ratio_vs_fp32_unshaped = NAN;
   double compute_limit = NAN, link_limit = NAN, achieved_vs_limit = NAN;
@@ -283,7 +296,7 @@ absl::Status RunCells(const SlownetBenchOptions& o, const fs::path& root, std::v
   job["microBatchesPerStep"] = o.micro_batches;
   job["maxSteps"] = total_steps;
   job["epochs"] = total_steps / o.steps_per_epoch + 2;
-  job["compression"] = {{"mode", c0.mode.link}, {"warmupEpochs", 0}, {"mPrecision", "fp16"}};
+  job["compression"] = {{"mode", c0.mode.link}, {"warmupEpochs", 0}, {"mPrecision", "fp16"}, {"store", c0.mode.store}};
   if (c0.mode.link != "fp32") {
     job["compression"]["fwBits"] = c0.mode.fw_bits;
     job["compression"]["bwBits"] = c0.mode.bw_bits;
@@ -349,6 +362,7 @@ absl::Status RunCells(const SlownetBenchOptions& o, const fs::path& root, std::v
     std::vector<double> secs;
     std::vector<double> fw, bw, dpb;
     std::vector<double> cpu_by_stage;
+    double sys = 0, minflt = 0, ctx = 0, ictx = 0;  // per step, all stages
     int64_t first_epoch = -1;
   };
   std::vector<Acc> acc(n_bw);
@@ -409,7 +423,12 @@ absl::Status RunCells(const SlownetBenchOptions& o, const fs::path& root, std::v
       return absl::DataLossError(absl::StrCat(name, ": step ", step, " of stage ", stage, " ran at ",
                                               e.value("bandwidth_mbps", -1.0), " Mbit/s, want ", want));
     }
-    acc[k].cpu_by_stage[stage] += e.value("cpu_seconds", 0.0) / acc[k].secs.size();
+    const double per = 1.0 / acc[k].secs.size();
+    acc[k].cpu_by_stage[stage] += e.value("cpu_seconds", 0.0) * per;
+    acc[k].sys += e.value("sys_seconds", 0.0) * per;
+    acc[k].minflt += e.value("minor_faults", 0.0) * per;
+    acc[k].ctx += e.value("ctx_switches", 0.0) * per;
+    acc[k].ictx += e.value("invol_ctx_switches", 0.0) * per;
     ++seen[step];
   }
   for (int64_t step = skip; step < total_steps; ++step) {
@@ -436,6 +455,11 @@ absl::Status RunCells(const SlownetBenchOptions& o, const fs::path& root, std::v
     c->cpu_by_stage = a.cpu_by_stage;
     c->cpu_seconds_per_step = 0;
     for (double v : c->cpu_by_stage) c->cpu_seconds_per_step += v;
+    c->cpu_passes = {c->cpu_seconds_per_step};
+    c->sys_seconds_per_step = a.sys;
+    c->minor_faults_per_step = a.minflt;
+    c->ctx_switches_per_step = a.ctx;
+    c->invol_ctx_switches_per_step = a.ictx;
     for (int l = 0; l + 1 < c->stages; ++l) {
       if (std::max(a.fw[l], a.bw[l]) / n > c->max_dir_bytes_per_step) {
         c->max_dir_bytes_per_step = std::max(a.fw[l], a.bw[l]) / n;
@@ -469,6 +493,11 @@ void PoolPass(const Cell& run, Cell* pooled) {
   pooled->bw_bytes_per_step = mix(pooled->bw_bytes_per_step, run.bw_bytes_per_step);
   pooled->dp_bytes_per_step = mix(pooled->dp_bytes_per_step, run.dp_bytes_per_step);
   pooled->cpu_seconds_per_step = mix(pooled->cpu_seconds_per_step, run.cpu_seconds_per_step);
+  pooled->cpu_passes.push_back(run.cpu_seconds_per_step);
+  pooled->sys_seconds_per_step = mix(pooled->sys_seconds_per_step, run.sys_seconds_per_step);
+  pooled->minor_faults_per_step = mix(pooled->minor_faults_per_step, run.minor_faults_per_step);
+  pooled->ctx_switches_per_step = mix(pooled->ctx_switches_per_step, run.ctx_switches_per_step);
+  pooled->invol_ctx_switches_per_step = mix(pooled->invol_ctx_switches_per_step, run.invol_ctx_switches_per_step);
   for (size_t s = 0; s < pooled->cpu_by_stage.size() && s < run.cpu_by_stage.size(); ++s) {
     pooled->cpu_by_stage[s] = mix(pooled->cpu_by_stage[s], run.cpu_by_stage[s]);
   }
@@ -524,6 +553,15 @@ nlohmann::json CellJson(const SlownetBenchOptions& o, const Cell& c, const std::
              for (double x : c.cpu_by_stage) v.push_back(x / c.samples_per_step * 1e3);
              return v;
            }()},
+          {"cpu_ms_per_sample_passes", [&] {
+             std::vector<double> v;
+             for (double x : c.cpu_passes) v.push_back(x / c.samples_per_step * 1e3);
+             return v;
+           }()},
+          {"sys_cpu_ms_per_sample", num(c.sys_seconds_per_step / c.samples_per_step * 1e3)},
+          {"minor_faults_per_sample", num(c.minor_faults_per_step / c.samples_per_step)},
+          {"ctx_switches_per_sample", num(c.ctx_switches_per_step / c.samples_per_step)},
+          {"invol_ctx_switches_per_sample", num(c.invol_ctx_switches_per_step / c.samples_per_step)},
           {"cpu_limit_samples_per_s", num(cores * c.samples_per_step / c.cpu_seconds_per_step)},
           {"cores", cores},
           {"blas_core", blas_core},

@@ -30,7 +30,8 @@ ABSL_FLAG(uint64_t, seed, 1, "Scheduler bench: seed of the synthetic networks an
 ABSL_FLAG(std::string, slownet_bandwidths, "0,1000,500,300,100,10",
           "Slownet bench: link bandwidths in Mbit/s (0 = unshaped, always run).");
 ABSL_FLAG(std::string, slownet_modes, "fp32,directq:3:6,aqsgd:3:6,aqsgd:4:8",
-          "Slownet bench: modes fp32 | directq:FW:BW | aqsgd:FW:BW, optionally +qadamBITS, then optionally "
+          "Slownet bench: modes fp32 | directq:FW:BW | aqsgd:FW:BW[:memory] (m(xi) in RAM, not RocksDB), "
+          "optionally +qadamBITS, then optionally "
           "@adaptive (default) | @1f1b | @gpipe | @adaptive/W | @1f1b/W (W micro-batches in flight at stage 0).");
 ABSL_FLAG(bool, slownet_grid, true, "Slownet bench: also run the data-parallel grid.");
 ABSL_FLAG(int32_t, slownet_grid_dp, 2, "Slownet bench: pipelines in the data-parallel grid.");

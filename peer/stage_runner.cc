@@ -26,6 +26,7 @@
 #include "pipeline/stage_worker.h"
 #include "pipeline/step_schedule.h"
 #include "pipeline/tokenizer.h"
+#include "storage/memory_message_store.h"
 #include "storage/rocksdb_message_store.h"
 
 namespace aqswarm::peer {
@@ -68,12 +69,26 @@ absl::StatusOr<std::unique_ptr<pipeline::TokenCorpus>> LoadCorpus(const v1::JobS
   return pipeline::TokenCorpus::Open(o, *tokenizer);
 }
 
-// CPU time of this process (all its threads: compute, link writers and
-// readers, gRPC, the store's background work).
-double ProcessCpuSeconds() {
+// This process's resource use so far (all its threads: compute, link writers
+// and readers, gRPC, the store's background work).
+struct ProcessUsage {
+  double cpu_seconds = 0;  // user + system
+  double sys_seconds = 0;
+  int64_t minor_faults = 0;
+  int64_t ctx_switches = 0;        // voluntary: waits
+  int64_t invol_ctx_switches = 0;  // preemptions
+};
+
+ProcessUsage Usage() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
-  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  ProcessUsage r;
+  r.sys_seconds = u.ru_stime.tv_sec + 1e-6 * u.ru_stime.tv_usec;
+  r.cpu_seconds = u.ru_utime.tv_sec + 1e-6 * u.ru_utime.tv_usec + r.sys_seconds;
+  r.minor_faults = u.ru_minflt;
+  r.ctx_switches = u.ru_nvcsw;
+  r.invol_ctx_switches = u.ru_nivcsw;
+  return r;
 }
 
 class Timer {
@@ -112,11 +127,15 @@ class StageRunnerImpl final : public StageRunner {
     metrics_ = std::make_unique<StageMetrics>(job_, o_.stage, o_.pipeline);
     if (!o_.init_checkpoint.empty()) AQSWARM_RETURN_IF_ERROR(worker_->LoadCheckpoint(o_.init_checkpoint));
     if (job_.compression().mode() == v1::LinkCompression::aqsgd && num_stages_ > 1) {
-      if (o_.store_dir.empty()) return absl::InvalidArgumentError("aqsgd links need a store directory");
-      storage::RocksDbMessageStore::Options so;
-      so.path = o_.store_dir;
-      so.capacity_bytes = o_.store_capacity_bytes;
-      AQSWARM_ASSIGN_OR_RETURN(store_, storage::RocksDbMessageStore::Open(so));
+      if (job_.compression().store() == "memory") {
+        AQSWARM_ASSIGN_OR_RETURN(store_, storage::MemoryMessageStore::Create({.capacity_bytes = o_.store_capacity_bytes}));
+      } else {
+        if (o_.store_dir.empty()) return absl::InvalidArgumentError("aqsgd links need a store directory");
+        storage::RocksDbMessageStore::Options so;
+        so.path = o_.store_dir;
+        so.capacity_bytes = o_.store_capacity_bytes;
+        AQSWARM_ASSIGN_OR_RETURN(store_, storage::RocksDbMessageStore::Open(so));
+      }
     }
     ShapingOptions shaping{job_.shaping().bandwidth_mbps(), job_.shaping().latency_ms()};
     if (!first_) {
@@ -393,7 +412,7 @@ class StageRunnerImpl final : public StageRunner {
     const int64_t t = job_.model().seq_len();
     const double mbps = ApplyStepBandwidth(gs);
     const absl::Time start = absl::Now();
-    const double cpu0 = ProcessCpuSeconds();
+    const ProcessUsage use0 = Usage();
     compute_s_ = wait_s_ = dp_s_ = 0;
     const uint64_t dp0 = worker_->dp_bytes_sent(), dpraw0 = worker_->dp_raw_bytes();
     const uint64_t fw0 = down_ ? down_->bytes_sent() : 0, bw0 = up_ ? up_->bytes_sent() : 0;
@@ -445,12 +464,16 @@ class StageRunnerImpl final : public StageRunner {
       AQSWARM_RETURN_IF_ERROR(worker_->Step(gs, total_sq));
     }
     const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+    const ProcessUsage use1 = Usage();
     std::string line = absl::StrFormat(
         R"({"event":"step","stage":%d,"pipeline":%d,"step":%d,"epoch":%d,"loss":%.6f,"grad_norm":%.6f,)"
         R"("step_seconds":%.4f,"compute_seconds":%.4f,"wait_seconds":%.4f,"cpu_seconds":%.4f,"tokens":%d,)"
+        R"("sys_seconds":%.4f,"minor_faults":%d,"ctx_switches":%d,"invol_ctx_switches":%d,)"
         R"("fw_bytes":%d,"bw_bytes":%d,"bandwidth_mbps":%g)",
         o_.stage, o_.pipeline, gs, epoch, (first_ || last_) ? loss : 0.0, std::sqrt(total_sq), secs, compute_s_,
-        wait_s_, ProcessCpuSeconds() - cpu0, static_cast<int64_t>(m) * job_.micro_batch_size() * t,
+        wait_s_, use1.cpu_seconds - use0.cpu_seconds, static_cast<int64_t>(m) * job_.micro_batch_size() * t,
+        use1.sys_seconds - use0.sys_seconds, use1.minor_faults - use0.minor_faults,
+        use1.ctx_switches - use0.ctx_switches, use1.invol_ctx_switches - use0.invol_ctx_switches,
         down_ ? down_->bytes_sent() - fw0 : 0, up_ ? up_->bytes_sent() - bw0 : 0, mbps);
     if (exchange_ != nullptr) {
       absl::StrAppendFormat(&line, R"(,"dp_seconds":%.4f,"dp_bytes":%d,"dp_raw_bytes":%d,"param_hash":"%016x")", dp_s_,

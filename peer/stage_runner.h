@@ -22,8 +22,11 @@
 //
 // Progress is reported as one JSON object per line through `report`:
 //   {"event":"step","stage":0,"step":3,"epoch":0,"loss":...,"step_seconds":...,
-//    "compute_seconds":...,"wait_seconds":...,"cpu_seconds":...,"fw_bytes":...,"bw_bytes":...,...}
-//   (cpu_seconds: the process's CPU time over the step, all threads)
+//    "compute_seconds":...,"wait_seconds":...,"cpu_seconds":...,"sys_seconds":...,"minor_faults":...,
+//    "ctx_switches":...,"invol_ctx_switches":...,"fw_bytes":...,"bw_bytes":...,...}
+//   (cpu_seconds: the process's CPU time over the step, all threads, sys_seconds
+//   its kernel part; faults and context switches (voluntary, involuntary) over
+//   the step, from getrusage)
 //   {"event":"eval","stage":0,"step":3,"val_loss":...}
 #ifndef AQSWARM_PEER_STAGE_RUNNER_H_
 #define AQSWARM_PEER_STAGE_RUNNER_H_

@@ -53,6 +53,7 @@ void ApplyJobDefaults(v1::JobSpec* job) {
   if (c->fw_bits() == 0) c->set_fw_bits(4);
   if (c->bw_bits() == 0) c->set_bw_bits(8);
   if (c->m_precision().empty()) c->set_m_precision("fp16");
+  if (c->store().empty()) c->set_store("rocksdb");
   if (job->stages() == 0) job->set_stages(1);
   if (job->data_parallel() == 0) job->set_data_parallel(1);
   if (job->device().empty()) job->set_device("cpu");
@@ -120,6 +121,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   if (!ParseRowPrecision(c.m_precision()).ok()) {
     return Invalid("compression.m_precision",
                    absl::StrCat("'", c.m_precision(), "' is not fp32, fp16 or int8"));
+  }
+  if (c.store() != "rocksdb" && c.store() != "memory") {
+    return Invalid("compression.store", absl::StrCat("'", c.store(), "' is not rocksdb or memory"));
   }
   const auto& s = job.shaping();
   // 0 = unshaped; otherwise at least 1 kbit/s (a frame's emulated wire time

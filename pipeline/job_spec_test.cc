@@ -13,6 +13,7 @@ TEST(JobSpecTest, ParsesAndFillsDefaults) {
   EXPECT_EQ(job->model().vocab_size(), 50257u);
   EXPECT_EQ(job->compression().mode(), v1::LinkCompression::aqsgd);
   EXPECT_EQ(job->compression().m_precision(), "fp16");
+  EXPECT_EQ(job->compression().store(), "rocksdb");
   EXPECT_EQ(job->stages(), 2u);
   EXPECT_EQ(job->schedule(), "adaptive");
 }
@@ -33,6 +34,7 @@ TEST(JobSpecTest, PreciseErrors) {
       {R"({"compression":{"fwBits":9}})", "compression.fw_bits"},
       {R"({"compression":{"mode":"zip"}})", "zip"},
       {R"({"compression":{"mPrecision":"bf16"}})", "compression.m_precision"},
+      {R"({"compression":{"store":"disk"}})", "compression.store"},
       {R"({"model":{"nLayer":2},"stages":3})", "stages"},
       {R"({"optimizer":{"lr":-1}})", "optimizer.lr"},
       {R"({"device":"tpu"})", "device"},

@@ -31,6 +31,7 @@ check link-bad-shape 2 "must be ROWSxCOLS" -- "$bin" bench link --link_shape=64b
 check link-bad-store 1 "unknown store 'ssd'" -- "$bin" bench link --link_stores=ssd
 check store-bad-backend 1 "bad store backend 'ssd'" -- "$bin" bench store --store_backends=ssd
 check slownet-bad-schedule 1 "bad schedule in mode 'fp32@gpipe/3'" -- "$bin" bench slownet --slownet_modes=fp32@gpipe/3
+check slownet-bad-store 1 "bad mode 'aqsgd:3:6:ssd'" -- "$bin" bench slownet --slownet_modes=aqsgd:3:6:ssd
 check link-bad-bits 1 "fw_bits in 2..8" -- "$bin" bench link --link_fw_bits=9
 # A tiny real run: epoch 1's rows are AQ-SGD deltas against the FULL epoch 0 at both stores.
 check link-run 0 '"mode":"aqsgd","store":"memory".*"delta_rows":16,"full_rows":16' -- \

@@ -169,10 +169,17 @@ TEST_F(PipelineTest, BandwidthScheduleShapesEachStepAtItsOwnRate) {
     ++lines;
     const int64_t step = e.value("step", -1);
     ASSERT_EQ(e.value("bandwidth_mbps", -1.0), step % 2 == 0 ? 0.0 : 2.0) << l;
+    // The step's resource use (getrusage deltas): kernel CPU within all CPU.
+    EXPECT_GT(e.value("cpu_seconds", -1.0), 0) << l;
+    EXPECT_GE(e.value("sys_seconds", -1.0), 0) << l;
+    EXPECT_LE(e.value("sys_seconds", -1.0), e.value("cpu_seconds", -1.0)) << l;
+    EXPECT_GE(e.value("minor_faults", -1), 0) << l;
+    EXPECT_GE(e.value("invol_ctx_switches", -1), 0) << l;
     if (step % 2 == 1 && e.value("stage", -1) == 0) {
       const double wire = e.value("fw_bytes", 0.0) * 8 / 2e6;
       EXPECT_GT(wire, 0.05) << l;
       EXPECT_GE(e.value("step_seconds", 0.0), wire) << l;
+      EXPECT_GT(e.value("ctx_switches", -1), 0) << l;  // its threads waited on the slow wire
     }
   }
   EXPECT_EQ(lines, 8);
