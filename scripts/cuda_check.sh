@@ -92,6 +92,19 @@ el "pipeline end to end, stages on cuda:0"
 AQSWARM_TEST_DEVICE=cuda:0 gtest pipeline_cuda $(( $(left) / 2 )) $B/tests/integration/pipeline_integration_test
 el "schedules end to end, stages on cuda:0"
 AQSWARM_TEST_DEVICE=cuda:0 gtest schedule_cuda $(( $(left) / 2 )) $B/tests/integration/schedule_integration_test
+el "the 2x2 grid of the pipeline test, stages on cuda:0, under cuda-gdb (a crash prints its stack)"
+mkdir -p /tmp/cuda_check_grid/corpus && cp data/sotu/* /tmp/cuda_check_grid/corpus/
+cat > /tmp/cuda_check_grid/job.json <<EOF
+{"name":"grid","seed":5,"model":{"seqLen":32,"dModel":32,"nLayer":3,"nHead":2},
+ "data":{"corpus":"/tmp/cuda_check_grid/corpus","tokenizerDir":"$PWD/data/gpt2","cacheDir":"/tmp/cuda_check_grid/cache"},
+ "optimizer":{"lr":0.003,"warmupSteps":2,"gradClip":1.0},"microBatchSize":4,"microBatchesPerStep":2,
+ "epochs":10,"maxSteps":4,"compression":{"mode":"aqsgd","fwBits":3,"bwBits":6,"warmupEpochs":0},
+ "stages":2,"evalEverySteps":0,"evalBatches":1,"device":"cuda:0","dataParallel":2,
+ "dp":{"optimizer":"quantized_adam","warmupSteps":3,"bits":4}}
+EOF
+timeout 120 cuda-gdb -q -batch -ex run -ex "bt 12" --args $B/aqswarm pipeline --job=/tmp/cuda_check_grid/job.json \
+  --out_dir=/tmp/cuda_check_grid/run > "$OUT/grid_gdb.txt" 2>&1
+grep -E "^step|exited|SIGSEGV|^#" "$OUT/grid_gdb.txt" | head -30
 el "model tests (CPU) on this libtorch"
 gtest model $(( $(left) - 5 )) $B/pipeline/pipeline_model_test
 
