@@ -56,14 +56,14 @@ class PipelineTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   std::string WriteJob(const std::string& name, const std::string& mode, int stages, int max_steps, int epochs,
-                       int fw_bits = 3, const std::string& extra = "") {
+                       int fw_bits = 3, const std::string& extra = "", const std::string& store = "rocksdb") {
     const std::string json = absl::StrCat(R"({"name":")", name, R"(","seed":5,
       "model":{"seqLen":32,"dModel":32,"nLayer":3,"nHead":2},
       "data":{"corpus":")", (dir_ / "corpus").string(), R"(","tokenizerDir":")", kDataDir, R"(/gpt2",
               "cacheDir":")", (dir_ / "cache").string(), R"("},
       "optimizer":{"lr":0.003,"warmupSteps":2,"gradClip":1.0},
       "microBatchSize":4,"microBatchesPerStep":2,"epochs":)", epochs, R"(,"maxSteps":)", max_steps, R"(,
-      "compression":{"mode":")", mode, R"(","fwBits":)", fw_bits, R"(,"bwBits":6,"warmupEpochs":0},
+      "compression":{"mode":")", mode, R"(","fwBits":)", fw_bits, R"(,"bwBits":6,"warmupEpochs":0,"store":")", store, R"("},
       "stages":)", stages, R"(,"evalEverySteps":0,"evalBatches":1,"device":")", TestDevice(), "\"", extra, "}");
     const std::string path = (dir_ / absl::StrCat(name, "-", mode, "-", stages, "-", fw_bits, ".json")).string();
     std::ofstream(path) << json;
@@ -139,6 +139,21 @@ TEST_F(PipelineTest, AqsgdStoresOnBothEndsOfEveryLinkAreBitIdenticalAfterTwoEpoc
     }
     EXPECT_GE(found, 32) << "boundary " << boundary;
   }
+}
+
+// compression.store = memory: m(xi) in RAM instead of RocksDB trains to the
+// very same losses (the store holds what the codec computed, bit for bit),
+// and no store directory is written.
+TEST_F(PipelineTest, AqsgdWithItsStoreInRamTrainsExactlyAsWithRocksDb) {
+  const std::string disk = (dir_ / "disk").string(), ram = (dir_ / "ram").string();
+  ASSERT_EQ(RunPipeline(WriteJob("disk", "aqsgd", 3, 0, 2), disk), 0) << output_;
+  output_.clear();
+  ASSERT_EQ(RunPipeline(WriteJob("ram", "aqsgd", 3, 0, 2, 3, "", "memory"), ram, {"--keep_stores"}), 0) << output_;
+  EXPECT_NE(output_.find("fw ratio"), std::string::npos) << output_;  // epoch 1 sent deltas
+  std::vector<double> a = Losses(disk), b = Losses(ram);
+  ASSERT_GE(a.size(), 8u);
+  EXPECT_EQ(a, b);
+  EXPECT_FALSE(fs::exists(fs::path(ram) / "store-p0-s0" / "CURRENT"));
 }
 
 TEST_F(PipelineTest, ThreeStageFp32PipelineTrainsLikeOneStage) {
