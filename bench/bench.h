@@ -57,6 +57,10 @@ struct LinkBenchOptions {
   int64_t samples = 512;
   int64_t epochs = 8;
   int64_t micro_batch = 8;
+  // Bytes of a buffer rewritten between micro-batches, outside the timed
+  // CPU (its own CPU is subtracted): stands in for the model, whose work
+  // between two link calls evicts the rows from the caches. 0 = none.
+  int64_t thrash_bytes = 0;
   // Comma-separated AQ-SGD stores: rocksdb, rocksdb_prefetch,
   // rocksdb_skiplist, memory. DirectQ always runs.
   std::string stores = "rocksdb,rocksdb_prefetch,rocksdb_skiplist,memory";

@@ -122,7 +122,8 @@ absl::StatusOr<Result> RunCell(const LinkBenchOptions& o, const Cell& cell, cons
   std::vector<uint64_t> order(o.samples), missing;
   std::iota(order.begin(), order.end(), 0);
   v1::ActivationBatch batch;
-  double cpu = 0, wall = 0;
+  std::vector<uint64_t> thrash(o.thrash_bytes / sizeof(uint64_t));
+  double cpu = 0, wall = 0, thrash_cpu = 0, thrash_wall = 0;
   uint64_t step = 0;
   for (int64_t epoch = 0; epoch <= o.epochs; ++epoch) {
     FillActs(o, epoch, &acts);
@@ -145,6 +146,15 @@ absl::StatusOr<Result> RunCell(const LinkBenchOptions& o, const Cell& cell, cons
         if (!missing.empty()) return absl::InternalError("link bench: rows still missing after a resend");
       }
       AQSWARM_RETURN_IF_ERROR(receiver->Take(&taken));
+      if (!thrash.empty()) {  // the model's turn: other data through the caches
+        const double t0 = ProcessCpuSeconds();
+        const auto w0 = std::chrono::steady_clock::now();
+        for (uint64_t& x : thrash) x = x * 6364136223846793005ull + step;
+        if (epoch > 0) {
+          thrash_cpu += ProcessCpuSeconds() - t0;
+          thrash_wall += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+        }
+      }
     }
     if (epoch == 0) continue;  // AQ-SGD's FULL epoch
     cpu += ProcessCpuSeconds() - cpu0;
@@ -157,6 +167,8 @@ absl::StatusOr<Result> RunCell(const LinkBenchOptions& o, const Cell& cell, cons
   AQSWARM_RETURN_IF_ERROR(receiver->Close());
   cpu += ProcessCpuSeconds() - cpu0;
   wall += std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  cpu -= thrash_cpu;
+  wall -= thrash_wall;
   Result r;
   const double samples = static_cast<double>(o.epochs * (o.samples / o.micro_batch * o.micro_batch));
   r.cpu_us_per_sample = cpu * 1e6 / samples;
@@ -176,9 +188,10 @@ absl::StatusOr<Result> RunCell(const LinkBenchOptions& o, const Cell& cell, cons
 absl::Status RunLinkBench(const LinkBenchOptions& options, std::ostream& out) {
   const LinkBenchOptions& o = options;
   if (o.rows <= 0 || o.cols <= 0 || o.micro_batch <= 0 || o.samples < o.micro_batch || o.epochs < 1 ||
-      o.repeats < 1 || o.fw_bits < 2 || o.fw_bits > 8) {
+      o.repeats < 1 || o.fw_bits < 2 || o.fw_bits > 8 || o.thrash_bytes < 0) {
     return absl::InvalidArgumentError(
-        "link bench: rows, cols, micro_batch > 0; samples >= micro_batch; epochs, repeats >= 1; fw_bits in 2..8");
+        "link bench: rows, cols, micro_batch > 0; samples >= micro_batch; epochs, repeats >= 1; fw_bits in 2..8; "
+        "thrash_bytes >= 0");
   }
 
   std::vector<Cell> cells;
@@ -194,8 +207,10 @@ absl::Status RunLinkBench(const LinkBenchOptions& options, std::ostream& out) {
   if (!made.ok()) return made.status();
   const std::string tmpl = *made;
   if (!o.json) {
-    out << absl::StrFormat("link bench: %dx%d fp16 rows, fw %d bits, %d samples x %d epochs, micro-batch %d\n",
-                           o.rows, o.cols, o.fw_bits, o.samples, o.epochs, o.micro_batch);
+    out << absl::StrFormat("link bench: %dx%d fp16 rows, fw %d bits, %d samples x %d epochs, micro-batch %d%s\n",
+                           o.rows, o.cols, o.fw_bits, o.samples, o.epochs, o.micro_batch,
+                           o.thrash_bytes > 0 ? absl::StrCat(", ", o.thrash_bytes, " bytes rewritten between micro-batches")
+                                              : "");
     out << absl::StrFormat("%-8s %-16s %12s %12s %10s\n", "mode", "store", "cpu us/smp", "wall us/smp", "vs dq");
   }
   double directq_cpu = 0;
@@ -216,10 +231,10 @@ absl::Status RunLinkBench(const LinkBenchOptions& options, std::ostream& out) {
     if (o.json) {
       out << absl::StrFormat(
           "{\"bench\":\"link\",\"mode\":\"%s\",\"store\":\"%s\",\"rows\":%d,\"cols\":%d,\"fw_bits\":%d,"
-          "\"samples\":%d,\"epochs\":%d,\"micro_batch\":%d,\"cpu_us_per_sample\":%.2f,"
+          "\"samples\":%d,\"epochs\":%d,\"micro_batch\":%d,\"thrash_bytes\":%d,\"cpu_us_per_sample\":%.2f,"
           "\"wall_us_per_sample\":%.2f,\"extra_cpu_us_per_sample_vs_directq\":%.2f,\"delta_rows\":%d,"
           "\"full_rows\":%d,\"direct_rows\":%d,\"resend_rows\":%d}\n",
-          cell.mode, cell.store, o.rows, o.cols, o.fw_bits, o.samples, o.epochs, o.micro_batch,
+          cell.mode, cell.store, o.rows, o.cols, o.fw_bits, o.samples, o.epochs, o.micro_batch, o.thrash_bytes,
           best.cpu_us_per_sample, best.wall_us_per_sample, extra, best.delta_rows, best.full_rows,
           best.direct_rows, best.resend_rows);
     } else {

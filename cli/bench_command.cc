@@ -23,6 +23,9 @@ ABSL_FLAG(std::string, link_shape, "64x32", "Link bench: row shape SEQ_LENxD_MOD
 ABSL_FLAG(int32_t, link_fw_bits, 3, "Link bench: activation bits.");
 ABSL_FLAG(int64_t, link_samples, 512, "Link bench: samples per epoch.");
 ABSL_FLAG(int64_t, link_epochs, 8, "Link bench: timed epochs (after AQ-SGD's FULL epoch 0).");
+ABSL_FLAG(int64_t, link_thrash_bytes, 0,
+          "Link bench: bytes of a buffer rewritten between micro-batches (untimed), as the model's work would: "
+          "the rows meet cold caches. 0 = none.");
 ABSL_FLAG(std::string, link_stores, "rocksdb,rocksdb_prefetch,rocksdb_skiplist,memory",
           "Link bench: AQ-SGD stores to run (rocksdb, rocksdb_prefetch, rocksdb_skiplist, memory).");
 ABSL_FLAG(std::string, sched_sizes, "8,16,64,256", "Scheduler bench: comma-separated peer counts.");
@@ -115,7 +118,7 @@ std::vector<Command> BenchCommands() {
                  "state (store + prefetcher + delta coding) against DirectQ with the same quantizer.",
                  "",
                  {"json", "dir", "micro_batch", "repeats", "link_shape", "link_fw_bits", "link_samples",
-                  "link_epochs", "link_stores"},
+                  "link_epochs", "link_thrash_bytes", "link_stores"},
                  [](const std::vector<std::string>& args) {
                    if (int rc = BenchNoArgs(args, "link")) return rc;
                    bench::LinkBenchOptions o;
@@ -127,6 +130,7 @@ std::vector<Command> BenchCommands() {
                    o.fw_bits = absl::GetFlag(FLAGS_link_fw_bits);
                    o.samples = absl::GetFlag(FLAGS_link_samples);
                    o.epochs = absl::GetFlag(FLAGS_link_epochs);
+                   o.thrash_bytes = absl::GetFlag(FLAGS_link_thrash_bytes);
                    o.micro_batch = absl::GetFlag(FLAGS_micro_batch);
                    o.stores = absl::GetFlag(FLAGS_link_stores);
                    o.repeats = absl::GetFlag(FLAGS_repeats);

@@ -658,6 +658,24 @@ if os.path.exists(ab_path):
     rows_ab = [(u0(r, "directq fw3bw6"), u0(r, "aqsgd fw3bw6"), u0(r, "aqsgd fw3bw6 memory"))
                for r in (ab[i:i + 6] for i in range(0, len(ab), 6))]
     pct = lambda a, b, k: 100 * (a[k] / b[k] - 1)
+    # The link bench with cold caches (docs/data/link_thrash.jsonl).
+    thrash_text = ""
+    lt_path = os.path.join(os.path.dirname(doc), "data", "link_thrash.jsonl")
+    if os.path.exists(lt_path):
+        lt = {}
+        for x in (json.loads(y) for y in open(lt_path) if y.strip()):
+            lt.setdefault((x["thrash_bytes"], x["store"]), []).append(x["extra_cpu_us_per_sample_vs_directq"])
+        med = lambda v: (sorted(v)[(len(v) - 1) // 2] + sorted(v)[len(v) // 2]) / 2
+        sizes = sorted({t for t, _ in lt})
+        thrash_text = (" With caches made cold on purpose (`for r in 1 2 3 4 5 6; do for t in 0 2097152 8388608 33554432; "
+                       "do build/aqswarm bench link --json --repeats=3 --link_stores=rocksdb,memory --link_thrash_bytes=$t; "
+                       "done; done`, `docs/data/link_thrash.jsonl`: that many bytes rewritten between micro-batches, "
+                       "untimed) AQ-SGD's extra per sample and link, RocksDB / RAM, medians of " + str(len(lt[(0, "rocksdb")]))
+                       + " rounds: " + ", ".join(f"{med(lt[(t, 'rocksdb')]):.1f} / {med(lt[(t, 'memory')]):.1f} us at "
+                                                 f"{t / 2**20:g} MiB" for t in sizes)
+                       + ". Cold caches explain up to about 1.7x of it; the rest of the pipeline's multiple is the "
+                       "model's own slowdown and what the bench does not model (several micro-batches in flight, "
+                       "hand-offs between threads, four processes on two cores).")
     mean3 = lambda k, f: " / ".join(f % (sum(x[k] for x in col) / len(col)) for col in zip(*rows_ab))
     md.append("- **Where AQ-SGD's extra CPU is not** (2026-11-26, `for i in 1 2 3 4; do build/aqswarm bench slownet --json "
               "--slownet_bandwidths=0,1000 --slownet_modes=directq:3:6,aqsgd:3:6,aqsgd:3:6:memory --slownet_grid=false "
@@ -681,9 +699,8 @@ if os.path.exists(ab_path):
               "between its kernels evict its caches), the codec and row handling (delta, the sender's second decode, "
               "fp16 conversions, puts) +1.1%, libc copies +0.5%. Per stage (the step lines' cpu_seconds, timed steps of "
               "the last pass) the extra is 6-24 ms per step, 10-37 us per row and link end (512 rows per link end), "
-              "2-7 times what `aqswarm bench link` measures for the same rows with warm caches (about 5.5 us per end): "
-              "in the pipeline most of a row's cost is memory traffic, which the model pays for too, and which a RAM "
-              "store of the same rows presumably pays as RocksDB's memtable does.")
+              "2-7 times what `aqswarm bench link` measures for the same rows with warm caches (4-6 us per end): "
+              "in the pipeline much of a row's cost is memory traffic, which the model pays for too." + thrash_text)
 def own0(c):
     for x in cells:
         if x["grid"] == c["grid"] and x["label"] == c["label"] and x["bandwidth_mbps"] == 0: return x

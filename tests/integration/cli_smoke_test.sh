@@ -33,9 +33,12 @@ check store-bad-backend 1 "bad store backend 'ssd'" -- "$bin" bench store --stor
 check slownet-bad-schedule 1 "bad schedule in mode 'fp32@gpipe/3'" -- "$bin" bench slownet --slownet_modes=fp32@gpipe/3
 check slownet-bad-store 1 "bad mode 'aqsgd:3:6:ssd'" -- "$bin" bench slownet --slownet_modes=aqsgd:3:6:ssd
 check link-bad-bits 1 "fw_bits in 2..8" -- "$bin" bench link --link_fw_bits=9
+check link-bad-thrash 1 "thrash_bytes >= 0" -- "$bin" bench link --link_thrash_bytes=-1
 # A tiny real run: epoch 1's rows are AQ-SGD deltas against the FULL epoch 0 at both stores.
 check link-run 0 '"mode":"aqsgd","store":"memory".*"delta_rows":16,"full_rows":16' -- \
   "$bin" bench link --json --link_samples=16 --link_epochs=1 --repeats=1 --dir="${TMPDIR:-/tmp}"
+check link-run-cold 0 '"mode":"aqsgd","store":"memory".*"thrash_bytes":65536.*"delta_rows":16' -- \
+  "$bin" bench link --json --link_samples=16 --link_epochs=1 --repeats=1 --link_thrash_bytes=65536 --dir="${TMPDIR:-/tmp}"
 check version-arg 2 "no arguments" -- "$bin" version x
 # --dry_run (every command): flags are checked, nothing runs (a coordinator
 # without --job would otherwise fail), bad flags and values still fail.
