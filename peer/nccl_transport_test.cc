@@ -12,6 +12,15 @@
 namespace aqswarm::peer {
 namespace {
 
+// The compressed all-reduce the GPU tests run: 4-bit min-max, 40000-element buckets.
+pipeline::AllReduceOptions TestAllReduceOptions() {
+  pipeline::AllReduceOptions o;
+  o.codec.codec = v1::CODEC_MINMAX;
+  o.codec.bits = 4;
+  o.bucket_elements = 40000;
+  return o;
+}
+
 TEST(NcclTransportTest, BadOptionsAreRefusedBeforeAnyCudaCall) {
   if (!NewNcclUniqueId().ok()) GTEST_SKIP() << "built without NCCL";
   NcclTransportOptions o;
@@ -85,10 +94,7 @@ TEST(NcclTransportTest, OneRankOnAGpuStagesEveryCollectiveThroughTheDevice) {
   auto ex = RoundReplicaExchange::Start(eo, std::move(*t));
   ASSERT_TRUE(ex.ok()) << ex.status();
   const int64_t n = 100000;
-  pipeline::AllReduceOptions o;
-  o.codec.codec = v1::CODEC_MINMAX;
-  o.codec.bits = 4;
-  o.bucket_elements = 40000;
+  const pipeline::AllReduceOptions o = TestAllReduceOptions();
   const std::vector<float> in = pipeline::testing::RandomFloats(n, 3);
   std::vector<float> out(n), ref(n), we, se, we_ref, se_ref;
   ASSERT_TRUE(pipeline::AllReduceMean(**ex, o, 0, 0, in, absl::MakeSpan(out), &we, &se).ok());
@@ -161,10 +167,7 @@ TEST(NcclTransportTest, CompressedAllReduceOnTwoGpusMatchesTheReference) {
     ex.push_back(*RoundReplicaExchange::Start(o, std::move(transports[r])));
   }
   pipeline::testing::Hub hub;
-  pipeline::AllReduceOptions o;
-  o.codec.codec = v1::CODEC_MINMAX;
-  o.codec.bits = 4;
-  o.bucket_elements = 40000;
+  const pipeline::AllReduceOptions o = TestAllReduceOptions();
   std::vector<std::vector<float>> in(d), out(d, std::vector<float>(n)), ref(d, std::vector<float>(n)), we(d), se(d),
       we_ref(d), se_ref(d);
   for (int r = 0; r < d; ++r) in[r] = pipeline::testing::RandomFloats(n, r);

@@ -5,7 +5,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "storage/rocksdb_message_store.h"
+#include "tests/integration/test_device.h"
 
 namespace aqswarm {
 namespace {
@@ -25,13 +25,6 @@ namespace fs = std::filesystem;
 
 const char* kBinary = AQSWARM_BINARY;
 const char* kDataDir = AQSWARM_DATA_DIR;
-
-// The stages' torch device: AQSWARM_TEST_DEVICE (e.g. "cuda:0", on a machine
-// with a GPU and a CUDA libtorch), else "cpu".
-std::string TestDevice() {
-  const char* d = std::getenv("AQSWARM_TEST_DEVICE");
-  return d != nullptr && *d != '\0' ? d : "cpu";
-}
 
 class PipelineTest : public ::testing::Test {
  protected:

@@ -5,7 +5,6 @@
 // Real `aqswarm stage` processes over loopback gRPC, AQ-SGD links with their
 // RocksDB stores; every stage writes its state after every step
 // (--checkpoint_dir) and the files are compared byte for byte.
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -15,6 +14,7 @@
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/integration/test_device.h"
 
 namespace aqswarm {
 namespace {
@@ -22,12 +22,6 @@ namespace {
 namespace fs = std::filesystem;
 
 const char* kBinary = AQSWARM_BINARY;
-
-// The stages' torch device: AQSWARM_TEST_DEVICE (e.g. "cuda:0"), else "cpu".
-std::string TestDevice() {
-  const char* d = std::getenv("AQSWARM_TEST_DEVICE");
-  return d != nullptr && *d != '\0' ? d : "cpu";
-}
 
 std::string ReadFile(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
