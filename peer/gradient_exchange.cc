@@ -144,6 +144,9 @@ void GrpcReplicaExchange::SenderLoop(Peer* p) {
     }
     const absl::Time now = wire.Transmit(c.ByteSizeLong() + 8, queued, mbps);
     c.set_sent_unix_micros(absl::ToUnixMicros(now));
+    // Counted once on the wire, before the push: the receiver can finish its
+    // all-reduce (and a caller read bytes_sent()) before this push's ack.
+    p->bytes_sent += c.ByteSizeLong();
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.timeout));
     ctx.set_wait_for_ready(true);
@@ -173,7 +176,6 @@ void GrpcReplicaExchange::SenderLoop(Peer* p) {
       p->queue.clear();
       return;
     }
-    p->bytes_sent += c.ByteSizeLong();
   }
 }
 

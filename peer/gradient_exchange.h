@@ -67,6 +67,8 @@ class GrpcReplicaExchange final : public pipeline::ReplicaExchange {
   absl::Status Send(int to, const v1::ExchangeChunk& chunk) override;
   absl::StatusOr<v1::ExchangeChunk> Receive(int from, uint64_t step, uint32_t round, v1::ExchangeChunk::Phase phase,
                                             uint32_t bucket, uint32_t chunk) override;
+  // Bytes of the chunks this replica has put on its (emulated) wire; a chunk
+  // counts before its push, so once a peer has received it, it is counted.
   uint64_t bytes_sent() const;
   // Shapes the chunks sent from now on at `mbps` (0 = unshaped) instead of
   // options.shaping.bandwidth_mbps (see LinkConnection::SetBandwidth).

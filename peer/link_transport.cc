@@ -177,11 +177,11 @@ void LinkConnection::WriterLoop() {
     const absl::Time busy_from = std::max(absl::Now(), last_done);
     const absl::Time now = wire.Transmit(bytes, queued, mbps);
     frame.set_sent_unix_micros(absl::ToUnixMicros(now));
+    bytes_sent_ += frame.ByteSizeLong();  // before the write: the peer may read it first
     if (!WriteFrame(frame)) {
       MarkBroken(absl::UnavailableError(absl::StrCat("link ", name_, ": write failed (peer gone)")));
       break;
     }
-    bytes_sent_ += frame.ByteSizeLong();
     last_done = absl::Now();
     if (bytes >= kBusyFrameBytes) {
       busy_bytes_ += bytes;
