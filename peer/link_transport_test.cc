@@ -1,5 +1,8 @@
 #include "peer/link_transport.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
@@ -77,14 +80,29 @@ TEST(LinkTransportTest, ShapedLinkKeepsItsBandwidthWithManySmallFrames) {
   // frames back to back, so the link still moves ~80 Mbit/s (a writer that
   // started each frame's wire time only after the previous write returned
   // reached ~50-70% here).
+  // The rate is checked on the frames' own departure times (sent_unix_micros,
+  // when each frame's last byte left the emulated wire): the median gap is one
+  // frame's wire time. A preempted writer only delays a few frames (the
+  // ones after it then leave back to back, catching up), so the median
+  // holds on a loaded machine where a bound on the total wall time did not.
   Pair p(ShapingOptions{80.0, 0});
   const absl::Time start = absl::Now();
   for (uint64_t i = 0; i < 400; ++i) ASSERT_TRUE(p.client->Send(Commit(i, 2500)).ok());
-  for (int i = 0; i < 400; ++i) ASSERT_TRUE(p.server_end->Receive([](auto&) { return true; }, absl::Seconds(30)).ok());
+  std::vector<int64_t> sent;
+  for (int i = 0; i < 400; ++i) {
+    auto f = p.server_end->Receive([](auto&) { return true; }, absl::Seconds(30));
+    ASSERT_TRUE(f.ok()) << f.status();
+    sent.push_back(f->sent_unix_micros());
+  }
   const double secs = absl::ToDoubleSeconds(absl::Now() - start);
   const double wire = p.client->bytes_sent() * 8.0 / 80e6;
   EXPECT_GE(secs, wire * 0.99);
-  EXPECT_LT(secs, wire * 1.25 + 0.02) << "wire " << wire << " s";
+  EXPECT_LT(secs, wire * 3 + 1.0) << "wire " << wire << " s";  // gross failures only
+  std::vector<int64_t> gaps;
+  for (size_t i = 1; i < sent.size(); ++i) gaps.push_back(sent[i] - sent[i - 1]);
+  std::nth_element(gaps.begin(), gaps.begin() + gaps.size() / 2, gaps.end());
+  const double frame_us = wire / 400 * 1e6;
+  EXPECT_LT(gaps[gaps.size() / 2], frame_us * 1.1) << "median departure gap vs " << frame_us << " us of wire per frame";
 }
 
 TEST(LinkTransportTest, SetBandwidthShapesTheFramesQueuedAfterIt) {
