@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -169,6 +170,18 @@ struct SlownetBenchOptions {
   bool json = false;
 };
 absl::Status RunSlownetBench(const SlownetBenchOptions& options, std::ostream& out);
+
+// In a sweep, which of its n cells (bandwidths) step g runs: entry g % size
+// of the returned cycle. Plainly g % n, unless the job does something of its
+// own every `period` steps (QuantizedAdam's variance refresh, a float32
+// exchange; 0 = nothing) and gcd(n, period) > 1: then all of those steps
+// would land on the same cells (4 bandwidths, a refresh every 4th step: one
+// cell gets every refresh, the others none). There the cycle runs n blocks
+// of lcm(n, period) steps, block b rotated by b, so every cell meets every
+// phase mod `period` equally often. Either way each aligned run of n steps
+// from step `first` (the first timed one) holds every cell once, so a timed
+// window of whole runs gives every cell the same number of steps.
+std::vector<int> SweepCellCycle(int n, int period, int first);
 
 struct CoordinatorBenchOptions {
   // Comma-separated simulated peer counts; each heartbeats at 1 Hz. Default: "1000,10000".

@@ -6,7 +6,9 @@
 // links shaped in user space by the job's `shaping` (a FIFO wire per link
 // direction, peer/link_transport.h; the DP GradientExchange too). By default
 // (sweep) one run holds every bandwidth of a mode: the job's
-// shaping.bandwidth_schedule_mbps gives step g the g % n-th bandwidth, so
+// shaping.bandwidth_schedule_mbps gives step g the g % n-th bandwidth (or a
+// rotated order that spreads QuantizedAdam's periodic refresh steps evenly
+// over the cells: SweepCellCycle in bench.h), so
 // the cells of one mode -- its compute-only cell, every ratio's baseline,
 // included -- interleave step by step and meet the same machine load (the
 // 2 cores' speed drifts over seconds to minutes); each step still ends with
@@ -92,6 +94,7 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -109,8 +112,10 @@
 #include "absl/strings/strip.h"
 #include "bench/bench.h"
 #include "common/blas_kernels.h"
+#include "common/status_macros.h"
 #include "common/subprocess.h"
 #include "nlohmann/json.hpp"
+#include "pipeline/job_spec.h"
 #include "pipeline/step_schedule.h"
 
 namespace aqswarm::bench {
@@ -254,10 +259,32 @@ double Median(std::vector<double> v) {  // v non-empty
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+}  // namespace
+
+std::vector<int> SweepCellCycle(int n, int period, int first) {
+  std::vector<int> base;
+  // (The job takes at most 1024 schedule entries: beyond that, plainly.)
+  if (period <= 1 || std::gcd(n, period) == 1 || int64_t{n} * std::lcm(n, period) > 1024) {
+    for (int k = 0; k < n; ++k) base.push_back(k);
+    return base;  // any n consecutive steps hold every cell once
+  }
+  const int block = std::lcm(n, period);
+  for (int b = 0; b < n; ++b) {
+    for (int j = 0; j < block; ++j) base.push_back((j + b) % n);
+  }
+  const int size = static_cast<int>(base.size());
+  std::vector<int> cycle(size);
+  for (int g = 0; g < size; ++g) cycle[g] = base[((g - first) % size + size) % size];
+  return cycle;
+}
+
+namespace {
+
 // Runs the cells `run` (one mode and grid, one cell per bandwidth) as one
 // `aqswarm pipeline` run on a fresh directory: with several, the job's
 // shaping.bandwidth_schedule_mbps interleaves them step by step (step g runs
-// at run[g % n]'s bandwidth), so every bandwidth meets the same machine load;
+// cell SweepCellCycle(...)[g % size], mostly run[g % n]), so every bandwidth
+// meets the same machine load;
 // then splits metrics.csv and the stages' step lines by step.
 absl::Status RunCells(const SlownetBenchOptions& o, const fs::path& root, std::vector<Cell>* run) {
   Cell& c0 = run->front();
@@ -302,13 +329,7 @@ absl::Status RunCells(const SlownetBenchOptions& o, const fs::path& root, std::v
     job["compression"]["bwBits"] = c0.mode.bw_bits;
   }
   job["shaping"] = {{"latencyMs", o.latency_ms}};
-  if (n_bw > 1) {
-    std::vector<double> schedule;
-    for (const Cell& c : *run) schedule.push_back(c.bandwidth_mbps);
-    job["shaping"]["bandwidthScheduleMbps"] = schedule;
-  } else {
-    job["shaping"]["bandwidthMbps"] = c0.bandwidth_mbps;
-  }
+  if (n_bw == 1) job["shaping"]["bandwidthMbps"] = c0.bandwidth_mbps;
   job["stages"] = c0.stages;
   job["dataParallel"] = c0.dp;
   job["schedule"] = c0.mode.schedule;
@@ -324,6 +345,21 @@ absl::Status RunCells(const SlownetBenchOptions& o, const fs::path& root, std::v
       job["dp"]["warmupSteps"] = std::max(1, skip - 1);
     }
   }
+  // Which cell each step runs (see SweepCellCycle); the job's schedule repeats
+  // it. QuantizedAdam's variance refresh period comes from the job's own
+  // defaults.
+  std::vector<int> cycle(1, 0);
+  if (n_bw > 1) {
+    AQSWARM_ASSIGN_OR_RETURN(const v1::JobSpec spec, pipeline::ParseJobSpec(job.dump()));
+    const int period = c0.dp > 1 && spec.dp().optimizer() == v1::DataParallelSpec::quantized_adam
+                           ? static_cast<int>(spec.dp().variance_refresh_steps())
+                           : 0;
+    cycle = SweepCellCycle(n_bw, period, skip);
+    std::vector<double> schedule;
+    for (int k : cycle) schedule.push_back((*run)[k].bandwidth_mbps);
+    job["shaping"]["bandwidthScheduleMbps"] = schedule;
+  }
+  auto cell_of = [&cycle](int64_t step) { return cycle[step % static_cast<int64_t>(cycle.size())]; };
   const fs::path job_path = dir / "job.json";
   std::ofstream(job_path) << job.dump(2) << "\n";
 
@@ -357,7 +393,7 @@ absl::Status RunCells(const SlownetBenchOptions& o, const fs::path& root, std::v
                                             "): ", ss.str().substr(0, 2000)));
   }
 
-  // Per cell (k = step % n_bw), accumulated over its timed steps.
+  // Per cell (k = cell_of(step)), accumulated over its timed steps.
   struct Acc {
     std::vector<double> secs;
     std::vector<double> fw, bw, dpb;
@@ -386,7 +422,7 @@ absl::Status RunCells(const SlownetBenchOptions& o, const fs::path& root, std::v
     int64_t step = 0, epoch = 0;
     if (!absl::SimpleAtoi(v[col["step"]], &step) || !absl::SimpleAtoi(v[col["epoch"]], &epoch)) continue;
     if (step < skip || step >= total_steps) continue;
-    Acc& a = acc[step % n_bw];
+    Acc& a = acc[cell_of(step)];
     if (a.first_epoch < 0) a.first_epoch = epoch;
     double x = 0;
     (void)absl::SimpleAtod(v[col["step_seconds"]], &x);
@@ -416,7 +452,7 @@ absl::Status RunCells(const SlownetBenchOptions& o, const fs::path& root, std::v
     const int64_t step = e.value("step", int64_t{-1});
     const int stage = e.value("stage", -1);
     if (step < skip || step >= total_steps || stage < 0 || stage >= c0.stages) continue;
-    const int k = static_cast<int>(step % n_bw);
+    const int k = cell_of(step);
     // The step line prints the rate with 6 significant digits.
     const double want = (*run)[k].bandwidth_mbps;
     if (std::fabs(e.value("bandwidth_mbps", -1.0) - want) > 1e-5 * std::max(1.0, want)) {
