@@ -17,8 +17,12 @@
 // prefetcher loaders and writer, RocksDB's background threads) / samples over
 // the timed epochs; wall_us_per_sample likewise for wall time. Each cell runs
 // `repeats` times and keeps its lowest CPU time (load only adds). Stores:
-// rocksdb (RocksDbMessageStore's defaults, the endpoints' defaults: rows this
-// small read on the endpoint's thread from the memtable), rocksdb_prefetch
+// resident (RocksDbMessageStore's defaults and the endpoints': an epoch this
+// small keeps its rows resident in the endpoint, LinkEndpointOptions::
+// resident_bytes, so the store is read once and written at Close; the rest
+// stream every micro-batch through the prefetcher, resident_bytes = 0:)
+// rocksdb (rows this small read on the endpoint's thread from the memtable,
+// written behind), rocksdb_prefetch
 // (the same with every row prefetched by the loader threads: the baseline of
 // LinkEndpointOptions::inline_read_bytes), rocksdb_skiplist (RocksDB's
 // default skip-list memtable: the baseline of the hash memtable choice),
@@ -58,7 +62,7 @@ double ProcessCpuSeconds() {
 
 struct Cell {
   std::string mode;   // directq | aqsgd
-  std::string store;  // rocksdb | rocksdb_prefetch | rocksdb_skiplist | memory ("-" for directq: no state)
+  std::string store;  // resident | rocksdb | rocksdb_prefetch | rocksdb_skiplist | memory ("-" for directq: no state)
 };
 
 struct Result {
@@ -107,6 +111,7 @@ absl::StatusOr<Result> RunCell(const LinkBenchOptions& o, const Cell& cell, cons
   lo.codec.stored = lo.link.precision;
   lo.micro_batch = o.micro_batch;
   if (cell.store == "rocksdb_prefetch") lo.inline_read_bytes = 0;
+  if (cell.store != "resident") lo.resident_bytes = 0;
 
   std::unique_ptr<storage::MessageStore> send_store, recv_store;
   if (cell.mode == "aqsgd") {
@@ -196,9 +201,9 @@ absl::Status RunLinkBench(const LinkBenchOptions& options, std::ostream& out) {
 
   std::vector<Cell> cells;
   for (absl::string_view s : absl::StrSplit(o.stores, ',', absl::SkipEmpty())) {
-    if (s != "rocksdb" && s != "rocksdb_prefetch" && s != "rocksdb_skiplist" && s != "memory") {
-      return absl::InvalidArgumentError(absl::StrCat("link bench: unknown store '", s,
-                                                     "' (rocksdb, rocksdb_prefetch, rocksdb_skiplist, memory)"));
+    if (s != "resident" && s != "rocksdb" && s != "rocksdb_prefetch" && s != "rocksdb_skiplist" && s != "memory") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "link bench: unknown store '", s, "' (resident, rocksdb, rocksdb_prefetch, rocksdb_skiplist, memory)"));
     }
     cells.push_back({"aqsgd", std::string(s)});
   }

@@ -132,9 +132,11 @@ struct Mode {
   std::string schedule = "adaptive";  // job.schedule
   int in_flight = 0;                  // job.schedule_in_flight (0 = the schedule's default)
   std::string store = "rocksdb";      // aqsgd: job.compression.store
+  bool streamed = false;              // aqsgd: job.compression.resident_bytes = 0
   std::string Name() const {
     std::string s = link == "fp32" ? "fp32" : absl::StrFormat("%s fw%dbw%d", link, fw_bits, bw_bits);
     if (store != "rocksdb") absl::StrAppend(&s, " ", store);
+    if (streamed) absl::StrAppend(&s, " streamed");
     if (dp_optimizer == "quantized_adam") absl::StrAppendFormat(&s, " +qadam%d", dp_bits);
     if (schedule != "adaptive" || in_flight != 0) absl::StrAppend(&s, " ", ScheduleName());
     return s;
@@ -143,7 +145,9 @@ struct Mode {
 };
 
 // "fp32", "directq:3:6", "aqsgd:4:8" (or "aqsgd:4:8:memory": m(xi) in RAM
-// instead of RocksDB), any of them with "+qadam4", then
+// instead of RocksDB; "aqsgd:4:8:streamed": rows read from and written to
+// RocksDB every micro-batch instead of kept resident), any of them with
+// "+qadam4", then
 // optionally "@adaptive" (the default), "@1f1b", "@gpipe", or "@1f1b/W" /
 // "@adaptive/W" (W micro-batches in flight at stage 0).
 absl::StatusOr<Mode> ParseMode(absl::string_view text) {
@@ -182,13 +186,16 @@ absl::StatusOr<Mode> ParseMode(absl::string_view text) {
   if (m.link == "aqsgd" && parts.size() == 4 && (parts[3] == "memory" || parts[3] == "rocksdb")) {
     m.store = parts[3];
     parts.pop_back();
+  } else if (m.link == "aqsgd" && parts.size() == 4 && parts[3] == "streamed") {
+    m.streamed = true;
+    parts.pop_back();
   }
   if ((m.link != "directq" && m.link != "aqsgd") || parts.size() != 3 || !absl::SimpleAtoi(parts[1], &m.fw_bits) ||
       !absl::SimpleAtoi(parts[2], &m.bw_bits) || m.fw_bits < 1 || m.fw_bits > 8 || m.bw_bits < 1 ||
       m.bw_bits > 8) {
     return absl::InvalidArgumentError(
         absl::StrCat("bad mode '", text,
-                     "' (want fp32, directq:FW:BW or aqsgd:FW:BW[:memory], optionally +qadamBITS)"));
+                     "' (want fp32, directq:FW:BW or aqsgd:FW:BW[:memory|:streamed], optionally +qadamBITS)"));
   }
   return m;
 }
@@ -324,6 +331,7 @@ absl::Status RunCells(const SlownetBenchOptions& o, const fs::path& root, std::v
   job["maxSteps"] = total_steps;
   job["epochs"] = total_steps / o.steps_per_epoch + 2;
   job["compression"] = {{"mode", c0.mode.link}, {"warmupEpochs", 0}, {"mPrecision", "fp16"}, {"store", c0.mode.store}};
+  if (c0.mode.streamed) job["compression"]["residentBytes"] = 0;
   if (c0.mode.link != "fp32") {
     job["compression"]["fwBits"] = c0.mode.fw_bits;
     job["compression"]["bwBits"] = c0.mode.bw_bits;

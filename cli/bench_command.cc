@@ -26,14 +26,15 @@ ABSL_FLAG(int64_t, link_epochs, 8, "Link bench: timed epochs (after AQ-SGD's FUL
 ABSL_FLAG(int64_t, link_thrash_bytes, 0,
           "Link bench: bytes of a buffer rewritten between micro-batches (untimed), as the model's work would: "
           "the rows meet cold caches. 0 = none.");
-ABSL_FLAG(std::string, link_stores, "rocksdb,rocksdb_prefetch,rocksdb_skiplist,memory",
-          "Link bench: AQ-SGD stores to run (rocksdb, rocksdb_prefetch, rocksdb_skiplist, memory).");
+ABSL_FLAG(std::string, link_stores, "resident,rocksdb,rocksdb_prefetch,rocksdb_skiplist,memory",
+          "Link bench: AQ-SGD stores to run (resident: rows kept in the endpoint, RocksDB behind; the others "
+          "stream every micro-batch: rocksdb, rocksdb_prefetch, rocksdb_skiplist, memory).");
 ABSL_FLAG(std::string, sched_sizes, "8,16,64,256", "Scheduler bench: comma-separated peer counts.");
 ABSL_FLAG(uint64_t, seed, 1, "Scheduler bench: seed of the synthetic networks and the solver.");
 ABSL_FLAG(std::string, slownet_bandwidths, "0,1000,500,300,100,10",
           "Slownet bench: link bandwidths in Mbit/s (0 = unshaped, always run).");
 ABSL_FLAG(std::string, slownet_modes, "fp32,directq:3:6,aqsgd:3:6,aqsgd:4:8",
-          "Slownet bench: modes fp32 | directq:FW:BW | aqsgd:FW:BW[:memory] (m(xi) in RAM, not RocksDB), "
+          "Slownet bench: modes fp32 | directq:FW:BW | aqsgd:FW:BW[:memory|:streamed] (m(xi) in RAM, not RocksDB; or rows streamed through RocksDB every micro-batch instead of kept resident), "
           "optionally +qadamBITS, then optionally "
           "@adaptive (default) | @1f1b | @gpipe | @adaptive/W | @1f1b/W (W micro-batches in flight at stage 0).");
 ABSL_FLAG(bool, slownet_grid, true, "Slownet bench: also run the data-parallel grid.");

@@ -19,9 +19,15 @@ absl::StatusOr<std::unique_ptr<AqsgdLinkCodec>> AqsgdLinkCodec::Create(const Aqs
 
 uint64_t AqsgdLinkCodec::RowChecksum(RowPrecision stored, int64_t rows, int64_t cols,
                                      absl::Span<const float> m) {
-  std::string bytes(EncodedRowBytes(stored, rows, cols), '\0');
-  ::aqswarm::EncodeRow(stored, rows, cols, m, bytes.data());
-  return Checksum64(bytes.data(), bytes.size());
+  std::string bytes;
+  return RowChecksum(stored, rows, cols, m, &bytes);
+}
+
+uint64_t AqsgdLinkCodec::RowChecksum(RowPrecision stored, int64_t rows, int64_t cols,
+                                     absl::Span<const float> m, std::string* scratch) {
+  scratch->resize(EncodedRowBytes(stored, rows, cols));
+  ::aqswarm::EncodeRow(stored, rows, cols, m, scratch->data());
+  return Checksum64(scratch->data(), scratch->size());
 }
 
 uint64_t AqsgdLinkCodec::Checksum(int64_t rows, int64_t cols, absl::Span<const float> m,

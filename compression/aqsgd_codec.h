@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -109,6 +110,9 @@ class AqsgdLinkCodec {
   // equal to a message store's payload checksum of the row).
   static uint64_t RowChecksum(RowPrecision stored, int64_t rows, int64_t cols,
                               absl::Span<const float> m);
+  // The same, encoding into `*scratch` (kept between calls: no allocation).
+  static uint64_t RowChecksum(RowPrecision stored, int64_t rows, int64_t cols,
+                              absl::Span<const float> m, std::string* scratch);
 
   const AqsgdLinkOptions& options() const { return options_; }
 

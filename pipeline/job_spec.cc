@@ -125,6 +125,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   if (c.store() != "rocksdb" && c.store() != "memory") {
     return Invalid("compression.store", absl::StrCat("'", c.store(), "' is not rocksdb or memory"));
   }
+  if (c.resident_bytes() > (uint64_t{1} << 40)) {
+    return Invalid("compression.resident_bytes", absl::StrCat(c.resident_bytes(), " is over 1 TiB"));
+  }
   const auto& s = job.shaping();
   // 0 = unshaped; otherwise at least 1 kbit/s (a frame's emulated wire time
   // must stay finite) and finite.

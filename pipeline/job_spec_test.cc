@@ -35,6 +35,7 @@ TEST(JobSpecTest, PreciseErrors) {
       {R"({"compression":{"mode":"zip"}})", "zip"},
       {R"({"compression":{"mPrecision":"bf16"}})", "compression.m_precision"},
       {R"({"compression":{"store":"disk"}})", "compression.store"},
+      {R"({"compression":{"residentBytes":"2000000000000"}})", "compression.resident_bytes"},
       {R"({"model":{"nLayer":2},"stages":3})", "stages"},
       {R"({"optimizer":{"lr":-1}})", "optimizer.lr"},
       {R"({"device":"tpu"})", "device"},

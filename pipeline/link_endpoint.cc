@@ -89,7 +89,127 @@ absl::Status AddRowError(const v1::AqsgdRow& row, absl::Span<const float> a, abs
   return absl::OkStatus();
 }
 
+// Starts an endpoint's epoch: resident if it fits, else streamed through the
+// prefetcher. Going resident, the prefetcher's queued writes reach the store
+// first: resident rows are read from the store directly.
+absl::Status StartEndpointEpoch(ResidentRows* resident, storage::Prefetcher* prefetcher, uint64_t budget,
+                                std::vector<uint64_t> order) {
+  if (prefetcher == nullptr) return absl::OkStatus();
+  const bool was = resident->active();
+  AQSWARM_ASSIGN_OR_RETURN(const bool now, resident->StartEpoch(order, budget));
+  if (now) return was ? absl::OkStatus() : prefetcher->Flush();
+  return prefetcher->SetOrder(std::move(order));
+}
+
+// Close of an endpoint: resident rows back to the store, then the
+// prefetcher's queued writes.
+absl::Status CloseEndpoint(std::unique_ptr<ResidentRows>* resident, std::unique_ptr<storage::Prefetcher>* prefetcher) {
+  absl::Status s;
+  if (*resident != nullptr) s.Update((*resident)->WriteBack(/*drop=*/true));
+  resident->reset();
+  if (*prefetcher == nullptr) return s;
+  s.Update((*prefetcher)->Close());
+  prefetcher->reset();
+  return s;
+}
+
 }  // namespace
+
+// ---------------------------------------------------------------- resident rows
+
+absl::StatusOr<bool> ResidentRows::StartEpoch(const std::vector<uint64_t>& order, uint64_t budget) {
+  absl::flat_hash_map<uint64_t, bool> wanted;
+  for (uint64_t s : order) wanted.emplace(s, true);
+  const uint64_t row_bytes = static_cast<uint64_t>(link_.num_values()) * sizeof(float);
+  active_ = budget > 0 && wanted.size() <= budget / row_bytes;
+  if (!active_) {
+    AQSWARM_RETURN_IF_ERROR(WriteBack(/*drop=*/true));
+    return false;
+  }
+  // Rows of samples this epoch does not have (a DP grid deals each epoch's
+  // samples anew) stay while all fit; else back to the store, out of memory.
+  size_t total = rows_.size();
+  for (const auto& [sample, unused] : wanted) total += rows_.count(sample) != 0 ? 0 : 1;
+  if (total <= budget / row_bytes) return true;
+  std::vector<uint64_t> ids;
+  std::vector<absl::Span<const float>> values;
+  for (const auto& [sample, row] : rows_) {
+    if (wanted.contains(sample)) continue;
+    if (row.dirty && row.present) {
+      ids.push_back(sample);
+      values.push_back(row.m);
+    }
+  }
+  if (!ids.empty()) AQSWARM_RETURN_IF_ERROR(store_->PutBatch(link_, ids, values));
+  for (auto it = rows_.begin(); it != rows_.end();) {
+    if (wanted.contains(it->first)) {
+      ++it;
+    } else {
+      rows_.erase(it++);
+    }
+  }
+  return true;
+}
+
+absl::Status ResidentRows::Rows(absl::Span<const uint64_t> samples, std::vector<Row*>* rows) {
+  rows->resize(samples.size());
+  std::vector<uint64_t> load;
+  std::vector<absl::Span<float>> out;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    auto [it, inserted] = rows_.try_emplace(samples[i]);
+    (*rows)[i] = &it->second;
+    if (!inserted) continue;
+    it->second.m.assign(link_.num_values(), 0.0f);
+    load.push_back(samples[i]);
+    out.push_back(absl::MakeSpan(it->second.m));
+  }
+  if (load.empty()) return absl::OkStatus();
+  std::vector<storage::RowRead> reads(load.size());
+  AQSWARM_RETURN_IF_ERROR(store_->GetBatch(link_, load, out, absl::MakeSpan(reads)));
+  for (size_t j = 0; j < load.size(); ++j) {
+    Row& r = rows_[load[j]];
+    if (reads[j].status.ok()) {
+      r.present = true;
+      r.checksum = reads[j].payload_checksum;
+    } else if (!storage::IsUnseen(reads[j].status)) {
+      rows_.erase(load[j]);  // an I/O error: try again next time
+      return reads[j].status;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ResidentRows::WriteBack(bool drop) {
+  constexpr size_t kBatch = 64;  // rows per store batch
+  std::vector<uint64_t> ids;
+  std::vector<absl::Span<const float>> values;
+  auto put = [&]() -> absl::Status {
+    if (ids.empty()) return absl::OkStatus();
+    AQSWARM_RETURN_IF_ERROR(store_->PutBatch(link_, ids, values));
+    for (uint64_t id : ids) rows_[id].dirty = false;
+    ids.clear();
+    values.clear();
+    return absl::OkStatus();
+  };
+  for (const auto& [sample, row] : rows_) {
+    if (!row.dirty || !row.present) continue;
+    ids.push_back(sample);
+    values.push_back(row.m);
+    if (ids.size() == kBatch) AQSWARM_RETURN_IF_ERROR(put());
+  }
+  AQSWARM_RETURN_IF_ERROR(put());
+  if (drop) {
+    rows_.clear();
+    active_ = false;
+  }
+  return absl::OkStatus();
+}
+
+void ResidentRows::Updated(Row* row) {
+  row->present = true;
+  row->dirty = true;
+  row->checksum = compression::AqsgdLinkCodec::RowChecksum(link_.precision, link_.rows, link_.cols, row->m, &scratch_);
+}
 
 absl::StatusOr<LinkEndpointOptions> LinkOptionsFromJob(const v1::JobSpec& job, uint32_t pipeline,
                                                        uint32_t boundary, uint64_t generation) {
@@ -112,6 +232,7 @@ absl::StatusOr<LinkEndpointOptions> LinkOptionsFromJob(const v1::JobSpec& job, u
   o.codec.quantizer.min_compress_elements = 1;
   o.codec.stored = o.link.precision;
   o.codec.warmup_epochs = job.compression().warmup_epochs();
+  if (job.compression().has_resident_bytes()) o.resident_bytes = job.compression().resident_bytes();
   o.micro_batch = job.micro_batch_size();
   return o;
 }
@@ -128,12 +249,12 @@ absl::StatusOr<std::unique_ptr<ActivationSender>> ActivationSender::Create(stora
   std::unique_ptr<ActivationSender> s(new ActivationSender(store, options));
   AQSWARM_ASSIGN_OR_RETURN(s->codec_, compression::AqsgdLinkCodec::Create(options.codec));
   AQSWARM_ASSIGN_OR_RETURN(s->prefetcher_, MakePrefetcher(store, options));
+  if (s->prefetcher_ != nullptr) s->resident_ = std::make_unique<ResidentRows>(store, options.link);
   return s;
 }
 
 absl::Status ActivationSender::StartEpoch(std::vector<uint64_t> order) {
-  if (prefetcher_ == nullptr) return absl::OkStatus();
-  return prefetcher_->SetOrder(std::move(order));
+  return StartEndpointEpoch(resident_.get(), prefetcher_.get(), options_.resident_bytes, std::move(order));
 }
 
 absl::Status ActivationSender::Encode(uint64_t step, uint32_t mb, uint32_t epoch, absl::Span<const uint64_t> samples,
@@ -147,6 +268,27 @@ absl::Status ActivationSender::Encode(uint64_t step, uint32_t mb, uint32_t epoch
   out->set_step(step);
   out->set_micro_batch(mb);
   out->set_epoch(epoch);
+  if (resident_ != nullptr && resident_->active()) {
+    // m updated in place. Should a row fail (m unchanged), the rows before it
+    // have moved on without being sent: the receiver's checksum check asks
+    // for them again (RESEND).
+    AQSWARM_RETURN_IF_ERROR(resident_->Rows(samples, &rows_));
+    for (size_t i = 0; i < samples.size(); ++i) {
+      ResidentRows::Row* r = rows_[i];
+      compression::RowContext ctx;
+      ctx.seen = r->present;
+      if (ctx.seen) ctx.m_checksum = r->checksum;
+      ctx.epoch = epoch;
+      ctx.sample_id = samples[i];
+      v1::AqsgdRow* row = out->add_rows();
+      AQSWARM_RETURN_IF_ERROR(codec_->EncodeRow(ctx, acts.subspan(i * n, n), options_.link.rows, options_.link.cols,
+                                                absl::MakeSpan(r->m), RowKey(step, mb, samples[i]), row));
+      resident_->Updated(r);
+      CountRow(*row, n, &stats_);
+      AQSWARM_RETURN_IF_ERROR(AddRowError(*row, acts.subspan(i * n, n), r->m, &decoded_, &stats_));
+    }
+    return absl::OkStatus();
+  }
   std::vector<std::vector<float>> rows;
   std::vector<storage::RowRead> reads(samples.size());
   if (prefetcher_ != nullptr) {
@@ -194,16 +336,23 @@ absl::Status ActivationSender::EncodeResend(uint64_t step, uint32_t mb, uint32_t
     ctx.force_full = true;
     ctx.epoch = epoch;
     ctx.sample_id = id;
-    rows.emplace_back(n);
+    const bool resident = resident_ != nullptr && resident_->active();
+    if (resident) {
+      AQSWARM_RETURN_IF_ERROR(resident_->Rows(absl::MakeConstSpan(&id, 1), &rows_));
+    } else {
+      rows.emplace_back(n);
+    }
+    absl::Span<float> m = resident ? absl::MakeSpan(rows_[0]->m) : absl::MakeSpan(rows.back());
     v1::AqsgdRow* row = out->add_rows();
-    AQSWARM_RETURN_IF_ERROR(codec_->EncodeRow(ctx, acts.subspan(i * n, n), options_.link.rows, options_.link.cols,
-                                              absl::MakeSpan(rows.back()), RowKey(step, mb, id), row));
+    AQSWARM_RETURN_IF_ERROR(
+        codec_->EncodeRow(ctx, acts.subspan(i * n, n), options_.link.rows, options_.link.cols, m, RowKey(step, mb, id), row));
+    if (resident) resident_->Updated(rows_[0]);
     CountRow(*row, n, &stats_);
-    AQSWARM_RETURN_IF_ERROR(AddRowError(*row, acts.subspan(i * n, n), rows.back(), &decoded_, &stats_));
+    AQSWARM_RETURN_IF_ERROR(AddRowError(*row, acts.subspan(i * n, n), m, &decoded_, &stats_));
     ++stats_.resend_rows;
     ids.push_back(id);
   }
-  if (prefetcher_ != nullptr) AQSWARM_RETURN_IF_ERROR(prefetcher_->PutBatch(ids, std::move(rows)));
+  if (prefetcher_ != nullptr && !rows.empty()) AQSWARM_RETURN_IF_ERROR(prefetcher_->PutBatch(ids, std::move(rows)));
   return absl::OkStatus();
 }
 
@@ -230,12 +379,7 @@ storage::PrefetcherStats ActivationSender::prefetcher_stats() const {
   return prefetcher_ != nullptr ? prefetcher_->GetStats() : storage::PrefetcherStats();
 }
 
-absl::Status ActivationSender::Close() {
-  if (prefetcher_ == nullptr) return absl::OkStatus();
-  absl::Status s = prefetcher_->Close();
-  prefetcher_.reset();
-  return s;
-}
+absl::Status ActivationSender::Close() { return CloseEndpoint(&resident_, &prefetcher_); }
 
 // ---------------------------------------------------------------- receiver
 
@@ -249,12 +393,12 @@ absl::StatusOr<std::unique_ptr<ActivationReceiver>> ActivationReceiver::Create(s
   std::unique_ptr<ActivationReceiver> r(new ActivationReceiver(store, options));
   AQSWARM_ASSIGN_OR_RETURN(r->codec_, compression::AqsgdLinkCodec::Create(options.codec));
   AQSWARM_ASSIGN_OR_RETURN(r->prefetcher_, MakePrefetcher(store, options));
+  if (r->prefetcher_ != nullptr) r->resident_ = std::make_unique<ResidentRows>(store, options.link);
   return r;
 }
 
 absl::Status ActivationReceiver::StartEpoch(std::vector<uint64_t> order) {
-  if (prefetcher_ == nullptr) return absl::OkStatus();
-  return prefetcher_->SetOrder(std::move(order));
+  return StartEndpointEpoch(resident_.get(), prefetcher_.get(), options_.resident_bytes, std::move(order));
 }
 
 absl::Status ActivationReceiver::Begin(uint64_t step, uint32_t mb, absl::Span<const uint64_t> samples) {
@@ -265,7 +409,14 @@ absl::Status ActivationReceiver::Begin(uint64_t step, uint32_t mb, absl::Span<co
   reads_.assign(samples.size(), storage::RowRead());
   done_.assign(samples.size(), false);
   dirty_.assign(samples.size(), false);
-  if (prefetcher_ != nullptr) {
+  rows_.clear();
+  if (resident_ != nullptr && resident_->active()) {
+    AQSWARM_RETURN_IF_ERROR(resident_->Rows(samples, &rows_));
+    for (size_t i = 0; i < samples.size(); ++i) {
+      if (!rows_[i]->present) reads_[i].status = absl::NotFoundError("unseen");
+      reads_[i].payload_checksum = rows_[i]->checksum;
+    }
+  } else if (prefetcher_ != nullptr) {
     AQSWARM_RETURN_IF_ERROR(prefetcher_->TakeBatch(samples, &m_, absl::MakeSpan(reads_)));
     for (const auto& r : reads_) {
       if (!r.status.ok() && !storage::IsUnseen(r.status)) return r.status;
@@ -322,12 +473,13 @@ absl::Status ActivationReceiver::Apply(const v1::ActivationBatch& batch, std::ve
       std::optional<uint64_t> m_checksum;  // the store's, for a DELTA: no hashing here
       if (delta) m_checksum = reads_[i].payload_checksum;
       AQSWARM_ASSIGN_OR_RETURN(res, codec_->DecodeRow(batch.rows(r), options_.link.rows, options_.link.cols,
-                                                      absl::MakeSpan(m_[i]), m_checksum));
+                                                      Row(i), m_checksum));
     }
     CountRow(batch.rows(r), options_.link.num_values(), &stats_);
     if (res == compression::ReceiveResult::kApplied) {
       done_[i] = true;
       dirty_[i] = stateful;
+      if (!rows_.empty()) resident_->Updated(rows_[i]);
     } else {
       ++stats_.resend_rows;
     }
@@ -346,8 +498,9 @@ absl::Status ActivationReceiver::Take(std::vector<float>* acts) {
   }
   const int64_t n = options_.link.num_values();
   acts->resize(samples_.size() * n);
-  for (size_t i = 0; i < samples_.size(); ++i) std::memcpy(acts->data() + i * n, m_[i].data(), n * sizeof(float));
+  for (size_t i = 0; i < samples_.size(); ++i) std::memcpy(acts->data() + i * n, Row(i).data(), n * sizeof(float));
   active_ = false;
+  if (!rows_.empty()) return absl::OkStatus();  // resident: updated in place
   if (prefetcher_ != nullptr) {
     std::vector<uint64_t> ids;
     std::vector<std::vector<float>> rows;
@@ -384,11 +537,10 @@ storage::PrefetcherStats ActivationReceiver::prefetcher_stats() const {
   return prefetcher_ != nullptr ? prefetcher_->GetStats() : storage::PrefetcherStats();
 }
 
-absl::Status ActivationReceiver::Close() {
-  if (prefetcher_ == nullptr) return absl::OkStatus();
-  absl::Status s = prefetcher_->Close();
-  prefetcher_.reset();
-  return s;
+absl::Status ActivationReceiver::Close() { return CloseEndpoint(&resident_, &prefetcher_); }
+
+absl::Span<float> ActivationReceiver::Row(size_t i) {
+  return rows_.empty() ? absl::MakeSpan(m_[i]) : absl::MakeSpan(rows_[i]->m);
 }
 
 // ---------------------------------------------------------------- gradients

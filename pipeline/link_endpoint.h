@@ -12,12 +12,16 @@
 //   r.Begin(step, mb, samples);  r.Apply(batch, &missing);  // repeat with resends
 //   r.Take(&acts)  once `missing` is empty.
 //
-// m(xi) lives in the store (both ends) and is read through a Prefetcher fed
-// with the epoch's sample order, so the rows a micro-batch needs are usually
-// already in memory. The sender treats a sample as "seen" iff its store holds
-// a row for it under the link's generation; a receiver whose row differs (lost
-// write, eviction, corruption) detects it by the checksum in every DELTA and
-// asks for a FULL resend.
+// m(xi) lives in the store (both ends). When an epoch's rows fit in
+// LinkEndpointOptions::resident_bytes they stay resident in the endpoint
+// (ResidentRows below): read from the store once, then updated in place with
+// their checksums, and written back to the store when the endpoint closes or
+// an epoch no longer fits. Otherwise every micro-batch's rows are read through
+// a Prefetcher fed with the epoch's sample order and written behind. The
+// sender treats a sample as "seen" iff it holds a row for it under the link's
+// generation; a receiver whose row differs (lost write, a crash since the last
+// write-back, eviction, corruption) detects it by the checksum in every DELTA
+// and asks for a FULL resend.
 //
 // Not thread-safe: one compute thread drives each endpoint.
 #ifndef AQSWARM_PIPELINE_LINK_ENDPOINT_H_
@@ -53,6 +57,47 @@ struct LinkEndpointOptions {
   // on the endpoint's thread rather than prefetched while they are in memory
   // (Prefetcher::Options::inline_read_bytes). Default: 256 KiB.
   uint64_t inline_read_bytes = 256ull << 10;
+  // An epoch whose m rows fit in this many bytes (float32: samples x rows x
+  // cols x 4) keeps them resident (see the banner): no per-micro-batch store
+  // reads, row encodings or writes, which on a CPU-bound stage cost several
+  // percent of its throughput (docs/BENCHMARKS.md). 0: always stream through
+  // the prefetcher. Default: 64 MiB (job: compression.resident_bytes).
+  uint64_t resident_bytes = 64ull << 20;
+};
+
+// The m rows an endpoint keeps in memory for a whole epoch (one per sample,
+// float32 holding the stored-precision values, with RowChecksum of each).
+// Rows are loaded from the store on first use; `dirty` ones are written back
+// by WriteBack. Used by one endpoint's thread.
+class ResidentRows {
+ public:
+  struct Row {
+    std::vector<float> m;
+    uint64_t checksum = 0;  // RowChecksum(m) when `present`
+    bool present = false;   // holds m(xi) (else: unseen, send or expect FULL)
+    bool dirty = false;     // changed since the store last had it
+  };
+  ResidentRows(storage::MessageStore* store, const storage::LinkSpec& link) : store_(store), link_(link) {}
+
+  bool active() const { return active_; }
+  // Resident for `order` if its distinct samples fit in `budget` bytes; rows
+  // of other samples are written back and dropped first. Returns whether it
+  // is resident now (if not, every row has been written back and dropped).
+  absl::StatusOr<bool> StartEpoch(const std::vector<uint64_t>& order, uint64_t budget);
+  // The rows of `samples` (created, read from the store when it holds them).
+  absl::Status Rows(absl::Span<const uint64_t> samples, std::vector<Row*>* rows);
+  // Writes every dirty row to the store; drops all rows if `drop`.
+  absl::Status WriteBack(bool drop);
+  // Marks `row` changed (it now holds m): present, dirty, checksum updated.
+  void Updated(Row* row);
+  size_t size() const { return rows_.size(); }
+
+ private:
+  storage::MessageStore* store_;
+  storage::LinkSpec link_;
+  bool active_ = false;
+  std::unordered_map<uint64_t, Row> rows_;
+  std::string scratch_;  // RowChecksum's encoding
 };
 
 // Builds endpoint options from a job: mode, fw bits, m precision, warm-up.
@@ -95,7 +140,8 @@ class ActivationSender {
   // Raw rows for evaluation: no state touched.
   absl::Status EncodeEval(uint64_t step, uint32_t micro_batch, absl::Span<const float> acts, int64_t batch,
                           v1::ActivationBatch* out);
-  // Flushes queued store writes and stops the prefetcher.
+  // Writes resident rows back, flushes queued store writes and stops the
+  // prefetcher.
   absl::Status Close();
   const LinkEndpointStats& stats() const { return stats_; }
   // The m(xi) prefetcher's counters (zeros for stateless modes and after Close).
@@ -107,8 +153,10 @@ class ActivationSender {
   storage::MessageStore* store_;
   std::unique_ptr<storage::Prefetcher> prefetcher_;
   std::unique_ptr<compression::AqsgdLinkCodec> codec_;
+  std::unique_ptr<ResidentRows> resident_;  // AQ-SGD
   LinkEndpointStats stats_;
   std::vector<float> decoded_;  // scratch: a DIRECT row as the receiver decodes it
+  std::vector<ResidentRows::Row*> rows_;  // scratch
 };
 
 class ActivationReceiver {
@@ -136,10 +184,13 @@ class ActivationReceiver {
 
  private:
   ActivationReceiver(storage::MessageStore* store, const LinkEndpointOptions& options);
+  // Sample i's row of the current micro-batch (resident or in m_).
+  absl::Span<float> Row(size_t i);
   LinkEndpointOptions options_;
   storage::MessageStore* store_;
   std::unique_ptr<storage::Prefetcher> prefetcher_;
   std::unique_ptr<compression::AqsgdLinkCodec> codec_;
+  std::unique_ptr<ResidentRows> resident_;  // AQ-SGD
   LinkEndpointStats stats_;
   // The micro-batch being received.
   bool active_ = false;
@@ -147,6 +198,7 @@ class ActivationReceiver {
   uint32_t micro_batch_ = 0;
   std::vector<uint64_t> samples_;
   std::vector<std::vector<float>> m_;    // per-sample m rows (AQ-SGD) or decoded rows
+  std::vector<ResidentRows::Row*> rows_;  // instead of m_ while resident
   std::vector<storage::RowRead> reads_;
   std::vector<bool> done_;
   std::vector<bool> dirty_;              // m row changed: write it back

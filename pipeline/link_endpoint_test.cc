@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "common/random.h"
 #include "gtest/gtest.h"
@@ -42,11 +43,12 @@ std::vector<float> Acts(absl::Span<const uint64_t> samples, int epoch) {
 }
 
 struct Harness {
-  explicit Harness(LinkEndpointOptions o) {
+  explicit Harness(LinkEndpointOptions o) : Harness(o, o) {}
+  Harness(LinkEndpointOptions send, LinkEndpointOptions recv) {
     send_store = *storage::MemoryMessageStore::Create({});
     recv_store = *storage::MemoryMessageStore::Create({});
-    sender = *ActivationSender::Create(send_store.get(), o);
-    receiver = *ActivationReceiver::Create(recv_store.get(), o);
+    sender = *ActivationSender::Create(send_store.get(), send);
+    receiver = *ActivationReceiver::Create(recv_store.get(), recv);
   }
   // Sends one micro-batch, serving resends; returns the receiver's input.
   std::vector<float> Transfer(uint64_t step, uint32_t mb, int epoch, absl::Span<const uint64_t> samples,
@@ -99,10 +101,13 @@ void ExpectStoresIdentical(Harness& h, const LinkEndpointOptions& o) {
   }
 }
 
-class AqsgdLinkTest : public ::testing::TestWithParam<RowPrecision> {};
+// Precision of m, and resident_bytes: the default (the epoch's rows stay
+// resident) or 0 (streamed through the prefetcher every micro-batch).
+class AqsgdLinkTest : public ::testing::TestWithParam<std::tuple<RowPrecision, uint64_t>> {};
 
 TEST_P(AqsgdLinkTest, BothStoresBitIdenticalAfterEpochsAndDeltasApproachFull) {
-  LinkEndpointOptions o = Options(compression::LinkMode::kAqsgd, GetParam());
+  LinkEndpointOptions o = Options(compression::LinkMode::kAqsgd, std::get<0>(GetParam()));
+  o.resident_bytes = std::get<1>(GetParam());
   Harness h(o);
   uint64_t step = 0;
   for (int epoch = 0; epoch < 4; ++epoch) {
@@ -128,8 +133,100 @@ TEST_P(AqsgdLinkTest, BothStoresBitIdenticalAfterEpochsAndDeltasApproachFull) {
   ExpectStoresIdentical(h, o);
 }
 
-INSTANTIATE_TEST_SUITE_P(Precisions, AqsgdLinkTest,
-                         ::testing::Values(RowPrecision::kFloat32, RowPrecision::kFloat16, RowPrecision::kInt8));
+INSTANTIATE_TEST_SUITE_P(PrecisionsResidentOrStreamed, AqsgdLinkTest,
+                         ::testing::Combine(::testing::Values(RowPrecision::kFloat32, RowPrecision::kFloat16,
+                                                              RowPrecision::kInt8),
+                                            ::testing::Values(LinkEndpointOptions().resident_bytes, uint64_t{0})));
+
+// A resident end and a streamed one hold the same m: the sender keeps its
+// rows resident while an epoch fits its budget (6 rows) and streams the
+// epochs that do not (9 samples), writing its rows back as it switches; the
+// receiver always streams. No DELTA is ever refused, and after Close both
+// stores hold the same rows.
+TEST(AqsgdLinkResidentTest, ResidentAndStreamedEndsAgreeAcrossSwitches) {
+  LinkEndpointOptions o = Options(compression::LinkMode::kAqsgd);
+  LinkEndpointOptions send = o, recv = o;
+  send.resident_bytes = 6 * kRows * kCols * sizeof(float);
+  recv.resident_bytes = 0;
+  Harness h(send, recv);
+  const std::vector<uint64_t> small = Order(0), big = {5, 1, 8, 2, 7, 3, 11, 12, 13};
+  uint64_t step = 0;
+  int resends = 0;
+  for (int epoch = 0; epoch < 6; ++epoch) {
+    const std::vector<uint64_t>& order = epoch % 3 == 1 ? big : small;
+    ASSERT_TRUE(h.sender->StartEpoch(order).ok());
+    ASSERT_TRUE(h.receiver->StartEpoch(order).ok());
+    for (size_t b = 0; b * kBatch < order.size(); ++b, ++step) {
+      std::vector<uint64_t> s(order.begin() + b * kBatch, order.begin() + (b + 1) * kBatch);
+      h.Transfer(step, static_cast<uint32_t>(b), epoch + 1, s, &resends);  // epoch + 1: past the warm-up
+    }
+  }
+  EXPECT_EQ(resends, 0);
+  EXPECT_EQ(h.sender->stats().full_rows, 9u) << "each sample FULL once";
+  ExpectStoresIdentical(h, o);
+}
+
+// A DP grid deals each epoch's samples anew: while every sample's row fits,
+// rows of other epochs stay resident too, and the store is read once per
+// sample and written only at Close.
+TEST(AqsgdLinkResidentTest, RowsOfOtherEpochsStayWhileAllFit) {
+  LinkEndpointOptions o = Options(compression::LinkMode::kAqsgd);
+  o.resident_bytes = 12 * kRows * kCols * sizeof(float);
+  Harness h(o);
+  const std::vector<uint64_t> a = Order(0), b = {11, 12, 13, 14, 15, 16};
+  uint64_t step = 0;
+  int resends = 0;
+  for (int epoch = 0; epoch < 6; ++epoch) {
+    const std::vector<uint64_t>& order = epoch % 2 ? b : a;
+    ASSERT_TRUE(h.sender->StartEpoch(order).ok());
+    ASSERT_TRUE(h.receiver->StartEpoch(order).ok());
+    for (uint32_t mb = 0; mb < 2; ++mb, ++step) {
+      std::vector<uint64_t> s(order.begin() + mb * kBatch, order.begin() + (mb + 1) * kBatch);
+      h.Transfer(step, mb, epoch + 1, s, &resends);
+    }
+  }
+  EXPECT_EQ(resends, 0);
+  EXPECT_EQ(h.sender->stats().full_rows, 12u);
+  EXPECT_EQ(h.send_store->GetStats().rows_written, 0u) << "nothing written before Close";
+  EXPECT_EQ(h.send_store->GetStats().rows_unseen, 12u) << "each row looked up once";
+  ExpectStoresIdentical(h, o);
+  EXPECT_EQ(h.send_store->GetStats().rows_written, 12u);
+}
+
+// A clean restart keeps the deltas going: Close writes the resident rows
+// back, and a new sender on the same store reads them as its m. A receiver
+// that lost its rows instead (a fresh store, as after a crash before any
+// write-back) asks for each of them once and the ends agree again.
+TEST(AqsgdLinkResidentTest, RestartsResumeFromTheStoreOrResendOnce) {
+  LinkEndpointOptions o = Options(compression::LinkMode::kAqsgd);
+  Harness h(o);
+  const std::vector<uint64_t> order = Order(0);
+  uint64_t step = 0;
+  auto epoch = [&](int e, int* resends) {
+    ASSERT_TRUE(h.sender->StartEpoch(order).ok());
+    ASSERT_TRUE(h.receiver->StartEpoch(order).ok());
+    for (uint32_t mb = 0; mb < 2; ++mb, ++step) {
+      std::vector<uint64_t> s(order.begin() + mb * kBatch, order.begin() + (mb + 1) * kBatch);
+      h.Transfer(step, mb, e, s, resends);
+    }
+  };
+  int resends = 0;
+  epoch(1, &resends);  // FULL rows (unseen samples)
+  epoch(2, &resends);
+  ASSERT_TRUE(h.sender->Close().ok());
+  h.sender = *ActivationSender::Create(h.send_store.get(), o);
+  epoch(3, &resends);
+  EXPECT_EQ(resends, 0);
+  EXPECT_EQ(h.sender->stats().delta_rows, 6u) << "the restarted sender read its m back";
+  h.receiver.reset();  // (closes into the old store, which is then lost)
+  h.recv_store = *storage::MemoryMessageStore::Create({});
+  h.receiver = *ActivationReceiver::Create(h.recv_store.get(), o);
+  epoch(4, &resends);
+  EXPECT_EQ(resends, 6) << "the receiver lost every row: each resent once";
+  epoch(5, &resends);
+  EXPECT_EQ(resends, 6);
+  ExpectStoresIdentical(h, o);
+}
 
 TEST(AqsgdLinkRecoveryTest, CorruptOrLostReceiverRowIsResentAndStoresReconverge) {
   LinkEndpointOptions o = Options(compression::LinkMode::kAqsgd);
@@ -155,6 +252,25 @@ TEST(AqsgdLinkRecoveryTest, CorruptOrLostReceiverRowIsResentAndStoresReconverge)
   EXPECT_EQ(h.sender->stats().resend_rows, 2u);
   EXPECT_EQ(h.sender->stats().delta_rows, 6u);
   ExpectStoresIdentical(h, o);
+}
+
+TEST(LinkOptionsTest, ResidentBytesComeFromTheJobOrTheDefault) {
+  v1::JobSpec job;
+  job.mutable_model()->set_seq_len(kRows);
+  job.mutable_model()->set_d_model(kCols);
+  job.mutable_compression()->set_mode(v1::LinkCompression::aqsgd);
+  job.mutable_compression()->set_m_precision("fp16");
+  job.mutable_compression()->set_fw_bits(3);
+  auto o = LinkOptionsFromJob(job, 0, 0, 1);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->resident_bytes, LinkEndpointOptions().resident_bytes);
+  EXPECT_GT(o->resident_bytes, 0u);
+  for (uint64_t b : {uint64_t{0}, uint64_t{4096}}) {
+    job.mutable_compression()->set_resident_bytes(b);
+    o = LinkOptionsFromJob(job, 0, 0, 1);
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_EQ(o->resident_bytes, b);
+  }
 }
 
 TEST(StatelessLinkTest, Fp32IsExactAndDirectQIsClose) {
