@@ -561,8 +561,11 @@ if a_s and d_s:
     md.append(f"- **AQ-SGD vs DirectQ.** Same bytes per sample (fw {a_s['fw_bytes_per_sample']:.0f} vs {d_s['fw_bytes_per_sample']:.0f}, "
               f"bw {a_s['bw_bytes_per_sample']:.0f} vs {d_s['bw_bytes_per_sample']:.0f}). samples/s of AQ-SGD vs DirectQ, and "
               f"(in brackets) AQ-SGD's extra CPU per sample and the pass-by-pass ratios (the two run back to back in a pass): "
-              f"{'; '.join(gaps)}. AQ-SGD's extra CPU is the m(xi) store and "
-              "delta coding (RocksDB get + put of an fp16 row at both ends of every link, per sample); on a GPU machine it "
+              f"{'; '.join(gaps)}. AQ-SGD's extra CPU is its per-sample state: delta coding and a checksum of each "
+              "updated m(xi) row at both ends of every link, and (the table's epochs fit in memory: each link end keeps "
+              "its rows resident, LinkEndpointOptions::resident_bytes) a store read per row at first use and a write "
+              "per row at the end; epochs too large for that read and write every row through RocksDB every "
+              "micro-batch (the resident-rows note below). On a GPU machine it "
               "runs beside the model, here it runs on the same 2 cores, so wherever a cell is CPU-bound (unshaped and fast "
               "links) AQ-SGD can only be as far behind DirectQ as its extra CPU and the load noise put it; at the slowest "
               "link both are link-bound.")
@@ -578,11 +581,14 @@ if a_s and d_s:
             if "rocksdb_prefetch" in lk:
                 mem += (f"; with every row loaded ahead by the prefetcher's loader threads (as in earlier builds) "
                         f"+{lk['rocksdb_prefetch']['extra_cpu_us_per_sample_vs_directq']:.1f}")
+            if "resident" in lk:
+                mem += (f"; with the rows resident in the endpoints, as the stages of this table keep them, "
+                        f"+{lk['resident']['extra_cpu_us_per_sample_vs_directq']:.1f}")
             md.append(f"- **The links alone** (`aqswarm bench link`, right after the table: one link's sender and receiver, "
                       f"no model, no transport, {lk['rocksdb']['rows']}x{lk['rocksdb']['cols']} fp16 rows): DirectQ costs "
                       f"{lk['-']['cpu_us_per_sample']:.1f} CPU us per sample, AQ-SGD "
                       f"{lk['rocksdb']['cpu_us_per_sample']:.1f} (+{lk['rocksdb']['extra_cpu_us_per_sample_vs_directq']:.1f}: "
-                      f"RocksDB get + put on the endpoint's own thread, fp16 rounding, delta coding{mem}). "
+                      f"streamed: RocksDB get + put on the endpoint's own thread every micro-batch, fp16 rounding, delta coding{mem}). "
                       f"Times {links} links that is +{links * lk['rocksdb']['extra_cpu_us_per_sample_vs_directq'] / 1000:.3f} "
                       f"ms per sample, against {extra_ms:+.3f} ms measured between the unshaped pipelines"
                       + (": in a pipeline the same work costs more (its threads wake among 4 busy processes on 2 cores, and "
@@ -702,7 +708,8 @@ if os.path.exists(ab_path):
                        "model's own slowdown and what the bench does not model (several micro-batches in flight, "
                        "hand-offs between threads, four processes on two cores).")
     mean3 = lambda k, f: " / ".join(f % (sum(x[k] for x in col) / len(col)) for col in zip(*rows_ab))
-    md.append("- **Where AQ-SGD's extra CPU is not** (2026-11-26, `for i in 1 2 3 4; do build/aqswarm bench slownet --json "
+    md.append("- **Where AQ-SGD's extra CPU is not** (rows streamed through the store every micro-batch, the only path "
+              "before resident rows; 2026-11-26, `for i in 1 2 3 4; do build/aqswarm bench slownet --json "
               "--slownet_bandwidths=0,1000 --slownet_modes=directq:3:6,aqsgd:3:6,aqsgd:3:6:memory --slownet_grid=false "
               "--slownet_steps=10 --slownet_repeats=4; done`, `docs/data/slownet_store_ab.jsonl`; `:memory` keeps m(xi) "
               "in RAM instead of RocksDB, job `compression.store`). Unshaped, run by run, AQ-SGD with RocksDB / with m(xi) "
@@ -726,6 +733,36 @@ if os.path.exists(ab_path):
               "the last pass) the extra is 6-24 ms per step, 10-37 us per row and link end (512 rows per link end), "
               "2-7 times what `aqswarm bench link` measures for the same rows with warm caches (4-6 us per end): "
               "in the pipeline much of a row's cost is memory traffic, which the model pays for too." + thrash_text)
+# Resident rows against streamed ones (docs/data/slownet_resident_ab.jsonl:
+# runs of 6 cells, DirectQ, AQ-SGD resident, AQ-SGD streamed at 0 and 1000).
+ra_path = os.path.join(os.path.dirname(doc), "data", "slownet_resident_ab.jsonl")
+if os.path.exists(ra_path):
+    ra = [json.loads(x) for x in open(ra_path) if x.strip()]
+    runs_ra = [ra[i:i + 6] for i in range(0, len(ra), 6)]
+    def cell_ra(run, label, b):
+        return next(c for c in run if c["label"] == label and c["bandwidth_mbps"] == b)
+    pct = lambda a, b, k: 100 * (a[k] / b[k] - 1)
+    parts, closer, total = [], 0, 0
+    for b in (0, 1000):
+        rr = [(cell_ra(r, "directq fw3bw6", b), cell_ra(r, "aqsgd fw3bw6", b), cell_ra(r, "aqsgd fw3bw6 streamed", b))
+              for r in runs_ra]
+        parts.append(f"{bwname(b)}: samples/s "
+                     + ", ".join(f"{pct(a, d, 'samples_per_s'):+.1f} / {pct(s_, d, 'samples_per_s'):+.1f}%" for d, a, s_ in rr)
+                     + "; CPU per sample "
+                     + ", ".join(f"{pct(a, d, 'cpu_ms_per_sample'):+.1f} / {pct(s_, d, 'cpu_ms_per_sample'):+.1f}%"
+                                 for d, a, s_ in rr))
+        closer += sum(1 for d, a, s_ in rr if a["samples_per_s"] > s_["samples_per_s"])
+        total += len(rr)
+    md.append("- **Resident rows** (2026-11-26, `for r in 1 2 3; do build/aqswarm bench slownet --json "
+              "--slownet_bandwidths=0,1000 --slownet_modes=directq:3:6,aqsgd:3:6,aqsgd:3:6:streamed --slownet_grid=false "
+              "--slownet_steps=10 --slownet_repeats=4; done`, `docs/data/slownet_resident_ab.jsonl`; `:streamed` sets "
+              "the job's `compression.residentBytes` to 0). Where an epoch's m(xi) rows fit in "
+              "`compression.residentBytes` (default 64 MiB; here 512 rows of 8 KiB per link end) each link end keeps them "
+              "in memory: no store read, row encoding, payload verification or store write per micro-batch, only the delta "
+              "coding and a checksum of each updated row; they reach RocksDB when the stage stops (as the memtable's "
+              "rows did, the WAL being off: a crash loses the same). AQ-SGD resident / streamed vs DirectQ, run by run, "
+              + "; ".join(parts) + f". The resident rows are closer to DirectQ in {closer} of {total} paired cells; "
+              "the store work streamed rows do every micro-batch is what the previous notes measured.")
 def own0(c):
     for x in cells:
         if x["grid"] == c["grid"] and x["label"] == c["label"] and x["bandwidth_mbps"] == 0: return x
