@@ -172,7 +172,9 @@ absl::Status ResidentRows::Rows(absl::Span<const uint64_t> samples, std::vector<
       r.present = true;
       r.checksum = reads[j].payload_checksum;
     } else if (!storage::IsUnseen(reads[j].status)) {
-      rows_.erase(load[j]);  // an I/O error: try again next time
+      // An I/O error: forget this batch's rows not yet taken in, so that
+      // the next use reads them again.
+      for (size_t k = j; k < load.size(); ++k) rows_.erase(load[k]);
       return reads[j].status;
     }
   }
