@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/random.h"
 #include "common/status_macros.h"
@@ -105,7 +105,7 @@ absl::Status StartEndpointEpoch(ResidentRows* resident, storage::Prefetcher* pre
 // prefetcher's queued writes.
 absl::Status CloseEndpoint(std::unique_ptr<ResidentRows>* resident, std::unique_ptr<storage::Prefetcher>* prefetcher) {
   absl::Status s;
-  if (*resident != nullptr) s.Update((*resident)->WriteBack(/*drop=*/true));
+  if (*resident != nullptr) s.Update((*resident)->WriteBack(nullptr));
   resident->reset();
   if (*prefetcher == nullptr) return s;
   s.Update((*prefetcher)->Close());
@@ -118,42 +118,25 @@ absl::Status CloseEndpoint(std::unique_ptr<ResidentRows>* resident, std::unique_
 // ---------------------------------------------------------------- resident rows
 
 absl::StatusOr<bool> ResidentRows::StartEpoch(const std::vector<uint64_t>& order, uint64_t budget) {
-  absl::flat_hash_map<uint64_t, bool> wanted;
-  for (uint64_t s : order) wanted.emplace(s, true);
-  const uint64_t row_bytes = static_cast<uint64_t>(link_.num_values()) * sizeof(float);
-  active_ = budget > 0 && wanted.size() <= budget / row_bytes;
+  const absl::flat_hash_set<uint64_t> wanted(order.begin(), order.end());
+  const uint64_t fit = budget / (static_cast<uint64_t>(link_.num_values()) * sizeof(float));  // rows
+  active_ = budget > 0 && wanted.size() <= fit;
   if (!active_) {
-    AQSWARM_RETURN_IF_ERROR(WriteBack(/*drop=*/true));
+    AQSWARM_RETURN_IF_ERROR(WriteBack(nullptr));
     return false;
   }
   // Rows of samples this epoch does not have (a DP grid deals each epoch's
   // samples anew) stay while all fit; else back to the store, out of memory.
   size_t total = rows_.size();
-  for (const auto& [sample, unused] : wanted) total += rows_.count(sample) != 0 ? 0 : 1;
-  if (total <= budget / row_bytes) return true;
-  std::vector<uint64_t> ids;
-  std::vector<absl::Span<const float>> values;
-  for (const auto& [sample, row] : rows_) {
-    if (wanted.contains(sample)) continue;
-    if (row.dirty && row.present) {
-      ids.push_back(sample);
-      values.push_back(row.m);
-    }
-  }
-  if (!ids.empty()) AQSWARM_RETURN_IF_ERROR(store_->PutBatch(link_, ids, values));
-  for (auto it = rows_.begin(); it != rows_.end();) {
-    if (wanted.contains(it->first)) {
-      ++it;
-    } else {
-      rows_.erase(it++);
-    }
-  }
+  for (uint64_t sample : wanted) total += rows_.count(sample) == 0 ? 1 : 0;
+  if (total > fit) AQSWARM_RETURN_IF_ERROR(WriteBack(&wanted));
   return true;
 }
 
 absl::Status ResidentRows::Rows(absl::Span<const uint64_t> samples, std::vector<Row*>* rows) {
   rows->resize(samples.size());
   std::vector<uint64_t> load;
+  std::vector<Row*> loaded;
   std::vector<absl::Span<float>> out;
   for (size_t i = 0; i < samples.size(); ++i) {
     auto [it, inserted] = rows_.try_emplace(samples[i]);
@@ -161,16 +144,16 @@ absl::Status ResidentRows::Rows(absl::Span<const uint64_t> samples, std::vector<
     if (!inserted) continue;
     it->second.m.assign(link_.num_values(), 0.0f);
     load.push_back(samples[i]);
+    loaded.push_back(&it->second);
     out.push_back(absl::MakeSpan(it->second.m));
   }
   if (load.empty()) return absl::OkStatus();
   std::vector<storage::RowRead> reads(load.size());
   AQSWARM_RETURN_IF_ERROR(store_->GetBatch(link_, load, out, absl::MakeSpan(reads)));
   for (size_t j = 0; j < load.size(); ++j) {
-    Row& r = rows_[load[j]];
     if (reads[j].status.ok()) {
-      r.present = true;
-      r.checksum = reads[j].payload_checksum;
+      loaded[j]->present = true;
+      loaded[j]->checksum = reads[j].payload_checksum;
     } else if (!storage::IsUnseen(reads[j].status)) {
       // An I/O error: forget this batch's rows not yet taken in, so that
       // the next use reads them again.
@@ -181,29 +164,27 @@ absl::Status ResidentRows::Rows(absl::Span<const uint64_t> samples, std::vector<
   return absl::OkStatus();
 }
 
-absl::Status ResidentRows::WriteBack(bool drop) {
-  constexpr size_t kBatch = 64;  // rows per store batch
-  std::vector<uint64_t> ids;
+absl::Status ResidentRows::WriteBack(const absl::flat_hash_set<uint64_t>* keep) {
+  std::vector<uint64_t> leaving, ids;
+  std::vector<Row*> dirty;
   std::vector<absl::Span<const float>> values;
-  auto put = [&]() -> absl::Status {
-    if (ids.empty()) return absl::OkStatus();
-    AQSWARM_RETURN_IF_ERROR(store_->PutBatch(link_, ids, values));
-    for (uint64_t id : ids) rows_[id].dirty = false;
-    ids.clear();
-    values.clear();
-    return absl::OkStatus();
-  };
-  for (const auto& [sample, row] : rows_) {
-    if (!row.dirty || !row.present) continue;
+  for (auto& [sample, row] : rows_) {
+    if (keep != nullptr && keep->contains(sample)) continue;
+    leaving.push_back(sample);
+    if (!row.dirty) continue;
     ids.push_back(sample);
+    dirty.push_back(&row);
     values.push_back(row.m);
-    if (ids.size() == kBatch) AQSWARM_RETURN_IF_ERROR(put());
   }
-  AQSWARM_RETURN_IF_ERROR(put());
-  if (drop) {
-    rows_.clear();
-    active_ = false;
+  constexpr size_t kBatch = 64;  // rows per store batch
+  for (size_t b = 0; b < ids.size(); b += kBatch) {
+    const size_t n = std::min(kBatch, ids.size() - b);
+    AQSWARM_RETURN_IF_ERROR(store_->PutBatch(link_, absl::MakeConstSpan(ids).subspan(b, n),
+                                             absl::MakeConstSpan(values).subspan(b, n)));
+    for (size_t k = b; k < b + n; ++k) dirty[k]->dirty = false;
   }
+  for (uint64_t id : leaving) rows_.erase(id);
+  if (keep == nullptr) active_ = false;
   return absl::OkStatus();
 }
 

@@ -31,6 +31,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "compression/aqsgd_codec.h"
@@ -75,22 +76,23 @@ class ResidentRows {
     std::vector<float> m;
     uint64_t checksum = 0;  // RowChecksum(m) when `present`
     bool present = false;   // holds m(xi) (else: unseen, send or expect FULL)
-    bool dirty = false;     // changed since the store last had it
+    bool dirty = false;     // changed since the store last had it (implies present)
   };
   ResidentRows(storage::MessageStore* store, const storage::LinkSpec& link) : store_(store), link_(link) {}
 
   bool active() const { return active_; }
   // Resident for `order` if its distinct samples fit in `budget` bytes; rows
-  // of other samples are written back and dropped first. Returns whether it
-  // is resident now (if not, every row has been written back and dropped).
+  // of other samples stay while all fit, else they are written back and
+  // dropped. Returns whether it is resident now (if not, every row has been
+  // written back and dropped).
   absl::StatusOr<bool> StartEpoch(const std::vector<uint64_t>& order, uint64_t budget);
   // The rows of `samples` (created, read from the store when it holds them).
   absl::Status Rows(absl::Span<const uint64_t> samples, std::vector<Row*>* rows);
-  // Writes every dirty row to the store; drops all rows if `drop`.
-  absl::Status WriteBack(bool drop);
+  // Writes the dirty rows of every sample not in `keep` (null: all) to the
+  // store and drops those rows; with `keep` null, no longer resident.
+  absl::Status WriteBack(const absl::flat_hash_set<uint64_t>* keep);
   // Marks `row` changed (it now holds m): present, dirty, checksum updated.
   void Updated(Row* row);
-  size_t size() const { return rows_.size(); }
 
  private:
   storage::MessageStore* store_;

@@ -166,6 +166,24 @@ TEST(AqsgdLinkResidentTest, ResidentAndStreamedEndsAgreeAcrossSwitches) {
   ExpectStoresIdentical(h, o);
 }
 
+// Epochs alternating between two disjoint sets of 6 samples (as a DP
+// grid deals them), past the warm-up; returns the rows resent.
+int AlternateEpochs(Harness& h, int epochs) {
+  const std::vector<uint64_t> a = Order(0), b = {11, 12, 13, 14, 15, 16};
+  uint64_t step = 0;
+  int resends = 0;
+  for (int epoch = 0; epoch < epochs; ++epoch) {
+    const std::vector<uint64_t>& order = epoch % 2 ? b : a;
+    EXPECT_TRUE(h.sender->StartEpoch(order).ok());
+    EXPECT_TRUE(h.receiver->StartEpoch(order).ok());
+    for (uint32_t mb = 0; mb < 2; ++mb, ++step) {
+      std::vector<uint64_t> s(order.begin() + mb * kBatch, order.begin() + (mb + 1) * kBatch);
+      h.Transfer(step, mb, epoch + 1, s, &resends);
+    }
+  }
+  return resends;
+}
+
 // A DP grid deals each epoch's samples anew: while every sample's row fits,
 // rows of other epochs stay resident too, and the store is read once per
 // sample and written only at Close.
@@ -173,24 +191,26 @@ TEST(AqsgdLinkResidentTest, RowsOfOtherEpochsStayWhileAllFit) {
   LinkEndpointOptions o = Options(compression::LinkMode::kAqsgd);
   o.resident_bytes = 12 * kRows * kCols * sizeof(float);
   Harness h(o);
-  const std::vector<uint64_t> a = Order(0), b = {11, 12, 13, 14, 15, 16};
-  uint64_t step = 0;
-  int resends = 0;
-  for (int epoch = 0; epoch < 6; ++epoch) {
-    const std::vector<uint64_t>& order = epoch % 2 ? b : a;
-    ASSERT_TRUE(h.sender->StartEpoch(order).ok());
-    ASSERT_TRUE(h.receiver->StartEpoch(order).ok());
-    for (uint32_t mb = 0; mb < 2; ++mb, ++step) {
-      std::vector<uint64_t> s(order.begin() + mb * kBatch, order.begin() + (mb + 1) * kBatch);
-      h.Transfer(step, mb, epoch + 1, s, &resends);
-    }
-  }
-  EXPECT_EQ(resends, 0);
+  EXPECT_EQ(AlternateEpochs(h, 6), 0);
   EXPECT_EQ(h.sender->stats().full_rows, 12u);
   EXPECT_EQ(h.send_store->GetStats().rows_written, 0u) << "nothing written before Close";
   EXPECT_EQ(h.send_store->GetStats().rows_unseen, 12u) << "each row looked up once";
   ExpectStoresIdentical(h, o);
   EXPECT_EQ(h.send_store->GetStats().rows_written, 12u);
+}
+
+// When the other epochs' rows do not fit beside this one's, they go back to
+// the store and are read again when their samples return: the ends still
+// agree, with no resend.
+TEST(AqsgdLinkResidentTest, RowsOfOtherEpochsGoBackWhenTheyDoNotFit) {
+  LinkEndpointOptions o = Options(compression::LinkMode::kAqsgd);
+  o.resident_bytes = 8 * kRows * kCols * sizeof(float);
+  Harness h(o);
+  EXPECT_EQ(AlternateEpochs(h, 6), 0);
+  EXPECT_EQ(h.sender->stats().full_rows, 12u);
+  EXPECT_EQ(h.sender->stats().delta_rows, 24u);
+  EXPECT_EQ(h.send_store->GetStats().rows_written, 5u * 6) << "each epoch's rows written back as the next starts";
+  ExpectStoresIdentical(h, o);
 }
 
 // A clean restart keeps the deltas going: Close writes the resident rows
