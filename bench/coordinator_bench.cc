@@ -24,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench.h"
+#include "common/file_util.h"
 #include "common/join_token.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_service.h"
@@ -58,7 +59,7 @@ double Percentile(std::vector<double>& v, double q) {
 absl::Status RunOne(const CoordinatorBenchOptions& o, int n, std::ostream& out) {
   const std::string dir = absl::StrCat(o.dir.empty() ? (getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp") : o.dir,
                                        "/aqswarm-coord-bench-", getpid(), "-", n);
-  std::filesystem::remove_all(dir);
+  aqswarm::RemoveTree(dir).IgnoreError();
   coordinator::SwarmCoordinatorOptions co;
   co.job.set_name("bench");
   co.job.set_stages(2);
@@ -137,7 +138,7 @@ absl::Status RunOne(const CoordinatorBenchOptions& o, int n, std::ostream& out) 
   const size_t members_left = server->coordinator()->num_members();
   server->Shutdown();
   server.reset();
-  std::filesystem::remove_all(dir);
+  aqswarm::RemoveTree(dir).IgnoreError();
 
   std::vector<double> all;
   int64_t late = 0, errors = 0;

@@ -45,6 +45,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench.h"
 #include "bench/bench_util.h"
+#include "common/file_util.h"
 #include "common/random.h"
 #include "common/status_macros.h"
 #include "pipeline/link_endpoint.h"
@@ -115,7 +116,7 @@ absl::StatusOr<Result> RunCell(const LinkBenchOptions& o, const Cell& cell, cons
 
   std::unique_ptr<storage::MessageStore> send_store, recv_store;
   if (cell.mode == "aqsgd") {
-    std::filesystem::remove_all(dir);
+    aqswarm::RemoveTree(dir).IgnoreError();
     AQSWARM_ASSIGN_OR_RETURN(send_store, OpenStore(cell.store, dir + "/sender"));
     AQSWARM_ASSIGN_OR_RETURN(recv_store, OpenStore(cell.store, dir + "/receiver"));
   }
@@ -184,7 +185,7 @@ absl::StatusOr<Result> RunCell(const LinkBenchOptions& o, const Cell& cell, cons
   r.resend_rows = receiver->stats().resend_rows;
   if (send_store) AQSWARM_RETURN_IF_ERROR(send_store->Close());
   if (recv_store) AQSWARM_RETURN_IF_ERROR(recv_store->Close());
-  std::filesystem::remove_all(dir);
+  aqswarm::RemoveTree(dir).IgnoreError();
   return r;
 }
 
@@ -247,7 +248,7 @@ absl::Status RunLinkBench(const LinkBenchOptions& options, std::ostream& out) {
                              best.wall_us_per_sample, extra);
     }
   }
-  std::filesystem::remove_all(tmpl);
+  aqswarm::RemoveTree(tmpl).IgnoreError();
   return status;
 }
 

@@ -112,6 +112,7 @@
 #include "absl/strings/strip.h"
 #include "bench/bench.h"
 #include "common/blas_kernels.h"
+#include "common/file_util.h"
 #include "common/status_macros.h"
 #include "common/subprocess.h"
 #include "nlohmann/json.hpp"
@@ -314,7 +315,7 @@ absl::Status RunCells(const SlownetBenchOptions& o, const fs::path& root, std::v
   }
   const fs::path dir = root / name;
   std::error_code ec;
-  fs::remove_all(dir, ec);
+  aqswarm::RemoveTree(dir).IgnoreError();
   fs::create_directories(dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", dir.string()));
   const int total_steps = skip + o.steps * n_bw;
@@ -799,7 +800,7 @@ absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
                            remove_root ? "(removed)" : root.string());
   }
   fs::remove(exe, ec);
-  if (remove_root) fs::remove_all(root, ec);
+  if (remove_root) aqswarm::RemoveTree(root).IgnoreError();
   return absl::OkStatus();
 }
 

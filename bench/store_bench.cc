@@ -67,6 +67,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench.h"
 #include "bench/bench_util.h"
+#include "common/file_util.h"
 #include "common/random.h"
 #include "common/row_format.h"
 #include "storage/memory_message_store.h"
@@ -593,8 +594,7 @@ absl::Status RunShape(const Shape& shape, const std::vector<std::string>& backen
     }
     if (absl::Status s = backend->store()->Close(); !s.ok()) return s;
     backend.reset();
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
+    aqswarm::RemoveTree(path).IgnoreError();
   }
   return absl::OkStatus();
 }
@@ -623,8 +623,7 @@ absl::Status RunStoreBench(const StoreBenchOptions& options, std::ostream& out) 
     status = RunShape(shape, *backends, options, dir, out);
     if (!status.ok()) break;
   }
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
+  aqswarm::RemoveTree(dir).IgnoreError();
   return status;
 }
 

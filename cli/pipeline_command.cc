@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "cli/command.h"
 #include "common/blas_kernels.h"
+#include "common/file_util.h"
 #include "common/malloc_tuning.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
@@ -277,7 +278,9 @@ int RunPipeline(const std::vector<std::string>& args) {
   if (ec) return Fail("pipeline", absl::PermissionDeniedError(absl::StrCat("cannot create ", out.string())));
   auto name = [](int p, int s) { return absl::StrCat("p", p, "-s", s); };
   for (int p = 0; p < d; ++p) {
-    for (int s = 0; s < k; ++s) fs::remove_all(out / ("store-" + name(p, s)), ec);  // fresh: generation 1
+    for (int s = 0; s < k; ++s) {  // fresh: generation 1
+      if (absl::Status st = RemoveTree(out / ("store-" + name(p, s))); !st.ok()) return Fail("pipeline", st);
+    }
   }
   std::string json;
   google::protobuf::util::JsonPrintOptions po;
@@ -468,7 +471,9 @@ int RunPipeline(const std::vector<std::string>& args) {
   }
   if (!absl::GetFlag(FLAGS_keep_stores)) {
     for (int p = 0; p < d; ++p) {
-      for (int s = 0; s < k; ++s) fs::remove_all(out / ("store-" + name(p, s)), ec);
+      for (int s = 0; s < k; ++s) {
+        if (absl::Status st = RemoveTree(out / ("store-" + name(p, s))); !st.ok()) std::cerr << st << "\n";
+      }
     }
   }
   if (rc == 0) {

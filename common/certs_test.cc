@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "common/file_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -21,7 +22,7 @@ class TempDir {
     std::string tmpl = (std::filesystem::temp_directory_path() / "aqswarm_certs_test.XXXXXX").string();
     path_ = ::mkdtemp(tmpl.data());
   }
-  ~TempDir() { std::filesystem::remove_all(path_); }
+  ~TempDir() { aqswarm::RemoveTree(path_).IgnoreError(); }
   const std::string& path() const { return path_; }
 
  private:

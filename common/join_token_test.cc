@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/certs.h"
+#include "common/file_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -175,7 +176,7 @@ TEST(JoinSecretTest, CreatedOnceWith0600AndRefusedWhenOpen) {
   EXPECT_EQ(LoadJoinSecret(path).status().code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(WriteFileAtomically(path, "abcd\n", 0600).ok());
   EXPECT_EQ(LoadJoinSecret(path).status().code(), absl::StatusCode::kFailedPrecondition);
-  std::filesystem::remove_all(dir);
+  aqswarm::RemoveTree(dir).IgnoreError();
 }
 
 }  // namespace

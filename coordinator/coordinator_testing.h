@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
 #include "common/join_token.h"
 #include "coordinator/clock.h"
 #include "coordinator/swarm_coordinator.h"
@@ -25,8 +26,7 @@ class ScratchDir {
     path_ = mkdtemp(templ.data()) != nullptr ? templ : "";
   }
   ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
+    aqswarm::RemoveTree(path_).IgnoreError();
   }
   ScratchDir(const ScratchDir&) = delete;
   ScratchDir& operator=(const ScratchDir&) = delete;

@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/blas_kernels.h"
 #include "common/certs.h"
+#include "common/file_util.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/subprocess.h"
@@ -281,8 +282,7 @@ class PeerDaemonImpl final : public PeerDaemon {
       if (s.ok()) {
         if (previous.has_value() && !google::protobuf::util::MessageDifferencer::Equals(*previous, resp.job())) {
           // Another job (or the same name with other settings): its states must not be served.
-          std::error_code ec;
-          fs::remove_all(fs::path(o_.work_dir) / "checkpoints", ec);
+          AQSWARM_RETURN_IF_ERROR(RemoveTree(fs::path(o_.work_dir) / "checkpoints"));
           Event(R"({"event":"stale_states_removed","reason":"the work dir held states of another job"})");
         }
         AQSWARM_RETURN_IF_ERROR(WriteJob(resp.job()));

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/certs.h"
+#include "common/file_util.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -47,7 +48,7 @@ class TlsTest : public ::testing::Test {
     }
   }
   static void TearDownTestSuite() {
-    std::filesystem::remove_all(*root_);
+    aqswarm::RemoveTree(*root_).IgnoreError();
     delete root_;
   }
 

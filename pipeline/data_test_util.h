@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/file_util.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -44,7 +45,7 @@ inline std::string MakeTempDir(const std::string& name) {
   std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
                               ("aqswarm_" + std::string(info ? info->test_suite_name() : "x") +
                                "_" + (info ? info->name() : "x") + "_" + name);
-  std::filesystem::remove_all(dir);
+  aqswarm::RemoveTree(dir).IgnoreError();
   std::filesystem::create_directories(dir);
   return dir.string();
 }

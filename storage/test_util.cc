@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "common/file_util.h"
 #include "common/random.h"
 
 namespace aqswarm::storage::testing {
@@ -21,8 +22,7 @@ ScratchDir::ScratchDir() {
 }
 
 ScratchDir::~ScratchDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
+  aqswarm::RemoveTree(path_).IgnoreError();
 }
 
 std::vector<float> RowValues(const LinkSpec& link, uint64_t sample, uint64_t version) {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/certs.h"
+#include "common/file_util.h"
 #include "common/join_token.h"
 #include "common/subprocess.h"
 #include "grpcpp/grpcpp.h"
@@ -29,7 +30,7 @@ class CoordinatorProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() / absl::StrCat("aqswarm_coord_it_", ::getpid());
-    fs::remove_all(dir_);
+    aqswarm::RemoveTree(dir_).IgnoreError();
     fs::create_directories(dir_);
     job_ = (dir_ / "job.json").string();
     std::ofstream(job_) << R"({"name":"coord-it","model":{"seqLen":32,"dModel":32,"nLayer":4,"nHead":2},
@@ -37,7 +38,7 @@ class CoordinatorProcessTest : public ::testing::Test {
   }
   void TearDown() override {
     coordinator_.reset();  // kills a still-running child
-    fs::remove_all(dir_);
+    aqswarm::RemoveTree(dir_).IgnoreError();
   }
 
   // Starts `aqswarm coordinator` and connects a stub to the port it prints.

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/file_util.h"
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -31,7 +32,7 @@ class PipelineTest : public ::testing::Test {
   void SetUp() override {
     dir_ = fs::temp_directory_path() / absl::StrCat("aqswarm_it_", ::getpid(), "_",
                                                      ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
+    aqswarm::RemoveTree(dir_).IgnoreError();
     fs::create_directories(dir_ / "corpus");
     ASSERT_TRUE(fs::exists(fs::path(kDataDir) / "gpt2/encoder.json"))
         << "GPT-2 tokenizer files missing: run scripts/fetch_data.sh";
@@ -46,7 +47,7 @@ class PipelineTest : public ::testing::Test {
     text.resize(in.gcount());
     std::ofstream(dir_ / "corpus" / "small.txt") << text;
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { aqswarm::RemoveTree(dir_).IgnoreError(); }
 
   std::string WriteJob(const std::string& name, const std::string& mode, int stages, int max_steps, int epochs,
                        int fw_bits = 3, const std::string& extra = "", const std::string& store = "rocksdb") {

@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "common/file_util.h"
 #include "common/metrics.h"
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
@@ -114,10 +115,10 @@ class PrometheusTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() / absl::StrCat("aqswarm_prom_", ::getpid());
-    fs::remove_all(dir_);
+    aqswarm::RemoveTree(dir_).IgnoreError();
     fs::create_directories(dir_ / "corpus");
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { aqswarm::RemoveTree(dir_).IgnoreError(); }
 
   std::string WriteJob() {
     // A small real corpus: the first 9 kB of the first State of the Union.

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -38,11 +39,11 @@ class ScheduleTest : public ::testing::Test {
   void SetUp() override {
     dir_ = fs::temp_directory_path() / absl::StrCat("aqswarm_sched_", ::getpid(), "_",
                                                      ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
+    aqswarm::RemoveTree(dir_).IgnoreError();
     fs::create_directories(dir_);
   }
   void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
+    if (!HasFailure()) aqswarm::RemoveTree(dir_).IgnoreError();
   }
 
   // A 3-stage AQ-SGD job, 6 micro-batches per step (so that every schedule

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/certs.h"
+#include "common/file_util.h"
 #include "common/join_token.h"
 #include "common/subprocess.h"
 #include "grpcpp/grpcpp.h"
@@ -51,7 +52,7 @@ class SwarmTest : public ::testing::Test {
   void SetUp() override {
     if (!fs::exists(fs::path(kData) / "sotu")) GTEST_SKIP() << "no corpus in " << kData << ": run scripts/setup.sh";
     dir_ = fs::temp_directory_path() / absl::StrCat("aqswarm_swarm_it_", ::getpid());
-    fs::remove_all(dir_);
+    aqswarm::RemoveTree(dir_).IgnoreError();
     fs::create_directories(dir_);
     job_ = (dir_ / "job.json").string();
     WriteJob(3, R"("dataParallel":2,"dp":{"optimizer":"quantized_adam","warmupSteps":3,"bits":4,"bucketSize":512})");
@@ -73,7 +74,7 @@ class SwarmTest : public ::testing::Test {
   void TearDown() override {
     for (auto& [name, p] : peers_) p.reset();  // SIGKILL + reap whatever still runs
     coordinator_.reset();
-    if (!HasFailure()) fs::remove_all(dir_);
+    if (!HasFailure()) aqswarm::RemoveTree(dir_).IgnoreError();
   }
 
   // With tls_dir_ set, the coordinator, every peer and this test's Status
