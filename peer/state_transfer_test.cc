@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -55,6 +56,8 @@ TEST(StateTransferTest, JoinerFetchesALiveReplicasCheckpointAndMatchesItExactly)
 
   req.set_stage(0);
   EXPECT_EQ(FetchState(absl::StrCat("127.0.0.1:", (*server)->port()), req).status().code(), absl::StatusCode::kNotFound);
+  std::remove(got.c_str());
+  std::remove(absl::StrCat(dir, "/live-", ::getpid(), ".ckpt").c_str());
 }
 
 // A hostile or broken server: every malformed stream is a DataLoss (or the

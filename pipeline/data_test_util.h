@@ -8,6 +8,8 @@
 #ifndef AQSWARM_PIPELINE_DATA_TEST_UTIL_H_
 #define AQSWARM_PIPELINE_DATA_TEST_UTIL_H_
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -39,12 +41,24 @@ inline bool RequireDataFile(const std::string& path) {
   return false;
 }
 
-// A fresh empty directory under the gtest temp dir.
+// This test process's scratch root, TempDir()/aqswarm_test_<pid>, removed
+// when the process exits (so tests leave nothing behind in /tmp, and two
+// runs at once, a checkout's and CI's, never share a directory).
+inline const std::string& TestScratchRoot() {
+  static const std::string* root = [] {
+    auto* r = new std::string(::testing::TempDir() + "/aqswarm_test_" + std::to_string(::getpid()));
+    std::atexit([] { aqswarm::RemoveTree(TestScratchRoot()).IgnoreError(); });
+    return r;
+  }();
+  return *root;
+}
+
+// A fresh empty directory for the calling test under TestScratchRoot().
 inline std::string MakeTempDir(const std::string& name) {
   const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
-                              ("aqswarm_" + std::string(info ? info->test_suite_name() : "x") +
-                               "_" + (info ? info->name() : "x") + "_" + name);
+  std::filesystem::path dir = std::filesystem::path(TestScratchRoot()) /
+                              (std::string(info ? info->test_suite_name() : "x") + "_" +
+                               (info ? info->name() : "x") + "_" + name);
   aqswarm::RemoveTree(dir).IgnoreError();
   std::filesystem::create_directories(dir);
   return dir.string();

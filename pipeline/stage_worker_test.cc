@@ -1,5 +1,9 @@
 #include "pipeline/stage_worker.h"
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -151,9 +155,10 @@ TEST(StageWorkerDataParallelTest, ReplicasStayBitIdenticalAndACheckpointedJoiner
   for (int s = 0; s < 4; ++s) step(0, 1, s);  // two warm-up steps, two compressed
   EXPECT_NE(w[0]->ParameterHash(), initial);
   EXPECT_GT(w[0]->dp_bytes_sent(), 0u);
-  const std::string path = ::testing::TempDir() + "/dp_ckpt.safetensors";
+  const std::string path = ::testing::TempDir() + "/dp_ckpt_" + std::to_string(::getpid()) + ".safetensors";
   ASSERT_TRUE(w[0]->SaveCheckpoint(path).ok());
   ASSERT_TRUE(w[2]->LoadCheckpoint(path).ok());
+  std::remove(path.c_str());
   EXPECT_EQ(w[2]->ParameterHash(), w[0]->ParameterHash());
   for (int s = 4; s < 6; ++s) step(0, 2, s);  // replica 1 is gone; the joiner keeps lockstep
 }
