@@ -796,9 +796,21 @@ if miss:
             step_s = c["step_seconds"]
             per_step = c["samples_per_s"] * step_s  # samples per step, all pipelines
             serial = per_step / (per_step / c["compute_limit_samples_per_s"] + dp_s)
-            txt += (f"; its DP exchange ({c['dp_bytes_per_step'] / 1e3:.0f} kB from the busiest sender, {1e3 * dp_s:.0f} ms "
+            txt += (f"; its DP exchange ({c['dp_bytes_per_step'] / 1e3:.0f} kB from the busiest sender, stage 0 with the embeddings, {1e3 * dp_s:.0f} ms "
                     f"at {c['bandwidth_mbps']:g} Mbit/s, {dp_s / step_s:.0%} of its step) runs after the flush, so compute-only "
                     f"plus that exchange allows {serial:.0f} samples/s ({c['samples_per_s'] / serial:.2f} of it)")
+            # A bound, not an estimate: until stage 0's exchange is done no stage has step t+1 work, so the
+            # cores idle for its wire time whatever the schedule; the rest of the step is at least the cell's
+            # own CPU work spread over all cores (the CPU limit).
+            cpu_lim = c.get("cpu_limit_samples_per_s")
+            if cpu_lim:
+                ceiling = per_step / (per_step / cpu_lim + dp_s)
+                frac = ceiling / c["compute_limit_samples_per_s"]
+                txt += (f"; with the CPU it spends per sample (CPU limit {cpu_lim:.0f}) on top, no schedule gets past "
+                        f"{ceiling:.0f} samples/s on average = {frac:.2f} of the compute-only limit"
+                        + (" (below 0.9: this cell cannot meet the target with a synchronous DP exchange at this "
+                           "CPU cost)" if frac < 0.9 else "")
+                        + f"; it reached {c['samples_per_s'] / ceiling:.2f} of that")
         return txt
     md.append(f"- **Cells below 0.9 x min(compute, wire)** ({len(miss)}): " + "; ".join(why(c) for c in miss) + ". "
               "A compute-bound cell that does about the same CPU work per sample as its compute-only cell but runs slower "
