@@ -799,17 +799,23 @@ if miss:
             txt += (f"; its DP exchange ({c['dp_bytes_per_step'] / 1e3:.0f} kB from the busiest sender, stage 0 with the embeddings, {1e3 * dp_s:.0f} ms "
                     f"at {c['bandwidth_mbps']:g} Mbit/s, {dp_s / step_s:.0%} of its step) runs after the flush, so compute-only "
                     f"plus that exchange allows {serial:.0f} samples/s ({c['samples_per_s'] / serial:.2f} of it)")
-            # A bound, not an estimate: until stage 0's exchange is done no stage has step t+1 work, so the
-            # cores idle for its wire time whatever the schedule; the rest of the step is at least the cell's
-            # own CPU work spread over all cores (the CPU limit).
+            # A bound from the cell's own CPU cost (the CPU limit: its CPU work spread over all cores) plus the
+            # part of stage 0's exchange during which no stage has any work. Every byte the last replica to
+            # finish its backwards sends on the connection to another replica derives from its final gradient:
+            # its scatter chunk for that owner and the mean of its own chunk, 2N/D of the N values, i.e.
+            # 1/(D-1) of what a replica sends (DP B/step). The other replica needs both before it can update its
+            # weights, and no stage has step t+1 work before stage 0 has; for D = 2 that is the whole exchange.
             cpu_lim = c.get("cpu_limit_samples_per_s")
             if cpu_lim:
-                ceiling = per_step / (per_step / cpu_lim + dp_s)
+                tail = dp_s / (c["dp"] - 1)
+                ceiling = per_step / (per_step / cpu_lim + tail)
                 frac = ceiling / c["compute_limit_samples_per_s"]
-                txt += (f"; with the CPU it spends per sample (CPU limit {cpu_lim:.0f}) on top, no schedule gets past "
-                        f"{ceiling:.0f} samples/s on average = {frac:.2f} of the compute-only limit"
-                        + (" (below 0.9: this cell cannot meet the target with a synchronous DP exchange at this "
-                           "CPU cost)" if frac < 0.9 else "")
+                txt += (f"; at the CPU it spends per sample (CPU limit {cpu_lim:.0f}) no schedule gets past "
+                        f"{ceiling:.0f} samples/s on average = {frac:.2f} of the compute-only limit (the last "
+                        f"replica to finish must still send {1e3 * tail:.0f} ms of it, all computed from its final "
+                        f"gradient, before any stage has work)"
+                        + (" -- below 0.9: at this CPU cost the target is out of reach in this cell with a "
+                           "synchronous DP exchange" if frac < 0.9 else "")
                         + f"; it reached {c['samples_per_s'] / ceiling:.2f} of that")
         return txt
     md.append(f"- **Cells below 0.9 x min(compute, wire)** ({len(miss)}): " + "; ".join(why(c) for c in miss) + ". "
