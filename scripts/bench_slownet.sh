@@ -813,7 +813,7 @@ if miss:
                 txt += (f"; at the CPU it spends per sample (CPU limit {cpu_lim:.0f}) no schedule gets past "
                         f"{ceiling:.0f} samples/s on average = {frac:.2f} of the compute-only limit (the last "
                         f"replica to finish must still send {1e3 * tail:.0f} ms of it, all computed from its final "
-                        f"gradient, before any stage has work)"
+                        f"gradient, before any stage has work other than the exchange's and the optimizer step's own)"
                         + (" -- below 0.9: at this CPU cost the target is out of reach in this cell with a "
                            "synchronous DP exchange" if frac < 0.9 else "")
                         + f"; it reached {c['samples_per_s'] / ceiling:.2f} of that")
