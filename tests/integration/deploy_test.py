@@ -509,6 +509,24 @@ def apt_packages(lines):
     return pkgs
 
 
+CUDA_LIB = re.compile(r"^lib(cuda|cudart|nccl|nvrtc|nvToolsExt|cublas|cublasLt|cufft|curand|cusparse|cusolver|cudnn|"
+                      r"c10_cuda|torch_cuda)\b")
+
+
+def cuda_build(binary):
+    """True when `binary`'s build tree was configured with -DAQSWARM_WITH_CUDA=ON."""
+    d = os.path.dirname(binary)
+    while True:
+        cache = os.path.join(d, "CMakeCache.txt")
+        if os.path.exists(cache):
+            with open(cache) as fh:
+                return re.search(r"^AQSWARM_WITH_CUDA:BOOL=(ON|TRUE|1)$", fh.read(), re.M | re.I) is not None
+        parent = os.path.dirname(d)
+        if parent == d:
+            return False
+        d = parent
+
+
 def check_dockerfile():
     with open(os.path.join(DEPLOY, "Dockerfile")) as fh:
         text = fh.read()
@@ -545,6 +563,10 @@ def check_dockerfile():
     if shutil.which("dpkg") and shutil.which("readelf") and shutil.which("ldd"):
         needed = re.findall(r"\[(.+?)\]", run(["readelf", "-d", BIN]).stdout.split("Dynamic section", 1)[-1])
         needed = [n for n in needed if n.startswith("lib")]
+        # The image builds its own binary without CUDA (the Dockerfile's cmake sets no AQSWARM_WITH_CUDA): a
+        # CUDA build of this checkout also links CUDA's and NCCL's libraries, which the image's binary does not.
+        if cuda_build(BIN):
+            needed = [n for n in needed if not CUDA_LIB.match(n)]
         ldd = dict(re.findall(r"^\s*(\S+) => (\S+)", run(["ldd", BIN]).stdout, re.M))
         essential = {"libc6", "libgcc-s1", "libstdc++6", "zlib1g"}  # in debian:bookworm-slim
         owners = {}
