@@ -15,7 +15,10 @@ scripts/setup.sh >/dev/null
 A=build/aqswarm
 # A small corpus (the first 3 speeches) so epochs are short and deltas start early.
 mkdir -p runs/demo-corpus
-ls data/sotu/*.txt | sort | head -n 3 | while read -r f; do cp "$f" runs/demo-corpus/; done
+# (A glob, sorted like `sort`: with pipefail, `ls | sort | head` failed the demo with SIGPIPE, 141, now
+# and then, when head closed the pipe before sort's second write.)
+speeches=(data/sotu/*.txt)
+cp "${speeches[@]:0:3}" runs/demo-corpus/
 case "${1:-}" in
   bench) exec $A bench compression --mib "${AQSWARM_DEMO_MIB:-16}" ;;
   pipeline) shift; exec $A pipeline --job examples/demo.json --out_dir runs/demo "$@" ;;
