@@ -155,7 +155,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else
 # Bytes the qdisc of link 0's forward end has sent (L2 frames: TCP/IP headers,
 # ACKs and retransmissions included).
 qdisc_sent() {
-  ip netns exec "${PREFIX}-0" tc -s qdisc show dev "sn0u$$" | awk '/Sent/ { print $2; exit }'
+  ip netns exec "${PREFIX}-0" tc -s qdisc show dev "sn0u$$" | awk '/Sent/ && !done { print $2; done = 1 }'  # reads to the end: no SIGPIPE under pipefail
 }
 # Bytes the application sent on link 0 forward (stage 0's fw_bytes, every step).
 app_fw_bytes() {
