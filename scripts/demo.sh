@@ -8,7 +8,8 @@
 #   scripts/demo.sh            # the swarm demo (~2-4 minutes)
 #   scripts/demo.sh pipeline   # 4 local stage processes without a coordinator
 #   scripts/demo.sh bench      # the compression benchmark
-# AQSWARM_DEMO_PORT (default 17400) is the first of the ports it uses.
+# AQSWARM_DEMO_PORT (default 17400) is the first of the ports it uses; AQSWARM_DEMO_RUN
+# (default runs/swarm-demo) is where the swarm demo writes its logs (removed first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh >/dev/null
@@ -24,7 +25,7 @@ case "${1:-}" in
   pipeline) shift; exec $A pipeline --job examples/demo.json --out_dir runs/demo "$@" ;;
 esac
 
-RUN=runs/swarm-demo
+RUN=${AQSWARM_DEMO_RUN:-runs/swarm-demo}
 BASE=${AQSWARM_DEMO_PORT:-17400}
 rm -rf "$RUN"
 mkdir -p "$RUN"
