@@ -41,7 +41,9 @@ trap 'echo; echo "demo: stopping (peers leave the swarm)"; exit 130' INT TERM
 $A coordinator --job examples/swarm_demo.json --listen "127.0.0.1:$BASE" --state_dir "$RUN/coord" \
   --lease_s 5 --metrics_listen "127.0.0.1:$((BASE + 90))" > "$RUN/coordinator.out" 2> "$RUN/coordinator.log" &
 pids+=($!)
-for _ in $(seq 100); do [[ -s "$RUN/coordinator.out" ]] && break; sleep 0.1; done
+# Its first line says it is serving (polled: up to 30 s on a busy machine).
+for _ in $(seq 300); do [[ -s "$RUN/coordinator.out" ]] && break; sleep 0.1; done
+[[ -s "$RUN/coordinator.out" ]] || { echo "demo: the coordinator did not start; see $RUN/coordinator.log" >&2; exit 1; }
 TOKEN=$($A certs token --tls_dir "$RUN/coord" --swarm swarm-demo --peer '*' 2>/dev/null)
 for i in 1 2 3 4; do
   $A peer --coordinator "127.0.0.1:$BASE" --join_token "$TOKEN" --name "peer$i" \
