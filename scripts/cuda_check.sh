@@ -93,7 +93,8 @@ AQSWARM_TEST_DEVICE=cuda:0 gtest pipeline_cuda $(( $(left) / 2 )) $B/tests/integ
 el "schedules end to end, stages on cuda:0"
 AQSWARM_TEST_DEVICE=cuda:0 gtest schedule_cuda $(( $(left) / 2 )) $B/tests/integration/schedule_integration_test
 el "the 2x2 grid of the pipeline test, stages on cuda:0, under cuda-gdb (a crash prints its stack)"
-mkdir -p /tmp/cuda_check_grid/corpus && cp "data/sotu/$(ls data/sotu | sort | head -1)" /tmp/cuda_check_grid/corpus/
+speeches=(data/sotu/*.txt)  # a glob, not ls | sort | head (SIGPIPE under pipefail, see demo.sh)
+mkdir -p /tmp/cuda_check_grid/corpus && cp "${speeches[0]}" /tmp/cuda_check_grid/corpus/
 cat > /tmp/cuda_check_grid/job.json <<EOF
 {"name":"grid","seed":5,"model":{"seqLen":32,"dModel":32,"nLayer":3,"nHead":2},
  "data":{"corpus":"/tmp/cuda_check_grid/corpus","tokenizerDir":"$PWD/data/gpt2","cacheDir":"/tmp/cuda_check_grid/cache"},
