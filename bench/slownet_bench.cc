@@ -130,6 +130,7 @@ struct Mode {
   int fw_bits = 0, bw_bits = 0;
   std::string dp_optimizer = "adamw";  // adamw | quantized_adam
   int dp_bits = 0;
+  bool delayed_update = false;        // "+dpu": job.dp.delayed_update
   std::string schedule = "adaptive";  // job.schedule
   int in_flight = 0;                  // job.schedule_in_flight (0 = the schedule's default)
   std::string store = "rocksdb";      // aqsgd: job.compression.store
@@ -139,6 +140,7 @@ struct Mode {
     if (store != "rocksdb") absl::StrAppend(&s, " ", store);
     if (streamed) absl::StrAppend(&s, " streamed");
     if (dp_optimizer == "quantized_adam") absl::StrAppendFormat(&s, " +qadam%d", dp_bits);
+    if (delayed_update) absl::StrAppend(&s, " +dpu");
     if (schedule != "adaptive" || in_flight != 0) absl::StrAppend(&s, " ", ScheduleName());
     return s;
   }
@@ -148,7 +150,7 @@ struct Mode {
 // "fp32", "directq:3:6", "aqsgd:4:8" (or "aqsgd:4:8:memory": m(xi) in RAM
 // instead of RocksDB; "aqsgd:4:8:streamed": rows read from and written to
 // RocksDB every micro-batch instead of kept resident), any of them with
-// "+qadam4", then
+// "+qadam4" and/or "+dpu" (delayed DP updates), then
 // optionally "@adaptive" (the default), "@1f1b", "@gpipe", or "@1f1b/W" /
 // "@adaptive/W" (W micro-batches in flight at stage 0).
 absl::StatusOr<Mode> ParseMode(absl::string_view text) {
@@ -168,11 +170,17 @@ absl::StatusOr<Mode> ParseMode(absl::string_view text) {
     }
   }
   std::vector<std::string> plus = absl::StrSplit(text, '+');
-  if (plus.size() > 2) return absl::InvalidArgumentError(absl::StrCat("bad mode '", text, "'"));
-  if (plus.size() == 2) {
-    absl::string_view q = plus[1];
-    if (!absl::ConsumePrefix(&q, "qadam") || !absl::SimpleAtoi(q, &m.dp_bits) || m.dp_bits < 1 || m.dp_bits > 8) {
-      return absl::InvalidArgumentError(absl::StrCat("bad DP optimizer in mode '", text, "' (want +qadamBITS)"));
+  if (plus.size() > 3) return absl::InvalidArgumentError(absl::StrCat("bad mode '", text, "'"));
+  for (size_t i = 1; i < plus.size(); ++i) {
+    absl::string_view q = plus[i];
+    if (q == "dpu" && !m.delayed_update) {
+      m.delayed_update = true;
+      continue;
+    }
+    if (m.dp_optimizer == "quantized_adam" || !absl::ConsumePrefix(&q, "qadam") ||
+        !absl::SimpleAtoi(q, &m.dp_bits) || m.dp_bits < 1 || m.dp_bits > 8) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad DP option '+", plus[i], "' in mode '", text, "' (want +qadamBITS and/or +dpu)"));
     }
     m.dp_optimizer = "quantized_adam";
   }
@@ -196,7 +204,7 @@ absl::StatusOr<Mode> ParseMode(absl::string_view text) {
       m.bw_bits > 8) {
     return absl::InvalidArgumentError(
         absl::StrCat("bad mode '", text,
-                     "' (want fp32, directq:FW:BW or aqsgd:FW:BW[:memory|:streamed], optionally +qadamBITS)"));
+                     "' (want fp32, directq:FW:BW or aqsgd:FW:BW[:memory|:streamed], optionally +qadamBITS, +dpu)"));
   }
   return m;
 }
@@ -353,6 +361,7 @@ absl::Status RunCells(const SlownetBenchOptions& o, const fs::path& root, std::v
       // Plain AdamW steps first: keep them inside the skipped steps.
       job["dp"]["warmupSteps"] = std::max(1, skip - 1);
     }
+    if (c0.mode.delayed_update) job["dp"]["delayedUpdate"] = true;
   }
   // Which cell each step runs (see SweepCellCycle); the job's schedule repeats
   // it. QuantizedAdam's variance refresh period comes from the job's own
@@ -573,6 +582,7 @@ nlohmann::json CellJson(const SlownetBenchOptions& o, const Cell& c, const std::
           {"bw_bits", c.mode.bw_bits},
           {"dp_optimizer", c.dp > 1 ? c.mode.dp_optimizer : "none"},
           {"dp_bits", c.dp > 1 && c.mode.dp_optimizer == "quantized_adam" ? c.mode.dp_bits : 32},
+          {"dp_delayed_update", c.dp > 1 && c.mode.delayed_update},
           {"bandwidth_mbps", c.bandwidth_mbps},
           {"samples_per_s", num(c.samples_per_s)},
           {"ratio_vs_fp32_unshaped", num(c.ratio_vs_fp32_unshaped)},

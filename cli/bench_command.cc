@@ -35,11 +35,11 @@ ABSL_FLAG(std::string, slownet_bandwidths, "0,1000,500,300,100,10",
           "Slownet bench: link bandwidths in Mbit/s (0 = unshaped, always run).");
 ABSL_FLAG(std::string, slownet_modes, "fp32,directq:3:6,aqsgd:3:6,aqsgd:4:8",
           "Slownet bench: modes fp32 | directq:FW:BW | aqsgd:FW:BW[:memory|:streamed] (m(xi) in RAM, not RocksDB; or rows streamed through RocksDB every micro-batch instead of kept resident), "
-          "optionally +qadamBITS, then optionally "
+          "optionally +qadamBITS and/or +dpu (delayed DP updates, dp.delayed_update), then optionally "
           "@adaptive (default) | @1f1b | @gpipe | @adaptive/W | @1f1b/W (W micro-batches in flight at stage 0).");
 ABSL_FLAG(bool, slownet_grid, true, "Slownet bench: also run the data-parallel grid.");
 ABSL_FLAG(int32_t, slownet_grid_dp, 2, "Slownet bench: pipelines in the data-parallel grid.");
-ABSL_FLAG(std::string, slownet_grid_modes, "fp32,aqsgd:3:6,fp32+qadam4,aqsgd:3:6+qadam4",
+ABSL_FLAG(std::string, slownet_grid_modes, "fp32,aqsgd:3:6,fp32+qadam4,aqsgd:3:6+qadam4,aqsgd:3:6+dpu,aqsgd:3:6+qadam4+dpu",
           "Slownet bench: modes of the data-parallel grid.");
 ABSL_FLAG(std::string, slownet_grid_bandwidths, "0,300,100,10", "Slownet bench: bandwidths of the grid.");
 ABSL_FLAG(int32_t, slownet_stages, 4, "Slownet bench: pipeline stages.");

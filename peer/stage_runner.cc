@@ -104,6 +104,8 @@ class Timer {
 class StageRunnerImpl final : public StageRunner {
  public:
   explicit StageRunnerImpl(const StageRunnerOptions& o) : o_(o), job_(o.job) {}
+  // The worker first: a delayed DP update in flight uses exchange_.
+  ~StageRunnerImpl() override { worker_.reset(); }
 
   absl::Status Init() {
     num_stages_ = static_cast<int>(job_.stages());
@@ -188,6 +190,10 @@ class StageRunnerImpl final : public StageRunner {
 
   absl::Status Run() override {
     absl::Status s = RunInner();
+    // A delayed DP update may still be in flight (a failed run): it uses
+    // exchange_, so it ends before anything closes (bounded by the exchange's
+    // timeout).
+    if (worker_ != nullptr && exchange_ != nullptr) s.Update(worker_->FinishDataParallel());
     // Orderly close: flush the store writes, close links (bounded waits).
     if (sender_) s.Update(sender_->Close());
     if (receiver_) s.Update(receiver_->Close());
@@ -379,13 +385,13 @@ class StageRunnerImpl final : public StageRunner {
       if (receiver_) AQSWARM_RETURN_IF_ERROR(receiver_->StartEpoch(order));
       for (int64_t s = first; s < sched.num_steps(); ++s, ++global) {
         if (max_steps > 0 && global >= max_steps) return absl::OkStatus();
-        AQSWARM_RETURN_IF_ERROR(RunStep(sched, epoch, s, global));
+        const bool final_step = (max_steps > 0 && global + 1 == max_steps) ||
+                                (epoch + 1 == job_.epochs() && s + 1 == sched.num_steps());
+        AQSWARM_RETURN_IF_ERROR(RunStep(sched, epoch, s, global, final_step));
         AQSWARM_RETURN_IF_ERROR(SaveState(global + 1));
         // After the state is on disk: whoever reads the step line (the peer
         // daemon reports the states it holds) sees that step's state too.
         Report(step_line_);
-        const bool final_step = (max_steps > 0 && global + 1 == max_steps) ||
-                                (epoch + 1 == job_.epochs() && s + 1 == sched.num_steps());
         if ((job_.eval_every_steps() > 0 && (global + 1) % job_.eval_every_steps() == 0) || final_step) {
           AQSWARM_RETURN_IF_ERROR(Evaluate(global));
         }
@@ -407,7 +413,9 @@ class StageRunnerImpl final : public StageRunner {
     return mbps;
   }
 
-  absl::Status RunStep(const pipeline::ShardSchedule& sched, int64_t epoch, int64_t s, int64_t gs) {
+  // `final`: the job's last step (a delayed DP update is applied before it
+  // returns, so the final evaluation and state hold the last parameters).
+  absl::Status RunStep(const pipeline::ShardSchedule& sched, int64_t epoch, int64_t s, int64_t gs, bool final) {
     const int m = job_.micro_batches_per_step();
     const int64_t t = job_.model().seq_len();
     const double mbps = ApplyStepBandwidth(gs);
@@ -459,6 +467,7 @@ class StageRunnerImpl final : public StageRunner {
       Timer tm(&dp_s_);
       AQSWARM_ASSIGN_OR_RETURN(pipeline::ReplicaExchange* ex, DataParallelExchange());
       AQSWARM_RETURN_IF_ERROR(worker_->StepDataParallel(gs, total_sq, *ex));
+      if (final) AQSWARM_RETURN_IF_ERROR(worker_->FinishDataParallel());
     } else {
       Timer tm(&compute_s_);
       AQSWARM_RETURN_IF_ERROR(worker_->Step(gs, total_sq));

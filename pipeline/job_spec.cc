@@ -190,6 +190,10 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
                                    "shaping.bandwidth_schedule_mbps); "
                                    "use the gradient_exchange transport to emulate slow links");
   }
+  if (dp.delayed_update() && dp.transport() == v1::DataParallelSpec::nccl && job.data_parallel() > 1) {
+    return Invalid("dp.delayed_update", "runs the exchange on a background thread over the gradient_exchange "
+                                        "transport; with dp.transport nccl drop dp.delayed_update");
+  }
   // Empty (a job stored before the field existed) means the default; every
   // schedule trains to the same weights.
   AQSWARM_RETURN_IF_ERROR(StepScheduleFromJob(job).status());

@@ -50,6 +50,7 @@ TEST(JobSpecTest, PreciseErrors) {
       {R"({"dp":{"optimizer":"quantized_adam","frozenVariance":"thawed"}})", "thawed"},
       {R"({"dataParallel":2,"shaping":{"bandwidthMbps":100},"dp":{"transport":"nccl"}})", "dp.transport"},
       {R"({"dataParallel":2,"shaping":{"bandwidthScheduleMbps":[0,100]},"dp":{"transport":"nccl"}})", "dp.transport"},
+      {R"({"dataParallel":2,"dp":{"transport":"nccl","delayedUpdate":true}})", "dp.delayed_update"},
       {R"({"shaping":{"bandwidthScheduleMbps":[100,-1]}})", "shaping.bandwidth_schedule_mbps"},
       {R"({"shaping":{"bandwidthScheduleMbps":["fast"]}})", "fast"},
       {R"({"shaping":{"bandwidthScheduleMbps":[0,1e-300]}})", "shaping.bandwidth_schedule_mbps"},

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -141,18 +142,24 @@ class StageWorkerImpl final : public StageWorker {
 
   absl::Status StepDataParallel(int64_t step, double total_sq, ReplicaExchange& ex) override {
     saved_.clear();
+    AQSWARM_RETURN_IF_ERROR(JoinUpdate());
+    const bool delayed = job_.dp().delayed_update();
     return Guard("data-parallel step", [&]() -> absl::Status {
       torch::NoGradGuard ng;
       if (dp_ == nullptr) InitDataParallel();
       const double norm = std::sqrt(total_sq);
       const double clip = job_.optimizer().grad_clip();
       const float scale = (clip > 0 && norm > clip) ? static_cast<float>(clip / (norm + 1e-6)) : 1.0f;
-      // Flatten (big tensors first: they are the compressed part).
+      // Flatten (big tensors first: they are the compressed part). A delayed
+      // update keeps its own parameters in dp_params_, ahead of the model's.
+      const bool from_model = !master_;
       int64_t off = 0;
       for (const torch::Tensor& p : dp_order_) {
         const int64_t n = p.numel();
-        torch::Tensor pc = p.detach().to(torch::kCPU).contiguous();
-        std::memcpy(dp_params_.data() + off, pc.data_ptr<float>(), n * sizeof(float));
+        if (from_model) {
+          torch::Tensor pc = p.detach().to(torch::kCPU).contiguous();
+          std::memcpy(dp_params_.data() + off, pc.data_ptr<float>(), n * sizeof(float));
+        }
         if (p.grad().defined()) {
           torch::Tensor g = p.grad().to(torch::kCPU).contiguous();
           const float* gp = g.data_ptr<float>();
@@ -162,21 +169,44 @@ class StageWorkerImpl final : public StageWorker {
         }
         off += n;
       }
-      AQSWARM_RETURN_IF_ERROR(dp_->Step(ex, LearningRateAt(job_.optimizer(), step), absl::MakeSpan(dp_params_),
-                                        dp_grads_));
-      off = 0;
-      for (torch::Tensor& p : dp_order_) {
-        const int64_t n = p.numel();
-        p.copy_(torch::from_blob(dp_params_.data() + off, p.sizes(), torch::kFloat32));
-        if (p.grad().defined()) p.mutable_grad().zero_();
-        off += n;
+      const double lr = LearningRateAt(job_.optimizer(), step);
+      if (delayed) {
+        // The model takes the previous step's result; this step's update
+        // starts in the background on its own copy (dp_params_, dp_grads_).
+        master_ = true;
+        ApplyMaster();
+        update_ = std::thread([this, &ex, lr] {
+          try {
+            update_status_ = dp_->Step(ex, lr, absl::MakeSpan(dp_params_), dp_grads_);
+          } catch (const std::exception& e) {
+            update_status_ = absl::InternalError(absl::StrCat("delayed data-parallel update: ", e.what()));
+          }
+        });
+        return absl::OkStatus();
       }
+      AQSWARM_RETURN_IF_ERROR(dp_->Step(ex, lr, absl::MakeSpan(dp_params_), dp_grads_));
+      stats_ = dp_->stats();
+      ApplyMaster();
       return absl::OkStatus();
     });
   }
 
-  uint64_t dp_bytes_sent() const override { return dp_ ? dp_->stats().bytes_sent : 0; }
-  uint64_t dp_raw_bytes() const override { return dp_ ? dp_->stats().raw_bytes : 0; }
+  absl::Status FinishDataParallel() override {
+    AQSWARM_RETURN_IF_ERROR(JoinUpdate());
+    if (!master_) return absl::OkStatus();
+    return Guard("data-parallel finish", [&] {
+      torch::NoGradGuard ng;
+      ApplyMaster();
+      return absl::OkStatus();
+    });
+  }
+
+  ~StageWorkerImpl() override {
+    if (update_.joinable()) update_.join();
+  }
+
+  uint64_t dp_bytes_sent() const override { return stats_.bytes_sent; }
+  uint64_t dp_raw_bytes() const override { return stats_.raw_bytes; }
 
   int64_t num_parameters() const override {
     int64_t n = 0;
@@ -196,27 +226,50 @@ class StageWorkerImpl final : public StageWorker {
   // With data parallelism the checkpoint also holds QuantizedAdam's state
   // (m, v, worker and server error, step, frozen flag): a replica that
   // replaces a lost one resumes exactly where the group is.
-  absl::Status SaveCheckpoint(const std::string& path) const override {
+  // A delayed update's result is saved too ("delayed/params"), so a loader
+  // applies it at its next step as this worker would.
+  absl::Status SaveCheckpoint(const std::string& path) override {
     if (dp_ == nullptr) return SaveStageCheckpoint(path, *model_, opt_, job_.name());
+    AQSWARM_RETURN_IF_ERROR(JoinUpdate());
     ExtraCheckpointState extra;
     for (const auto& [name, buf] : dp_->NamedState()) extra.tensors.emplace_back("dp/" + name, *buf);
+    if (master_) extra.tensors.emplace_back(kDelayedParams, dp_params_);
     extra.metadata = {{"dp_step", std::to_string(dp_->step())}, {"dp_frozen", dp_->frozen() ? "1" : "0"}};
     return SaveStageCheckpoint(path, *model_, opt_, job_.name(), &extra);
   }
   absl::Status LoadCheckpoint(const std::string& path) override {
+    if (update_.joinable()) update_.join();  // the state it was updating is replaced
+    update_status_ = absl::OkStatus();
     ExtraCheckpointState extra;
     AQSWARM_RETURN_IF_ERROR(LoadStageCheckpoint(path, *model_, opt_, &extra));
+    master_ = false;
     if (extra.tensors.empty()) return absl::OkStatus();
     if (dp_ == nullptr) InitDataParallel();
     std::vector<std::pair<std::string, std::vector<float>>> state;
     for (auto& [name, values] : extra.tensors) {
-      if (name.rfind("dp/", 0) == 0) state.emplace_back(name.substr(3), std::move(values));
+      if (name.rfind("dp/", 0) == 0) {
+        state.emplace_back(name.substr(3), std::move(values));
+      } else if (name == kDelayedParams) {
+        if (values.size() != dp_params_.size()) {
+          return absl::DataLossError(absl::StrCat(path, ": ", kDelayedParams, " holds ", values.size(),
+                                                  " values, the stage has ", dp_params_.size(), " parameters"));
+        }
+        dp_params_ = std::move(values);
+        master_ = true;
+      }
     }
     int64_t step = 0;
     if (!absl::SimpleAtoi(extra.metadata["dp_step"], &step) || step < 0) {
       return absl::DataLossError(absl::StrCat(path, ": bad dp_step"));
     }
-    return dp_->LoadState(state, step, extra.metadata["dp_frozen"] == "1");
+    AQSWARM_RETURN_IF_ERROR(dp_->LoadState(state, step, extra.metadata["dp_frozen"] == "1"));
+    stats_ = {};
+    // A job without delayed updates applies a saved one now.
+    if (master_ && !job_.dp().delayed_update()) {
+      AQSWARM_RETURN_IF_ERROR(FinishDataParallel());
+      master_ = false;
+    }
+    return absl::OkStatus();
   }
   int64_t optimizer_step() const override { return opt_.step(); }
 
@@ -288,12 +341,41 @@ class StageWorkerImpl final : public StageWorker {
                                           std::move(sizes));
   }
 
+  // Copies dp_params_ into the model's parameters and zeroes their gradients.
+  void ApplyMaster() {
+    int64_t off = 0;
+    for (torch::Tensor& p : dp_order_) {
+      const int64_t n = p.numel();
+      p.copy_(torch::from_blob(dp_params_.data() + off, p.sizes(), torch::kFloat32));
+      if (p.grad().defined()) p.mutable_grad().zero_();
+      off += n;
+    }
+  }
+
+  // Waits for the delayed update in flight, if any. A failed update leaves
+  // the optimizer's state mid-step: every later call fails with it.
+  absl::Status JoinUpdate() {
+    if (update_.joinable()) {
+      update_.join();
+      stats_ = dp_->stats();
+    }
+    return update_status_;
+  }
+
+  static constexpr char kDelayedParams[] = "delayed/params";
+
   torch::Device device_;
-  std::map<int, std::pair<torch::Tensor, torch::Tensor>> saved_;
+  std::map<int, std::pair<torch::Tensor, torch::Tensor>> saved_;  // mb -> (input, output or scaled loss)
   // Data-parallel optimizer over a flat copy of the parameters.
   std::unique_ptr<QuantizedAdam> dp_;
   std::vector<torch::Tensor> dp_order_;
-  std::vector<float> dp_params_, dp_grads_;  // mb -> (input, output or scaled loss)
+  std::vector<float> dp_params_, dp_grads_;
+  AllReduceStats stats_;  // dp_'s, as of the last update this thread saw finish
+  // dp.delayed_update: dp_params_ holds the optimizer's parameters (one update
+  // ahead of the model's while update_ runs or until the next step applies it).
+  bool master_ = false;
+  std::thread update_;
+  absl::Status update_status_;
 };
 
 }  // namespace

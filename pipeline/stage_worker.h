@@ -75,7 +75,18 @@ class StageWorker {
   // by its pipeline's whole-model norm, then AdamW on the replicas' mean
   // gradient for dp.warmup_steps, then QuantizedAdam (pipeline/quantized_adam.h)
   // over `exchange`. Replicas that start equal stay bit-identical.
+  //
+  // With dp.delayed_update the exchange and optimizer step of `step` run on a
+  // background thread and this returns once the PREVIOUS step's update is
+  // applied: the next step computes on parameters one update old. `exchange`
+  // must then outlive the update in flight, i.e. the next StepDataParallel,
+  // FinishDataParallel, or this worker; an update that failed fails the call
+  // that waits for it.
   virtual absl::Status StepDataParallel(int64_t step, double total_grad_squared_norm, ReplicaExchange& exchange) = 0;
+  // Waits for a delayed update still in flight and applies it, so the
+  // parameters are the latest (after the last step, before evaluating or
+  // exporting them). A no-op without one.
+  virtual absl::Status FinishDataParallel() = 0;
   // Bytes this stage sent to its replicas so far (encoded) and their fp32 size.
   virtual uint64_t dp_bytes_sent() const = 0;
   virtual uint64_t dp_raw_bytes() const = 0;
@@ -84,7 +95,10 @@ class StageWorker {
   // XXH3 of all parameter bytes: replicas compare it to prove bit-identity.
   virtual uint64_t ParameterHash() const = 0;
 
-  virtual absl::Status SaveCheckpoint(const std::string& path) const = 0;
+  // With a delayed update in flight, waits for it first and saves the
+  // parameters in use and the update's result (a loader resumes with the
+  // update still to apply, as here).
+  virtual absl::Status SaveCheckpoint(const std::string& path) = 0;
   virtual absl::Status LoadCheckpoint(const std::string& path) = 0;
   virtual int64_t optimizer_step() const = 0;
 };

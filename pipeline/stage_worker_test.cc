@@ -163,5 +163,92 @@ TEST(StageWorkerDataParallelTest, ReplicasStayBitIdenticalAndACheckpointedJoiner
   for (int s = 4; s < 6; ++s) step(0, 2, s);  // replica 1 is gone; the joiner keeps lockstep
 }
 
+// dp.delayed_update against the synchronous step: each step's update lands
+// one step late, replicas stay bit-identical, a checkpoint carries the update
+// in flight, and a failed update fails the call that waits for it.
+TEST(StageWorkerDataParallelTest, DelayedUpdateLandsOneStepLateAndSurvivesACheckpoint) {
+  v1::JobSpec job = Job(1);
+  job.set_data_parallel(2);
+  job.mutable_dp()->set_optimizer(v1::DataParallelSpec::quantized_adam);
+  job.mutable_dp()->set_warmup_steps(1);
+  job.mutable_dp()->set_bits(4);
+  v1::JobSpec delayed = job;
+  delayed.mutable_dp()->set_delayed_update(true);
+  // 0, 1: synchronous pair; 2, 3: delayed pair; 4: delayed joiner; 5: synchronous loader.
+  std::vector<std::unique_ptr<StageWorker>> w;
+  for (int r = 0; r < 6; ++r) w.push_back(*StageWorker::Create(r >= 2 && r <= 4 ? delayed : job, 0));
+  testing::Hub sync_hub, delayed_hub;
+  // The delayed pair's exchanges outlive each call (the update runs on).
+  std::vector<std::unique_ptr<testing::HubExchange>> ex;
+  for (int r = 0; r < 6; ++r) {
+    ex.push_back(std::make_unique<testing::HubExchange>(r < 2 ? &sync_hub : &delayed_hub, r % 2, 2));
+  }
+  ex[4] = std::make_unique<testing::HubExchange>(&delayed_hub, 1, 2);  // the joiner takes rank 1
+  const int b = job.micro_batch_size(), t = job.model().seq_len();
+  auto step = [&](int a, int c, int s) {
+    absl::Status st[2];
+    std::thread th[2];
+    int k = 0;
+    for (int r : {a, c}) {
+      const int data = r % 2;  // each rank reads its own shard, whoever holds the rank
+      double loss;
+      ASSERT_TRUE(w[r]->ForwardLoss(0, {}, Tokens(0, s + 7 * data, b * t), Tokens(1, s + 7 * data, b * t), b, &loss)
+                      .ok());
+      ASSERT_TRUE(w[r]->Backward(0, {}, nullptr).ok());
+      th[k] = std::thread([&, r, k] { st[k] = w[r]->StepDataParallel(s, w[r]->GradSquaredNorm(), *ex[r]); });
+      ++k;
+    }
+    for (auto& x : th) x.join();
+    ASSERT_TRUE(st[0].ok()) << st[0];
+    ASSERT_TRUE(st[1].ok()) << st[1];
+    ASSERT_EQ(w[a]->ParameterHash(), w[c]->ParameterHash()) << "step " << s;
+  };
+  const uint64_t initial = w[0]->ParameterHash();
+  ASSERT_EQ(w[2]->ParameterHash(), initial);
+  std::vector<uint64_t> sync_hash;
+  for (int s = 0; s < 3; ++s) {
+    step(0, 1, s);
+    sync_hash.push_back(w[0]->ParameterHash());
+  }
+  step(2, 3, 0);
+  EXPECT_EQ(w[2]->ParameterHash(), initial) << "step 0's update is still in flight";
+  step(2, 3, 1);
+  EXPECT_EQ(w[2]->ParameterHash(), sync_hash[0]) << "step 1 applies step 0's update, computed as without delay";
+  step(2, 3, 2);
+  EXPECT_NE(w[2]->ParameterHash(), sync_hash[1]) << "step 1's gradient came from parameters one update old";
+  EXPECT_GT(w[2]->dp_bytes_sent(), 0u);
+
+  // Replica 3 leaves; a joiner restored from replica 2's state (its update
+  // of step 2 included) keeps lockstep with it.
+  const std::string path = ::testing::TempDir() + "/dp_delayed_" + std::to_string(::getpid()) + ".safetensors";
+  ASSERT_TRUE(w[2]->SaveCheckpoint(path).ok());
+  ASSERT_TRUE(w[4]->LoadCheckpoint(path).ok());
+  ASSERT_TRUE(w[3]->FinishDataParallel().ok());  // its half of step 2's exchange is done
+  EXPECT_EQ(w[4]->ParameterHash(), w[2]->ParameterHash());
+  for (int s = 3; s < 5; ++s) step(2, 4, s);
+  // A job without delayed updates applies the saved one when it loads it.
+  ASSERT_TRUE(w[2]->SaveCheckpoint(path).ok());
+  ASSERT_TRUE(w[5]->LoadCheckpoint(path).ok());
+  std::remove(path.c_str());
+  const uint64_t before_finish = w[2]->ParameterHash();
+  ASSERT_TRUE(w[2]->FinishDataParallel().ok());
+  EXPECT_NE(w[2]->ParameterHash(), before_finish);
+  EXPECT_EQ(w[5]->ParameterHash(), w[2]->ParameterHash());
+  ASSERT_TRUE(w[4]->FinishDataParallel().ok());
+  EXPECT_EQ(w[4]->ParameterHash(), w[2]->ParameterHash());
+
+  // The joiner's peer vanishes: the update it starts fails, and so does
+  // every call that waits for it.
+  delayed_hub.Kill(0);
+  double loss;
+  ASSERT_TRUE(w[4]->ForwardLoss(0, {}, Tokens(0, 5, b * t), Tokens(1, 5, b * t), b, &loss).ok());
+  ASSERT_TRUE(w[4]->Backward(0, {}, nullptr).ok());
+  ASSERT_TRUE(w[4]->StepDataParallel(5, w[4]->GradSquaredNorm(), *ex[4]).ok());
+  const absl::Status failed = w[4]->FinishDataParallel();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
+  EXPECT_NE(failed.message().find("replica 0"), std::string::npos) << failed;
+  EXPECT_EQ(w[4]->StepDataParallel(6, 0, *ex[4]).code(), absl::StatusCode::kUnavailable);
+}
+
 }  // namespace
 }  // namespace aqswarm::pipeline

@@ -5,6 +5,7 @@
 #
 #   scripts/convergence.sh pipeline    # issue 4: 4 stages, fp32 / aqsgd / directq
 #   scripts/convergence.sh dp          # issue 5: 2 stages x 2 replicas, QuantizedAdam
+#                                      # (and the -dpu rows: dp.delayedUpdate)
 #
 # Scale knobs (environment), defaults sized for a 2-core machine:
 #   CORPUS_FILES=12   first N speeches of data/sotu (sorted by name)
@@ -37,9 +38,10 @@ rm -f "$out"/corpus/*.txt
 mapfile -t speeches < <(ls data/sotu/*.txt | sort)
 cp "${speeches[@]:0:$CORPUS_FILES}" "$out/corpus/"
 
-job() {  # job NAME MODE FW BW STAGES DP DPOPT
+job() {  # job NAME MODE FW BW STAGES DP DPOPT [dpu]
   local name="$1" mode="$2" fw="$3" bw="$4" stages="$5" dp="$6" dpopt="$7" dpx=""
   [[ "$dpopt" != quantized_adam ]] || dpx=",\"frozenVariance\":\"$DP_VARIANCE\",\"varianceRefreshSteps\":$DP_REFRESH"
+  [[ "${8:-}" != dpu ]] || dpx="$dpx,\"delayedUpdate\":true"
   cat > "$out/$name.json" <<JSON
 {"name":"$name","seed":7,
  "model":{"seqLen":$SEQ,"dModel":$DMODEL,"nLayer":$LAYERS,"nHead":$HEADS},
@@ -59,7 +61,8 @@ if [[ "$study" == pipeline ]]; then
   stages=4; dp=1
 else
   configs=("adamw-fp32 fp32 8 8 adamw" "qadam4-fp32 fp32 8 8 quantized_adam"
-           "aqsgd-fw3bw6-qadam4 aqsgd 3 6 quantized_adam" "directq-fw3bw6-qadam4 directq 3 6 quantized_adam")
+           "aqsgd-fw3bw6-qadam4 aqsgd 3 6 quantized_adam" "directq-fw3bw6-qadam4 directq 3 6 quantized_adam"
+           "adamw-fp32-dpu fp32 8 8 adamw dpu" "aqsgd-fw3bw6-qadam4-dpu aqsgd 3 6 quantized_adam dpu")
   stages=2; dp=2
 fi
 if [[ -n "$ONLY" ]]; then
@@ -69,9 +72,9 @@ if [[ -n "$ONLY" ]]; then
 fi
 
 for c in "${configs[@]}"; do
-  read -r name mode fw bw dpopt <<<"$c"
+  read -r name mode fw bw dpopt dpu <<<"$c"
   [[ ! -f "$out/$name.json" ]] || mv "$out/$name.json" "$out/$name.json.prev"
-  job "$name" "$mode" "$fw" "$bw" "$stages" "$dp" "${dpopt:-adamw}"
+  job "$name" "$mode" "$fw" "$bw" "$stages" "$dp" "${dpopt:-adamw}" "${dpu:-}"
 done
 # Steps per epoch from a dry count: tokens / seq / (MB*M*DP), 95% train.
 tokens=$(cat "$out"/corpus/*.txt | wc -c)  # bytes; refined below from the first run's metrics

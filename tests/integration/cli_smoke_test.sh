@@ -32,6 +32,7 @@ check link-bad-store 1 "unknown store 'ssd'" -- "$bin" bench link --link_stores=
 check store-bad-backend 1 "bad store backend 'ssd'" -- "$bin" bench store --store_backends=ssd
 check slownet-bad-schedule 1 "bad schedule in mode 'fp32@gpipe/3'" -- "$bin" bench slownet --slownet_modes=fp32@gpipe/3
 check slownet-bad-store 1 "bad mode 'aqsgd:3:6:ssd'" -- "$bin" bench slownet --slownet_modes=aqsgd:3:6:ssd
+check slownet-bad-dp-option 1 "bad DP option '+dpu' in mode 'fp32+dpu+dpu'" -- "$bin" bench slownet --slownet_modes=fp32+dpu+dpu
 check link-bad-bits 1 "fw_bits in 2..8" -- "$bin" bench link --link_fw_bits=9
 check link-bad-thrash 1 "thrash_bytes >= 0" -- "$bin" bench link --link_thrash_bytes=-1
 # A tiny real run: epoch 1's rows are AQ-SGD deltas against the FULL epoch 0 at both stores.

@@ -90,6 +90,22 @@ class PipelineTest : public ::testing::Test {
     return losses;
   }
 
+  // A 2 stages x 2 replicas AQ-SGD job with job.dp = {dp} trains 8 steps:
+  // the loss falls and the launcher, which compares every stage's parameter
+  // hash across replicas after every step (and fails the run on a
+  // mismatch), reports them identical at every step.
+  void ExpectGridTrains(const std::string& name, const std::string& dp) {
+    const std::string out = (dir_ / name).string();
+    const std::string job = WriteJob(name, "aqsgd", 2, 8, 10, 3, absl::StrCat(R"(,"dataParallel":2,"dp":{)", dp, "}"));
+    ASSERT_EQ(RunPipeline(job, out), 0) << output_;
+    size_t identical = 0;
+    for (size_t pos = 0; (pos = output_.find("replicas identical", pos)) != std::string::npos; ++pos) ++identical;
+    EXPECT_EQ(identical, 8u) << output_;
+    std::vector<double> loss = Losses(out);
+    ASSERT_EQ(loss.size(), 8u);
+    EXPECT_LT(loss.back(), loss.front() - 0.1) << output_;
+  }
+
   fs::path dir_;
   std::string output_;
 };
@@ -195,18 +211,13 @@ TEST_F(PipelineTest, BandwidthScheduleShapesEachStepAtItsOwnRate) {
 }
 
 TEST_F(PipelineTest, TwoByTwoGridWithQuantizedAdamTrainsAndKeepsReplicasBitIdentical) {
-  const std::string out = (dir_ / "grid").string();
-  const std::string job = WriteJob("grid", "aqsgd", 2, 8, 10, 3,
-                                   R"(,"dataParallel":2,"dp":{"optimizer":"quantized_adam","warmupSteps":3,"bits":4})");
-  ASSERT_EQ(RunPipeline(job, out), 0) << output_;
-  // The launcher compares every stage's parameter hash across replicas after
-  // every step and fails the run on a mismatch.
-  size_t identical = 0;
-  for (size_t pos = 0; (pos = output_.find("replicas identical", pos)) != std::string::npos; ++pos) ++identical;
-  EXPECT_EQ(identical, 8u) << output_;
-  std::vector<double> loss = Losses(out);
-  ASSERT_EQ(loss.size(), 8u);
-  EXPECT_LT(loss.back(), loss.front() - 0.1) << output_;
+  ExpectGridTrains("grid", R"("optimizer":"quantized_adam","warmupSteps":3,"bits":4)");
+}
+
+// dp.delayed_update: each step's exchange runs behind the next step's
+// compute; the replicas still match after every step and the job trains.
+TEST_F(PipelineTest, TwoByTwoGridWithDelayedUpdatesTrainsAndKeepsReplicasBitIdentical) {
+  ExpectGridTrains("delayed", R"("optimizer":"quantized_adam","warmupSteps":3,"bits":4,"delayedUpdate":true)");
 }
 
 // dp.transport nccl on a machine without a GPU (CI), with one GPU (both
