@@ -122,7 +122,9 @@ absl::Status GrpcReplicaExchange::Send(int to, const v1::ExchangeChunk& chunk) {
   if (!p->failed.ok()) return p->failed;
   v1::ExchangeChunk c = chunk;
   c.set_group(options_.group);
-  p->queue.push_back({std::move(c), absl::Now(), bandwidth_mbps_.load()});
+  const auto& schedule = options_.bandwidth_schedule_mbps;
+  const double mbps = schedule.empty() ? bandwidth_mbps_.load() : schedule[c.step() % schedule.size()];
+  p->queue.push_back({std::move(c), absl::Now(), mbps});
   return absl::OkStatus();
 }
 

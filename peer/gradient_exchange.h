@@ -45,6 +45,11 @@ struct ReplicaExchangeOptions {
   // Address the GradientExchange server binds. Default: loopback, any port.
   std::string listen = "127.0.0.1:0";
   ShapingOptions shaping;
+  // When non-empty, a chunk of step s is shaped at schedule[s % size] Mbit/s
+  // (0 = unshaped) instead of the current SetBandwidth rate: the job's
+  // shaping.bandwidth_schedule_mbps, whose step s is DP step s. A delayed
+  // update (dp.delayed_update) sends step s's chunks while step s+1 runs.
+  std::vector<double> bandwidth_schedule_mbps;
   // Bound on a Receive and on delivering one chunk. Default: 120 s.
   absl::Duration timeout = absl::Seconds(120);
   // Bound on chunk bytes buffered before Receive takes them. Default: 1 GiB.
@@ -71,7 +76,8 @@ class GrpcReplicaExchange final : public pipeline::ReplicaExchange {
   // counts before its push, so once a peer has received it, it is counted.
   uint64_t bytes_sent() const;
   // Shapes the chunks sent from now on at `mbps` (0 = unshaped) instead of
-  // options.shaping.bandwidth_mbps (see LinkConnection::SetBandwidth).
+  // options.shaping.bandwidth_mbps (see LinkConnection::SetBandwidth); not
+  // with options.bandwidth_schedule_mbps, which wins.
   void SetBandwidth(double mbps) { bandwidth_mbps_ = mbps; }
 
  private:

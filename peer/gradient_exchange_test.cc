@@ -12,7 +12,8 @@ namespace aqswarm::peer {
 namespace {
 
 struct Group {
-  Group(int d, absl::Duration timeout = absl::Seconds(20), ShapingOptions shaping = {}) {
+  Group(int d, absl::Duration timeout = absl::Seconds(20), ShapingOptions shaping = {},
+        std::vector<double> schedule = {}) {
     std::vector<std::string> addrs;
     for (int r = 0; r < d; ++r) {
       ReplicaExchangeOptions o;
@@ -21,6 +22,7 @@ struct Group {
       o.size = d;
       o.timeout = timeout;
       o.shaping = shaping;
+      o.bandwidth_schedule_mbps = schedule;
       ex.push_back(*GrpcReplicaExchange::Start(o));
       addrs.push_back(absl::StrCat("127.0.0.1:", ex.back()->port()));
     }
@@ -84,6 +86,32 @@ TEST(GrpcReplicaExchangeTest, ShapedExchangeNeverBeatsItsBandwidth) {
     EXPECT_GT(wire, 0.05);  // enough bytes that shaping shows
     EXPECT_GE(secs, wire * 0.99) << mbps << " Mbit/s, bytes " << g.ex[0]->bytes_sent() - before;
   }
+}
+
+// With a bandwidth schedule, a chunk goes out at its own step's rate whatever
+// the current one: a delayed update sends step s while step s+1 (here:
+// unshaped) runs.
+TEST(GrpcReplicaExchangeTest, ScheduledExchangeShapesEachChunkAtItsStepsRate) {
+  const int d = 2;
+  const int64_t n = 50000;
+  Group g(d, absl::Seconds(20), ShapingOptions{}, {0, 4.0});
+  for (auto& e : g.ex) e->SetBandwidth(0);
+  std::vector<std::vector<float>> out(d, std::vector<float>(n));
+  std::vector<absl::Status> st(d);
+  const absl::Time start = absl::Now();
+  std::vector<std::thread> t;
+  for (int r = 0; r < d; ++r) {
+    t.emplace_back([&, r] {
+      const std::vector<float> in = RandomFloats(n, r);
+      st[r] = pipeline::AllReduceMean(*g.ex[r], {}, /*step=*/3, 0, in, absl::MakeSpan(out[r]), nullptr, nullptr);
+    });
+  }
+  for (auto& th : t) th.join();
+  for (auto& s : st) ASSERT_TRUE(s.ok()) << s;
+  const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+  const double wire = g.ex[0]->bytes_sent() * 8.0 / 4e6;  // step 3: schedule[1] = 4 Mbit/s
+  EXPECT_GT(wire, 0.05);
+  EXPECT_GE(secs, wire * 0.99) << "bytes " << g.ex[0]->bytes_sent();
 }
 
 TEST(GrpcReplicaExchangeTest, VanishedReplicaFailsTheStepWithAClearStatusQuickly) {

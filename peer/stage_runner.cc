@@ -150,6 +150,8 @@ class StageRunnerImpl final : public StageRunner {
       eo.size = static_cast<int>(job_.data_parallel());
       eo.listen = o_.exchange_listen.empty() ? o_.listen.substr(0, o_.listen.rfind(':')) + ":0" : o_.exchange_listen;
       eo.shaping = shaping;
+      eo.bandwidth_schedule_mbps.assign(job_.shaping().bandwidth_schedule_mbps().begin(),
+                                        job_.shaping().bandwidth_schedule_mbps().end());
       eo.timeout = o_.link_timeout;
       eo.tls = o_.tls;
       if (job_.dp().transport() == v1::DataParallelSpec::nccl && o_.tls.enabled()) {
