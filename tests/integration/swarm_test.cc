@@ -71,6 +71,8 @@ class SwarmTest : public ::testing::Test {
       "stages":2,"threads":1,"evalEverySteps":0,"evalBatches":1,)" << grid << "}";
   }
 
+  void KillAPeerAndExpectTheStandbyToCarryOn();
+
   void TearDown() override {
     for (auto& [name, p] : peers_) p.reset();  // SIGKILL + reap whatever still runs
     coordinator_.reset();
@@ -208,7 +210,10 @@ class SwarmTest : public ::testing::Test {
   v1::StatusResponse status_;
 };
 
-TEST_F(SwarmTest, AKilledPeerIsReplacedByTheStandbyAndTrainingGoesOn) {
+// Five peers on a 2x2 grid (one standby); one active peer is killed, the
+// standby takes its place with the state it pulls from a live replica, and
+// training goes on with a falling loss.
+void SwarmTest::KillAPeerAndExpectTheStandbyToCarryOn() {
   StartCoordinator();
   const std::string token = Token();
   for (const char* n : {"p1", "p2", "p3", "p4", "p5"}) StartPeer(n, token);
@@ -251,6 +256,16 @@ TEST_F(SwarmTest, AKilledPeerIsReplacedByTheStandbyAndTrainingGoesOn) {
   TerminatePeersExcept(victim_name);
   EXPECT_TRUE(WaitFor([](const auto& st) { return st.peers_size() == 0; }, absl::Seconds(10)))
       << "peers did not leave";
+}
+
+TEST_F(SwarmTest, AKilledPeerIsReplacedByTheStandbyAndTrainingGoesOn) { KillAPeerAndExpectTheStandbyToCarryOn(); }
+
+// The same with delayed DP updates: the states the standby pulls hold the
+// update in flight (delayed/params), and the group goes on from them.
+TEST_F(SwarmTest, WithDelayedUpdatesAKilledPeerIsReplacedAndTrainingGoesOn) {
+  WriteJob(3, R"("dataParallel":2,"dp":{"optimizer":"quantized_adam","warmupSteps":3,"bits":4,"bucketSize":512,)"
+              R"("delayedUpdate":true})");
+  KillAPeerAndExpectTheStandbyToCarryOn();
 }
 
 TEST_F(SwarmTest, ARestartedCoordinatorResumesTheSameJobAndPeersCarryOn) {
