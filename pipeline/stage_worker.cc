@@ -171,10 +171,14 @@ class StageWorkerImpl final : public StageWorker {
       }
       const double lr = LearningRateAt(job_.optimizer(), step);
       if (delayed) {
-        // The model takes the previous step's result; this step's update
-        // starts in the background on its own copy (dp_params_, dp_grads_).
+        // The model takes the previous step's result, extrapolated by that
+        // update (the next one, in flight, is about as large: Adam's steps
+        // follow its momentum), so the next gradient is computed about where
+        // it will be applied; this step's update starts in the background on
+        // the optimizer's own copy (dp_params_, dp_grads_).
         master_ = true;
-        ApplyMaster();
+        ApplyMaster(/*predict=*/true);
+        prev_params_ = dp_params_;
         update_ = std::thread([this, &ex, lr] {
           try {
             update_status_ = dp_->Step(ex, lr, absl::MakeSpan(dp_params_), dp_grads_);
@@ -234,6 +238,7 @@ class StageWorkerImpl final : public StageWorker {
     ExtraCheckpointState extra;
     for (const auto& [name, buf] : dp_->NamedState()) extra.tensors.emplace_back("dp/" + name, *buf);
     if (master_) extra.tensors.emplace_back(kDelayedParams, dp_params_);
+    if (master_ && !prev_params_.empty()) extra.tensors.emplace_back(kDelayedPrevParams, prev_params_);
     extra.metadata = {{"dp_step", std::to_string(dp_->step())}, {"dp_frozen", dp_->frozen() ? "1" : "0"}};
     return SaveStageCheckpoint(path, *model_, opt_, job_.name(), &extra);
   }
@@ -243,19 +248,24 @@ class StageWorkerImpl final : public StageWorker {
     ExtraCheckpointState extra;
     AQSWARM_RETURN_IF_ERROR(LoadStageCheckpoint(path, *model_, opt_, &extra));
     master_ = false;
+    prev_params_.clear();
     if (extra.tensors.empty()) return absl::OkStatus();
     if (dp_ == nullptr) InitDataParallel();
     std::vector<std::pair<std::string, std::vector<float>>> state;
     for (auto& [name, values] : extra.tensors) {
       if (name.rfind("dp/", 0) == 0) {
         state.emplace_back(name.substr(3), std::move(values));
-      } else if (name == kDelayedParams) {
+      } else if (name == kDelayedParams || name == kDelayedPrevParams) {
         if (values.size() != dp_params_.size()) {
-          return absl::DataLossError(absl::StrCat(path, ": ", kDelayedParams, " holds ", values.size(),
+          return absl::DataLossError(absl::StrCat(path, ": ", name, " holds ", values.size(),
                                                   " values, the stage has ", dp_params_.size(), " parameters"));
         }
-        dp_params_ = std::move(values);
-        master_ = true;
+        if (name == kDelayedParams) {
+          dp_params_ = std::move(values);
+          master_ = true;
+        } else {
+          prev_params_ = std::move(values);
+        }
       }
     }
     int64_t step = 0;
@@ -342,11 +352,20 @@ class StageWorkerImpl final : public StageWorker {
   }
 
   // Copies dp_params_ into the model's parameters and zeroes their gradients.
-  void ApplyMaster() {
+  // predict (delayed updates, once an update has landed): dp_params_ plus the
+  // update that took prev_params_ to it, 2 dp_params_ - prev_params_.
+  void ApplyMaster(bool predict = false) {
+    const float* src = dp_params_.data();
+    std::vector<float> predicted;
+    if (predict && prev_params_.size() == dp_params_.size()) {
+      predicted.resize(dp_params_.size());
+      for (size_t i = 0; i < predicted.size(); ++i) predicted[i] = 2.0f * dp_params_[i] - prev_params_[i];
+      src = predicted.data();
+    }
     int64_t off = 0;
     for (torch::Tensor& p : dp_order_) {
       const int64_t n = p.numel();
-      p.copy_(torch::from_blob(dp_params_.data() + off, p.sizes(), torch::kFloat32));
+      p.copy_(torch::from_blob(const_cast<float*>(src) + off, p.sizes(), torch::kFloat32));
       if (p.grad().defined()) p.mutable_grad().zero_();
       off += n;
     }
@@ -363,6 +382,7 @@ class StageWorkerImpl final : public StageWorker {
   }
 
   static constexpr char kDelayedParams[] = "delayed/params";
+  static constexpr char kDelayedPrevParams[] = "delayed/prev_params";
 
   torch::Device device_;
   std::map<int, std::pair<torch::Tensor, torch::Tensor>> saved_;  // mb -> (input, output or scaled loss)
@@ -374,6 +394,7 @@ class StageWorkerImpl final : public StageWorker {
   // dp.delayed_update: dp_params_ holds the optimizer's parameters (one update
   // ahead of the model's while update_ runs or until the next step applies it).
   bool master_ = false;
+  std::vector<float> prev_params_;  // dp_params_ before the update in flight (empty before the first)
   std::thread update_;
   absl::Status update_status_;
 };
