@@ -42,7 +42,6 @@ class GrpcReplicaExchange::Service final : public v1::GradientExchange::Service 
 
 GrpcReplicaExchange::GrpcReplicaExchange(const ReplicaExchangeOptions& options)
     : options_(options),
-      bandwidth_mbps_(options.shaping.bandwidth_mbps),
       mailbox_(options.group, options.rank, options.size, options.max_buffered_bytes) {}
 
 absl::StatusOr<std::unique_ptr<GrpcReplicaExchange>> GrpcReplicaExchange::Start(const ReplicaExchangeOptions& o) {
@@ -123,7 +122,7 @@ absl::Status GrpcReplicaExchange::Send(int to, const v1::ExchangeChunk& chunk) {
   v1::ExchangeChunk c = chunk;
   c.set_group(options_.group);
   const auto& schedule = options_.bandwidth_schedule_mbps;
-  const double mbps = schedule.empty() ? bandwidth_mbps_.load() : schedule[c.step() % schedule.size()];
+  const double mbps = schedule.empty() ? options_.shaping.bandwidth_mbps : schedule[c.step() % schedule.size()];
   p->queue.push_back({std::move(c), absl::Now(), mbps});
   return absl::OkStatus();
 }

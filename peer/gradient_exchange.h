@@ -46,7 +46,7 @@ struct ReplicaExchangeOptions {
   std::string listen = "127.0.0.1:0";
   ShapingOptions shaping;
   // When non-empty, a chunk of step s is shaped at schedule[s % size] Mbit/s
-  // (0 = unshaped) instead of the current SetBandwidth rate: the job's
+  // (0 = unshaped) instead of shaping.bandwidth_mbps: the job's
   // shaping.bandwidth_schedule_mbps, whose step s is DP step s. A delayed
   // update (dp.delayed_update) sends step s's chunks while step s+1 runs.
   std::vector<double> bandwidth_schedule_mbps;
@@ -75,10 +75,6 @@ class GrpcReplicaExchange final : public pipeline::ReplicaExchange {
   // Bytes of the chunks this replica has put on its (emulated) wire; a chunk
   // counts before its push, so once a peer has received it, it is counted.
   uint64_t bytes_sent() const;
-  // Shapes the chunks sent from now on at `mbps` (0 = unshaped) instead of
-  // options.shaping.bandwidth_mbps (see LinkConnection::SetBandwidth); not
-  // with options.bandwidth_schedule_mbps, which wins.
-  void SetBandwidth(double mbps) { bandwidth_mbps_ = mbps; }
 
  private:
   class Service;
@@ -88,7 +84,6 @@ class GrpcReplicaExchange final : public pipeline::ReplicaExchange {
   void SenderLoop(Peer* peer);
 
   const ReplicaExchangeOptions options_;
-  std::atomic<double> bandwidth_mbps_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

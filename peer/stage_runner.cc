@@ -403,15 +403,15 @@ class StageRunnerImpl final : public StageRunner {
   }
 
   // Applies the links' bandwidth of step `gs` (JobSpec
-  // shaping.bandwidth_schedule_mbps) to this stage's sending directions and
-  // DP exchange from now on; returns it.
+  // shaping.bandwidth_schedule_mbps) to this stage's sending directions from
+  // now on (the DP exchange shapes each chunk by its own step:
+  // ReplicaExchangeOptions::bandwidth_schedule_mbps); returns it.
   double ApplyStepBandwidth(int64_t gs) {
     const auto& schedule = job_.shaping().bandwidth_schedule_mbps();
     if (schedule.empty()) return job_.shaping().bandwidth_mbps();
     const double mbps = schedule[static_cast<int>(gs % schedule.size())];
     if (up_ != nullptr) up_->SetBandwidth(mbps);
     if (down_ != nullptr) down_->SetBandwidth(mbps);
-    if (exchange_ != nullptr) exchange_->SetBandwidth(mbps);
     return mbps;
   }
 

@@ -78,7 +78,8 @@ class StageWorker {
   //
   // With dp.delayed_update the exchange and optimizer step of `step` run on a
   // background thread and this returns once the PREVIOUS step's update is
-  // applied: the next step computes on parameters one update old. `exchange`
+  // applied: the next step computes on those parameters extrapolated by that
+  // update (2 M_t - M_{t-1}), not on the ones its gradient will update. `exchange`
   // must then outlive the update in flight, i.e. the next StepDataParallel,
   // FinishDataParallel, or this worker; an update that failed fails the call
   // that waits for it.
@@ -96,8 +97,9 @@ class StageWorker {
   virtual uint64_t ParameterHash() const = 0;
 
   // With a delayed update in flight, waits for it first and saves the
-  // parameters in use and the update's result (a loader resumes with the
-  // update still to apply, as here).
+  // parameters in use, the update's result and the parameters before it (a
+  // loader resumes with the update still to apply, as here). A checkpoint
+  // whose delayed state does not fit the stage fails to load with DataLoss.
   virtual absl::Status SaveCheckpoint(const std::string& path) = 0;
   virtual absl::Status LoadCheckpoint(const std::string& path) = 0;
   virtual int64_t optimizer_step() const = 0;

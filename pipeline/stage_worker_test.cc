@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "pipeline/dp_test_util.h"
 #include "pipeline/job_spec.h"
+#include "pipeline/safetensors.h"
 
 namespace aqswarm::pipeline {
 namespace {
@@ -234,6 +235,28 @@ TEST(StageWorkerDataParallelTest, DelayedUpdateLandsOneStepLateAndSurvivesACheck
   // A job without delayed updates applies the saved one when it loads it.
   ASSERT_TRUE(w[2]->SaveCheckpoint(path).ok());
   ASSERT_TRUE(w[5]->LoadCheckpoint(path).ok());
+  {
+    // The same checkpoint with delayed/params one value short is refused.
+    auto file = SafetensorsFile::Open(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    std::vector<std::vector<float>> values;
+    std::vector<StTensor> tensors;
+    for (const auto& e : (*file)->entries()) values.push_back((*file)->ToFloat32(e));
+    for (size_t i = 0; i < values.size(); ++i) {
+      const auto& e = (*file)->entries()[i];
+      if (e.name == "extra/delayed/params") values[i].pop_back();
+      tensors.push_back({e.name, e.name == "extra/delayed/params" ? std::vector<int64_t>{int64_t(values[i].size())}
+                                                                     : e.shape, values[i]});
+    }
+    const std::string bad = path + ".short";
+    ASSERT_TRUE(WriteSafetensors(bad, tensors, (*file)->metadata()).ok());
+    auto fresh = StageWorker::Create(delayed, 0);
+    ASSERT_TRUE(fresh.ok());
+    const absl::Status refused = (*fresh)->LoadCheckpoint(bad);
+    std::remove(bad.c_str());
+    EXPECT_EQ(refused.code(), absl::StatusCode::kDataLoss) << refused;
+    EXPECT_NE(refused.message().find("delayed/params holds"), std::string::npos) << refused;
+  }
   std::remove(path.c_str());
   const uint64_t before_finish = w[2]->ParameterHash();
   ASSERT_TRUE(w[2]->FinishDataParallel().ok());

@@ -781,6 +781,7 @@ if os.path.exists(ra_path):
               "rows did, the WAL being off: a crash loses the same). AQ-SGD resident / streamed vs DirectQ, run by run, "
               + "; ".join(parts) + f". The resident rows are closer to DirectQ in {closer} of {total} paired cells; "
               "the store work streamed rows do every micro-batch is what the previous notes measured.")
+def same_grid(c): return [x for x in cells if x["grid"] == c["grid"]]
 def own0(c):
     for x in cells:
         if x["grid"] == c["grid"] and x["label"] == c["label"] and x["bandwidth_mbps"] == 0: return x
@@ -828,8 +829,7 @@ if miss:
                         + (" -- below 0.9: at this CPU cost the target is out of reach in this cell with a "
                            "synchronous DP exchange" if frac < 0.9 else "")
                         + f"; it reached {c['samples_per_s'] / ceiling:.2f} of that")
-            twin = next((x for x in cells if x["grid"] == c["grid"] and x["label"] == c["label"] + " +dpu"
-                         and x["bandwidth_mbps"] == c["bandwidth_mbps"]), None)
+            twin = get(same_grid(c), c["label"] + " +dpu", c["bandwidth_mbps"])
             if twin:
                 txt += (f"; with delayed DP updates (+dpu, next note) the same mode reached "
                         f"{twin['achieved_vs_min_limits']:.2f} of its min(compute, wire)")
@@ -875,7 +875,7 @@ def dp_wait(c):
     n = c["steps_timed"] // max(1, len(c.get("samples_per_s_passes", [1]))) * len(bws_of(c))
     w = [e["dp_seconds"] for e in ev if last - n <= e["step"] < last and e["bandwidth_mbps"] == c["bandwidth_mbps"]]
     return (sum(w) / len(w), len(w)) if w else None
-def bws_of(c): return sorted({x["bandwidth_mbps"] for x in cells if x["grid"] == c["grid"] and x["label"] == c["label"]})
+def bws_of(c): return sorted({x["bandwidth_mbps"] for x in same_grid(c) if x["label"] == c["label"]})
 def dp_wait_note(pairs):
     parts = []
     for c, t in pairs:
@@ -886,12 +886,8 @@ def dp_wait_note(pairs):
     return (" Stage 0's wait on the DP step per step (its step lines' `dp_seconds`, the last pass's timed steps but "
             "the run's final one; with +dpu that is the wait for the previous step's update, the checkpoint step's "
             "join and nothing else), synchronous -> +dpu: " + "; ".join(parts) + ".")
-def sync_twin(c):
-    for x in cells:
-        if (x["grid"] == c["grid"] and x["label"] == c["label"].replace(" +dpu", "") and
-                x["bandwidth_mbps"] == c["bandwidth_mbps"] and not x.get("dp_delayed_update")): return x
-    return None
-dpu = [(c, sync_twin(c)) for c in cells if c.get("dp_delayed_update")]
+dpu = [(c, get(same_grid(c), c["label"].replace(" +dpu", ""), c["bandwidth_mbps"]))
+       for c in cells if c.get("dp_delayed_update")]
 dpu = [(c, t) for c, t in dpu if t]
 if dpu:
     md.append("- **Delayed DP updates (+dpu, the job's `dp.delayedUpdate`).** Step t's DP exchange and optimizer step run "
