@@ -76,12 +76,20 @@
 //                                        (M - 1) * max(t_fw, t_bw)
 //                                        + (K - 1) * (t_fw + t_bw)
 //                  (the bound of any schedule that flushes every step),
-//                  [+ DP bytes * 8 / B, D > 1];
+//                  [+ DP bytes * 8 / B, D > 1; with delayed DP updates
+//                  the exchange runs beside the next step: the max of the two];
 //                  schedule_link_limit = samples_per_step / that.
+//   compute + DP   a synchronous DP exchange cannot overlap compute: stage 0
+//                  runs the step's last backward, its exchange starts after
+//                  it, and the next step's first forward needs its result, so
+//                  compute_dp_limit = samples_per_step / (samples_per_step /
+//                  compute-only + stage 0's DP bytes * 8 / B) (= compute-only
+//                  with D = 1, unshaped, or delayed updates).
 //   achieved / min(limits) then says how well compute and communication
 //   overlap (1.0 = perfect; 0.5 = fully serialised at the crossover); it is
-//   given against both link limits (ach_wire uses the wire bound, ach_sched
-//   the schedule-aware one).
+//   given against the plain limits (ach_wire: compute-only and the wire
+//   bound) and the schedule-aware ones (ach_sched: compute + DP and the
+//   schedule link limit).
 #include <unistd.h>
 
 #include <algorithm>
@@ -249,6 +257,7 @@ struct Cell {
   double max_dir_bytes_per_step = 0;  // busiest link direction (one pipeline)
   double fw_bytes_per_step = 0, bw_bytes_per_step = 0;  // busiest link, each direction
   double dp_bytes_per_step = 0;       // busiest DP sender (bytes it sent)
+  double dp_stage0_bytes_per_step = 0;  // stage 0's DP exchange (the last to start in a step)
   double wall_seconds = 0;
   std::vector<double> passes;  // samples/s of every pass (its own median)
   std::vector<double> step_seconds_list;  // the timed steps of every pass (stage 0), pooled
@@ -263,6 +272,7 @@ struct Cell {
   double ratio_vs_fp32_unshaped = NAN;
   double compute_limit = NAN, link_limit = NAN, achieved_vs_limit = NAN;
   double schedule_link_limit = NAN, achieved_vs_schedule = NAN;
+  double compute_dp_limit = NAN;  // compute-only + stage 0's synchronous DP exchange
   std::string run_dir;
   int interleaved = 1;  // bandwidths interleaved step by step in its runs (sweep)
 };
@@ -522,6 +532,7 @@ absl::Status RunCells(const SlownetBenchOptions& o, const fs::path& root, std::v
       }
     }
     c->dp_bytes_per_step = *std::max_element(a.dpb.begin(), a.dpb.end()) / n;
+    c->dp_stage0_bytes_per_step = a.dpb.empty() ? 0 : a.dpb[0] / n;
   }
   return absl::OkStatus();
 }
@@ -546,6 +557,7 @@ void PoolPass(const Cell& run, Cell* pooled) {
   pooled->fw_bytes_per_step = mix(pooled->fw_bytes_per_step, run.fw_bytes_per_step);
   pooled->bw_bytes_per_step = mix(pooled->bw_bytes_per_step, run.bw_bytes_per_step);
   pooled->dp_bytes_per_step = mix(pooled->dp_bytes_per_step, run.dp_bytes_per_step);
+  pooled->dp_stage0_bytes_per_step = mix(pooled->dp_stage0_bytes_per_step, run.dp_stage0_bytes_per_step);
   pooled->cpu_seconds_per_step = mix(pooled->cpu_seconds_per_step, run.cpu_seconds_per_step);
   pooled->cpu_passes.push_back(run.cpu_seconds_per_step);
   pooled->sys_seconds_per_step = mix(pooled->sys_seconds_per_step, run.sys_seconds_per_step);
@@ -591,6 +603,7 @@ nlohmann::json CellJson(const SlownetBenchOptions& o, const Cell& c, const std::
           {"achieved_vs_min_limits", num(c.achieved_vs_limit)},
           {"schedule", c.mode.ScheduleName()},
           {"schedule_link_limit_samples_per_s", num(c.schedule_link_limit)},
+          {"compute_dp_limit_samples_per_s", num(c.compute_dp_limit)},
           {"achieved_vs_min_schedule_limits", num(c.achieved_vs_schedule)},
           {"step_seconds", num(c.step_seconds)},
           {"steps_timed", c.steps_timed},
@@ -598,6 +611,7 @@ nlohmann::json CellJson(const SlownetBenchOptions& o, const Cell& c, const std::
           {"fw_bytes_per_sample", c.fw_bytes_per_step * per_sample},
           {"bw_bytes_per_sample", c.bw_bytes_per_step * per_sample},
           {"dp_bytes_per_step", c.dp_bytes_per_step},
+          {"dp_stage0_bytes_per_step", c.dp_stage0_bytes_per_step},
           {"loopback_ms_per_step", (c.max_dir_bytes_per_step + c.dp_bytes_per_step) / 1.2e9 * 1e3},
           {"wall_seconds", c.wall_seconds},
           {"samples_per_s_passes", c.passes},
@@ -774,13 +788,24 @@ absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
       job.set_micro_batches_per_step(o.micro_batches);
       const pipeline::StepSchedule sched = pipeline::StepScheduleFromJob(job).value();  // ParseMode checked it
       const double m = o.micro_batches;
-      const double t = pipeline::LinkBoundStepTime(sched, c.fw_bytes_per_step / m / bps, c.bw_bytes_per_step / m / bps) +
-                       c.dp_bytes_per_step / bps;
+      const double links = pipeline::LinkBoundStepTime(sched, c.fw_bytes_per_step / m / bps, c.bw_bytes_per_step / m / bps);
+      // A synchronous exchange follows the flush; a delayed one runs beside
+      // the next step on its own connections.
+      const double dp = c.dp_bytes_per_step / bps;
+      const double t = c.mode.delayed_update ? std::max(links, dp) : links + dp;
       c.schedule_link_limit = t > 0 ? c.samples_per_step / t : INFINITY;
+      // Stage 0 runs the step's last backward, so its synchronous exchange
+      // starts when every other stage's work is done, and no stage has work
+      // of the next step before it ends (all of it sent after the last
+      // replica is ready: its scatter chunks and its reduced chunk): it adds
+      // its wire time to the compute-only step.
+      const double tail = c.dp > 1 && !c.mode.delayed_update ? c.dp_stage0_bytes_per_step / bps : 0;
+      c.compute_dp_limit = c.samples_per_step / (c.samples_per_step / c.compute_limit + tail);
     } else {
       c.schedule_link_limit = INFINITY;
+      c.compute_dp_limit = c.compute_limit;
     }
-    c.achieved_vs_schedule = c.samples_per_s / std::min(c.compute_limit, c.schedule_link_limit);
+    c.achieved_vs_schedule = c.samples_per_s / std::min(c.compute_dp_limit, c.schedule_link_limit);
   }
 
   if (o.json) {
