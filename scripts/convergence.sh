@@ -10,6 +10,7 @@
 # Scale knobs (environment), defaults sized for a 2-core machine:
 #   CORPUS_FILES=12   first N speeches of data/sotu (sorted by name)
 #   EPOCHS=5 SEQ=64 DMODEL=128 LAYERS=4 HEADS=4 MB=8 M=2 LR=0.003
+#   BETA1= BETA2=     Adam's betas (unset: the job default, 0.9 and 0.999)
 #   DP_WARMUP=0       dp study: QuantizedAdam warm-up steps (0 = a fifth of the
 #                     estimated steps; the estimate can exceed the steps run)
 #   DP_VARIANCE=raise_at_bound  dp study: dp.frozenVariance (or fixed)
@@ -26,7 +27,7 @@ cd "$(dirname "$0")/.."
 study="${1:-pipeline}"
 CORPUS_FILES="${CORPUS_FILES:-12}"
 EPOCHS="${EPOCHS:-5}"; SEQ="${SEQ:-64}"; DMODEL="${DMODEL:-128}"; LAYERS="${LAYERS:-4}"; HEADS="${HEADS:-4}"
-MB="${MB:-8}"; M="${M:-2}"; LR="${LR:-0.003}"
+MB="${MB:-8}"; M="${M:-2}"; LR="${LR:-0.003}"; BETA1="${BETA1:-}"; BETA2="${BETA2:-}"
 DP_WARMUP="${DP_WARMUP:-0}"; DP_VARIANCE="${DP_VARIANCE:-raise_at_bound}"; DP_REFRESH="${DP_REFRESH:-4}"
 AQSWARM_BIN="${AQSWARM_BIN:-build/aqswarm}"; ONLY="${ONLY:-}"; REUSE="${REUSE:-}"
 out="${OUT:-runs/convergence-$study}"
@@ -42,11 +43,14 @@ job() {  # job NAME MODE FW BW STAGES DP DPOPT [dpu]
   local name="$1" mode="$2" fw="$3" bw="$4" stages="$5" dp="$6" dpopt="$7" dpx=""
   [[ "$dpopt" != quantized_adam ]] || dpx=",\"frozenVariance\":\"$DP_VARIANCE\",\"varianceRefreshSteps\":$DP_REFRESH"
   [[ "${8:-}" != dpu ]] || dpx="$dpx,\"delayedUpdate\":true"
+  local betas=""
+  [[ -z "$BETA1" ]] || betas="$betas,\"beta1\":$BETA1"
+  [[ -z "$BETA2" ]] || betas="$betas,\"beta2\":$BETA2"
   cat > "$out/$name.json" <<JSON
 {"name":"$name","seed":7,
  "model":{"seqLen":$SEQ,"dModel":$DMODEL,"nLayer":$LAYERS,"nHead":$HEADS},
  "data":{"corpus":"$out/corpus","tokenizerDir":"data/gpt2","cacheDir":"$out/cache"},
- "optimizer":{"lr":$LR,"minLr":0.0003,"warmupSteps":50,"totalSteps":STEPS,"weightDecay":0.01,"gradClip":1.0},
+ "optimizer":{"lr":$LR,"minLr":0.0003,"warmupSteps":50,"totalSteps":STEPS,"weightDecay":0.01,"gradClip":1.0$betas},
  "microBatchSize":$MB,"microBatchesPerStep":$M,"epochs":$EPOCHS,
  "compression":{"mode":"$mode","fwBits":$fw,"bwBits":$bw,"warmupEpochs":1,"mPrecision":"fp16"},
  "stages":$stages,"dataParallel":$dp,
