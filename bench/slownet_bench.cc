@@ -816,15 +816,17 @@ absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
                            o.stages, o.vocab_size, o.seq_len, o.d_model, o.n_layer, o.n_head, o.micro_batch_size,
                            o.micro_batches, o.threads, o.steps, o.skip_steps);
     out << absl::StrFormat("OpenBLAS kernels: %s; %d cores\n", blas_core, cores);
-    out << absl::StrFormat("%-5s %-22s %9s %10s %7s %10s %10s %10s %8s %9s %9s %9s %8s %8s\n", "grid", "mode", "Mbit/s",
-                           "samples/s", "ratio", "compute", "wire_lim", "sched_lim", "ach_wire", "ach_sched",
+    out << absl::StrFormat("%-5s %-22s %9s %10s %7s %10s %10s %10s %10s %8s %9s %9s %9s %8s %8s\n", "grid", "mode",
+                           "Mbit/s", "samples/s", "ratio", "compute", "compute+dp", "wire_lim", "sched_lim", "ach_wire",
+                           "ach_sched",
                            "fwB/samp", "bwB/samp", "cpu_ms/s", "cpu_lim");
     for (const Cell& c : cells) {
       const double per_sample = c.dp / c.samples_per_step;
-      out << absl::StrFormat("%-5s %-22s %9s %10.1f %7s %10s %10s %10s %8s %9s %9.0f %9.0f %8.3f %8.0f\n", Grid(c), c.mode.Name(),
+      out << absl::StrFormat("%-5s %-22s %9s %10.1f %7s %10s %10s %10s %10s %8s %9s %9.0f %9.0f %8.3f %8.0f\n", Grid(c),
+                             c.mode.Name(),
                              c.bandwidth_mbps > 0 ? absl::StrCat(c.bandwidth_mbps) : "unshaped", c.samples_per_s,
                              Fmt(c.ratio_vs_fp32_unshaped, "%.3f"), Fmt(c.compute_limit, "%.1f"),
-                             Fmt(c.link_limit, "%.1f"), Fmt(c.schedule_link_limit, "%.1f"),
+                             Fmt(c.compute_dp_limit, "%.1f"), Fmt(c.link_limit, "%.1f"), Fmt(c.schedule_link_limit, "%.1f"),
                              Fmt(c.achieved_vs_limit, "%.2f"), Fmt(c.achieved_vs_schedule, "%.2f"),
                              c.fw_bytes_per_step * per_sample, c.bw_bytes_per_step * per_sample,
                              c.cpu_seconds_per_step / c.samples_per_step * 1e3,
