@@ -356,11 +356,10 @@ class StageWorkerImpl final : public StageWorker {
   // update that took prev_params_ to it, 2 dp_params_ - prev_params_.
   void ApplyMaster(bool predict = false) {
     const float* src = dp_params_.data();
-    std::vector<float> predicted;
     if (predict && prev_params_.size() == dp_params_.size()) {
-      predicted.resize(dp_params_.size());
-      for (size_t i = 0; i < predicted.size(); ++i) predicted[i] = 2.0f * dp_params_[i] - prev_params_[i];
-      src = predicted.data();
+      predicted_.resize(dp_params_.size());
+      for (size_t i = 0; i < predicted_.size(); ++i) predicted_[i] = 2.0f * dp_params_[i] - prev_params_[i];
+      src = predicted_.data();
     }
     int64_t off = 0;
     for (torch::Tensor& p : dp_order_) {
@@ -395,6 +394,7 @@ class StageWorkerImpl final : public StageWorker {
   // ahead of the model's while update_ runs or until the next step applies it).
   bool master_ = false;
   std::vector<float> prev_params_;  // dp_params_ before the update in flight (empty before the first)
+  std::vector<float> predicted_;    // ApplyMaster's scratch for the prediction (kept between steps)
   std::thread update_;
   absl::Status update_status_;
 };

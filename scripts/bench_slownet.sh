@@ -158,7 +158,7 @@ def table(cs):
         rows.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0f} | {:.0f} | {:.0f} | {} | {} | {} |".format(
             c["grid"], c["label"], c["schedule"], bwname(c["bandwidth_mbps"]), f(c["samples_per_s"]),
             f(c["ratio_vs_fp32_unshaped"], "{:.3f}"), f(c["compute_limit_samples_per_s"]),
-            f(c.get("compute_dp_limit_samples_per_s")) if c["dp"] > 1 and c["bandwidth_mbps"] > 0 else "-",
+            f(c["compute_dp_limit_samples_per_s"]) if c["dp"] > 1 and c["bandwidth_mbps"] > 0 else "-",
             f(c["link_limit_samples_per_s"]), f(c["schedule_link_limit_samples_per_s"]),
             f(c["achieved_vs_min_limits"], "{:.2f}"), f(c["achieved_vs_min_schedule_limits"], "{:.2f}"),
             c["fw_bytes_per_sample"], c["bw_bytes_per_sample"], c["dp_bytes_per_step"],
@@ -813,11 +813,11 @@ if miss:
         elif c["dp"] > 1 and c["dp_bytes_per_step"] > 0 and not link_bound:
             # The DP exchange starts after the step's flush (it needs the global norm) and the next step's first
             # forward needs stage 0's result: it adds to the step rather than overlapping it.
-            dp0 = c.get("dp_stage0_bytes_per_step", c["dp_bytes_per_step"])
+            dp0 = c["dp_stage0_bytes_per_step"]
             dp_s = dp0 * 8 / (c["bandwidth_mbps"] * 1e6)
             step_s = c["step_seconds"]
             per_step = c["samples_per_s"] * step_s  # samples per step, all pipelines
-            serial = c.get("compute_dp_limit_samples_per_s") or per_step / (per_step / c["compute_limit_samples_per_s"] + dp_s)
+            serial = c["compute_dp_limit_samples_per_s"]
             txt += (f"; stage 0's DP exchange ({dp0 / 1e3:.0f} kB, {1e3 * dp_s:.0f} ms "
                     f"at {c['bandwidth_mbps']:g} Mbit/s, {dp_s / step_s:.0%} of its step) runs after the step's last backward, so compute-only "
                     f"plus that exchange (the compute + DP limit) allows {serial:.0f} samples/s ({c['samples_per_s'] / serial:.2f} of it)")
