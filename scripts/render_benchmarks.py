@@ -163,7 +163,8 @@ if not text.startswith("# Benchmarks"):
     text = "# Benchmarks\n\n" + text
 intro = ("All figures come from the commands shown next to them, on this project's machines (2 cores, no GPU), and "
          "each compares against a baseline measured in the same run. Raw JSON lines: `docs/data/`. Regenerate: "
-         "`scripts/bench_docs.sh` (compression, store, link, scheduler, allreduce) and `scripts/bench_slownet.sh`.")
+         "`scripts/bench_docs.sh` (compression, store, link, scheduler, allreduce) and `scripts/bench_slownet.sh`, then, "
+         "once its table is committed, `scripts/slownet_history.py --write` (its targets run by run).")
 if "<!-- intro:begin -->" not in text:
     text = text.replace("# Benchmarks\n", f"# Benchmarks\n\n<!-- intro:begin -->\n<!-- intro:end -->\n", 1)
 for name in ["intro"] + list(sections):
