@@ -808,6 +808,20 @@ if miss:
             txt += (f", compute-bound: {cpu(c):.2f} CPU ms/sample vs {cpu(u):.2f} unshaped, passes "
                     f"{' / '.join(f'{x:.0f}' for x in c['samples_per_s_passes'])} vs the compute-only cell's "
                     f"{' / '.join(f'{x:.0f}' for x in u['samples_per_s_passes'])}")
+        # The flush per step: the step's first activations cross K - 1 links before the last stage has work,
+        # its last gradients cross them back before stage 0 can finish. Unshaped that is ~0; here it is link
+        # time the compute-only cell did not pay. Not a bound (the fill can overlap upstream forwards).
+        flush_s = (K - 1) * (c["fw_bytes_per_sample"] + c["bw_bytes_per_sample"]) * m["micro_batch"] * 8 / (c["bandwidth_mbps"] * 1e6)
+        samples_step = m["micro_batch"] * M * c["dp"]
+        sync_dp_s = (c["dp_stage0_bytes_per_step"] * 8 / (c["bandwidth_mbps"] * 1e6)
+                     if c["dp"] > 1 and not c.get("dp_delayed_update") else 0.0)
+        if not link_bound:
+            est = samples_step / (samples_step / c["compute_limit_samples_per_s"] + sync_dp_s + flush_s)
+            txt += (f"; the flush's link time ({K - 1} links down for the first micro-batch, {K - 1} up for the last: "
+                    f"{1e3 * flush_s:.0f} ms, {flush_s / c['step_seconds']:.0%} of its step) adds to compute-only"
+                    + (" and the DP exchange below" if sync_dp_s else "")
+                    + f": {est:.0f} samples/s, of which it reached {c['samples_per_s'] / est:.2f} (an estimate, not a "
+                    "bound: the fill can overlap upstream forwards)")
         if c.get("dp_delayed_update"):
             txt += "; delayed DP updates: its exchange runs behind the next step's compute"
         elif c["dp"] > 1 and c["dp_bytes_per_step"] > 0 and not link_bound:
@@ -848,7 +862,9 @@ if miss:
               "A compute-bound cell that does about the same CPU work per sample as its compute-only cell but runs slower "
               "lost the difference to the other jobs on the 2 cores (its compute-only cell had a quieter slot; with the "
               "bandwidths interleaved step by step that is rare, and a cell near its crossover, e.g. fp32 at 100 Mbit/s "
-              "with the wire at ~80% of the compute time, loses to compute and transfers partly adding up instead); a "
+              "with the wire at ~80% of the compute time, loses to compute and transfers partly adding up instead: "
+              "mostly the flush's link time, during which the cores wait for the first activations or the last "
+              "gradients); a "
               "link-bound one at 0.9-0.95 of its schedule limit lost it to the flush per step (the wire limit ignores it) "
               "and to compute and transfers adding up where the CPU limit is not far above the link limit.")
 sh = [(c, get(one, c["label"], 0)) for c in one if c["bandwidth_mbps"] == slowest]
