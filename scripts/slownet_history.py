@@ -68,7 +68,11 @@ def main():
     ap.add_argument("--write", action="store_true", help="rewrite the section in docs/BENCHMARKS.md")
     args = ap.parse_args()
 
-    log = git("log", "--reverse", "--format=%H %h %cI", f"{args.since}^..HEAD", "--", "docs/data/slownet.jsonl")
+    try:
+        log = git("log", "--reverse", "--format=%H %h %cI", f"{args.since}^..HEAD", "--", "docs/data/slownet.jsonl")
+    except subprocess.CalledProcessError as e:
+        sys.exit(f"slownet_history.py: git log from {args.since} failed (a shallow clone, or no such commit?): "
+                 f"{e.stderr.strip()}")
     runs = []
     for line in log.splitlines():
         full, short, date = line.split()
