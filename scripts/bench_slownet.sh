@@ -811,11 +811,11 @@ if miss:
         # The flush per step: the step's first activations cross K - 1 links before the last stage has work,
         # its last gradients cross them back before stage 0 can finish. Unshaped that is ~0; here it is link
         # time the compute-only cell did not pay. Not a bound (the fill can overlap upstream forwards).
-        flush_s = (K - 1) * (c["fw_bytes_per_sample"] + c["bw_bytes_per_sample"]) * m["micro_batch"] * 8 / (c["bandwidth_mbps"] * 1e6)
-        samples_step = m["micro_batch"] * M * c["dp"]
-        sync_dp_s = (c["dp_stage0_bytes_per_step"] * 8 / (c["bandwidth_mbps"] * 1e6)
-                     if c["dp"] > 1 and not c.get("dp_delayed_update") else 0.0)
         if not link_bound:
+            flush_s = (K - 1) * (c["fw_bytes_per_sample"] + c["bw_bytes_per_sample"]) * m["micro_batch"] * 8 / (c["bandwidth_mbps"] * 1e6)
+            samples_step = m["micro_batch"] * M * c["dp"]
+            sync_dp_s = (c["dp_stage0_bytes_per_step"] * 8 / (c["bandwidth_mbps"] * 1e6)
+                         if c["dp"] > 1 and not c.get("dp_delayed_update") else 0.0)
             est = samples_step / (samples_step / c["compute_limit_samples_per_s"] + sync_dp_s + flush_s)
             txt += (f"; the flush's link time ({K - 1} links down for the first micro-batch, {K - 1} up for the last: "
                     f"{1e3 * flush_s:.0f} ms, {flush_s / c['step_seconds']:.0%} of its step) adds to compute-only"

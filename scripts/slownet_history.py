@@ -93,12 +93,14 @@ def main():
     rule = "|---|" + "---:|" * len(runs)
 
     md += ["### Headline ratios", "", head, rule]
-    row = []
+    row, slows = [], set()
     for r in runs:
         slow = min(c["bandwidth_mbps"] for c in r["cells"] if c["bandwidth_mbps"] > 0)
+        slows.add(slow)
         x = ratio(find(r["cells"], "aqsgd fw3bw6", slow), find(r["cells"], "fp32", slow))
         row.append(f"{x:.2f}x" if x else "-")
-    md.append("| AQ-SGD fw3bw6 / fp32 at 10 Mbit/s (target >= 5x) | " + " | ".join(row) + " |")
+    at = f"{slows.pop():g} Mbit/s" if len(slows) == 1 else "each run's slowest link"
+    md.append(f"| AQ-SGD fw3bw6 / fp32 at the slowest link, {at} (target >= 5x) | " + " | ".join(row) + " |")
     for lab in ("aqsgd fw3bw6", "aqsgd fw4bw8"):
         row = []
         for r in runs:
@@ -119,36 +121,28 @@ def main():
         return [c for c in cells if c["bandwidth_mbps"] > 0 and c["schedule"] == "adaptive"
                 and not c.get("dp_delayed_update")]
     keys = list(dict.fromkeys((c["grid"], c["label"], c["bandwidth_mbps"]) for c in issue_cells(runs[-1]["cells"])))
-    md += ["### achieved / min(compute-only, wire limit), every shaped cell of the issue's modes (target >= 0.9)", "",
-           head[:-2] + " | runs >= 0.9 |", rule + "---:|"]
-    for g, lab, b in keys:
-        vals = []
-        for r in runs:
-            c = find(r["cells"], lab, b, g)
-            vals.append(c["achieved_vs_min_limits"] if c else None)
-        seen = [v for v in vals if v is not None]
-        shown = [("-" if v is None else f"**{v:.2f}**" if v < 0.9 else f"{v:.2f}") for v in vals]
-        md.append(f"| {g} {lab} @ {bwname(b)} | " + " | ".join(shown)
-                  + f" | {sum(v >= 0.9 for v in seen)}/{len(seen)} |")
-    md.append("")
-    # The same cells against min(compute + DP, schedule link limit), in the
-    # runs that have it (the compute + DP limit came with a06f574; the field
-    # had another definition before).
+    def cell_rows(cell_keys, value):
+        """One row per cell: value(cell) in every run (None: -), bold under 0.9, then runs >= 0.9."""
+        out = [head[:-2] + " | runs >= 0.9 |", rule + "---:|"]
+        for g, lab, b in cell_keys:
+            vals = [value(c) if (c := find(r["cells"], lab, b, g)) else None for r in runs]
+            seen = [v for v in vals if v is not None]
+            shown = [("-" if v is None else f"**{v:.2f}**" if v < 0.9 else f"{v:.2f}") for v in vals]
+            out.append(f"| {g} {lab} @ {bwname(b)} | " + " | ".join(shown) + f" | {sum(v >= 0.9 for v in seen)}/{len(seen)} |")
+        return out + [""]
+
+    md += ["### achieved / min(compute-only, wire limit), every shaped cell of the issue's modes (target >= 0.9)", ""]
+    md += cell_rows(keys, lambda c: c["achieved_vs_min_limits"])
+    # The cells that missed in some run against min(compute + DP, schedule
+    # link limit), in the runs that have it (the compute + DP limit came with
+    # a06f574; the field had another definition before).
     missed = [k for k in keys if any((c := find(r["cells"], k[1], k[2], k[0])) and c["achieved_vs_min_limits"] < 0.9
                                      for r in runs)]
     if missed:
         md += ["Cells under 0.9 in some run, against min(compute + synchronous DP exchange, schedule link limit) "
-               "(the schedule-aware row of the targets; runs before the compute + DP limit: -):", "",
-               head[:-2] + " | runs >= 0.9 |", rule + "---:|"]
-        for g, lab, b in missed:
-            vals = []
-            for r in runs:
-                c = find(r["cells"], lab, b, g)
-                vals.append(c["achieved_vs_min_schedule_limits"] if c and "compute_dp_limit_samples_per_s" in c else None)
-            seen = [v for v in vals if v is not None]
-            shown = [("-" if v is None else f"**{v:.2f}**" if v < 0.9 else f"{v:.2f}") for v in vals]
-            md.append(f"| {g} {lab} @ {bwname(b)} | " + " | ".join(shown) + f" | {sum(v >= 0.9 for v in seen)}/{len(seen)} |")
-        md.append("")
+               "(the schedule-aware row of the targets; runs before the compute + DP limit: -):", ""]
+        md += cell_rows(missed, lambda c: c["achieved_vs_min_schedule_limits"]
+                        if "compute_dp_limit_samples_per_s" in c else None)
     md.append("Cells below 0.9 in bold. A cell under 0.9 in every run is a property of the system (the latest run's "
               "notes above say why); one under it in some runs only sits within the run-to-run spread around 0.9 (the latest run's notes "
               "say what such a cell lost to).")
