@@ -796,16 +796,10 @@ if os.path.exists(ra_path):
 sa_path = os.path.join(os.path.dirname(doc), "data", "slownet_steps_ab.jsonl")
 if os.path.exists(sa_path):
     sa = [json.loads(x) for x in open(sa_path) if x.strip()]
-    runs_sa = []  # consecutive cells of one M form a run
-    for c in sa:
-        if not runs_sa or runs_sa[-1][0]["model"]["micro_batches"] != c["model"]["micro_batches"]:
-            runs_sa.append([])
-        runs_sa[-1].append(c)
-    ms = sorted({r[0]["model"]["micro_batches"] for r in runs_sa})
+    ms = sorted({c["model"]["micro_batches"] for c in sa})
     keys_sa = list(dict.fromkeys((c["grid"], c["label"], c["bandwidth_mbps"]) for c in sa if c["bandwidth_mbps"] > 0))
-    def sa_cells(g, lab, b, mm):
-        return [c for r in runs_sa if r[0]["model"]["micro_batches"] == mm for c in r
-                if (c["grid"], c["label"], c["bandwidth_mbps"]) == (g, lab, b)]
+    def sa_cells(g, lab, b, mm):  # in file order: round by round
+        return [c for c in sa if c["model"]["micro_batches"] == mm and (c["grid"], c["label"], c["bandwidth_mbps"]) == (g, lab, b)]
     parts = []
     for g, lab, b in keys_sa:
         per_m = [" / ".join(f"{c['achieved_vs_min_limits']:.3f}" for c in sa_cells(g, lab, b, mm)) for mm in ms]
@@ -829,6 +823,7 @@ if miss:
     def why(c):
         u = own0(c)
         link_bound = c["schedule_link_limit_samples_per_s"] < c["compute_limit_samples_per_s"]
+        per_step = m["micro_batch"] * M * c["dp"]  # samples per step, all pipelines
         txt = (f"{c['grid']} {c['label']} @ {c['bandwidth_mbps']:g}: {c['achieved_vs_min_limits']:.2f} of min(compute, wire), "
                f"{c['achieved_vs_min_schedule_limits']:.2f} of min(compute + DP, schedule)")
         if link_bound:
@@ -840,15 +835,14 @@ if miss:
         # The flush per step: the step's first activations cross K - 1 links before the last stage has work,
         # its last gradients cross them back before stage 0 can finish. Unshaped that is ~0; here it is link
         # time the compute-only cell did not pay. Not a bound (the fill can overlap upstream forwards).
+        # compute + DP already holds a synchronous exchange (it equals compute-only otherwise).
         if not link_bound:
             flush_s = (K - 1) * (c["fw_bytes_per_sample"] + c["bw_bytes_per_sample"]) * m["micro_batch"] * 8 / (c["bandwidth_mbps"] * 1e6)
-            samples_step = m["micro_batch"] * M * c["dp"]
-            sync_dp_s = (c["dp_stage0_bytes_per_step"] * 8 / (c["bandwidth_mbps"] * 1e6)
-                         if c["dp"] > 1 and not c.get("dp_delayed_update") else 0.0)
-            est = samples_step / (samples_step / c["compute_limit_samples_per_s"] + sync_dp_s + flush_s)
+            cdp = c["compute_dp_limit_samples_per_s"]
+            est = per_step / (per_step / cdp + flush_s)
             txt += (f"; the flush's link time ({K - 1} links down for the first micro-batch, {K - 1} up for the last: "
                     f"{1e3 * flush_s:.0f} ms, {flush_s / c['step_seconds']:.0%} of its step) adds to compute-only"
-                    + (" and the DP exchange below" if sync_dp_s else "")
+                    + (" and the DP exchange below" if cdp < c["compute_limit_samples_per_s"] else "")
                     + f": {est:.0f} samples/s, of which it reached {c['samples_per_s'] / est:.2f} (an estimate, not a "
                     "bound: the fill can overlap upstream forwards)")
         if c.get("dp_delayed_update"):
@@ -859,7 +853,6 @@ if miss:
             dp0 = c["dp_stage0_bytes_per_step"]
             dp_s = dp0 * 8 / (c["bandwidth_mbps"] * 1e6)
             step_s = c["step_seconds"]
-            per_step = c["samples_per_s"] * step_s  # samples per step, all pipelines
             serial = c["compute_dp_limit_samples_per_s"]
             txt += (f"; stage 0's DP exchange ({dp0 / 1e3:.0f} kB, {1e3 * dp_s:.0f} ms "
                     f"at {c['bandwidth_mbps']:g} Mbit/s, {dp_s / step_s:.0%} of its step) runs after the step's last backward, so compute-only "
