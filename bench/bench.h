@@ -140,7 +140,7 @@ struct SlownetBenchOptions {
   int n_layer = 4;
   int n_head = 2;
   int micro_batch_size = 8;
-  int micro_batches = 64;
+  int micro_batches = 128;
   int threads = 1;
   double latency_ms = 0;
   // Steps per epoch of the synthetic corpus; steps skipped in AQ-SGD cells
@@ -152,7 +152,7 @@ struct SlownetBenchOptions {
   // Steps dropped in the D x K grid's AQ-SGD cells (see slownet_bench.cc:
   // with D > 1 a pipeline meets unseen samples in later epochs too).
   int grid_skip_steps = 7;
-  int steps = 6;
+  int steps = 3;
   // One pipeline run per mode and grid (and pass) with its bandwidths
   // interleaved step by step (JobSpec shaping.bandwidth_schedule_mbps): every
   // bandwidth, the compute-only one included, meets the same machine load.

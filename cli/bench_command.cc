@@ -49,7 +49,7 @@ ABSL_FLAG(int32_t, slownet_d_model, 32, "Slownet bench: model width.");
 ABSL_FLAG(int32_t, slownet_layers, 4, "Slownet bench: transformer blocks (split over the stages).");
 ABSL_FLAG(int32_t, slownet_heads, 2, "Slownet bench: attention heads.");
 ABSL_FLAG(int32_t, slownet_micro_batch, 8, "Slownet bench: samples per micro-batch.");
-ABSL_FLAG(int32_t, slownet_micro_batches, 64,
+ABSL_FLAG(int32_t, slownet_micro_batches, 128,
           "Slownet bench: micro-batches per step (many: a step's flush costs (K-1)(t_fw+t_bw) of link time).");
 ABSL_FLAG(int32_t, slownet_threads, 1, "Slownet bench: intra-op threads per stage process.");
 ABSL_FLAG(double, slownet_latency_ms, 0, "Slownet bench: one-way link latency in ms.");
@@ -62,7 +62,7 @@ ABSL_FLAG(int32_t, slownet_grid_skip_steps, 7, "Slownet bench: steps dropped in 
 ABSL_FLAG(int32_t, slownet_repeats, 2,
           "Slownet bench: passes over the table; a cell's samples/s = samples per step / the median step time "
           "of its timed steps in all passes, pooled.");
-ABSL_FLAG(int32_t, slownet_steps, 6, "Slownet bench: timed steps per cell and pass.");
+ABSL_FLAG(int32_t, slownet_steps, 3, "Slownet bench: timed steps per cell and pass.");
 ABSL_FLAG(bool, slownet_sweep, true,
           "Slownet bench: one pipeline run per mode (and pass) with its bandwidths interleaved step by step; "
           "false: one run per cell.");

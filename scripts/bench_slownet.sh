@@ -32,7 +32,7 @@ mkdir -p "$OUT" "$ROOT/docs"
 # comparison columns, the grid at 0/100/10 Mbit/s, 3 passes of 8 timed steps per cell. Arguments
 # replace these.
 DEFAULT_ARGS=(--slownet_modes=fp32,directq:3:6,aqsgd:3:6,aqsgd:4:8,fp32@1f1b,fp32@gpipe --slownet_grid_bandwidths=0,100,10
-              --slownet_repeats=3 --slownet_steps=8)
+              --slownet_repeats=3 --slownet_steps=4)
 (( $# > 0 )) || set -- "${DEFAULT_ARGS[@]}"
 # AQ-SGD vs DirectQ at every bandwidth where both are CPU-bound (at 10
 # Mbit/s both sit at their link limits), after the table: the two back to back
@@ -41,7 +41,7 @@ DEFAULT_ARGS=(--slownet_modes=fp32,directq:3:6,aqsgd:3:6,aqsgd:4:8,fp32@1f1b,fp3
 # better than a few long ones (long cells, 60 steps x 3 passes, until
 # 2026-11-22).
 PAIRED_ARGS=(--json --slownet_out_dir="$OUT/runs_paired" --slownet_bandwidths=0,1000,500,300,100
-             --slownet_modes=directq:3:6,aqsgd:3:6 --slownet_grid=false --slownet_steps=10 --slownet_repeats=8)
+             --slownet_modes=directq:3:6,aqsgd:3:6 --slownet_grid=false --slownet_steps=5 --slownet_repeats=8)
 # How fast the machine is from second to second: CPU seconds of a fixed
 # single-thread loop, 15 times (a JSON list). Same work every time, so the
 # spread is the machine's (other tenants of its cores), not ours.

@@ -15,14 +15,14 @@
 #
 # Environment: AQSWARM (binary, default build/aqswarm), BWS (Mbit/s list),
 # MODES (fp32 | directq:FW:BW | aqsgd:FW:BW), STAGES (4), SKIP (steps dropped,
-# default 3), STEPS (timed steps, default 6), PASSES (each cell's runs, default 1),
+# default 3), STEPS (timed steps, default 3), PASSES (each cell's runs, default 1),
 # OUT (run dir, default a temp dir),
 # TBF_LATENCY_MS (the tbf queue, default 500), TCP_CCS (TCP congestion controls
 # for the namespaced stages, default the host's: a new namespace copies the
 # host's net.ipv4.tcp_congestion_control when it is created, so the script sets
 # the host's for the moment it creates the namespaces and puts it back at
 # once; the user-space run on loopback is not shaped by TCP and runs once),
-# and the model knobs SEQ (64) DMODEL (32) MB (8) M (64) VOCAB (256) LAYERS (4)
+# and the model knobs SEQ (64) DMODEL (32) MB (8) M (128) VOCAB (256) LAYERS (4)
 # HEADS (2): the same defaults as `aqswarm bench slownet`. Set OPENBLAS_CORETYPE
 # as the bench does on CPUs OpenBLAS does not know (scripts/bench_slownet.sh
 # passes the bench's).
@@ -47,11 +47,11 @@ BWS=${BWS:-"10 100"}
 MODES=${MODES:-"fp32 aqsgd:3:6"}
 STAGES=${STAGES:-4}
 SKIP=${SKIP:-3}
-STEPS=${STEPS:-6}
+STEPS=${STEPS:-3}
 PASSES=${PASSES:-1}
 [[ $PASSES =~ ^[1-9][0-9]*$ ]] || { echo "run_tc.sh: PASSES must be a positive integer, got '$PASSES'" >&2; exit 2; }
 TBF_LATENCY_MS=${TBF_LATENCY_MS:-500}
-SEQ=${SEQ:-64}; DMODEL=${DMODEL:-32}; MB=${MB:-8}; M=${M:-64}; VOCAB=${VOCAB:-256}
+SEQ=${SEQ:-64}; DMODEL=${DMODEL:-32}; MB=${MB:-8}; M=${M:-128}; VOCAB=${VOCAB:-256}
 LAYERS=${LAYERS:-4}; HEADS=${HEADS:-2}
 HOST_CC=$(sysctl -n net.ipv4.tcp_congestion_control)
 TCP_CCS=${TCP_CCS:-$HOST_CC}
