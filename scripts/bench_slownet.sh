@@ -323,7 +323,7 @@ sched_desc = (f"`adaptive` (the job default: at most {window(4 * K - 1, 0)} micr
 others = [x for x in scheds if x != DEFAULT_SCHEDULE]
 if others:
     sched_desc += "; the columns marked " + ", ".join(f"`{x}`" for x in others) + " run that schedule instead, for comparison"
-def flush_bound(tf, tb): return M * max(tf, tb) / ((M - 1) * max(tf, tb) + (K - 1) * (tf + tb))
+def flush_bound(tf, tb, mm=M): return mm * max(tf, tb) / ((mm - 1) * max(tf, tb) + (K - 1) * (tf + tb))
 # How far apart the passes of a cell are (max/min - 1): compute-bound vs link-bound cells.
 def spreads(cs):
     return sorted(max(c["samples_per_s_passes"]) / min(c["samples_per_s_passes"]) - 1
@@ -418,7 +418,7 @@ md.append("**Scaling argument.** The paper's GPT2-1.5B on 8 V100 stages runs 3.8
           f"(K - 1)(t_fw + t_bw) of link time whatever the schedule, so a link-bound step reaches at most "
           f"M max(t_fw, t_bw) / [(M - 1) max(t_fw, t_bw) + (K - 1)(t_fw + t_bw)] of the wire limit: with t_fw = t_bw (fp32) "
           f"and K = {K} that is {flush_bound(1, 1):.2f} at M = {M}"
-          + ("" if M == 64 else f", {64 / (63 + 2 * (K - 1)):.2f} at M = 64") + " but 0.62 at M = 8 (an earlier setting of this bench). "
+          + ("" if M == 64 else f", {flush_bound(1, 1, 64):.2f} at M = 64") + " but 0.62 at M = 8 (an earlier setting of this bench). "
           f"**Batch size.** A step is {M} micro-batches of {m['micro_batch']} = {M * m['micro_batch']} samples of "
           f"{m['seq_len']} tokens = {M * m['micro_batch'] * m['seq_len']:,} tokens (earlier versions of this bench: "
           "64 x 4 = 256 samples, then 64 x 8 = 512 until 2026-11-26). The paper's language-model runs take macro-batch 32 "
@@ -433,10 +433,9 @@ md.append("**Scaling argument.** The paper's GPT2-1.5B on 8 V100 stages runs 3.8
           "(sum over the 4 stages; spot checks, unshaped), which moves this setup's compute-to-communication ratio towards "
           f"the paper's (the shift factor above comes from this run). {M} micro-batches put the flush's share of a "
           f"link-bound step at {1 - flush_bound(1, 1):.0%}; 32 x 8 (the old 256 samples) would make it "
-          f"{1 - 32 / (31 + 2 * (K - 1)):.0%}. A larger batch changes the optimisation, not the throughput per sample "
+          f"{1 - flush_bound(1, 1, 32):.0%}. A larger batch changes the optimisation, not the throughput per sample "
           "measured here. "
-          "The paper's language-model runs use macro-batch 32 of micro-batch 1 over 8 "
-          "stages (M = 32, K = 8: 0.71 by the same bound).")
+          "The paper's macro-batch 32 is 32 micro-batches of 1 over 8 stages (M = 32, K = 8: 0.71 by the same bound).")
 md.append("")
 md.append("**Limits.** compute-only = samples/s of the same mode and grid with unshaped links (loopback moves "
           "~1 GB/s: < 2 ms per step of residual transfer; it keeps the mode's encode/decode/store work, which is compute). "
