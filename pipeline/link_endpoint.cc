@@ -133,19 +133,47 @@ absl::StatusOr<bool> ResidentRows::StartEpoch(const std::vector<uint64_t>& order
   return true;
 }
 
+ResidentRows::Row* ResidentRows::Allocate() {
+  if (free_.empty()) {
+    const uint64_t n = link_.num_values();
+    const uint64_t per_slab = std::max<uint64_t>(1, kSlabBytes / (n * sizeof(float)));
+    Slab slab{std::make_unique<float[]>(per_slab * n), std::make_unique<Row[]>(per_slab)};
+    for (uint64_t k = per_slab; k-- > 0;) {
+      slab.rows[k].m = absl::MakeSpan(slab.values.get() + k * n, n);
+      free_.push_back(&slab.rows[k]);
+    }
+    slabs_.push_back(std::move(slab));
+  }
+  Row* row = free_.back();
+  free_.pop_back();
+  std::fill(row->m.begin(), row->m.end(), 0.0f);
+  row->checksum = 0;
+  row->present = false;
+  row->dirty = false;
+  return row;
+}
+
+void ResidentRows::Drop(uint64_t sample) {
+  auto it = rows_.find(sample);
+  if (it == rows_.end()) return;
+  free_.push_back(it->second);
+  rows_.erase(it);
+}
+
 absl::Status ResidentRows::Rows(absl::Span<const uint64_t> samples, std::vector<Row*>* rows) {
   rows->resize(samples.size());
   std::vector<uint64_t> load;
   std::vector<Row*> loaded;
   std::vector<absl::Span<float>> out;
   for (size_t i = 0; i < samples.size(); ++i) {
-    auto [it, inserted] = rows_.try_emplace(samples[i]);
-    (*rows)[i] = &it->second;
-    if (!inserted) continue;
-    it->second.m.assign(link_.num_values(), 0.0f);
-    load.push_back(samples[i]);
-    loaded.push_back(&it->second);
-    out.push_back(absl::MakeSpan(it->second.m));
+    auto [it, inserted] = rows_.try_emplace(samples[i], nullptr);
+    if (inserted) {
+      it->second = Allocate();
+      load.push_back(samples[i]);
+      loaded.push_back(it->second);
+      out.push_back(it->second->m);
+    }
+    (*rows)[i] = it->second;
   }
   if (load.empty()) return absl::OkStatus();
   std::vector<storage::RowRead> reads(load.size());
@@ -157,7 +185,7 @@ absl::Status ResidentRows::Rows(absl::Span<const uint64_t> samples, std::vector<
     } else if (!storage::IsUnseen(reads[j].status)) {
       // An I/O error: forget this batch's rows not yet taken in, so that
       // the next use reads them again.
-      for (size_t k = j; k < load.size(); ++k) rows_.erase(load[k]);
+      for (size_t k = j; k < load.size(); ++k) Drop(load[k]);
       return reads[j].status;
     }
   }
@@ -168,13 +196,13 @@ absl::Status ResidentRows::WriteBack(const absl::flat_hash_set<uint64_t>* keep) 
   std::vector<uint64_t> leaving, ids;
   std::vector<Row*> dirty;
   std::vector<absl::Span<const float>> values;
-  for (auto& [sample, row] : rows_) {
+  for (const auto& [sample, row] : rows_) {
     if (keep != nullptr && keep->contains(sample)) continue;
     leaving.push_back(sample);
-    if (!row.dirty) continue;
+    if (!row->dirty) continue;
     ids.push_back(sample);
-    dirty.push_back(&row);
-    values.push_back(row.m);
+    dirty.push_back(row);
+    values.push_back(row->m);
   }
   constexpr size_t kBatch = 64;  // rows per store batch
   for (size_t b = 0; b < ids.size(); b += kBatch) {
@@ -183,7 +211,11 @@ absl::Status ResidentRows::WriteBack(const absl::flat_hash_set<uint64_t>* keep) 
                                              absl::MakeConstSpan(values).subspan(b, n)));
     for (size_t k = b; k < b + n; ++k) dirty[k]->dirty = false;
   }
-  for (uint64_t id : leaving) rows_.erase(id);
+  for (uint64_t id : leaving) Drop(id);
+  if (rows_.empty()) {
+    free_.clear();
+    slabs_.clear();
+  }
   if (keep == nullptr) active_ = false;
   return absl::OkStatus();
 }

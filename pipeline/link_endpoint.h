@@ -31,6 +31,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -69,15 +70,24 @@ struct LinkEndpointOptions {
 // The m rows an endpoint keeps in memory for a whole epoch (one per sample,
 // float32 holding the stored-precision values, with RowChecksum of each).
 // Rows are loaded from the store on first use; `dirty` ones are written back
-// by WriteBack. Used by one endpoint's thread.
+// by WriteBack. Rows live in slabs of ~1 MiB (kSlabBytes), not one heap
+// block each: an epoch's thousands of long-lived rows scattered over the heap
+// slowed every later malloc of the stage's tensors (glibc's _int_malloc,
+// unlink_chunk, malloc_consolidate): AQ-SGD's malloc share of the CPU
+// samples over DirectQ's was +0.94%, with slabs -0.04% and +0.12% in two
+// repeats (scripts/perf_link_modes.sh: 4 alternated runs of each mode).
+// Used by one endpoint's thread.
 class ResidentRows {
  public:
   struct Row {
-    std::vector<float> m;
+    absl::Span<float> m;    // this row's values in a slab (fixed for the row's life)
     uint64_t checksum = 0;  // RowChecksum(m) when `present`
     bool present = false;   // holds m(xi) (else: unseen, send or expect FULL)
     bool dirty = false;     // changed since the store last had it (implies present)
   };
+  // Slab size: rows per slab = max(1, kSlabBytes / row bytes).
+  static constexpr uint64_t kSlabBytes = 1ull << 20;
+
   ResidentRows(storage::MessageStore* store, const storage::LinkSpec& link) : store_(store), link_(link) {}
 
   bool active() const { return active_; }
@@ -87,18 +97,35 @@ class ResidentRows {
   // written back and dropped).
   absl::StatusOr<bool> StartEpoch(const std::vector<uint64_t>& order, uint64_t budget);
   // The rows of `samples` (created, read from the store when it holds them).
+  // The pointers stay valid until the row is dropped.
   absl::Status Rows(absl::Span<const uint64_t> samples, std::vector<Row*>* rows);
   // Writes the dirty rows of every sample not in `keep` (null: all) to the
-  // store and drops those rows; with `keep` null, no longer resident.
+  // store and drops those rows; with `keep` null, no longer resident (and
+  // the slabs are freed).
   absl::Status WriteBack(const absl::flat_hash_set<uint64_t>* keep);
   // Marks `row` changed (it now holds m): present, dirty, checksum updated.
   void Updated(Row* row);
 
+  // Rows held and slabs allocated (tests).
+  size_t size() const { return rows_.size(); }
+  size_t slabs() const { return slabs_.size(); }
+
  private:
+  struct Slab {
+    std::unique_ptr<float[]> values;
+    std::unique_ptr<Row[]> rows;
+  };
+  // A zeroed row (not present, not dirty) from the free list, adding a slab
+  // when it is empty.
+  Row* Allocate();
+  void Drop(uint64_t sample);
+
   storage::MessageStore* store_;
   storage::LinkSpec link_;
   bool active_ = false;
-  std::unordered_map<uint64_t, Row> rows_;
+  absl::flat_hash_map<uint64_t, Row*> rows_;
+  std::vector<Slab> slabs_;
+  std::vector<Row*> free_;
   std::string scratch_;  // RowChecksum's encoding
 };
 
