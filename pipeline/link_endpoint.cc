@@ -308,10 +308,10 @@ absl::Status ActivationSender::Encode(uint64_t step, uint32_t mb, uint32_t epoch
   std::vector<storage::RowRead> reads(samples.size());
   if (prefetcher_ != nullptr) {
     AQSWARM_RETURN_IF_ERROR(prefetcher_->TakeBatch(samples, &rows, absl::MakeSpan(reads)));
-  } else {
-    rows.assign(samples.size(), std::vector<float>(n));
   }
   for (size_t i = 0; i < samples.size(); ++i) {
+    // The stateless modes keep no m: their rows are DIRECT.
+    const absl::Span<float> m = prefetcher_ != nullptr ? absl::MakeSpan(rows[i]) : absl::Span<float>();
     if (!reads[i].status.ok() && !storage::IsUnseen(reads[i].status)) return reads[i].status;
     compression::RowContext ctx;
     ctx.seen = reads[i].status.ok() && prefetcher_ != nullptr;
@@ -320,9 +320,9 @@ absl::Status ActivationSender::Encode(uint64_t step, uint32_t mb, uint32_t epoch
     ctx.sample_id = samples[i];
     v1::AqsgdRow* row = out->add_rows();
     AQSWARM_RETURN_IF_ERROR(codec_->EncodeRow(ctx, acts.subspan(i * n, n), options_.link.rows, options_.link.cols,
-                                              absl::MakeSpan(rows[i]), RowKey(step, mb, samples[i]), row));
+                                              m, RowKey(step, mb, samples[i]), row));
     CountRow(*row, n, &stats_);
-    AQSWARM_RETURN_IF_ERROR(AddRowError(*row, acts.subspan(i * n, n), rows[i], &decoded_, &stats_));
+    AQSWARM_RETURN_IF_ERROR(AddRowError(*row, acts.subspan(i * n, n), m, &decoded_, &stats_));
   }
   if (prefetcher_ != nullptr) AQSWARM_RETURN_IF_ERROR(prefetcher_->PutBatch(samples, std::move(rows)));
   return absl::OkStatus();
@@ -437,7 +437,10 @@ absl::Status ActivationReceiver::Begin(uint64_t step, uint32_t mb, absl::Span<co
       if (!r.status.ok() && !storage::IsUnseen(r.status)) return r.status;
     }
   } else {
-    m_.assign(samples.size(), std::vector<float>(options_.link.num_values()));
+    // Decoded rows land here; the buffers are kept from one micro-batch to
+    // the next (every row is written before Take reads it).
+    m_.resize(samples.size());
+    for (std::vector<float>& row : m_) row.resize(options_.link.num_values());
   }
   active_ = true;
   return absl::OkStatus();
