@@ -417,8 +417,8 @@ class PeerDaemonImpl final : public PeerDaemon {
   }
 
   // With the stage states held now; no argument: the last progress again
-  // (after a mirror copy landed).
-  void ReportProgress(std::optional<v1::Progress> progress = std::nullopt) {
+  // (after a mirror copy landed). Returns whether the coordinator took it.
+  bool ReportProgress(std::optional<v1::Progress> progress = std::nullopt) {
     v1::ProgressReport req;
     {
       absl::MutexLock l(&mu_);
@@ -436,6 +436,7 @@ class PeerDaemonImpl final : public PeerDaemon {
     if (!s.ok()) {
       AQSWARM_LOG(DEBUG) << "progress report failed: " << s.error_message();
     }
+    return s.ok();
   }
 
   // ---- probes and mirrors ------------------------------------------------
@@ -542,9 +543,11 @@ class PeerDaemonImpl final : public PeerDaemon {
         mirror_done_ = std::max(mirror_done_, want);  // on failure too: the next checkpoint tries again
       }
       if (s.ok()) {
-        Event(absl::StrFormat(R"({"event":"mirrored","stage":%d,"step":%d,"from":"%s"})", target.stage(), want,
-                              target.peer_name()));
-        ReportProgress();
+        // Logged once the coordinator knows of the copy (or the report
+        // failed): only then can a re-plan resume from it.
+        const bool reported = ReportProgress();
+        Event(absl::StrFormat(R"({"event":"mirrored","stage":%d,"step":%d,"from":"%s","reported":%s})", target.stage(),
+                              want, target.peer_name(), reported ? "true" : "false"));
       } else if (!absl::IsCancelled(s)) {
         AQSWARM_LOG(WARNING) << "peer " << o_.name << ": no copy of stage " << target.stage() << " at step " << want
                              << ": " << s;
