@@ -26,10 +26,10 @@ STEPS=${STEPS:-14}
 command -v perf >/dev/null || { echo "perf_link_modes.sh: needs perf (apt install linux-perf)" >&2; exit 2; }
 [[ -x $AQSWARM ]] || { echo "perf_link_modes.sh: no $AQSWARM (build first)" >&2; exit 2; }
 if [[ ${ANALYZE:-0} == 0 ]]; then
-rm -rf "$OUT" && mkdir -p "$OUT"
+  rm -rf "$OUT" && mkdir -p "$OUT"
 
-for mode in directq aqsgd; do
-  cat >"$OUT/$mode.json" <<EOF
+  for mode in directq aqsgd; do
+    cat >"$OUT/$mode.json" <<EOF
 {"name": "perf-$mode", "stages": 4, "dataParallel": 1, "threads": 1, "seed": 1,
  "epochs": 1000, "maxSteps": $STEPS, "evalBatches": 1, "evalEverySteps": 0,
  "microBatchSize": 8, "microBatchesPerStep": 128, "schedule": "adaptive",
@@ -38,17 +38,17 @@ for mode in directq aqsgd; do
  "optimizer": {"lr": 0.0001, "gradClip": 1.0},
  "compression": {"mode": "$mode", "fwBits": 3, "bwBits": 6, "mPrecision": "fp16", "store": "rocksdb", "warmupEpochs": 0}}
 EOF
-done
-
-for r in $(seq 1 "$RUNS"); do
-  order="directq aqsgd"; ((r % 2)) || order="aqsgd directq"
-  for mode in $order; do
-    echo "perf_link_modes.sh: run $r $mode" >&2
-    flock /tmp/aqswarm-bench.lock perf record -q -F 499 -o "$OUT/$mode-$r.data" -- \
-      "$AQSWARM" pipeline --job="$OUT/$mode.json" --out_dir="$OUT/run-$mode-$r" >"$OUT/$mode-$r.out" 2>&1 ||
-      { echo "perf_link_modes.sh: $mode run $r failed, see $OUT/$mode-$r.out" >&2; exit 1; }
   done
-done
+
+  for r in $(seq 1 "$RUNS"); do
+    order="directq aqsgd"; ((r % 2)) || order="aqsgd directq"
+    for mode in $order; do
+      echo "perf_link_modes.sh: run $r $mode" >&2
+      flock /tmp/aqswarm-bench.lock perf record -q -F 499 -o "$OUT/$mode-$r.data" -- \
+        "$AQSWARM" pipeline --job="$OUT/$mode.json" --out_dir="$OUT/run-$mode-$r" >"$OUT/$mode-$r.out" 2>&1 ||
+        { echo "perf_link_modes.sh: $mode run $r failed, see $OUT/$mode-$r.out" >&2; exit 1; }
+    done
+  done
 fi
 
 python3 - "$OUT" "$RUNS" "${SYMBOLS:-}" <<'EOF'
