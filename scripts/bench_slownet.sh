@@ -798,6 +798,17 @@ if os.path.exists(ra_path):
               "rows did, the WAL being off: a crash loses the same). AQ-SGD resident / streamed vs DirectQ, run by run, "
               + "; ".join(parts) + f". The resident rows are closer to DirectQ in {closer} of {total} paired cells; "
               "the store work streamed rows do every micro-batch is what the previous notes measured.")
+md.append("- **Resident rows in slabs** (2026-11-27, `scripts/perf_link_modes.sh`: 4 alternated `perf record`ed "
+          "pipelines per mode, directq and aqsgd fw3bw6, this table's model unshaped, shares of the CPU samples of "
+          "each run's middle steps). An epoch's 1024 resident rows of 8 KiB per link end, each its own heap block, "
+          "fragmented the heap the stage's tensors are allocated from: AQ-SGD spent +0.94% more of its CPU samples "
+          "than DirectQ in glibc's malloc and free (_int_malloc +0.66%, unlink_chunk +0.26%, malloc_consolidate "
+          "+0.16%). With the rows in ~1 MiB slabs (pipeline/link_endpoint.h `ResidentRows`) that is -0.04% and "
+          "+0.12% in two repeats. What AQ-SGD still adds there is its own delta coding: 1.1% of the CPU samples "
+          "(the delta a - m and its decode in `EncodeRow` 0.45%, the fp16 rounding of m 0.36%, the checksum's fp16 "
+          "encoding 0.15%, the row lookup 0.06%). The same change stopped fp32 and DirectQ links from allocating and "
+          "zeroing an unused m row per sample and micro-batch. Runs of this table before 2026-11-27 04:26 UTC ran "
+          "without both.")
 # Twice the micro-batches per step (docs/data/slownet_steps_ab.jsonl: rounds
 # of M = 64 then M = 128, each a run of the cells that missed 0.9 in most
 # published runs, at unshaped and their shaped bandwidth).
