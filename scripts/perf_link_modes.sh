@@ -50,6 +50,11 @@ EOF
     done
   done
 fi
+for mode in directq aqsgd; do
+  for r in $(seq 1 "$RUNS"); do
+    [[ -f $OUT/$mode-$r.data ]] || { echo "perf_link_modes.sh: no $OUT/$mode-$r.data (run without ANALYZE=1 first, with the same RUNS)" >&2; exit 2; }
+  done
+done
 
 python3 - "$OUT" "$RUNS" "${SYMBOLS:-}" <<'EOF'
 import collections, subprocess, sys
