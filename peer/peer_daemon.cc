@@ -30,6 +30,7 @@
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
 #include "peer/grpc_status.h"
+#include "peer/stage_checkpoints.h"
 #include "peer/stage_runner.h"
 #include "peer/state_transfer.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -418,7 +419,13 @@ class PeerDaemonImpl final : public PeerDaemon {
 
   // With the stage states held now; no argument: the last progress again
   // (after a mirror copy landed). Returns whether the coordinator took it.
+  // Reports go one at a time, so the coordinator takes them in the order
+  // their held lists were read: the child's step reports and the mirror's
+  // run on two threads, and a step report read before a mirror copy landed
+  // would otherwise replace the copy's report and hide that state from a
+  // re-plan.
   bool ReportProgress(std::optional<v1::Progress> progress = std::nullopt) {
+    absl::MutexLock serial(&report_mu_);
     v1::ProgressReport req;
     {
       absl::MutexLock l(&mu_);
@@ -536,12 +543,17 @@ class PeerDaemonImpl final : public PeerDaemon {
         target = *mirror_target_;
         want = mirror_want_;
         plan = plan_;
+        mirror_copying_ = want;
       }
+      UpdatePins();
       const absl::Status s = CopyMirror(target, want, plan);
       {
         absl::MutexLock l(&mu_);
         mirror_done_ = std::max(mirror_done_, want);  // on failure too: the next checkpoint tries again
+        mirror_copying_ = 0;
+        if (s.ok() && plan_ == plan) mirror_landed_ = want;
       }
+      UpdatePins();
       if (s.ok()) {
         // Logged once the coordinator knows of the copy (or the report
         // failed): only then can a re-plan resume from it.
@@ -553,6 +565,42 @@ class PeerDaemonImpl final : public PeerDaemon {
                              << ": " << s;
       }
     }
+  }
+
+  // Pins in our own stage's checkpoint dir (peer/stage_checkpoints.h) the
+  // steps of the newest mirror copy that landed, of the copy under way and
+  // of the one wanted next: the child prunes its states to the newest few,
+  // and a copy is of use to a re-plan only beside our own state of its step.
+  void UpdatePins() {
+    absl::MutexLock serial(&pins_mu_);
+    std::string dir;
+    std::vector<int64_t> steps;
+    {
+      absl::MutexLock l(&mu_);
+      if (own_stage_.has_value()) dir = CheckpointDir(*own_stage_).string();
+      if (mirror_target_.has_value()) {
+        for (int64_t s : {mirror_landed_, mirror_copying_, mirror_want_ > mirror_done_ ? mirror_want_ : 0}) {
+          if (s > 0) steps.push_back(s);
+        }
+      }
+    }
+    std::sort(steps.begin(), steps.end());
+    steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+    if (pins_dir_ != dir) {  // we moved to another stage (or none)
+      if (!pins_dir_.empty()) {
+        const absl::Status s = WriteStageCheckpointPins(pins_dir_, {});
+        if (!s.ok()) AQSWARM_LOG(WARNING) << "peer " << o_.name << ": " << s;
+      }
+      pins_dir_ = dir;
+      pinned_.reset();  // unknown there (a file of an earlier run): written below
+    }
+    if (dir.empty() || steps == pinned_) return;
+    const absl::Status s = WriteStageCheckpointPins(dir, steps);
+    if (!s.ok()) {
+      AQSWARM_LOG(WARNING) << "peer " << o_.name << ": cannot pin the states of mirrored steps: " << s;
+      return;
+    }
+    pinned_ = std::move(steps);
   }
 
   absl::Status CopyMirror(const v1::Neighbor& target, int64_t step, uint64_t plan) {
@@ -667,23 +715,29 @@ class PeerDaemonImpl final : public PeerDaemon {
       absl::MutexLock l(&mu_);
       next_peer_ = a.role() == v1::Assignment::STAGE && a.has_next() ? a.next().peer_id() : 0;
       passive_at_.reset();
+      const std::optional<uint32_t> mirrored_before =
+          mirror_target_.has_value() ? std::optional<uint32_t>(mirror_target_->stage()) : std::nullopt;
       if (a.has_mirror() && !a.mirror().state_transfer_address().empty()) {
         mirror_target_ = a.mirror();
       } else {
         mirror_target_.reset();
       }
+      if (!mirror_target_.has_value() || mirrored_before != mirror_target_->stage()) mirror_landed_ = 0;
+      own_stage_ = a.role() == v1::Assignment::STAGE ? std::optional<uint32_t>(a.stage()) : std::nullopt;
       if (a.plan_version() != plan_) {
         // A new plan restarts everyone at resume_step: states past it are
         // from the abandoned timeline, and pending mirror copies with them.
         plan_ = a.plan_version();
         mirror_want_ = std::min(mirror_want_, a.resume_step());
         mirror_done_ = std::min(mirror_done_, a.resume_step());
+        if (mirror_landed_ > a.resume_step()) mirror_landed_ = 0;
         std::error_code ec;
         for (const auto& entry : fs::directory_iterator(fs::path(o_.work_dir) / "checkpoints", ec)) {
           PruneStageCheckpoints(entry.path().string(), a.resume_step(), o_.keep_checkpoints);
         }
       }
     }
+    UpdatePins();
     if (run && child_ != nullptr && running_ == key) return absl::OkStatus();  // same plan: keep training
     if (run && child_ == nullptr && running_ == key && failed_at->has_value()) {
       return absl::OkStatus();  // our stage failed under this plan: wait for the next one
@@ -765,8 +819,11 @@ class PeerDaemonImpl final : public PeerDaemon {
         p.set_tokens_per_second(secs > 0 ? j.value("tokens", 0.0) / secs : 0.0);
         const int64_t every = std::max<uint32_t>(1, job_.checkpoint_every_steps());
         if (p.step() % every == 0) {
-          absl::MutexLock l(&mu_);
-          mirror_want_ = std::max(mirror_want_, p.step());
+          {
+            absl::MutexLock l(&mu_);
+            mirror_want_ = std::max(mirror_want_, p.step());
+          }
+          UpdatePins();
         }
         ReportProgress(p);
         if (j.contains("down_busy_bytes")) {
@@ -820,6 +877,10 @@ class PeerDaemonImpl final : public PeerDaemon {
   std::unique_ptr<Subprocess> child_;
   RunKey running_;
 
+  absl::Mutex report_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one ReportProgress at a time
+  absl::Mutex pins_mu_ ABSL_ACQUIRED_BEFORE(mu_);    // one UpdatePins at a time
+  std::string pins_dir_ ABSL_GUARDED_BY(pins_mu_);   // where UpdatePins last wrote
+  std::optional<std::vector<int64_t>> pinned_ ABSL_GUARDED_BY(pins_mu_);  // what pins_dir_ holds
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool rejoin_ ABSL_GUARDED_BY(mu_) = false;
@@ -836,6 +897,9 @@ class PeerDaemonImpl final : public PeerDaemon {
   std::optional<v1::Neighbor> mirror_target_ ABSL_GUARDED_BY(mu_);
   int64_t mirror_want_ ABSL_GUARDED_BY(mu_) = 0;  // step whose copy is wanted
   int64_t mirror_done_ ABSL_GUARDED_BY(mu_) = 0;  // newest step copied
+  int64_t mirror_copying_ ABSL_GUARDED_BY(mu_) = 0;  // step of the copy under way (0: none)
+  int64_t mirror_landed_ ABSL_GUARDED_BY(mu_) = 0;   // newest step copied successfully (0: none)
+  std::optional<uint32_t> own_stage_ ABSL_GUARDED_BY(mu_);  // the stage we run (none: standby)
   uint64_t plan_ ABSL_GUARDED_BY(mu_) = 0;        // plan of the last assignment applied
   uint64_t next_peer_ ABSL_GUARDED_BY(mu_) = 0;   // our forward link's far end (0: none)
   std::optional<absl::Time> passive_at_ ABSL_GUARDED_BY(mu_);  // last passive measurement window start

@@ -27,11 +27,15 @@
 //     replicas start identical). A new plan first deletes every state past its
 //     resume step: they belong to the abandoned timeline.
 //   - Held states: the daemon tells the coordinator which stage states it
-//     holds (Join, and every progress report), so a re-plan can resume at a
-//     step someone can serve for every stage.
+//     holds (Join, and every progress report, one report at a time so the
+//     coordinator never takes an older list after a newer one), so a re-plan
+//     can resume at a step someone can serve for every stage.
 //   - Mirror (Assignment.mirror, coordinator --mirror_checkpoints): after each
 //     of its own checkpoints the daemon copies the mirrored peer's state of
-//     the same step and serves it, so that stage survives losing its peer.
+//     the same step (the newest one, when copies fall behind) and serves it,
+//     so that stage survives losing its peer. Its own state of the newest
+//     copied step stays pinned (peer/stage_checkpoints.h) until a newer copy
+//     lands: a slow copy is never left without its partner.
 //   - Probes: heartbeat answers name peers whose link from here is unmeasured
 //     or stale; a background thread times transfers to their StateTransfer
 //     server (ProbeLink) and reports bandwidth and RTT (ReportLinkProbe).

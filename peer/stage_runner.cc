@@ -9,9 +9,7 @@
 #include <map>
 #include <optional>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/random.h"
@@ -768,34 +766,6 @@ class StageRunnerImpl final : public StageRunner {
 };
 
 }  // namespace
-
-std::string StageCheckpointPath(const std::string& dir, int64_t steps) {
-  return (std::filesystem::path(dir) / absl::StrCat("state-", steps, ".ckpt")).string();
-}
-
-std::vector<int64_t> StageCheckpointSteps(const std::string& dir) {
-  std::vector<int64_t> steps;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    absl::string_view name = e.path().filename().c_str();
-    int64_t n = 0;
-    if (absl::ConsumePrefix(&name, "state-") && absl::ConsumeSuffix(&name, ".ckpt") && absl::SimpleAtoi(name, &n)) {
-      steps.push_back(n);
-    }
-  }
-  std::sort(steps.begin(), steps.end());
-  return steps;
-}
-
-void PruneStageCheckpoints(const std::string& dir, int64_t past, size_t keep) {
-  std::vector<int64_t> steps = StageCheckpointSteps(dir);  // ascending
-  std::error_code ec;
-  while (!steps.empty() && steps.back() > past) {
-    std::filesystem::remove(StageCheckpointPath(dir, steps.back()), ec);
-    steps.pop_back();
-  }
-  for (size_t i = 0; i + keep < steps.size(); ++i) std::filesystem::remove(StageCheckpointPath(dir, steps[i]), ec);
-}
 
 absl::StatusOr<std::unique_ptr<StageRunner>> StageRunner::Create(const StageRunnerOptions& options) {
   AQSWARM_RETURN_IF_ERROR(pipeline::ValidateJobSpec(options.job));

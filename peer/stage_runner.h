@@ -38,6 +38,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "peer/stage_checkpoints.h"  // the checkpoint_dir layout
 #include "peer/tls.h"
 #include "proto/job.pb.h"
 
@@ -84,8 +85,9 @@ struct StageRunnerOptions {
   // When set, the state after `start_step` and after every step whose
   // count is a multiple of the job's checkpoint_every_steps is written here
   // as state-<steps completed>.ckpt (atomically: temp file + rename) and only
-  // the newest `keep_checkpoints` files are kept: what a rollback or a
-  // joining replica (StateTransfer) needs. Default: none.
+  // the newest `keep_checkpoints` files (and those pinned,
+  // peer/stage_checkpoints.h) are kept: what a rollback or a joining replica
+  // (StateTransfer) needs. Default: none.
   std::string checkpoint_dir;
   int keep_checkpoints = 4;
   // Bound on every wait for a neighbour. Default: 120 s.
@@ -97,13 +99,6 @@ struct StageRunnerOptions {
   std::function<void(const std::string&)> report;
 };
 
-// Stage checkpoints in a StageRunnerOptions::checkpoint_dir:
-// <dir>/state-<steps completed>.ckpt, and the steps of those present, ascending.
-std::string StageCheckpointPath(const std::string& dir, int64_t steps);
-std::vector<int64_t> StageCheckpointSteps(const std::string& dir);
-// Deletes the checkpoints in `dir` of more than `past` steps, then all but the
-// newest `keep`.
-void PruneStageCheckpoints(const std::string& dir, int64_t past, size_t keep);
 
 class StageRunner {
  public:

@@ -328,12 +328,12 @@ TEST_F(SwarmTest, UnderMutualTlsAStageWithNoReplicaResumesFromAMirrorsCopyAndLin
   const v1::PeerStatus* victim = At(status_, 1, 0);
   ASSERT_TRUE(first != nullptr && victim != nullptr);
   const std::string first_name = first->peer_name(), victim_name = victim->peer_name();
-  const int64_t killed_at = status_.step();
   // The stage-0 peer copies stage 1's state after its checkpoints and tells
   // the coordinator. The kill waits until it has reported a copy of some
-  // step whose own stage-0 state it still keeps: a re-plan resumes only at a
-  // step held for every stage. (Under load a copy can land after the peer
-  // pruned its own state of that step; killing then restarted at step 0.)
+  // step whose own stage-0 state it keeps: a re-plan resumes only at a step
+  // held for every stage. (The daemon pins its own state of the newest
+  // copied step; before it did, a copy that lagged under load could land
+  // after that state was pruned, and the re-plan restarted at step 0.)
   const auto mirrored = [&] {
     for (absl::string_view line : absl::StrSplit(Out(first_name), '\n')) {
       if (!absl::StrContains(line, R"("event":"mirrored","stage":1,)") || !absl::StrContains(line, R"("reported":true)")) {
@@ -341,7 +341,7 @@ TEST_F(SwarmTest, UnderMutualTlsAStageWithNoReplicaResumesFromAMirrorsCopyAndLin
       }
       const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
       const int64_t step = j.is_object() ? j.value("step", int64_t{-1}) : -1;
-      // peer/stage_runner.h StageCheckpointPath: <work dir>/checkpoints/stage-<j>/state-<step>.ckpt
+      // peer/stage_checkpoints.h StageCheckpointPath: <work dir>/checkpoints/stage-<j>/state-<step>.ckpt
       if (fs::exists(dir_ / first_name / "checkpoints" / "stage-0" / absl::StrCat("state-", step, ".ckpt"))) return true;
     }
     return false;
@@ -351,6 +351,10 @@ TEST_F(SwarmTest, UnderMutualTlsAStageWithNoReplicaResumesFromAMirrorsCopyAndLin
     absl::SleepFor(absl::Milliseconds(200));  // polling interval of a bounded wait
   }
   ASSERT_TRUE(mirrored()) << Out(first_name);
+  // The step at the kill (training went on while the copy landed).
+  const v1::StatusResponse at_kill = Status();
+  ASSERT_TRUE(last_status_.ok()) << last_status_.error_message();
+  const int64_t killed_at = at_kill.step();
   peers_.at(victim_name)->Signal(SIGKILL);
 
   // Stage 1 had no replica: the standby takes it over from the mirror's copy.
@@ -365,7 +369,11 @@ TEST_F(SwarmTest, UnderMutualTlsAStageWithNoReplicaResumesFromAMirrorsCopyAndLin
   ASSERT_TRUE(WaitFor([&](const auto& st) { return st.step() >= killed_at + 6; }, absl::Seconds(120)))
       << "training did not resume after the kill (step " << status_.step() << ")" << Logs();
   const std::string out = Out(standby);
-  EXPECT_NE(out.find(absl::StrCat(R"("event":"state_fetched","stage":1)")), std::string::npos) << out;
+  std::ifstream coordinator_err(dir_ / "coordinator.err");
+  EXPECT_NE(out.find(absl::StrCat(R"("event":"state_fetched","stage":1)")), std::string::npos)
+      << out << "\n--- " << first_name << ":\n"
+      << Out(first_name) << "\n--- coordinator:\n"
+      << std::string(std::istreambuf_iterator<char>(coordinator_err), {});
   EXPECT_NE(out.find(absl::StrCat(R"("from":")", first_name, R"(")")), std::string::npos)
       << "the state should come from the stage-0 peer's mirror copy: " << out;
 

@@ -1,0 +1,73 @@
+#include "peer/stage_checkpoints.h"
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/file_util.h"
+#include "gtest/gtest.h"
+
+namespace aqswarm::peer {
+namespace {
+
+namespace fs = std::filesystem;
+
+class StageCheckpointsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = ::testing::TempDir() + "/aqswarm_ckpts.XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { RemoveTree(dir_).IgnoreError(); }
+
+  void Write(int64_t step) { std::ofstream(StageCheckpointPath(dir_, step)) << "state " << step; }
+  void WritePinsFile(const std::string& text) { std::ofstream(fs::path(dir_) / "pinned") << text; }
+
+  std::string dir_;
+};
+
+TEST_F(StageCheckpointsTest, PruneKeepsTheNewestAndDropsAnAbandonedTimeline) {
+  for (int64_t s : {2, 4, 6, 8, 10, 12}) Write(s);
+  PruneStageCheckpoints(dir_, 10, 3);
+  EXPECT_EQ(StageCheckpointSteps(dir_), (std::vector<int64_t>{6, 8, 10}));
+}
+
+TEST_F(StageCheckpointsTest, PinnedStatesOutliveKeepingTheNewestButNotAnAbandonedTimeline) {
+  for (int64_t s : {2, 4, 6, 8, 10, 12}) Write(s);
+  ASSERT_TRUE(WriteStageCheckpointPins(dir_, {4, 12}).ok());
+  EXPECT_EQ(*ReadStageCheckpointPins(dir_), (std::vector<int64_t>{4, 12}));
+  PruneStageCheckpoints(dir_, 10, 2);
+  EXPECT_EQ(StageCheckpointSteps(dir_), (std::vector<int64_t>{4, 8, 10}));
+  // Unpinned, 4 goes at the next prune.
+  ASSERT_TRUE(WriteStageCheckpointPins(dir_, {}).ok());
+  EXPECT_FALSE(fs::exists(fs::path(dir_) / "pinned"));
+  EXPECT_TRUE(ReadStageCheckpointPins(dir_)->empty());
+  PruneStageCheckpoints(dir_, 10, 2);
+  EXPECT_EQ(StageCheckpointSteps(dir_), (std::vector<int64_t>{8, 10}));
+}
+
+TEST_F(StageCheckpointsTest, ACorruptPinsFileIsAnErrorAndPruningThenKeepsEveryState) {
+  for (int64_t s : {2, 4, 6, 8}) Write(s);
+  for (const std::string& bad : {std::string("4\nfour\n"), std::string("-2\n"), std::string(5000, '7')}) {
+    WritePinsFile(bad);
+    absl::StatusOr<std::vector<int64_t>> pins = ReadStageCheckpointPins(dir_);
+    EXPECT_EQ(pins.status().code(), absl::StatusCode::kDataLoss) << bad.substr(0, 20);
+    PruneStageCheckpoints(dir_, 6, 1);  // the abandoned timeline still goes
+    EXPECT_EQ(StageCheckpointSteps(dir_), (std::vector<int64_t>{2, 4, 6})) << bad.substr(0, 20);
+  }
+  EXPECT_EQ(WriteStageCheckpointPins(dir_, {-1}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(StageCheckpointsTest, OnlyStateFilesCountAsCheckpoints) {
+  Write(7);
+  std::ofstream(fs::path(dir_) / ".state-9.tmp") << "partial";
+  std::ofstream(fs::path(dir_) / "state-x.ckpt") << "?";
+  ASSERT_TRUE(WriteStageCheckpointPins(dir_, {7}).ok());
+  EXPECT_EQ(StageCheckpointSteps(dir_), (std::vector<int64_t>{7}));
+  EXPECT_TRUE(StageCheckpointSteps(dir_ + "/missing").empty());
+}
+
+}  // namespace
+}  // namespace aqswarm::peer
