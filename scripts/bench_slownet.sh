@@ -6,6 +6,7 @@
 #
 #   scripts/bench_slownet.sh                 # full table (~40 min on 2 cores; $DEFAULT_ARGS below)
 #   JSON=/tmp/aqswarm-slownet/slownet.jsonl scripts/bench_slownet.sh   # redo plots + docs only
+#   JSON=$OUT/slownet.jsonl OUT=... MORE_PAIRED=4 scripts/bench_slownet.sh   # 4 more paired runs (~8 min each), then redraw
 #   scripts/bench_slownet.sh --slownet_grid=false --slownet_bandwidths=100,10   # extra flags go to the bench
 #
 # Environment: AQSWARM (binary, default build/aqswarm), OUT (raw runs and the
@@ -14,7 +15,8 @@
 # NETNS_PASSES, default 2, its passes),
 # PAIRED=0 (skip the paired AQ-SGD vs DirectQ cells run after the table),
 # PAIRED_RUNS (how many times to run them, default 2: their verdict moves
-# from run to run more than one run's intervals say).
+# from run to run more than one run's intervals say), MORE_PAIRED=N (with
+# JSON: add N repeats of the paired run to that OUT, then redraw).
 # Needs: gnuplot, python3.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -55,7 +57,36 @@ for _ in range(15):
     out.append(round(time.process_time() - t, 4))
 print(json.dumps(out))'
 }
+# Repeat $1 of the paired run, into $OUT/paired_repeat_$1.jsonl, with its
+# command and when it ran on which build (paired_repeat_$1_when).
+paired_repeat() {
+  local k=$1 args
+  args=("${PAIRED_ARGS[@]/#--slownet_out_dir=*/--slownet_out_dir=$OUT/runs_paired_$k}")
+  local when build
+  when=$(date -u +%Y-%m-%dT%H:%MZ)
+  build=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo "?")
+  [[ -z $(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null) ]] || build+="+local changes"
+  "$AQSWARM" bench slownet "${args[@]}" >"$OUT/paired_repeat_$k.jsonl.tmp" &&
+    mv "$OUT/paired_repeat_$k.jsonl.tmp" "$OUT/paired_repeat_$k.jsonl"
+  echo "${AQSWARM#"$ROOT"/} bench slownet ${args[*]}" >"$OUT/paired_repeat_${k}_command"
+  echo "started $when, build $build" >"$OUT/paired_repeat_${k}_when"
+}
 CMD="${AQSWARM#"$ROOT"/} bench slownet --json --slownet_out_dir=$OUT/runs${*:+ $*}"
+# MORE_PAIRED=N with JSON: N more repeats of the paired run into an existing
+# $OUT (after its last one; 9 runs at most), then the docs are redrawn.
+if [[ -n ${MORE_PAIRED:-} ]]; then
+  [[ $MORE_PAIRED =~ ^[1-8]$ && -n ${JSON:-} && -f $OUT/paired.jsonl ]] ||
+    { echo "bench_slownet.sh: MORE_PAIRED=1..8 needs JSON= and an OUT with a paired run (paired.jsonl)" >&2; exit 2; }
+  [[ -x $AQSWARM ]] || { echo "bench_slownet.sh: build first: cmake --build build --target aqswarm" >&2; exit 1; }
+  last=1
+  for f in "$OUT"/paired_repeat_*.jsonl; do
+    [[ -f $f ]] || continue
+    k=${f##*_}; k=${k%.jsonl}
+    [[ $k =~ ^[0-9]+$ ]] && (( k > last )) && last=$k
+  done
+  (( last + MORE_PAIRED <= 9 )) || { echo "bench_slownet.sh: $OUT has $last paired runs; 9 at most" >&2; exit 2; }
+  for k in $(seq $((last + 1)) $((last + MORE_PAIRED))); do paired_repeat "$k"; done
+fi
 if [[ -z ${JSON:-} ]]; then
   [[ -x $AQSWARM ]] || { echo "bench_slownet.sh: build first: cmake --build build --target aqswarm" >&2; exit 1; }
   JSON=$OUT/slownet.jsonl
@@ -75,12 +106,7 @@ if [[ -z ${JSON:-} ]]; then
     "$AQSWARM" bench slownet "${PAIRED_ARGS[@]}" >"$OUT/paired.jsonl.tmp" && mv "$OUT/paired.jsonl.tmp" "$OUT/paired.jsonl"
     echo "${AQSWARM#"$ROOT"/} bench slownet ${PAIRED_ARGS[*]}" >"$OUT/paired_command"
     # The same again (the first run's cells are the ones the notes detail).
-    for k in $(seq 2 "${PAIRED_RUNS:-2}"); do
-      args=("${PAIRED_ARGS[@]/#--slownet_out_dir=*/--slownet_out_dir=$OUT/runs_paired_$k}")
-      "$AQSWARM" bench slownet "${args[@]}" >"$OUT/paired_repeat_$k.jsonl.tmp" &&
-        mv "$OUT/paired_repeat_$k.jsonl.tmp" "$OUT/paired_repeat_$k.jsonl"
-      echo "${AQSWARM#"$ROOT"/} bench slownet ${args[*]}" >"$OUT/paired_repeat_${k}_command"
-    done
+    for k in $(seq 2 "${PAIRED_RUNS:-2}"); do paired_repeat "$k"; done
   fi
   echo "$CMD" >"$OUT/command"
   speed_probe >"$OUT/probe_end"
@@ -223,7 +249,9 @@ for k in range(2, 10):
     rp = load_paired(os.path.join(out, f"paired_repeat_{k}.jsonl"))
     if rp:
         cpath = os.path.join(out, f"paired_repeat_{k}_command")
-        repeats[k] = (rp, open(cpath).read().strip() if os.path.exists(cpath) else "?")
+        wpath = os.path.join(out, f"paired_repeat_{k}_when")
+        repeats[k] = (rp, open(cpath).read().strip() if os.path.exists(cpath) else "?",
+                      open(wpath).read().strip() if os.path.exists(wpath) else "")
 la, ld = paired.get(0, (None, None))
 def geo_mean(v): return math.exp(sum(math.log(x) for x in v) / len(v)) if v else float("nan")
 # 95% interval of the geometric mean of pass-by-pass ratios: bootstrap over
@@ -663,8 +691,8 @@ if paired and repeats:
                "of this machine's noise one mode feels and the other does not), so a single paired run's verdict on the "
                "5% target is not a measurement of it." if apart else
                ". The runs' intervals overlap at every bandwidth.")
-    md.append(f"- **The paired run, repeated** ({'; '.join(f'run {k}: `{r[1]}`' for k, r in repeats.items())}: the "
-              "same command again later, same build): AQ-SGD's difference from DirectQ, its 95% interval and its extra "
+    md.append(f"- **The paired run, repeated** ({'; '.join(f'run {k}: `{r[1]}`' + (f' ({r[2]})' if r[2] else '') for k, r in repeats.items())}: the "
+              "same command again later, same build unless noted): AQ-SGD's difference from DirectQ, its 95% interval and its extra "
               "CPU per sample, " + " | ".join(run_text(k, c) for k, c in runs) + "."
               + (" Unshaped CPU ms per sample, DirectQ / AQ-SGD, run by run: "
                  + ", ".join(f"{cpu(c[1]):.2f} / {cpu(c[0]):.2f}" for _, c in u)
