@@ -685,11 +685,19 @@ if paired and repeats:
     for b in paired:
         iv = [boot_interval(pass_ratios(*c[b])) for _, c in runs if b in c]
         if max(lo for lo, _ in iv) > min(hi for _, hi in iv): apart.append(bwname(b))
-    verdict = (". The runs disagree by more than their own intervals allow (at " + ", ".join(apart) + "), and it is "
-               "AQ-SGD's CPU per sample that moves from run to run while DirectQ's stays put (presumably its per-sample "
-               "state, rows read and written in memory that the model and the host's other tenants share, is the part "
-               "of this machine's noise one mode feels and the other does not), so a single paired run's verdict on the "
-               "5% target is not a measurement of it." if apart else
+    # Which mode's CPU per sample moves from run to run (unshaped, lowest to highest run)?
+    def swing(xs): return max(xs) / min(xs) - 1 if xs and min(xs) > 0 else 0.0
+    sw_a, sw_d = swing([cpu(c[0]) for _, c in u if cpu(c[0])]), swing([cpu(c[1]) for _, c in u if cpu(c[1])])
+    moves = (f"it is AQ-SGD's CPU per sample that moves from run to run (unshaped, lowest to highest run: +{100 * sw_a:.0f}%) "
+             f"while DirectQ's stays put (+{100 * sw_d:.0f}%; presumably AQ-SGD's per-sample state, rows read and written "
+             "in memory that the model and the host's other tenants share, is the part of this machine's noise one mode "
+             "feels and the other does not)" if sw_a > 2 * sw_d else
+             f"CPU per sample moves from run to run in both modes (unshaped, lowest to highest run: DirectQ "
+             f"+{100 * sw_d:.0f}%, AQ-SGD +{100 * sw_a:.0f}%): the machine's phases, which one run's passes do not "
+             "average out")
+    verdict = (". The runs disagree by more than their own intervals allow (at " + ", ".join(apart) + "), and "
+               + moves + ", so a single paired run's verdict on the 5% target is not a measurement of it"
+               + ("; the estimate pooled over the runs (targets above) is." if len(runs) > 2 else ".") if apart else
                ". The runs' intervals overlap at every bandwidth.")
     md.append(f"- **The paired run, repeated** ({'; '.join(f'run {k}: `{r[1]}`' + (f' ({r[2]})' if r[2] else '') for k, r in repeats.items())}: the "
               "same command again later, same build unless noted): AQ-SGD's difference from DirectQ, its 95% interval and its extra "
@@ -739,7 +747,8 @@ if la and ld:
                  "waiting on links" + (
                      ", and the 95% intervals of the pass-by-pass ratios above include no difference at every bandwidth."
                      if all(lo <= 1 <= hi for lo, hi in (boot_interval(pass_ratios(a, d)) for a, d in paired.values()))
-                     else ".") + ((" The repeat (above) did not agree." if apart else " The repeat (above) agreed.")
+                     else ".") + ((f" The {'repeats' if len(repeats) > 1 else 'repeat'} (above) did not agree." if apart
+                                   else f" The {'repeats' if len(repeats) > 1 else 'repeat'} (above) agreed.")
                                   if repeats else "")
                  if paired and 0 in rel else ""))
 # Where AQ-SGD's extra CPU is not: short paired runs that add AQ-SGD with m(xi)
