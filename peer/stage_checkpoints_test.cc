@@ -1,12 +1,10 @@
 #include "peer/stage_checkpoints.h"
 
-#include <stdlib.h>
-
 #include <filesystem>
 #include <fstream>
 
-#include "common/file_util.h"
 #include "gtest/gtest.h"
+#include "storage/test_util.h"
 
 namespace aqswarm::peer {
 namespace {
@@ -15,17 +13,11 @@ namespace fs = std::filesystem;
 
 class StageCheckpointsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "/aqswarm_ckpts.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { RemoveTree(dir_).IgnoreError(); }
-
   void Write(int64_t step) { std::ofstream(StageCheckpointPath(dir_, step)) << "state " << step; }
   void WritePinsFile(const std::string& text) { std::ofstream(fs::path(dir_) / "pinned") << text; }
 
-  std::string dir_;
+  storage::testing::ScratchDir scratch_;
+  const std::string dir_ = scratch_.path();
 };
 
 TEST_F(StageCheckpointsTest, PruneKeepsTheNewestAndDropsAnAbandonedTimeline) {
