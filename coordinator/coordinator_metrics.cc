@@ -26,7 +26,9 @@ struct CoordinatorFamilies {
       DeclareGauge("aqswarm_coordinator_grid_complete", "1 when every stage of every pipeline has a peer.");
   Family<Gauge>& stages = DeclareGauge("aqswarm_coordinator_stages", "Pipeline stages of the job.");
   Family<Gauge>& pipelines = DeclareGauge("aqswarm_coordinator_pipelines", "Data-parallel pipelines of the job.");
-  Family<Gauge>& step = DeclareGauge("aqswarm_coordinator_step", "Swarm step (reported by the peers).");
+  Family<Gauge>& step = DeclareGauge(
+      "aqswarm_coordinator_step",
+      "Swarm step: the most any peer reported under the current plan (a re-plan lowers it to its resume step).");
   Family<Gauge>& loss = DeclareGauge("aqswarm_coordinator_loss", "Swarm training loss (reported by the peers).");
   Family<Gauge>& tps =
       DeclareGauge("aqswarm_coordinator_tokens_per_second", "Swarm tokens/s: sum over pipelines of their reports.");

@@ -20,7 +20,9 @@ absl::Status CheckPeerRef(uint64_t peer_id, const std::string& session_token) {
   return absl::OkStatus();
 }
 
-PeerProgress FromProto(const v1::Progress& p) { return {p.step(), p.loss(), p.tokens_per_second()}; }
+PeerProgress FromProto(const v1::Progress& p) {
+  return {p.step(), p.loss(), p.tokens_per_second(), p.plan_version()};
+}
 
 // Shape only (stage range and step order: ValidateHeldStates).
 absl::StatusOr<HeldStates> FromProto(const google::protobuf::RepeatedPtrField<v1::StageCheckpoints>& held) {

@@ -49,7 +49,8 @@ struct Counters {
 };
 
 struct SwarmProgress {
-  PeerProgress progress;     // swarm step (max reported), its loss, tokens/s
+  PeerProgress progress;     // swarm step (max reported under the current plan; a re-plan lowers it to
+                             // its resume step), its loss, tokens/s
   int64_t checkpoint_step = 0;
 };
 

@@ -39,6 +39,7 @@ struct PeerProgress {
   int64_t step = 0;
   double loss = 0;
   double tokens_per_second = 0;
+  uint64_t plan_version = 0;  // the plan whose run completed `step`; 0: not given (current)
 };
 
 // Stage -> steps completed of the stage states (checkpoints) a peer holds

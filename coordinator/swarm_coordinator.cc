@@ -182,11 +182,22 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
   counters.assignment_version += 1;
   if (added.has_value()) counters.next_peer_id = std::max(counters.next_peer_id, added->id + 1);
 
+  // A re-plan rolls the job back to its resume step: the swarm's step (and
+  // newest checkpoint) with it, so Status says where training is, not where
+  // the abandoned timeline got to.
+  SwarmProgress progress = progress_;
+  if (replanned) {
+    progress.progress.step = std::min(progress.progress.step, grid.resume_step);
+    progress.checkpoint_step = std::min(progress.checkpoint_step, grid.resume_step);
+  }
   CoordinatorState::Change change;
   for (uint64_t id : removed) change.DeleteMember(id);
   if (added.has_value()) change.PutMember(*added);
   if (!(grid == grid_)) change.PutGrid(grid);
   change.PutCounters(counters);
+  if (progress.progress.step != progress_.progress.step || progress.checkpoint_step != progress_.checkpoint_step) {
+    change.PutProgress(progress);
+  }
   AQSWARM_RETURN_IF_ERROR(state_->Commit(change));
 
   for (uint64_t id : removed) {
@@ -212,6 +223,7 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
   }
   grid_ = std::move(grid);
   counters_ = counters;
+  progress_ = progress;
   version_changed_.SignalAll();
   return absl::OkStatus();
 }
@@ -330,6 +342,16 @@ absl::Status SwarmCoordinator::ReportProgress(uint64_t peer_id, absl::string_vie
 
 absl::Status SwarmCoordinator::RecordProgressLocked(const Member& reporter, const PeerProgress& progress,
                                                     int64_t checkpoint_step) {
+  if (progress.plan_version > grid_.plan_version) {
+    return absl::InvalidArgumentError(absl::StrCat("progress.plan_version ", progress.plan_version,
+                                                   " is newer than the current plan ", grid_.plan_version));
+  }
+  if (progress.plan_version != 0 && progress.plan_version < grid_.plan_version) {
+    // Sent before the peer saw the current plan: its steps are of a timeline
+    // the re-plan may have rolled back. The peer counts as at the resume step
+    // until it reports under this plan.
+    return absl::OkStatus();
+  }
   membership_.SetProgress(reporter.id, progress);
   SwarmProgress next = progress_;
   if (progress.step > next.progress.step) next.progress.step = progress.step;

@@ -142,6 +142,49 @@ TEST_F(SwarmCoordinatorTest, AGridChangeRestartsEveryPeerAtTheFewestStepsASurviv
   EXPECT_EQ(hole->plan_version(), plan + 2);
 }
 
+TEST_F(SwarmCoordinatorTest, ARollbackLowersTheSwarmStepAndReportsFromTheOldPlanLeaveItAlone) {
+  {
+    auto c = Make(2, 1);
+    JoinResult a = MustJoin(*c, "a");
+    JoinResult b = MustJoin(*c, "b");
+    JoinResult s = MustJoin(*c, "s");  // standby, holding a copy of b's stage at step 6
+    const Grid g = c->grid();
+    const uint32_t a_stage = g.Find(a.peer_id)->first, b_stage = g.Find(b.peer_id)->first;
+    const uint64_t plan = c->GetAssignment(a.peer_id, a.session_token)->plan_version();
+    HeldStates a_holds{{a_stage, {6, 8, 10}}}, b_holds{{b_stage, {6, 8, 10}}}, s_holds{{b_stage, {6}}};
+    ASSERT_TRUE(c->ReportProgress(a.peer_id, a.session_token, {10, 4.0, 10, plan}, 10, &a_holds).ok());
+    ASSERT_TRUE(c->ReportProgress(b.peer_id, b.session_token, {10, 4.0, 10, plan}, 10, &b_holds).ok());
+    ASSERT_TRUE(c->ReportProgress(s.peer_id, s.session_token, {}, 0, &s_holds).ok());
+    EXPECT_EQ(c->GetStatus().step(), 10);
+    // b leaves: s takes its stage over from its copy, everyone restarts at 6.
+    ASSERT_TRUE(c->Leave(b.peer_id, b.session_token).ok());
+    auto promoted = c->GetAssignment(s.peer_id, s.session_token);
+    ASSERT_TRUE(promoted.ok());
+    EXPECT_EQ(promoted->plan_version(), plan + 1);
+    EXPECT_EQ(promoted->resume_step(), 6);
+    v1::StatusResponse st = c->GetStatus();
+    EXPECT_EQ(st.step(), 6);
+    EXPECT_EQ(st.checkpoint_step(), 6);
+    // a's child of the old plan reports once more before a sees the re-plan:
+    // taken (the peer is known) but of the abandoned timeline.
+    ASSERT_TRUE(c->ReportProgress(a.peer_id, a.session_token, {12, 3.0, 10, plan}, 12, &a_holds).ok());
+    st = c->GetStatus();
+    EXPECT_EQ(st.step(), 6);
+    EXPECT_EQ(st.checkpoint_step(), 6);
+    // A plan the coordinator never made is refused.
+    EXPECT_TRUE(absl::IsInvalidArgument(
+        c->ReportProgress(a.peer_id, a.session_token, {7, 3.0, 10, plan + 2}, 0, &a_holds)));
+    // Under the new plan the step moves on from 6.
+    ASSERT_TRUE(c->ReportProgress(a.peer_id, a.session_token, {7, 3.0, 10, plan + 1}, 0, &a_holds).ok());
+    EXPECT_EQ(c->GetStatus().step(), 7);
+  }
+  // The lowered step is what a restarted coordinator restores.
+  auto c = Make(2, 1);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->GetStatus().step(), 7);
+  EXPECT_EQ(c->GetStatus().checkpoint_step(), 6);
+}
+
 TEST_F(SwarmCoordinatorTest, LeaveRemovesAtOnceAndRejoinReplacesTheOldId) {
   auto c = Make(1, 1);
   JoinResult a = MustJoin(*c, "a");

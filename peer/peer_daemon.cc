@@ -728,6 +728,10 @@ class PeerDaemonImpl final : public PeerDaemon {
         // A new plan restarts everyone at resume_step: states past it are
         // from the abandoned timeline, and pending mirror copies with them.
         plan_ = a.plan_version();
+        // Where this plan restarts us, until our child reports (a mirror
+        // copy's report resends it).
+        last_progress_.set_step(a.resume_step());
+        last_progress_.set_plan_version(a.plan_version());
         mirror_want_ = std::min(mirror_want_, a.resume_step());
         mirror_done_ = std::min(mirror_done_, a.resume_step());
         if (mirror_landed_ > a.resume_step()) mirror_landed_ = 0;
@@ -794,12 +798,13 @@ class PeerDaemonImpl final : public PeerDaemon {
     }
     Event(absl::StrFormat(R"({"event":"stage_started","stage":%d,"pipeline":%d,"start_step":%d,"pid":%d})", a.stage(),
                           a.pipeline(), a.resume_step(), child_->pid()));
-    reader_ = std::thread([this, child = child_.get()] { ReadChild(child); });
+    reader_ = std::thread([this, child = child_.get(), plan = a.plan_version()] { ReadChild(child, plan); });
     return absl::OkStatus();
   }
 
-  // Owns the child's stdout and its exit; posts the exit code.
-  void ReadChild(Subprocess* child) {
+  // Owns the child's stdout and its exit; posts the exit code. `plan`: the
+  // plan the child runs under (its step reports say so).
+  void ReadChild(Subprocess* child, uint64_t plan) {
     std::string line;
     while (true) {
       absl::Status s = child->ReadLine(&line, absl::Hours(24));
@@ -817,6 +822,7 @@ class PeerDaemonImpl final : public PeerDaemon {
         p.set_step(j.value("step", int64_t{0}) + 1);
         p.set_loss(j.value("loss", 0.0));
         p.set_tokens_per_second(secs > 0 ? j.value("tokens", 0.0) / secs : 0.0);
+        p.set_plan_version(plan);
         const int64_t every = std::max<uint32_t>(1, job_.checkpoint_every_steps());
         if (p.step() % every == 0) {
           {
