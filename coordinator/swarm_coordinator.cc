@@ -195,9 +195,7 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
   if (added.has_value()) change.PutMember(*added);
   if (!(grid == grid_)) change.PutGrid(grid);
   change.PutCounters(counters);
-  if (progress.progress.step != progress_.progress.step || progress.checkpoint_step != progress_.checkpoint_step) {
-    change.PutProgress(progress);
-  }
+  if (replanned) change.PutProgress(progress);
   AQSWARM_RETURN_IF_ERROR(state_->Commit(change));
 
   for (uint64_t id : removed) {

@@ -747,9 +747,8 @@ if la and ld:
                  "waiting on links" + (
                      ", and the 95% intervals of the pass-by-pass ratios above include no difference at every bandwidth."
                      if all(lo <= 1 <= hi for lo, hi in (boot_interval(pass_ratios(a, d)) for a, d in paired.values()))
-                     else ".") + ((f" The {'repeats' if len(repeats) > 1 else 'repeat'} (above) did not agree." if apart
-                                   else f" The {'repeats' if len(repeats) > 1 else 'repeat'} (above) agreed.")
-                                  if repeats else "")
+                     else ".") + (f" The {'repeats' if len(repeats) > 1 else 'repeat'} (above) "
+                                  + ("did not agree." if apart else "agreed.") if repeats else "")
                  if paired and 0 in rel else ""))
 # Where AQ-SGD's extra CPU is not: short paired runs that add AQ-SGD with m(xi)
 # in RAM (docs/data/slownet_store_ab.jsonl; its command is in the text).
