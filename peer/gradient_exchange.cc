@@ -53,6 +53,7 @@ absl::StatusOr<std::unique_ptr<GrpcReplicaExchange>> GrpcReplicaExchange::Start(
   AQSWARM_ASSIGN_OR_RETURN(auto creds, MakeServerCredentials(o.tls));
   grpc::ServerBuilder b;
   b.AddListeningPort(o.listen, creds, &ex->port_);
+  b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a port in use fails to bind, not shared
   b.SetMaxReceiveMessageSize(kMaxLinkFrameBytes);
   b.RegisterService(ex->service_.get());
   ex->server_ = b.BuildAndStart();

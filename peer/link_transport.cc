@@ -392,6 +392,7 @@ absl::StatusOr<std::unique_ptr<StageLinkServer>> StageLinkServer::Start(const st
   s->service_ = std::make_unique<Service>(shaping);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen, *creds, &s->port_);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a port in use fails to bind, not shared
   builder.SetMaxReceiveMessageSize(kMaxLinkFrameBytes);
   builder.SetMaxSendMessageSize(kMaxLinkFrameBytes);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "peer/state_transfer.h"
 
 namespace aqswarm::peer {
 namespace {
@@ -53,6 +54,20 @@ TEST(LinkTransportTest, FramesFlowBothWaysAndUnmatchedFramesWait) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_GT(p.client->bytes_sent(), 0u);
   EXPECT_EQ(p.client->bytes_sent(), p.server_end->bytes_received());
+}
+
+TEST(LinkTransportTest, APortAlreadyServedIsRefusedNotShared) {
+  // Two servers on one port would split the upstream's connections between
+  // them (SO_REUSEPORT): the second must fail to start instead.
+  auto first = StageLinkServer::Start("127.0.0.1:0", {});
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = StageLinkServer::Start(absl::StrCat("127.0.0.1:", (*first)->port()), {});
+  EXPECT_TRUE(absl::IsUnavailable(second.status())) << second.status();
+  auto state = StateTransferServer::Start(absl::StrCat("127.0.0.1:", (*first)->port()),
+                                          [](const v1::StateRequest&) -> absl::StatusOr<StateSnapshot> {
+                                            return absl::NotFoundError("none");
+                                          });
+  EXPECT_TRUE(absl::IsUnavailable(state.status())) << state.status();
 }
 
 TEST(LinkTransportTest, ReceiveTimesOutWithDeadlineExceeded) {

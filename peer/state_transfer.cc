@@ -56,6 +56,7 @@ absl::StatusOr<std::unique_ptr<StateTransferServer>> StateTransferServer::Start(
   AQSWARM_ASSIGN_OR_RETURN(auto creds, MakeServerCredentials(tls));
   grpc::ServerBuilder b;
   b.AddListeningPort(listen, creds, &s->port_);
+  b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a port in use fails to bind, not shared
   b.RegisterService(s->service_.get());
   s->server_ = b.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -37,17 +38,24 @@ namespace fs = std::filesystem;
 const char* kBinary = AQSWARM_BINARY;
 const char* kData = AQSWARM_DATA_DIR;
 
-// A port nobody listens on now (the kernel's pick for an ephemeral bind).
+// A port nobody listens on now (the kernel's pick for an ephemeral bind),
+// and not one this process handed out before: the socket is closed at once,
+// so the kernel may pick the same port again, and two daemons told one port
+// shared it (gRPC binds with SO_REUSEPORT) and split each other's traffic.
 int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
+  static std::set<int> handed_out;
+  while (true) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    socklen_t len = sizeof(a);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    close(fd);
+    const int port = ntohs(a.sin_port);
+    if (handed_out.insert(port).second) return port;
+  }
 }
 
 class SwarmTest : public ::testing::Test {
