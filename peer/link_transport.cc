@@ -1,5 +1,6 @@
 #include "peer/link_transport.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -68,39 +69,61 @@ absl::StatusOr<v1::LinkFrame> LinkConnection::Receive(const std::function<bool(c
                                                       absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::MutexLock l(&mu_);
-  size_t scanned = 0;
   while (true) {
-    for (auto it = inbound_.begin() + scanned; it != inbound_.end(); ++it) {
-      if (match(*it)) {
-        v1::LinkFrame f = std::move(*it);
-        inbound_.erase(it);
-        return f;
+    // Frames still held (their wire time runs) stay put; the first due match
+    // is taken.
+    const absl::Time now = absl::Now();
+    absl::Time held_until = absl::InfiniteFuture();
+    for (auto it = inbound_.begin(); it != inbound_.end(); ++it) {
+      if (!match(it->frame)) continue;
+      if (it->due > now) {
+        held_until = std::min(held_until, it->due);
+        continue;
       }
+      v1::LinkFrame f = std::move(it->frame);
+      inbound_.erase(it);
+      return f;
     }
-    scanned = inbound_.size();
-    if (reader_done_) {
+    if (reader_done_ && held_until == absl::InfiniteFuture()) {
       return !broken_.ok() ? broken_
                            : absl::UnavailableError(absl::StrCat("link ", name_, " was closed by the peer"));
     }
-    auto changed = [this, scanned]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return inbound_.size() != scanned || reader_done_;
-    };
-    if (!mu_.AwaitWithDeadline(absl::Condition(&changed), deadline)) {
+    if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("link ", name_, ": expected frame did not arrive within ",
                                                       absl::FormatDuration(timeout)));
     }
+    const size_t seen = inbound_.size();
+    const bool done = reader_done_;
+    auto changed = [this, seen, done]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return inbound_.size() != seen || reader_done_ != done;
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&changed), std::min(deadline, held_until));
   }
 }
 
 absl::StatusOr<bool> LinkConnection::Has(const std::function<bool(const v1::LinkFrame&)>& match) {
   absl::MutexLock l(&mu_);
-  for (const v1::LinkFrame& f : inbound_) {
-    if (match(f)) return true;
+  const absl::Time now = absl::Now();
+  bool held = false;
+  for (const Inbound& in : inbound_) {
+    if (!match(in.frame)) continue;
+    if (in.due <= now) return true;
+    held = true;
   }
-  if (reader_done_) {
+  if (reader_done_ && !held) {
     return !broken_.ok() ? broken_ : absl::UnavailableError(absl::StrCat("link ", name_, " was closed by the peer"));
   }
   return false;
+}
+
+absl::Time LinkConnection::NextDue() {
+  absl::MutexLock l(&mu_);
+  const absl::Time now = absl::Now();
+  absl::Time next = absl::InfiniteFuture();
+  for (const Inbound& in : inbound_) {
+    if (in.due > now) next = std::min(next, in.due);
+  }
+  return next;
 }
 
 void LinkConnection::NotifyArrivals(FrameArrivals* arrivals) {
@@ -145,13 +168,18 @@ void LinkConnection::WaitWriterDone() {
   mu_.Await(absl::Condition(&done));
 }
 
-absl::Time EmulatedWire::Transmit(size_t bytes, absl::Time queued, double bandwidth_mbps) {
+absl::Time EmulatedWire::Reserve(size_t bytes, absl::Time queued, double bandwidth_mbps) {
   const absl::Time now = absl::Now();
   if (bandwidth_mbps <= 0) return now;
   wire_free_ = std::max(queued, wire_free_) + absl::Seconds(bytes * 8.0 / (bandwidth_mbps * 1e6));
-  if (wire_free_ <= now) return now;  // a late sender catches up: the wire did not idle
-  absl::SleepFor(wire_free_ - now);   // the emulated wire is busy
-  return wire_free_;
+  return std::max(wire_free_, now);  // a late sender catches up: the wire did not idle
+}
+
+absl::Time EmulatedWire::Transmit(size_t bytes, absl::Time queued, double bandwidth_mbps) {
+  const absl::Time done = Reserve(bytes, queued, bandwidth_mbps);
+  const absl::Time now = absl::Now();
+  if (done > now) absl::SleepFor(done - now);  // the emulated wire is busy
+  return std::max(done, now);
 }
 
 void LinkConnection::WriterLoop() {
@@ -173,16 +201,20 @@ void LinkConnection::WriterLoop() {
       mbps = outbound_.front().mbps;
       outbound_.pop_front();
     }
-    const size_t bytes = frame.ByteSizeLong() + 8;  // + the timestamp set below
+    const size_t bytes = frame.ByteSizeLong() + 16;  // + the timestamp and hold set below
     const absl::Time busy_from = std::max(absl::Now(), last_done);
-    const absl::Time now = wire.Transmit(bytes, queued, mbps);
-    frame.set_sent_unix_micros(absl::ToUnixMicros(now));
+    // No sleep: the frame goes now, and the receiver holds it until its last
+    // byte would have left this wire (see Send).
+    const absl::Time wire_done = wire.Reserve(bytes, queued, mbps);
+    const absl::Time now = absl::Now();
+    frame.set_sent_unix_micros(absl::ToUnixMicros(wire_done));
+    frame.set_hold_micros(wire_done > now ? absl::ToInt64Microseconds(wire_done - now) : 0);
     bytes_sent_ += frame.ByteSizeLong();  // before the write: the peer may read it first
     if (!WriteFrame(frame)) {
       MarkBroken(absl::UnavailableError(absl::StrCat("link ", name_, ": write failed (peer gone)")));
       break;
     }
-    last_done = absl::Now();
+    last_done = std::max(absl::Now(), wire_done);
     if (bytes >= kBusyFrameBytes) {
       busy_bytes_ += bytes;
       busy_micros_ += absl::ToInt64Microseconds(last_done - busy_from);
@@ -197,15 +229,18 @@ void LinkConnection::ReaderLoop() {
   v1::LinkFrame frame;
   while (ReadFrame(&frame)) {
     bytes_received_ += frame.ByteSizeLong();
+    // Held for the rest of its wire time (bounded like the latency below: a
+    // corrupt hold must not park a frame for ever).
+    const absl::Time due = absl::Now() + absl::Microseconds(std::clamp<int64_t>(frame.hold_micros(), 0, 60'000'000));
     if (shaping_.latency_ms > 0) {
-      const int64_t due = frame.sent_unix_micros() + static_cast<int64_t>(shaping_.latency_ms * 1000);
-      const int64_t wait = due - NowMicros();
+      const int64_t at = frame.sent_unix_micros() + static_cast<int64_t>(shaping_.latency_ms * 1000);
+      const int64_t wait = at - NowMicros();
       if (wait > 0) absl::SleepFor(absl::Microseconds(std::min<int64_t>(wait, 60'000'000)));
     }
     FrameArrivals* arrivals;
     {
       absl::MutexLock l(&mu_);
-      inbound_.push_back(std::move(frame));
+      inbound_.push_back({std::move(frame), due});
       arrivals = arrivals_;
     }
     frame = v1::LinkFrame();

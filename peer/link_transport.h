@@ -57,11 +57,14 @@ struct ShapingOptions {
 // A frame's bytes start when it was queued or when the previous frame's last
 // byte left, whichever is later -- the sender thread's wake-up and write
 // latencies are not wire time -- and take bytes * 8 / bandwidth_mbps (the
-// rate the frame was queued under; <= 0: no time). Transmit() sleeps until
-// the frame's last byte has left and returns that time (now, when unshaped).
-// Used by StageLink and the gradient exchange; one per sender thread.
+// rate the frame was queued under; <= 0: no time). Reserve() books the
+// frame's wire time and returns when its last byte leaves (now, when
+// unshaped or when the wire is behind); Transmit() also sleeps until then.
+// The stage links Reserve (the receiver holds the frame until then: see
+// LinkConnection); the gradient exchange Transmits. One per sender thread.
 class EmulatedWire {
  public:
+  absl::Time Reserve(size_t bytes, absl::Time queued, double bandwidth_mbps);
   absl::Time Transmit(size_t bytes, absl::Time queued, double bandwidth_mbps);
 
  private:
@@ -101,12 +104,30 @@ class LinkConnection {
   // Queues a frame. Blocks while `max_queued_frames` are waiting (flow
   // control) up to `timeout`. Fails once the link is broken or closed. The
   // frame is shaped at the bandwidth set when it was queued.
+  //
+  // Shaping: the writer books the frame's time on its EmulatedWire and writes
+  // it at once, stamped with how long that wire time still runs
+  // (LinkFrame.hold_micros); the receiving end holds it until then. So a
+  // frame is usable exactly when its last byte would have arrived, but no
+  // thread sleeps per frame: a stage busy computing meanwhile finds it ready
+  // (a slow link used to cost a timer wake-up per frame at the sender, +4-6%
+  // CPU per sample at 10 Mbit/s on the 2-core bench machine). The sender's
+  // queue therefore does not back up behind a slow wire; what bounds the
+  // frames in flight is the stage schedule.
   absl::Status Send(v1::LinkFrame frame, absl::Duration timeout = absl::Seconds(600));
+  // The first frame (in arrival order) that `match`es and is due, waiting
+  // up to `timeout`.
   absl::StatusOr<v1::LinkFrame> Receive(const std::function<bool(const v1::LinkFrame&)>& match,
                                         absl::Duration timeout);
-  // Whether a frame that `match`es has arrived (Receive would return it at
-  // once). Fails like Receive once the link has ended and holds none.
+  // Whether a due frame that `match`es has arrived (Receive would return it
+  // at once). Fails like Receive once the link has ended and holds none
+  // that matches.
   absl::StatusOr<bool> Has(const std::function<bool(const v1::LinkFrame&)>& match);
+  // When the earliest frame that has arrived but is still held (its
+  // emulated wire time runs) becomes due; InfiniteFuture if none. A waiter
+  // on FrameArrivals bounds its wait by it: a held frame coming due does not
+  // notify.
+  absl::Time NextDue();
   // From now on every frame that arrives, and the link's end, notify
   // `arrivals` (nullptr: none). It must outlive this link or be replaced.
   void NotifyArrivals(FrameArrivals* arrivals);
@@ -124,7 +145,7 @@ class LinkConnection {
   // Passive bandwidth measurement of real traffic: bytes of frames of at
   // least kBusyFrameBytes and the seconds the link spent sending them (from
   // when the writer took the frame, or the previous frame left, to when the
-  // write returned; on a shaped link this includes the emulated wire time).
+  // write returned or, on a shaped link, its emulated wire time ended).
   // busy_bytes / busy_seconds is the achieved send rate while busy.
   static constexpr size_t kBusyFrameBytes = 16 << 10;
   uint64_t busy_bytes() const { return busy_bytes_.load(); }
@@ -162,7 +183,11 @@ class LinkConnection {
     double mbps;        // the link's bandwidth then
   };
   std::deque<Outbound> outbound_ ABSL_GUARDED_BY(mu_);
-  std::deque<v1::LinkFrame> inbound_ ABSL_GUARDED_BY(mu_);
+  struct Inbound {
+    v1::LinkFrame frame;
+    absl::Time due;  // arrival + its hold: Has/Receive see it from then on
+  };
+  std::deque<Inbound> inbound_ ABSL_GUARDED_BY(mu_);
   bool send_closed_ ABSL_GUARDED_BY(mu_) = false;
   bool writer_done_ ABSL_GUARDED_BY(mu_) = false;
   bool reader_done_ ABSL_GUARDED_BY(mu_) = false;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "peer/state_transfer.h"
@@ -118,6 +119,42 @@ TEST(LinkTransportTest, ShapedLinkKeepsItsBandwidthWithManySmallFrames) {
   std::nth_element(gaps.begin(), gaps.begin() + gaps.size() / 2, gaps.end());
   const double frame_us = wire / 400 * 1e6;
   EXPECT_LT(gaps[gaps.size() / 2], frame_us * 1.1) << "median departure gap vs " << frame_us << " us of wire per frame";
+}
+
+TEST(LinkTransportTest, AShapedFrameArrivesAtOnceAndIsHeldUntilItsWireTimeEnds) {
+  // 1 Mbit/s: 5 frames of ~50 kB are ~2 s of wire. The sender writes each at
+  // once (no thread sleeps per frame); the receiving end holds each until
+  // its last byte would have left the wire: Has and Receive see it then, and
+  // NextDue says when the next held frame comes due.
+  auto big = [](uint64_t i) {
+    v1::LinkFrame f;
+    f.mutable_hello()->set_job_name(absl::StrCat(i, ":", std::string(50000, 'x')));
+    return f;
+  };
+  auto is = [](uint64_t i) {
+    return [i](const v1::LinkFrame& f) { return absl::StartsWith(f.hello().job_name(), absl::StrCat(i, ":")); };
+  };
+  FrameArrivals arrivals;
+  Pair p(ShapingOptions{1.0, 0});
+  p.server_end->NotifyArrivals(&arrivals);
+  EXPECT_EQ(p.server_end->NextDue(), absl::InfiniteFuture());
+  const absl::Time start = absl::Now();
+  for (uint64_t i = 0; i < 5; ++i) ASSERT_TRUE(p.client->Send(big(i)).ok());
+  while (arrivals.count() < 5) ASSERT_TRUE(arrivals.WaitPast(arrivals.count(), absl::Now() + absl::Seconds(10)));
+  const double wire = p.client->bytes_sent() * 8.0 / 1e6;
+  const absl::Time arrived = absl::Now();
+  EXPECT_LT(absl::ToDoubleSeconds(arrived - start), wire / 2) << "frames travel at once, not at the wire's pace";
+  EXPECT_FALSE(*p.server_end->Has(is(4))) << "arrived but held: its wire time runs";
+  const absl::Time next = p.server_end->NextDue();
+  EXPECT_GT(next, arrived);
+  EXPECT_LE(next, start + absl::Seconds(wire));
+  auto last = p.server_end->Receive(is(4), absl::Seconds(30));
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_GE(absl::ToDoubleSeconds(absl::Now() - start), wire * 0.99);
+  EXPECT_GT(last->hold_micros(), 0);
+  // The four before it came due first: nothing is held any more.
+  EXPECT_EQ(p.server_end->NextDue(), absl::InfiniteFuture());
+  for (uint64_t i = 0; i < 4; ++i) EXPECT_TRUE(*p.server_end->Has(is(i)));
 }
 
 TEST(LinkTransportTest, SetBandwidthShapesTheFramesQueuedAfterIt) {

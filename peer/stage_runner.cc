@@ -566,7 +566,11 @@ class StageRunnerImpl final : public StageRunner {
         if (ready) return *f;
       }
       Timer tm(&wait_s_);
-      if (!arrivals_.WaitPast(seen, deadline)) {
+      // A frame held on a shaped link coming due does not notify: wake then.
+      absl::Time until = deadline;
+      if (up_ != nullptr) until = std::min(until, up_->NextDue());
+      if (down_ != nullptr) until = std::min(until, down_->NextDue());
+      if (!arrivals_.WaitPast(seen, until) && until >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat(
             "stage ", o_.stage, ": step ", st.gs, ": neither ",
             b ? absl::StrCat("the gradient of micro-batch ", b->micro_batch) : std::string("a gradient"), " nor ",
