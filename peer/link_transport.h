@@ -110,10 +110,11 @@ class LinkConnection {
   // (LinkFrame.hold_micros); the receiving end holds it until then. So a
   // frame is usable exactly when its last byte would have arrived, but no
   // thread sleeps per frame: a stage busy computing meanwhile finds it ready
-  // (a slow link used to cost a timer wake-up per frame at the sender, +4-6%
-  // CPU per sample at 10 Mbit/s on the 2-core bench machine). The sender's
-  // queue therefore does not back up behind a slow wire; what bounds the
-  // frames in flight is the stage schedule.
+  // without a timer wake-up (at 10 Mbit/s on the 2-core bench machine this
+  // cut the grid's extra CPU per sample over unshaped from +4-7% to +2-5%:
+  // docs/BENCHMARKS.md, link shaping A/B). The sender's queue therefore does
+  // not back up behind a slow wire; what bounds the frames in flight is the
+  // stage schedule.
   absl::Status Send(v1::LinkFrame frame, absl::Duration timeout = absl::Seconds(600));
   // The first frame (in arrival order) that `match`es and is due, waiting
   // up to `timeout`.
