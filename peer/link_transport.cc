@@ -65,29 +65,34 @@ absl::Status LinkConnection::Send(v1::LinkFrame frame, absl::Duration timeout) {
   return absl::OkStatus();
 }
 
+std::deque<LinkConnection::Inbound>::iterator LinkConnection::FindDue(
+    const std::function<bool(const v1::LinkFrame&)>& match, absl::Time now, absl::Time* held_until) {
+  *held_until = absl::InfiniteFuture();
+  for (auto it = inbound_.begin(); it != inbound_.end(); ++it) {
+    if (!match(it->frame)) continue;
+    if (it->due <= now) return it;
+    *held_until = std::min(*held_until, it->due);  // still on its wire: stays put
+  }
+  return inbound_.end();
+}
+
+absl::Status LinkConnection::EndedStatus() const {
+  return !broken_.ok() ? broken_ : absl::UnavailableError(absl::StrCat("link ", name_, " was closed by the peer"));
+}
+
 absl::StatusOr<v1::LinkFrame> LinkConnection::Receive(const std::function<bool(const v1::LinkFrame&)>& match,
                                                       absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::MutexLock l(&mu_);
   while (true) {
-    // Frames still held (their wire time runs) stay put; the first due match
-    // is taken.
     const absl::Time now = absl::Now();
-    absl::Time held_until = absl::InfiniteFuture();
-    for (auto it = inbound_.begin(); it != inbound_.end(); ++it) {
-      if (!match(it->frame)) continue;
-      if (it->due > now) {
-        held_until = std::min(held_until, it->due);
-        continue;
-      }
+    absl::Time held_until;
+    if (auto it = FindDue(match, now, &held_until); it != inbound_.end()) {
       v1::LinkFrame f = std::move(it->frame);
       inbound_.erase(it);
       return f;
     }
-    if (reader_done_ && held_until == absl::InfiniteFuture()) {
-      return !broken_.ok() ? broken_
-                           : absl::UnavailableError(absl::StrCat("link ", name_, " was closed by the peer"));
-    }
+    if (reader_done_ && held_until == absl::InfiniteFuture()) return EndedStatus();
     if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("link ", name_, ": expected frame did not arrive within ",
                                                       absl::FormatDuration(timeout)));
@@ -103,16 +108,9 @@ absl::StatusOr<v1::LinkFrame> LinkConnection::Receive(const std::function<bool(c
 
 absl::StatusOr<bool> LinkConnection::Has(const std::function<bool(const v1::LinkFrame&)>& match) {
   absl::MutexLock l(&mu_);
-  const absl::Time now = absl::Now();
-  bool held = false;
-  for (const Inbound& in : inbound_) {
-    if (!match(in.frame)) continue;
-    if (in.due <= now) return true;
-    held = true;
-  }
-  if (reader_done_ && !held) {
-    return !broken_.ok() ? broken_ : absl::UnavailableError(absl::StrCat("link ", name_, " was closed by the peer"));
-  }
+  absl::Time held_until;
+  if (FindDue(match, absl::Now(), &held_until) != inbound_.end()) return true;
+  if (reader_done_ && held_until == absl::InfiniteFuture()) return EndedStatus();
   return false;
 }
 

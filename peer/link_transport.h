@@ -189,6 +189,13 @@ class LinkConnection {
     absl::Time due;  // arrival + its hold: Has/Receive see it from then on
   };
   std::deque<Inbound> inbound_ ABSL_GUARDED_BY(mu_);
+  // The first due frame that matches (inbound_.end() if none); *held_until:
+  // when the earliest matching frame still held comes due (InfiniteFuture:
+  // none).
+  std::deque<Inbound>::iterator FindDue(const std::function<bool(const v1::LinkFrame&)>& match, absl::Time now,
+                                        absl::Time* held_until) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why a link that ended holds nothing more for a waiter.
+  absl::Status EndedStatus() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool send_closed_ ABSL_GUARDED_BY(mu_) = false;
   bool writer_done_ ABSL_GUARDED_BY(mu_) = false;
   bool reader_done_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,10 +1,12 @@
 #include "peer/link_transport.h"
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "peer/state_transfer.h"
 
@@ -155,6 +157,37 @@ TEST(LinkTransportTest, AShapedFrameArrivesAtOnceAndIsHeldUntilItsWireTimeEnds) 
   // The four before it came due first: nothing is held any more.
   EXPECT_EQ(p.server_end->NextDue(), absl::InfiniteFuture());
   for (uint64_t i = 0; i < 4; ++i) EXPECT_TRUE(*p.server_end->Has(is(i)));
+}
+
+TEST(LinkTransportTest, AHoldFromThePeerIsBoundedNeverNegativeOrForEver) {
+  // hold_micros comes off the network: a negative one means no hold, and a
+  // huge one parks the frame at most 60 s (as the latency emulation does),
+  // without overflowing the due time.
+  auto server = StageLinkServer::Start("127.0.0.1:0", {});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::StageLink::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*server)->port()), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  auto stream = stub->Connect(&ctx);
+  auto end = (*server)->Accept(absl::Seconds(10));
+  ASSERT_TRUE(end.ok()) << end.status();
+  FrameArrivals arrivals;
+  (*end)->NotifyArrivals(&arrivals);
+  v1::LinkFrame negative = Commit(1), huge = Commit(2);
+  negative.set_hold_micros(-5'000'000);
+  huge.set_hold_micros(std::numeric_limits<int64_t>::max());
+  const absl::Time before = absl::Now();
+  ASSERT_TRUE(stream->Write(negative));
+  ASSERT_TRUE(stream->Write(huge));
+  while (arrivals.count() < 2) ASSERT_TRUE(arrivals.WaitPast(arrivals.count(), absl::Now() + absl::Seconds(10)));
+  EXPECT_TRUE(*(*end)->Has(StepIs(1))) << "a negative hold is no hold";
+  EXPECT_FALSE(*(*end)->Has(StepIs(2)));
+  const absl::Time due = (*end)->NextDue();
+  EXPECT_GT(due, before + absl::Seconds(59));
+  EXPECT_LE(due, absl::Now() + absl::Seconds(60));
+  stream->WritesDone();
+  (*end)->CloseSend();
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 TEST(LinkTransportTest, SetBandwidthShapesTheFramesQueuedAfterIt) {
