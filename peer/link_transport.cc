@@ -114,12 +114,11 @@ absl::StatusOr<bool> LinkConnection::Has(const std::function<bool(const v1::Link
   return false;
 }
 
-absl::Time LinkConnection::NextDue() {
+absl::Time LinkConnection::NextDue(absl::Time after) {
   absl::MutexLock l(&mu_);
-  const absl::Time now = absl::Now();
   absl::Time next = absl::InfiniteFuture();
   for (const Inbound& in : inbound_) {
-    if (in.due > now) next = std::min(next, in.due);
+    if (in.due > after) next = std::min(next, in.due);
   }
   return next;
 }

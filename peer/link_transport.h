@@ -124,11 +124,14 @@ class LinkConnection {
   // at once). Fails like Receive once the link has ended and holds none
   // that matches.
   absl::StatusOr<bool> Has(const std::function<bool(const v1::LinkFrame&)>& match);
-  // When the earliest frame that has arrived but is still held (its
-  // emulated wire time runs) becomes due; InfiniteFuture if none. A waiter
-  // on FrameArrivals bounds its wait by it: a held frame coming due does not
-  // notify.
-  absl::Time NextDue();
+  // The earliest time after `after` at which a frame that has arrived comes
+  // due (its emulated wire time ends); InfiniteFuture if none. A waiter on
+  // FrameArrivals bounds its wait by it, since a held frame coming due does
+  // not notify. Pass the time taken before the Has checks the wait follows:
+  // a frame that came due between those checks and this call is then
+  // reported (a time already past, so the wait ends at once) instead of
+  // looking like a frame that was never held, whose wake-up is lost.
+  absl::Time NextDue(absl::Time after);
   // From now on every frame that arrives, and the link's end, notify
   // `arrivals` (nullptr: none). It must outlive this link or be replaced.
   void NotifyArrivals(FrameArrivals* arrivals);

@@ -139,7 +139,7 @@ TEST(LinkTransportTest, AShapedFrameArrivesAtOnceAndIsHeldUntilItsWireTimeEnds) 
   FrameArrivals arrivals;
   Pair p(ShapingOptions{1.0, 0});
   p.server_end->NotifyArrivals(&arrivals);
-  EXPECT_EQ(p.server_end->NextDue(), absl::InfiniteFuture());
+  EXPECT_EQ(p.server_end->NextDue(absl::Now()), absl::InfiniteFuture());
   const absl::Time start = absl::Now();
   for (uint64_t i = 0; i < 5; ++i) ASSERT_TRUE(p.client->Send(big(i)).ok());
   while (arrivals.count() < 5) ASSERT_TRUE(arrivals.WaitPast(arrivals.count(), absl::Now() + absl::Seconds(10)));
@@ -147,7 +147,7 @@ TEST(LinkTransportTest, AShapedFrameArrivesAtOnceAndIsHeldUntilItsWireTimeEnds) 
   const absl::Time arrived = absl::Now();
   EXPECT_LT(absl::ToDoubleSeconds(arrived - start), wire / 2) << "frames travel at once, not at the wire's pace";
   EXPECT_FALSE(*p.server_end->Has(is(4))) << "arrived but held: its wire time runs";
-  const absl::Time next = p.server_end->NextDue();
+  const absl::Time next = p.server_end->NextDue(absl::Now());
   EXPECT_GT(next, arrived);
   EXPECT_LE(next, start + absl::Seconds(wire));
   auto last = p.server_end->Receive(is(4), absl::Seconds(30));
@@ -155,8 +155,33 @@ TEST(LinkTransportTest, AShapedFrameArrivesAtOnceAndIsHeldUntilItsWireTimeEnds) 
   EXPECT_GE(absl::ToDoubleSeconds(absl::Now() - start), wire * 0.99);
   EXPECT_GT(last->hold_micros(), 0);
   // The four before it came due first: nothing is held any more.
-  EXPECT_EQ(p.server_end->NextDue(), absl::InfiniteFuture());
+  EXPECT_EQ(p.server_end->NextDue(absl::Now()), absl::InfiniteFuture());
   for (uint64_t i = 0; i < 4; ++i) EXPECT_TRUE(*p.server_end->Has(is(i)));
+}
+
+TEST(LinkTransportTest, NextDueReportsAFrameThatCameDueSinceTheWaitersCheck) {
+  // The adaptive schedule checks Has, then bounds its wait by NextDue. A
+  // frame coming due between the two must still be reported (its due time,
+  // already past, so the wait ends at once): counted as never held, the
+  // wait would last until the next arrival, and after the step's last frame
+  // there is none (a pipeline hung for its 2 min link timeout this way).
+  auto is_hello = [](const v1::LinkFrame& f) { return f.has_hello(); };
+  v1::LinkFrame big;
+  big.mutable_hello()->set_job_name(std::string(50000, 'x'));  // ~0.4 s at 1 Mbit/s
+  FrameArrivals arrivals;
+  Pair p(ShapingOptions{1.0, 0});
+  p.server_end->NotifyArrivals(&arrivals);
+  ASSERT_TRUE(p.client->Send(big).ok());
+  while (arrivals.count() < 1) ASSERT_TRUE(arrivals.WaitPast(0, absl::Now() + absl::Seconds(10)));
+  const absl::Time checked = absl::Now();
+  ASSERT_FALSE(*p.server_end->Has(is_hello)) << "held: its wire time runs";
+  const absl::Time due = p.server_end->NextDue(checked);
+  ASSERT_GT(due, checked);
+  ASSERT_LT(due, checked + absl::Seconds(10));
+  absl::SleepFor(due - absl::Now() + absl::Milliseconds(1));  // the emulated wire's clock, nothing to wait on
+  EXPECT_EQ(p.server_end->NextDue(checked), due) << "came due after the check: still reported";
+  EXPECT_EQ(p.server_end->NextDue(absl::Now()), absl::InfiniteFuture()) << "due now: nothing held";
+  EXPECT_TRUE(*p.server_end->Has(is_hello));
 }
 
 TEST(LinkTransportTest, AHoldFromThePeerIsBoundedNeverNegativeOrForEver) {
@@ -182,7 +207,7 @@ TEST(LinkTransportTest, AHoldFromThePeerIsBoundedNeverNegativeOrForEver) {
   while (arrivals.count() < 2) ASSERT_TRUE(arrivals.WaitPast(arrivals.count(), absl::Now() + absl::Seconds(10)));
   EXPECT_TRUE(*(*end)->Has(StepIs(1))) << "a negative hold is no hold";
   EXPECT_FALSE(*(*end)->Has(StepIs(2)));
-  const absl::Time due = (*end)->NextDue();
+  const absl::Time due = (*end)->NextDue(absl::Now());
   EXPECT_GT(due, before + absl::Seconds(59));
   EXPECT_LE(due, absl::Now() + absl::Seconds(60));
   stream->WritesDone();

@@ -543,6 +543,7 @@ class StageRunnerImpl final : public StageRunner {
     const absl::Time deadline = absl::Now() + o_.link_timeout;
     while (true) {
       const uint64_t seen = arrivals_.count();
+      const absl::Time checked = absl::Now();  // before the Has checks below (NextDue)
       if (!last_) {
         auto is_resend = [](const v1::LinkFrame& x) { return x.has_resend(); };
         AQSWARM_ASSIGN_OR_RETURN(const bool resend, down_->Has(is_resend));
@@ -566,10 +567,13 @@ class StageRunnerImpl final : public StageRunner {
         if (ready) return *f;
       }
       Timer tm(&wait_s_);
-      // A frame held on a shaped link coming due does not notify: wake then.
+      // A frame held on a shaped link coming due does not notify: wake then,
+      // or at once for one that came due since `checked` (after a Has above
+      // had looked at it): without `checked`, the step's last frame could
+      // come due between the two and the wait would last until the deadline.
       absl::Time until = deadline;
-      if (up_ != nullptr) until = std::min(until, up_->NextDue());
-      if (down_ != nullptr) until = std::min(until, down_->NextDue());
+      if (up_ != nullptr) until = std::min(until, up_->NextDue(checked));
+      if (down_ != nullptr) until = std::min(until, down_->NextDue(checked));
       if (!arrivals_.WaitPast(seen, until) && until >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat(
             "stage ", o_.stage, ": step ", st.gs, ": neither ",
