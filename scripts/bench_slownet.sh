@@ -57,19 +57,32 @@ for _ in range(15):
     out.append(round(time.process_time() - t, 4))
 print(json.dumps(out))'
 }
-# Repeat $1 of the paired run, into $OUT/paired_repeat_$1.jsonl, with its
-# command and when it ran on which build (paired_repeat_$1_when).
-paired_repeat() {
-  local k=$1 args
-  args=("${PAIRED_ARGS[@]/#--slownet_out_dir=*/--slownet_out_dir=$OUT/runs_paired_$k}")
-  local when build
-  when=$(date -u +%Y-%m-%dT%H:%MZ)
-  build=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo "?")
-  [[ -z $(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null) ]] || build+="+local changes"
-  "$AQSWARM" bench slownet "${args[@]}" >"$OUT/paired_repeat_$k.jsonl.tmp" &&
-    mv "$OUT/paired_repeat_$k.jsonl.tmp" "$OUT/paired_repeat_$k.jsonl"
-  echo "${AQSWARM#"$ROOT"/} bench slownet ${args[*]}" >"$OUT/paired_repeat_${k}_command"
-  echo "started $when, build $build" >"$OUT/paired_repeat_${k}_when"
+# Paired run $1 (1: $OUT/paired.jsonl, k >= 2: $OUT/paired_repeat_k.jsonl), with
+# its command and when it ran on which build (..._command, ..._when). A try
+# that fails (a pipeline that errs, or hangs past its timeout) is said loudly,
+# logged in $OUT/paired_failures (the docs list it) and run once more into
+# its own directory; a second failure stops the script, keeping what ran.
+paired_run() {
+  local k=$1 base dir try d err when build rc args
+  if (( k == 1 )); then base=$OUT/paired dir=$OUT/runs_paired; else base=$OUT/paired_repeat_$k dir=$OUT/runs_paired_$k; fi
+  for try in 1 2; do
+    d=$dir err=$base.stderr; (( try == 1 )) || d+=_retry err=${base}_retry.stderr
+    args=("${PAIRED_ARGS[@]/#--slownet_out_dir=*/--slownet_out_dir=$d}")
+    when=$(date -u +%Y-%m-%dT%H:%MZ)
+    build=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo "?")
+    [[ -z $(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null) ]] || build+="+local changes"
+    echo "${AQSWARM#"$ROOT"/} bench slownet ${args[*]}" >"${base}_command"
+    echo "started $when, build $build" >"${base}_when"
+    rc=0
+    "$AQSWARM" bench slownet "${args[@]}" >"$base.jsonl.tmp" 2>"$err" || rc=$?
+    cat "$err" >&2
+    if (( rc == 0 )); then mv "$base.jsonl.tmp" "$base.jsonl"; return 0; fi
+    rm -f "$base.jsonl.tmp"
+    echo "paired run $k, try $try ($when, build $build): exit $rc: $(grep -v '^\s*$' "$err" | tail -n 1)" >>"$OUT/paired_failures"
+    echo "bench_slownet.sh: PAIRED RUN $k FAILED (try $try, exit $rc; stderr: $err, stage logs under $d)" >&2
+  done
+  echo "bench_slownet.sh: paired run $k failed twice; stopping. The table is kept: redraw with JSON=$JSON OUT=$OUT $0" >&2
+  exit 1
 }
 CMD="${AQSWARM#"$ROOT"/} bench slownet --json --slownet_out_dir=$OUT/runs${*:+ $*}"
 # MORE_PAIRED=N with JSON: N more repeats of the paired run into an existing
@@ -85,7 +98,7 @@ if [[ -n ${MORE_PAIRED:-} ]]; then
     [[ $k =~ ^[0-9]+$ ]] && (( k > last )) && last=$k
   done
   (( last + MORE_PAIRED <= 9 )) || { echo "bench_slownet.sh: $OUT has $last paired runs; 9 at most" >&2; exit 2; }
-  for k in $(seq $((last + 1)) $((last + MORE_PAIRED))); do paired_repeat "$k"; done
+  for k in $(seq $((last + 1)) $((last + MORE_PAIRED))); do paired_run "$k"; done
 fi
 if [[ -z ${JSON:-} ]]; then
   [[ -x $AQSWARM ]] || { echo "bench_slownet.sh: build first: cmake --build build --target aqswarm" >&2; exit 1; }
@@ -101,12 +114,10 @@ if [[ -z ${JSON:-} ]]; then
   "$AQSWARM" bench link --json >"$OUT/link.jsonl" || rm -f "$OUT/link.jsonl"
   # AQ-SGD vs DirectQ in paired cells (PAIRED_ARGS): the table's 3 passes
   # cannot tell a 5% difference from the machine's noise.
-  rm -f "$OUT/paired.jsonl" "$OUT/paired_command" "$OUT"/paired_repeat_*
+  rm -f "$OUT"/paired.* "$OUT"/paired_*
   if [[ ${PAIRED:-1} != 0 ]]; then
-    "$AQSWARM" bench slownet "${PAIRED_ARGS[@]}" >"$OUT/paired.jsonl.tmp" && mv "$OUT/paired.jsonl.tmp" "$OUT/paired.jsonl"
-    echo "${AQSWARM#"$ROOT"/} bench slownet ${PAIRED_ARGS[*]}" >"$OUT/paired_command"
-    # The same again (the first run's cells are the ones the notes detail).
-    for k in $(seq 2 "${PAIRED_RUNS:-2}"); do paired_repeat "$k"; done
+    # Run 1's cells are the ones the notes detail; the rest repeat it.
+    for k in $(seq 1 "${PAIRED_RUNS:-2}"); do paired_run "$k"; done
   fi
   echo "$CMD" >"$OUT/command"
   speed_probe >"$OUT/probe_end"
@@ -705,6 +716,13 @@ if paired and repeats:
               + (" Unshaped CPU ms per sample, DirectQ / AQ-SGD, run by run: "
                  + ", ".join(f"{cpu(c[1]):.2f} / {cpu(c[0]):.2f}" for _, c in u)
                  + verdict if len(u) > 1 else ""))
+# Paired tries that failed and were run again (bench_slownet.sh's paired_run).
+fpath = os.path.join(out, "paired_failures")
+if paired and os.path.exists(fpath):
+    fails = [x.strip() for x in open(fpath) if x.strip()]
+    if fails:
+        md.append("- **Paired tries that failed** (each was run once more into its own directory; the cells above are "
+                  "from the tries that finished, and a run that failed twice stopped the bench and is not in them): " + "; ".join(f"`{x}`" for x in fails) + ".")
 if la and ld:
     by = lambda c: " / ".join(f"{x:.2f}" for x in c.get("cpu_ms_per_sample_by_stage") or [])
     md.append(f"- **AQ-SGD's extra CPU** (the {'first ' if repeats else ''}paired run's unshaped cells): {cpu(la):.2f} vs {cpu(ld):.2f} CPU ms per sample "
