@@ -65,12 +65,12 @@ print(json.dumps(out))'
 paired_run() {
   local k=$1 base dir try d err when build rc args
   if (( k == 1 )); then base=$OUT/paired dir=$OUT/runs_paired; else base=$OUT/paired_repeat_$k dir=$OUT/runs_paired_$k; fi
+  build=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo "?")
+  [[ -z $(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null) ]] || build+="+local changes"
   for try in 1 2; do
     d=$dir err=$base.stderr; (( try == 1 )) || d+=_retry err=${base}_retry.stderr
     args=("${PAIRED_ARGS[@]/#--slownet_out_dir=*/--slownet_out_dir=$d}")
     when=$(date -u +%Y-%m-%dT%H:%MZ)
-    build=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo "?")
-    [[ -z $(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null) ]] || build+="+local changes"
     echo "${AQSWARM#"$ROOT"/} bench slownet ${args[*]}" >"${base}_command"
     echo "started $when, build $build" >"${base}_when"
     rc=0
@@ -722,7 +722,7 @@ if paired and os.path.exists(fpath):
     fails = [x.strip() for x in open(fpath) if x.strip()]
     if fails:
         md.append("- **Paired tries that failed** (each was run once more into its own directory; the cells above are "
-                  "from the tries that finished, and a run that failed twice stopped the bench and is not in them): " + "; ".join(f"`{x}`" for x in fails) + ".")
+                  "from the tries that finished, and a run that failed twice stopped the bench and is not in them): " + "; ".join("`" + x.replace("`", "'") + "`" for x in fails) + ".")
 if la and ld:
     by = lambda c: " / ".join(f"{x:.2f}" for x in c.get("cpu_ms_per_sample_by_stage") or [])
     md.append(f"- **AQ-SGD's extra CPU** (the {'first ' if repeats else ''}paired run's unshaped cells): {cpu(la):.2f} vs {cpu(ld):.2f} CPU ms per sample "
