@@ -15,7 +15,7 @@
 // Only peer/, coordinator/ and cli/ link this library: storage/ and
 // compression/ expose plain stats structs that their owners sample into it.
 //
-// civetweb + OpenBLAS (STACK.md trap 2): Debian's civetweb creates its threads
+// civetweb + OpenBLAS (docs/design/STACK.md trap 2): Debian's civetweb creates its threads
 // with 100 KiB stacks (USE_STACK_SIZE=102400), and glibc carves the static TLS
 // of every loaded library (OpenBLAS, oneDNN, ...) out of that stack, so in a
 // torch-linked process pthread_create fails and the Exposer throws "null

@@ -1,5 +1,5 @@
 // AQ-SGD link codec for ONE sample row (papers/aq-sgd Alg. 1-2;
-// ALGORITHMS.md §2). Both ends of a pipeline link keep m(xi) per sample; this
+// docs/design/ALGORITHMS.md §2). Both ends of a pipeline link keep m(xi) per sample; this
 // class encodes/decodes one row against caller-owned m buffers (the
 // per-sample store lives in storage/).
 //

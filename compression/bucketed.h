@@ -1,4 +1,5 @@
-// Bucketed quantizers: QSGD (ALGORITHMS.md §1.2) and CGX min-max (§1.3).
+// Bucketed quantizers: QSGD (docs/design/ALGORITHMS.md §1.2) and CGX min-max
+// (§1.3).
 // Low-level kernels; most callers use Encode()/Decode() in codec.h.
 //
 // The flat tensor is cut into buckets of B consecutive values (the last one

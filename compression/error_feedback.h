@@ -1,5 +1,5 @@
-// Error feedback (EF) as a decorator around any Compressor (ALGORITHMS.md
-// §1.6; BytePS/DeepSpeed style):
+// Error feedback (EF) as a decorator around any Compressor
+// (docs/design/ALGORITHMS.md §1.6; BytePS/DeepSpeed style):
 //   g += e;   c = C(g);   e = g - D(c)
 // The residual e is part of the optimizer state: it is exposed for
 // checkpointing and restored when a replica joins (we do not reset it).

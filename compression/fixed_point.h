@@ -1,5 +1,5 @@
 // Fixed-point per-channel quantizer: the AQ-SGD reference quantizer
-// (ALGORITHMS.md §1.1). Low-level kernels over raw buffers; most callers use
+// (docs/design/ALGORITHMS.md §1.1). Low-level kernels over raw buffers; most callers use
 // Encode()/Decode() in compression/codec.h with CODEC_FIXED_POINT.
 //
 // Tensor [rows, channels] row-major (channels = last dim). Per channel c:

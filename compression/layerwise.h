@@ -1,5 +1,5 @@
 // Layer-wise compression allocation (L-GreCo, papers/markov-thesis ch. 4;
-// ALGORITHMS.md §1.5): pick one option (bits, codec, ...) per tensor so the
+// docs/design/ALGORITHMS.md §1.5): pick one option (bits, codec, ...) per tensor so the
 // total cost in bytes is minimal while the total error stays within a
 // budget, by a knapsack DP over discretised error:
 //   DP[l][e] = min_c DP[l-1][e - Err_d[l][c]] + Cost[l][c]

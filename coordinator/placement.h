@@ -1,6 +1,7 @@
 // Placement of peers onto pipeline stages and data-parallel (DP) groups: the
-// DT-FM scheduler (ALGORITHMS.md §4) with exact move scoring, per-peer compute
-// and memory, standbys, and a migration term for re-planning after churn.
+// DT-FM scheduler (docs/design/ALGORITHMS.md §4) with exact move scoring,
+// per-peer compute and memory, standbys, and a migration term for re-planning
+// after churn.
 //
 // Pure domain logic: no I/O, no gRPC. The coordinator service measures the
 // link matrices, fills a PlacementProblem and publishes the returned Plan.

@@ -1,5 +1,5 @@
 // Peer metrics end to end inside a torch-linked binary: the exposer must
-// start with OpenBLAS loaded (STACK.md trap 2) and serve what StageMetrics
+// start with OpenBLAS loaded (docs/design/STACK.md trap 2) and serve what StageMetrics
 // sampled from real links, a real AQ-SGD sender and a store.
 #include "peer/peer_metrics.h"
 

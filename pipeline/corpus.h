@@ -2,7 +2,7 @@
 // the train/validation split and the per-epoch, per-shard sample order. Every
 // peer computes the same answers from (corpus, tokenizer, options, seed), so
 // stores can prefetch exactly the rows the next micro-batches need (see
-// ../shared/design/ARCHITECTURE.md, "Data identity").
+// docs/design/ARCHITECTURE.md, "Data identity").
 //
 //   AQSWARM_ASSIGN_OR_RETURN(auto tok, Tokenizer::Load(enc_path, bpe_path));
 //   CorpusOptions copts;

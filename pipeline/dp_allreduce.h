@@ -13,7 +13,7 @@
 // So all replicas end with bit-identical outputs. Memory: one bucket of
 // encoded chunks in flight at a time.
 //
-// Error feedback (QuantizedAdam, ALGORITHMS.md §3): with `worker_error`, the
+// Error feedback (QuantizedAdam, docs/design/ALGORITHMS.md §3): with `worker_error`, the
 // input is u = x + e_w and e_w <- u - D(Q(u)) per chunk; with `server_error`
 // (this replica's owned chunks, concatenated over buckets), the owner encodes
 // u_k = mean + e_s and keeps e_s <- u_k - D(Q(u_k)). Lossless codecs leave
@@ -80,7 +80,7 @@ absl::Status AllReduceMean(ReplicaExchange& ex, const AllReduceOptions& options,
                            absl::Span<const float> in, absl::Span<float> out, std::vector<float>* worker_error,
                            std::vector<float>* server_error, AllReduceStats* stats = nullptr);
 
-// Global-QSGD integer-sum allreduce (ALGORITHMS.md §1.4): every replica
+// Global-QSGD integer-sum allreduce (docs/design/ALGORITHMS.md §1.4): every replica
 // quantizes onto the SAME per-bucket grid, so codes are combined without
 // decoding.
 //   1. scales: each replica's per-bucket max |x| is all-gathered and the

@@ -1,6 +1,6 @@
 // Data-parallel Adam over a flat parameter vector, torch-free: AdamW on
 // averaged gradients for `warmup_steps`, then QuantizedAdam (1-bit-Adam style,
-// ALGORITHMS.md §3): the variance is frozen and the momentum is exchanged
+// docs/design/ALGORITHMS.md §3): the variance is frozen and the momentum is exchanged
 // compressed with worker and server error feedback.
 //
 //   warm-up:  g = mean_replicas(g_local)                (raw float32)

@@ -1,6 +1,7 @@
 // MessageStore: the per-sample previous message m(xi) of every AQ-SGD link,
-// kept on both ends of the link (ALGORITHMS.md §2, ARCHITECTURE.md "Data
-// identity"). Batched get/put of rows keyed by (link id, sample id).
+// kept on both ends of the link (docs/design/ALGORITHMS.md §2,
+// docs/design/ARCHITECTURE.md "Data identity"). Batched get/put of rows keyed
+// by (link id, sample id).
 //
 // Backends: RocksDbMessageStore (on SSD; rocksdb_message_store.h) and
 // MemoryMessageStore (memory_message_store.h). One conformance suite

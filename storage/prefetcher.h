@@ -1,5 +1,5 @@
 // Prefetcher: hides message-store I/O behind compute. The epoch's sample
-// order is known in advance (ARCHITECTURE.md "Data identity"), so loader
+// order is known in advance (docs/design/ARCHITECTURE.md "Data identity"), so loader
 // threads keep the rows of the next K micro-batches in memory before the
 // consumer asks for them, and a writer thread writes updates behind.
 //

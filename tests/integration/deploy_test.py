@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks deploy/ (Dockerfile, docker-compose.yml, prometheus.yml, Grafana
 provisioning) against the real `aqswarm` binary. There is no Docker engine
-here (../shared/design/STACK.md trap 8), so the images are never built; what
+here (docs/design/STACK.md trap 8), so the images are never built; what
 can be checked without one is:
 
   compose    `docker-compose config` / `docker compose config` when either
