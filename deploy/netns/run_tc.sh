@@ -4,7 +4,7 @@
 # Runs the slownet benchmark's pipeline with each stage in its own network
 # namespace, neighbours joined by a veth pair whose two ends each get a
 # `tc qdisc ... tbf` at the link rate (so each direction is shaped, as the
-# user-space token bucket in peer/link_transport.cc shapes each direction),
+# user-space shaping in peer/link_transport.cc, a FIFO wire per direction, does),
 # and the job's own shaping switched off. Then runs the same job with
 # `aqswarm pipeline` on 127.0.0.1 with user-space shaping at the same rate and
 # compares samples/s over the same steady-state window.
