@@ -105,9 +105,19 @@ def collect(out, json_path, data_dir):
     link = read_jsonl(os.path.join(out, "link.jsonl"))
     if link:
         meta["link_bench"] = link
-    waits = dp_waits(out, cells)
+    try:
+        waits = dp_waits(out, cells)
+    except ImportError as e:  # no build or no python3-protobuf: the note goes without the waits
+        print(f"slownet_report: stage 0's DP waits left out: {e}", file=sys.stderr)
+        waits = {}
     if waits:
         meta["dp_wait"] = waits
+    # A kernel-shaping check from an earlier run stays (it needs root), marked as such.
+    old_netns = os.path.join(data_dir, "slownet_netns.txt")
+    if not os.path.exists(netns) and os.path.exists(old_netns):
+        prev = os.path.join(data_dir, "slownet_run.json")
+        when = (json.load(open(prev)).get("netns_finished", "?") if os.path.exists(prev) else "?").split(" (")[0]
+        meta["netns_finished"] = f"{when} (an earlier run than the table)"
 
     def copy(src, dst):
         if os.path.realpath(src) != os.path.realpath(dst):
@@ -118,6 +128,8 @@ def collect(out, json_path, data_dir):
             os.remove(os.path.join(data_dir, name))
     if os.path.exists(os.path.join(out, "paired.jsonl")):
         copy(os.path.join(out, "paired.jsonl"), os.path.join(data_dir, "slownet_paired.jsonl"))
+    elif os.path.exists(os.path.join(data_dir, "slownet_paired.jsonl")):
+        os.remove(os.path.join(data_dir, "slownet_paired.jsonl"))  # an older run's: not this table's
     for k in repeats:
         copy(os.path.join(out, f"paired_repeat_{k}.jsonl"), os.path.join(data_dir, f"slownet_paired_repeat_{k}.jsonl"))
     if os.path.exists(netns):

@@ -75,7 +75,8 @@ def plot_data(run, out_dir):
             d.write(f"# {grid} {label}\n")
             for c in sorted(cs, key=lambda c: -(c["bandwidth_mbps"] or stats.UNSHAPED_X)):
                 x = c["bandwidth_mbps"] or stats.UNSHAPED_X
-                d.write(f"{x} {c['samples_per_s']:.3f} {c['ratio_vs_fp32_unshaped']:.4f}\n")
+                r = c.get("ratio_vs_fp32_unshaped")  # none without an unshaped fp32 cell: "?" is missing to gnuplot
+                d.write(f"{x} {c['samples_per_s']:.3f} {'?' if r is None else f'{r:.4f}'}\n")
             d.write("\n\n")
     with open(os.path.join(out_dir, "series.txt"), "w") as s:
         s.write("\n".join(names) + "\n")
