@@ -124,6 +124,7 @@
 #include "common/status_macros.h"
 #include "common/subprocess.h"
 #include "nlohmann/json.hpp"
+#include "proto/event_json.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/step_schedule.h"
 
@@ -475,24 +476,25 @@ absl::Status RunCells(const SlownetBenchOptions& o, const fs::path& root, std::v
   std::ifstream events(dir / "run" / "events.jsonl");
   std::map<int64_t, int> seen;  // step -> stage lines counted
   for (std::string l; std::getline(events, l);) {
-    nlohmann::json e = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
-    if (!e.is_object() || e.value("event", "") != "step" || !e.contains("cpu_seconds")) continue;
-    const int64_t step = e.value("step", int64_t{-1});
-    const int stage = e.value("stage", -1);
-    if (step < skip || step >= total_steps || stage < 0 || stage >= c0.stages) continue;
+    absl::StatusOr<v1::StageEvent> ev = events::ParseStageEvent(l);
+    if (!ev.ok()) return absl::DataLossError(absl::StrCat(name, ": events.jsonl: ", ev.status().message()));
+    if (!ev->has_step()) continue;
+    const v1::StepEvent& e = ev->step();
+    const int64_t step = e.step();
+    const int stage = static_cast<int>(e.stage());
+    if (step < skip || step >= total_steps || stage >= c0.stages) continue;
     const int k = cell_of(step);
-    // The step line prints the rate with 6 significant digits.
     const double want = (*run)[k].bandwidth_mbps;
-    if (std::fabs(e.value("bandwidth_mbps", -1.0) - want) > 1e-5 * std::max(1.0, want)) {
+    if (std::fabs(e.bandwidth_mbps() - want) > 1e-9 * std::max(1.0, want)) {
       return absl::DataLossError(absl::StrCat(name, ": step ", step, " of stage ", stage, " ran at ",
-                                              e.value("bandwidth_mbps", -1.0), " Mbit/s, want ", want));
+                                              e.bandwidth_mbps(), " Mbit/s, want ", want));
     }
     const double per = 1.0 / acc[k].secs.size();
-    acc[k].cpu_by_stage[stage] += e.value("cpu_seconds", 0.0) * per;
-    acc[k].sys += e.value("sys_seconds", 0.0) * per;
-    acc[k].minflt += e.value("minor_faults", 0.0) * per;
-    acc[k].ctx += e.value("ctx_switches", 0.0) * per;
-    acc[k].ictx += e.value("invol_ctx_switches", 0.0) * per;
+    acc[k].cpu_by_stage[stage] += e.cpu_seconds() * per;
+    acc[k].sys += e.sys_seconds() * per;
+    acc[k].minflt += e.minor_faults() * per;
+    acc[k].ctx += e.ctx_switches() * per;
+    acc[k].ictx += e.invol_ctx_switches() * per;
     ++seen[step];
   }
   for (int64_t step = skip; step < total_steps; ++step) {

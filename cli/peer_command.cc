@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "cli/command.h"
 #include "peer/peer_daemon.h"
+#include "proto/event_json.h"
 
 ABSL_DECLARE_FLAG(std::string, coordinator);
 ABSL_DECLARE_FLAG(std::string, name);
@@ -73,7 +74,8 @@ int RunPeer(const std::vector<std::string>& args) {
   o.probe_bytes = absl::GetFlag(FLAGS_probe_bytes);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   std::mutex out_mu;
-  o.report = [&](const std::string& line) {
+  o.report = [&](const v1::PeerEvent& e) {
+    const std::string line = events::ToJsonLine(e);
     std::lock_guard<std::mutex> l(out_mu);
     std::fprintf(stdout, "%s\n", line.c_str());
     std::fflush(stdout);

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -27,7 +28,10 @@
 #include "common/subprocess.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
+#include "absl/flags/reflection.h"
+#include "peer/stage_command.h"
 #include "peer/stage_runner.h"
+#include "proto/event_json.h"
 #include "pipeline/job_spec.h"
 
 ABSL_DECLARE_FLAG(std::string, tls_dir);
@@ -114,70 +118,69 @@ absl::Status ReadPeersFromStdin(peer::StageRunner& runner, bool want_next, bool 
   return absl::OkStatus();
 }
 
+// The stage command as its flags set it (the flags are the CLI's; the
+// struct, peer/stage_command.h, is the one mapping to the runner's options).
+absl::StatusOr<peer::StageCommand> StageCommandFromFlags() {
+  std::vector<std::string> args;
+  for (const std::string& name : peer::StageCommand::FlagNames()) {
+    const absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);
+    if (f == nullptr) return absl::InternalError(absl::StrCat("aqswarm stage declares no flag --", name));
+    args.push_back(absl::StrCat("--", name, "=", f->CurrentValue()));
+  }
+  return peer::StageCommand::FromArgs(args);
+}
+
 int RunStage(const std::vector<std::string>& args) {
   if (!args.empty()) return Fail("stage", absl::InvalidArgumentError("unexpected argument " + args[0]));
-  if (absl::GetFlag(FLAGS_die_with_parent)) {
+  absl::StatusOr<peer::StageCommand> cmd = StageCommandFromFlags();
+  if (!cmd.ok()) return Fail("stage", cmd.status());
+  if (cmd->die_with_parent) {
     const pid_t parent = getppid();
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) return Fail("stage", absl::AbortedError("the parent process is gone"));
   }
-  if (absl::GetFlag(FLAGS_start_step) < 0) {
-    return Fail("stage", absl::InvalidArgumentError("--start_step must be >= 0"));
-  }
+  if (cmd->start_step < 0) return Fail("stage", absl::InvalidArgumentError("--start_step must be >= 0"));
   auto job = LoadJobFromFlags();
   if (!job.ok()) return Fail("stage", job.status());
   KeepFreedMemoryForReuse();  // no fresh zeroed pages every micro-batch (common/malloc_tuning.h)
-  if (absl::GetFlag(FLAGS_stage) + 1 < static_cast<int>(job->stages()) && absl::GetFlag(FLAGS_next).empty() &&
-      !absl::GetFlag(FLAGS_peers_on_stdin)) {
+  if (cmd->stage + 1 < static_cast<int>(job->stages()) && cmd->next.empty() && !cmd->peers_on_stdin) {
     return Fail("stage", absl::InvalidArgumentError("a stage before the last needs --next (or --peers_on_stdin)"));
   }
-  peer::StageRunnerOptions o;
-  o.job = *job;
-  o.stage = absl::GetFlag(FLAGS_stage);
-  o.pipeline = absl::GetFlag(FLAGS_pipeline_index);
-  o.listen = absl::GetFlag(FLAGS_listen);
-  o.next = absl::GetFlag(FLAGS_next);
-  o.store_dir = absl::GetFlag(FLAGS_store_dir);
-  o.generation = absl::GetFlag(FLAGS_generation);
-  o.next_generation = absl::GetFlag(FLAGS_next_generation);
-  o.previous_generation = absl::GetFlag(FLAGS_previous_generation);
-  o.exchange_listen = absl::GetFlag(FLAGS_exchange_listen);
-  o.replica_generation = absl::GetFlag(FLAGS_replica_generation);
-  o.start_step = absl::GetFlag(FLAGS_start_step);
-  o.plan = absl::GetFlag(FLAGS_plan);
-  o.init_checkpoint = absl::GetFlag(FLAGS_init_checkpoint);
-  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
-  o.link_timeout = absl::Seconds(absl::GetFlag(FLAGS_link_timeout_s));
-  o.tls.dir = absl::GetFlag(FLAGS_tls_dir);
-  o.tls.name = absl::GetFlag(FLAGS_name);
+  peer::StageRunnerOptions o = peer::StageRunnerOptionsFor(*cmd, *job);
   if (o.tls.enabled() && o.tls.name.empty()) {
     return Fail("stage", absl::InvalidArgumentError("--tls_dir needs --name (this process's certificate)"));
   }
   std::mutex out_mu;
-  o.report = [&](const std::string& line) {
+  auto print = [&](const v1::StageEvent& e) {
+    const std::string line = events::ToJsonLine(e);
     std::lock_guard<std::mutex> l(out_mu);
     std::fprintf(stdout, "%s\n", line.c_str());
     std::fflush(stdout);
   };
+  o.report = print;
   auto metrics = StartMetricsFromFlags();  // --metrics_listen
   if (!metrics.ok()) return Fail("stage", metrics.status());
   auto runner = peer::StageRunner::Create(o);
   if (!runner.ok()) return Fail("stage", runner.status());
-  o.report(absl::StrFormat(R"({"event":"listening","stage":%d,"pipeline":%d,"port":%d,"exchange_port":%d,)"
-                           R"("metrics_port":%d})",
-                           o.stage, o.pipeline, (*runner)->port(), (*runner)->exchange_port(),
-                           *metrics ? (**metrics).port() : 0));
+  {
+    v1::StageEvent e;
+    v1::ListeningEvent& l = *e.mutable_listening();
+    l.set_stage(o.stage);
+    l.set_pipeline(o.pipeline);
+    l.set_port((*runner)->port());
+    l.set_exchange_port((*runner)->exchange_port());
+    l.set_metrics_port(*metrics ? (**metrics).port() : 0);
+    print(e);
+  }
   const bool last = o.stage + 1 == static_cast<int>(job->stages());
   const bool dp = job->data_parallel() > 1;
-  if (absl::GetFlag(FLAGS_peers_on_stdin)) {
+  if (cmd->peers_on_stdin) {
     // The launcher answers once every stage listens, e.g.
     //   {"next": "127.0.0.1:7001", "replicas": ["127.0.0.1:7101", "127.0.0.1:7102"]}
     absl::Status ps = ReadPeersFromStdin(**runner, /*want_next=*/!last, dp, o.link_timeout);
     if (!ps.ok()) return Fail("stage", ps);
-  } else if (dp && !absl::GetFlag(FLAGS_replicas).empty()) {
-    std::vector<std::string> replicas = absl::StrSplit(absl::GetFlag(FLAGS_replicas), ',');
-    absl::Status cs = (*runner)->SetReplicas(replicas);
+  } else if (dp && !cmd->replicas.empty()) {
+    absl::Status cs = (*runner)->SetReplicas(cmd->replicas);
     if (!cs.ok()) return Fail("stage", cs);
   } else if (dp) {
     // The launcher (or an operator) answers with the replicas' addresses:
@@ -186,8 +189,17 @@ int RunStage(const std::vector<std::string>& args) {
     if (!ps.ok()) return Fail("stage", ps);
   }
   absl::Status s = (*runner)->Run();
-  if (!s.ok()) return Fail("stage", s);
-  o.report(absl::StrFormat(R"({"event":"done","stage":%d})", o.stage));
+  if (!s.ok()) {
+    v1::StageEvent e;
+    e.mutable_error()->set_stage(o.stage);
+    e.mutable_error()->set_code(absl::StatusCodeToString(s.code()));
+    e.mutable_error()->set_message(std::string(s.message()));
+    print(e);
+    return Fail("stage", s);
+  }
+  v1::StageEvent e;
+  e.mutable_done()->set_stage(o.stage);
+  print(e);
   return 0;
 }
 
@@ -204,15 +216,14 @@ std::string Tail(const std::string& path, size_t max_lines) {
 }
 
 // Waits until every child has printed its first line, which must be the
-// stage's {"event":"listening",...}, all by `deadline`, and returns those
-// lines. On failure *failed is the child that exited first or printed
+// stage's listening event, all by `deadline`, and returns those events. On failure *failed is the child that exited first or printed
 // something else, or the first one still silent at the deadline. Lines a
 // child printed after its listening line are appended to (*rest)[i].
-absl::StatusOr<std::vector<nlohmann::json>> AwaitListening(const std::vector<std::unique_ptr<Subprocess>>& children,
+absl::StatusOr<std::vector<v1::ListeningEvent>> AwaitListening(const std::vector<std::unique_ptr<Subprocess>>& children,
                                                             absl::Time deadline, int* failed,
                                                             std::vector<std::vector<std::string>>* rest) {
   const int n = static_cast<int>(children.size());
-  std::vector<nlohmann::json> ready(n);
+  std::vector<v1::ListeningEvent> ready(n);
   std::vector<bool> got(n, false);
   for (int left = n; left > 0;) {
     std::vector<pollfd> fds;
@@ -237,12 +248,12 @@ absl::StatusOr<std::vector<nlohmann::json>> AwaitListening(const std::vector<std
         return absl::UnavailableError("it exited before listening");
       }
       if (lines.empty()) continue;
-      nlohmann::json ev = nlohmann::json::parse(lines[0], nullptr, false);
-      if (ev.is_discarded() || ev.value("event", "") != "listening") {
+      absl::StatusOr<v1::StageEvent> ev = events::ParseStageEvent(lines[0]);
+      if (!ev.ok() || !ev->has_listening()) {
         *failed = i;
         return absl::InvalidArgumentError(absl::StrCat("its first line is not the listening event: ", lines[0]));
       }
-      ready[i] = std::move(ev);
+      ready[i] = ev->listening();
       got[i] = true;
       --left;
       (*rest)[i].insert((*rest)[i].end(), lines.begin() + 1, lines.end());
@@ -305,26 +316,29 @@ int RunPipeline(const std::vector<std::string>& args) {
   for (int i = 0; i < n; ++i) {
     const int p = i / k, s = i % k;
     fs::remove(log_of(i), ec);
-    std::vector<std::string> argv = {self, "stage", "--job=" + job_path, absl::StrCat("--stage=", s),
-                                     absl::StrCat("--pipeline_index=", p),
-                                     "--store_dir=" + (out / ("store-" + name(p, s))).string(),
-                                     absl::StrCat("--link_timeout_s=", absl::GetFlag(FLAGS_link_timeout_s)),
-                                     "--peers_on_stdin"};
+    peer::StageCommand c;
+    c.job = job_path;
+    c.stage = s;
+    c.pipeline = p;
+    c.store_dir = (out / ("store-" + name(p, s))).string();
+    c.link_timeout_s = absl::GetFlag(FLAGS_link_timeout_s);
+    c.peers_on_stdin = true;
     if (absl::GetFlag(FLAGS_metrics_port_base) > 0) {
-      argv.push_back(absl::StrCat("--metrics_listen=127.0.0.1:", absl::GetFlag(FLAGS_metrics_port_base) + i));
+      c.metrics_listen = absl::StrCat("127.0.0.1:", absl::GetFlag(FLAGS_metrics_port_base) + i);
     }
     if (!absl::GetFlag(FLAGS_tls_dir).empty()) {
-      argv.push_back("--tls_dir=" + absl::GetFlag(FLAGS_tls_dir));
-      argv.push_back("--name=" + absl::GetFlag(FLAGS_name));
+      c.tls_dir = absl::GetFlag(FLAGS_tls_dir);
+      c.name = absl::GetFlag(FLAGS_name);
     }
-    auto child = Subprocess::Spawn(argv, {.capture_stdout = true, .stderr_path = log_of(i), .pipe_stdin = true});
+    auto child =
+        Subprocess::Spawn(c.ToArgv(self), {.capture_stdout = true, .stderr_path = log_of(i), .pipe_stdin = true});
     if (!child.ok()) return Fail("pipeline", child.status());  // the destructors stop those already started
     children[i] = std::move(*child);
   }
   std::vector<int> port(n, 0), exchange_port(n, 0);
   {
     int failed = 0;
-    absl::StatusOr<std::vector<nlohmann::json>> ready =
+    absl::StatusOr<std::vector<v1::ListeningEvent>> ready =
         AwaitListening(children, absl::Now() + absl::Seconds(300), &failed, &pending);
     if (absl::IsCancelled(ready.status())) {
       std::cerr << "aqswarm pipeline: interrupted, stopping the stages\n";
@@ -337,8 +351,8 @@ int RunPipeline(const std::vector<std::string>& args) {
       return 1;
     }
     for (int i = 0; i < n; ++i) {
-      port[i] = (*ready)[i].value("port", 0);
-      exchange_port[i] = (*ready)[i].value("exchange_port", 0);
+      port[i] = static_cast<int>((*ready)[i].port());
+      exchange_port[i] = static_cast<int>((*ready)[i].exchange_port());
     }
   }
   for (int i = 0; i < n; ++i) {  // tell every stage where its neighbours are
@@ -367,7 +381,7 @@ int RunPipeline(const std::vector<std::string>& args) {
     for (int s = 0; s < k; ++s) csv << ",dp_bytes_stage" << s;
   }
   csv << "\n";
-  std::map<int64_t, std::map<int, nlohmann::json>> steps;  // step -> child index -> line
+  std::map<int64_t, std::map<int, v1::StepEvent>> steps;  // step -> child index -> event
   std::map<int64_t, double> val;
   int done = 0;
   bool failed = false;
@@ -394,25 +408,24 @@ int RunPipeline(const std::vector<std::string>& args) {
         }
       }
       for (const auto& line : lines) {
-        nlohmann::json ev = nlohmann::json::parse(line, nullptr, false);
-        if (ev.is_discarded()) continue;
+        absl::StatusOr<v1::StageEvent> ev = events::ParseStageEvent(line);
+        if (!ev.ok()) continue;
         events << line << "\n";
-        const std::string kind = ev.value("event", "");
-        if (kind == "done") ++done;
-        if (kind == "eval" && i == 0) {
-          val[ev["step"].get<int64_t>()] = ev["val_loss"].get<double>();
-          std::printf("  eval  step %5lld  val_loss %.4f\n", static_cast<long long>(ev["step"].get<int64_t>()),
-                      ev["val_loss"].get<double>());
+        if (ev->has_done()) ++done;
+        if (ev->has_eval() && i == 0) {
+          val[ev->eval().step()] = ev->eval().val_loss();
+          std::printf("  eval  step %5lld  val_loss %.4f\n", static_cast<long long>(ev->eval().step()),
+                      ev->eval().val_loss());
         }
-        if (kind != "step") continue;
-        const int64_t step = ev["step"].get<int64_t>();
+        if (!ev->has_step()) continue;
+        const int64_t step = ev->step().step();
         auto& row = steps[step];
-        row[i] = ev;
+        row[i] = ev->step();
         if (static_cast<int>(row.size()) < n) continue;
         // Every replica of a stage must hold bit-identical weights.
         for (int s = 0; s < k && d > 1; ++s) {
           for (int p = 1; p < d; ++p) {
-            if (row[p * k + s]["param_hash"] != row[s]["param_hash"]) {
+            if (row[p * k + s].dp().param_hash() != row[s].dp().param_hash()) {
               std::cerr << "aqswarm pipeline: replicas of stage " << s << " diverged at step " << step << "\n";
               failed = true;
             }
@@ -420,33 +433,34 @@ int RunPipeline(const std::vector<std::string>& args) {
         }
         double loss = 0, secs = 0, tokens = 0, fw_total = 0, raw_total = 0;
         for (int p = 0; p < d; ++p) {
-          const auto& s0 = row[p * k];
-          loss += s0["loss"].get<double>() / d;
-          secs = std::max(secs, s0["step_seconds"].get<double>());
-          tokens += s0["tokens"].get<double>();
+          const v1::StepEvent& s0 = row[p * k];
+          loss += s0.loss() / d;
+          secs = std::max(secs, s0.step_seconds());
+          tokens += s0.tokens();
         }
         const double tps = tokens / std::max(secs, 1e-9);
         std::string links;
-        csv << step << "," << row[0]["epoch"] << "," << loss << ",," << secs << "," << tps;
+        csv << step << "," << row[0].epoch() << "," << loss << ",," << secs << "," << tps;
         for (int l = 0; l + 1 < k; ++l) {
-          const double fw = row[l]["fw_bytes"].get<double>(), bw = row[l + 1]["bw_bytes"].get<double>();
+          const double fw = row[l].fw_bytes(), bw = row[l + 1].bw_bytes();
           csv << "," << fw << "," << bw;
           absl::StrAppendFormat(&links, "  link%d %.2f/%.2f MB", l, fw / 1e6, bw / 1e6);
-          fw_total += row[l].value("payload_bytes", 0.0);
-          raw_total += row[l].value("raw_bytes", 0.0);
+          fw_total += row[l].sender().payload_bytes();
+          raw_total += row[l].sender().raw_bytes();
         }
         if (d > 1) {
           double dp = 0;
           for (int s = 0; s < k; ++s) {
-            csv << "," << row[s].value("dp_bytes", 0.0);
-            dp += row[s].value("dp_bytes", 0.0);
+            csv << "," << row[s].dp().bytes();
+            dp += row[s].dp().bytes();
           }
           absl::StrAppendFormat(&links, "  dp %.2f MB/replica", dp / 1e6);
         }
         csv << "\n";
         csv.flush();
-        std::printf("step %5lld  epoch %lld  loss %.4f  %8.0f tok/s  %.2f s%s%s%s\n", static_cast<long long>(step),
-                    static_cast<long long>(row[0]["epoch"].get<int64_t>()), loss, tps, secs, links.c_str(),
+        std::printf("step %5lld  epoch %lld  loss %.4f%s  %8.0f tok/s  %.2f s%s%s%s\n", static_cast<long long>(step),
+                    static_cast<long long>(row[0].epoch()), loss, std::isfinite(loss) ? "" : " (not finite)", tps,
+                    secs, links.c_str(),
                     raw_total > 0 ? absl::StrFormat("  fw ratio %.1fx", raw_total / std::max(fw_total, 1.0)).c_str()
                                   : "",
                     d > 1 ? "  replicas identical" : "");
@@ -494,12 +508,9 @@ std::vector<Command> PipelineCommands() {
        {"job", "stages", "dp", "out_dir", "keep_stores", "link_timeout_s", "tls_dir", "name", "metrics_port_base"},
        RunPipeline},
       {"stage",
-       "Run one pipeline stage (used by `aqswarm pipeline`; prints JSON progress lines).",
-       "",
-       {"job", "stages", "dp", "stage", "pipeline_index", "listen", "next", "store_dir", "generation",
-        "next_generation", "previous_generation", "peers_on_stdin", "exchange_listen", "replicas", "replica_generation", "plan", "start_step", "die_with_parent",
-        "init_checkpoint", "checkpoint_dir", "keep_checkpoints", "link_timeout_s", "tls_dir", "name",
-        "metrics_listen"},
+       "Run one pipeline stage (used by `aqswarm pipeline` and `aqswarm peer`; prints JSON event lines).",
+       "Its command line is peer/stage_command.h; its events are proto/events.proto (StageEvent).",
+       peer::StageCommand::FlagNames(),
        RunStage},
   };
 }

@@ -128,22 +128,6 @@ void LinkConnection::NotifyArrivals(FrameArrivals* arrivals) {
   arrivals_ = arrivals;
 }
 
-uint64_t FrameArrivals::count() const {
-  absl::MutexLock l(&mu_);
-  return count_;
-}
-
-bool FrameArrivals::WaitPast(uint64_t seen, absl::Time deadline) const {
-  absl::MutexLock l(&mu_);
-  auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return count_ != seen; };
-  return mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
-}
-
-void FrameArrivals::Notify() {
-  absl::MutexLock l(&mu_);
-  ++count_;
-}
-
 void LinkConnection::CloseSend() {
   absl::MutexLock l(&mu_);
   send_closed_ = true;

@@ -8,14 +8,13 @@
 //   c->Send(frame);                                   // queued; a writer thread ships it
 //   c->Receive([](const v1::LinkFrame& f) { return f.has_gradients(); }, timeout);
 //
-// Shaping (per direction, applied by the sender's writer thread and the
-// receiver's reader): a frame of N serialized bytes occupies the wire for
-// N*8/bandwidth seconds from when it was queued or the previous frame left
-// the wire, whichever is later (a FIFO wire: a late writer thread, e.g. one
-// the CPU scheduler woke up late, does not leave the wire idle while frames
-// wait, it catches up); the frame is written once its last byte has left,
-// and delivered latency_ms after that. The sleeps here *are* the emulated
-// wire, not synchronisation.
+// Shaping (per direction): a frame of N serialized bytes occupies the
+// sending direction's EmulatedWire for N*8/bandwidth seconds from when it was
+// queued or the previous frame left the wire, whichever is later (a FIFO
+// wire). The writer sends it at once, stamped with how long its wire time
+// still runs (LinkFrame.hold_micros); the receiver holds it until then, plus
+// latency_ms. No thread sleeps per frame: a held frame simply is not due yet
+// (Has/Receive skip it, NextDue says when it comes due).
 //
 // Receive() returns the first queued frame that matches; frames that do not
 // match stay queued in arrival order for later calls (the protocol lets a
@@ -41,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "peer/stage_link.h"
 #include "peer/tls.h"
 #include "proto/link.grpc.pb.h"
 
@@ -71,31 +71,13 @@ class EmulatedWire {
   absl::Time wire_free_ = absl::InfinitePast();
 };
 
-// Counts the frames that arrive on the links that notify it (and their
-// ends), so that one thread can wait for the next frame on any of them:
-//
-//   up->NotifyArrivals(&arrivals);  down->NotifyArrivals(&arrivals);
-//   const uint64_t seen = arrivals.count();
-//   if (!*up->Has(a) && !*down->Has(b)) arrivals.WaitPast(seen, deadline);
-class FrameArrivals {
- public:
-  uint64_t count() const;
-  // Waits until count() != seen; false if the deadline came first.
-  bool WaitPast(uint64_t seen, absl::Time deadline) const;
-  void Notify();
-
- private:
-  mutable absl::Mutex mu_;
-  uint64_t count_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
 // Largest frame accepted on a link (gRPC's 4 MiB default is too small for
 // FULL activation batches of real models). Default: 512 MiB.
 inline constexpr int kMaxLinkFrameBytes = 512 << 20;
 
-class LinkConnection {
+class LinkConnection : public StageLink {
  public:
-  virtual ~LinkConnection();
+  ~LinkConnection() override;
 
   // Connects to a StageLinkServer, retrying until `timeout`.
   static absl::StatusOr<std::unique_ptr<LinkConnection>> Dial(const std::string& target, const ShapingOptions& shaping,
@@ -110,20 +92,17 @@ class LinkConnection {
   // (LinkFrame.hold_micros); the receiving end holds it until then. So a
   // frame is usable exactly when its last byte would have arrived, but no
   // thread sleeps per frame: a stage busy computing meanwhile finds it ready
-  // without a timer wake-up (at 10 Mbit/s on the 2-core bench machine this
-  // cut the grid's extra CPU per sample over unshaped from +4-7% to +2-5%:
-  // docs/BENCHMARKS.md, link shaping A/B). The sender's queue therefore does
+  // without a timer wake-up. The sender's queue therefore does
   // not back up behind a slow wire; what bounds the frames in flight is the
   // stage schedule.
-  absl::Status Send(v1::LinkFrame frame, absl::Duration timeout = absl::Seconds(600));
+  absl::Status Send(v1::LinkFrame frame, absl::Duration timeout = absl::Seconds(600)) override;
   // The first frame (in arrival order) that `match`es and is due, waiting
   // up to `timeout`.
-  absl::StatusOr<v1::LinkFrame> Receive(const std::function<bool(const v1::LinkFrame&)>& match,
-                                        absl::Duration timeout);
+  absl::StatusOr<v1::LinkFrame> Receive(const Match& match, absl::Duration timeout) override;
   // Whether a due frame that `match`es has arrived (Receive would return it
   // at once). Fails like Receive once the link has ended and holds none
   // that matches.
-  absl::StatusOr<bool> Has(const std::function<bool(const v1::LinkFrame&)>& match);
+  absl::StatusOr<bool> Has(const Match& match) override;
   // The earliest time after `after` at which a frame that has arrived comes
   // due (its emulated wire time ends); InfiniteFuture if none. A waiter on
   // FrameArrivals bounds its wait by it, since a held frame coming due does
@@ -131,10 +110,10 @@ class LinkConnection {
   // a frame that came due between those checks and this call is then
   // reported (a time already past, so the wait ends at once) instead of
   // looking like a frame that was never held, whose wake-up is lost.
-  absl::Time NextDue(absl::Time after);
+  absl::Time NextDue(absl::Time after) override;
   // From now on every frame that arrives, and the link's end, notify
   // `arrivals` (nullptr: none). It must outlive this link or be replaced.
-  void NotifyArrivals(FrameArrivals* arrivals);
+  void NotifyArrivals(FrameArrivals* arrivals) override;
   // No more sends: flushes queued frames, then half-closes. Idempotent.
   void CloseSend();
   // Waits (bounded) until the peer has closed its side too; returns the
@@ -144,8 +123,8 @@ class LinkConnection {
   // Shapes the frames queued from now on at `mbps` (0 = unshaped) instead of
   // ShapingOptions::bandwidth_mbps (benchmarks that change a link's rate
   // from step to step: JobSpec shaping.bandwidth_schedule_mbps).
-  void SetBandwidth(double mbps) { bandwidth_mbps_ = mbps; }
-  uint64_t bytes_sent() const { return bytes_sent_.load(); }
+  void SetBandwidth(double mbps) override { bandwidth_mbps_ = mbps; }
+  uint64_t bytes_sent() const override { return bytes_sent_.load(); }
   // Passive bandwidth measurement of real traffic: bytes of frames of at
   // least kBusyFrameBytes and the seconds the link spent sending them (from
   // when the writer took the frame, or the previous frame left, to when the

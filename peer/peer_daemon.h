@@ -55,9 +55,10 @@
 // daemon. Every one is advertised to the coordinator as given by the
 // corresponding *advertise option (default: the listen address).
 //
-// Progress: the child's JSON lines (stage_runner.h) are copied to `report`
-// together with the daemon's own events ({"event":"joined"|"assignment"|
-// "child_exit"|...}); every step line becomes a ReportProgress.
+// Progress: typed events (proto/events.proto, PeerEvent) to `report`: the
+// daemon's own (joined, assignment, stage_started, child_exit, mirrored ...)
+// and the child's StageEvents passed on; every step event becomes a
+// ReportProgress.
 //
 // Thread-safety: Stop() may be called from any thread; the rest from one.
 #ifndef AQSWARM_PEER_PEER_DAEMON_H_
@@ -70,6 +71,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "peer/tls.h"
+#include "proto/events.pb.h"
 
 namespace aqswarm::peer {
 
@@ -115,8 +117,8 @@ struct PeerDaemonOptions {
   absl::Duration join_timeout = absl::Seconds(60);
   // SIGTERM to SIGKILL for a child being stopped. Default: 10 s.
   absl::Duration stop_grace = absl::Seconds(10);
-  // Receives JSON lines (the child's and the daemon's). Default: none.
-  std::function<void(const std::string&)> report;
+  // Receives the events (the daemon's and the child's). Default: none.
+  std::function<void(const v1::PeerEvent&)> report;
 };
 
 class PeerDaemon {

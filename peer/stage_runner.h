@@ -7,27 +7,15 @@
 //   report(runner->port());          // where the previous stage must dial
 //   AQSWARM_RETURN_IF_ERROR(runner->Run());
 //
-// Per step (M micro-batches): forwards and backwards in the order of
-// job.schedule (pipeline/step_schedule.h: adaptive runs whichever has its
-// input first, 1f1b interleaves them in a fixed order, gpipe runs all
-// forwards first; backwards always in increasing micro-batch order),
-// sending each stage output downstream and each input gradient upstream as
-// soon as it is computed (each link direction has its own writer thread, so
-// transfers overlap compute and each other). The last backward (micro-batch
-// M-1) carries the sum of squared gradient norms of the
-// stages below; stage 0 completes the sum and sends a StepCommit down the
-// pipeline, so every stage clips by the whole model's gradient norm and steps
-// in lockstep. Every wait on a neighbour is bounded by `link_timeout`; a
-// vanished neighbour turns into an error naming the link.
+// Per step it runs the step protocol (peer/step_protocol.h) over the links
+// its handshake opened (peer/link_handshake.h), then the optimizer (with the
+// data-parallel exchange when D > 1), writes the stage state every
+// checkpoint_every_steps, and evaluates every eval_every_steps.
 //
-// Progress is reported as one JSON object per line through `report`:
-//   {"event":"step","stage":0,"step":3,"epoch":0,"loss":...,"step_seconds":...,
-//    "compute_seconds":...,"wait_seconds":...,"cpu_seconds":...,"sys_seconds":...,"minor_faults":...,
-//    "ctx_switches":...,"invol_ctx_switches":...,"fw_bytes":...,"bw_bytes":...,...}
-//   (cpu_seconds: the process's CPU time over the step, all threads, sys_seconds
-//   its kernel part; faults and context switches (voluntary, involuntary) over
-//   the step, from getrusage)
-//   {"event":"eval","stage":0,"step":3,"val_loss":...}
+// Progress is reported as typed events (proto/events.proto) through
+// `report`: a StepEvent per step (loss, times, CPU and rusage counters,
+// bytes per link, DP bytes and parameter hash, the sender's row counts) once
+// the step's state is saved, an EvalEvent per evaluation.
 #ifndef AQSWARM_PEER_STAGE_RUNNER_H_
 #define AQSWARM_PEER_STAGE_RUNNER_H_
 
@@ -40,6 +28,7 @@
 #include "absl/time/time.h"
 #include "peer/stage_checkpoints.h"  // the checkpoint_dir layout
 #include "peer/tls.h"
+#include "proto/events.pb.h"
 #include "proto/job.pb.h"
 
 namespace aqswarm::peer {
@@ -95,8 +84,8 @@ struct StageRunnerOptions {
   // Mutual TLS for every connection of this stage (StageLink both ways,
   // GradientExchange). Default: plaintext.
   TlsOptions tls;
-  // Receives progress lines (JSON). Default: none.
-  std::function<void(const std::string&)> report;
+  // Receives progress events. Default: none.
+  std::function<void(const v1::StageEvent&)> report;
 };
 
 

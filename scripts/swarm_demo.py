@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""Follows the demo swarm's peers (their JSON lines in RUN_DIR/peerN.out),
+"""Follows the demo swarm's peers (their event lines in RUN_DIR/peerN.out,
+read with aqswarm_events.py),
 prints one progress line per completed training step, and at the end a
 summary: the loss curve (RUN_DIR/loss.png, gnuplot) and the bytes sent on the
 wire against what fp32 links and an fp32 all-reduce would have sent.
 
 usage: swarm_demo.py RUN_DIR N_PEERS D_MODEL"""
-import json, os, subprocess, sys, time
+import os, subprocess, sys, time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from aqswarm_events import EventError, parse_peer_event  # noqa: E402
 
 run, n, d_model = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 files = [open(os.path.join(run, f"peer{i}.out")) for i in range(1, n + 1)]
@@ -32,22 +36,24 @@ while len(finished) < n:
         pending[i] += chunk
         *lines, pending[i] = pending[i].split("\n")
         for line in lines:
-            try:
-                e = json.loads(line)
-            except ValueError:
+            if not line.startswith("{"):
                 continue
-            if e.get("event") in ("job_done", "left"):
+            try:
+                kind, e = parse_peer_event(line)
+            except EventError:
+                continue
+            if kind in ("job_done", "left"):
                 finished.add(i)
-            if e.get("event") != "step":
+            if kind != "step":
                 continue
             st, p, dense = e["stage"], e["pipeline"], e["tokens"] * d_model * 4
             steps.setdefault(e["step"], {})[(st, p)] = e
-            if e.get("fw_bytes"):
+            if e["fw_bytes"]:
                 count(f"pipeline {p} stage {st}->{st + 1} activations", e["fw_bytes"], dense)
-            if e.get("bw_bytes"):
+            if e["bw_bytes"]:
                 count(f"pipeline {p} stage {st}->{st - 1} gradients", e["bw_bytes"], dense)
-            if e.get("dp_bytes"):
-                count(f"stage {st} all-reduce, pipeline {p}'s sends", e["dp_bytes"], e.get("dp_raw_bytes", 0))
+            if e.get("dp", {}).get("bytes"):
+                count(f"stage {st} all-reduce, pipeline {p}'s sends", e["dp"]["bytes"], e["dp"]["raw_bytes"])
     while len(steps.get(next_step, {})) == 4 or (next_step in steps and len(finished) == n):
         rows = steps.pop(next_step)
         last = max(k[0] for k in rows)

@@ -128,9 +128,9 @@ EOF
 }
 
 # "step step_seconds" lines: stage 0's JSON step lines, or a run's metrics.csv.
-steps_from_jsonl() {
-  grep -h '"event":"step"' "$@" | sed -E 's/.*"step":([0-9]+),.*"step_seconds":([0-9.]+),.*/\1 \2/'
-}
+# The stages' event lines are read with scripts/aqswarm_events.py (proto/events.proto).
+EVENTS=(python3 "$(cd "$(dirname "$0")/../.." && pwd)/scripts/aqswarm_events.py" fields)
+steps_from_jsonl() { "${EVENTS[@]}" step step step_seconds -- "$@"; }
 steps_from_csv() { awk -F, 'FNR > 1 { print $1, $5 }' "$@"; }
 # samples/s at the median step time over the steps >= SKIP on stdin (pooled
 # over passes: the bench's estimator, which a slow second in one pass moves less
@@ -147,7 +147,7 @@ median_sps() {
 # cpu_seconds: the process's own time, which includes the kernel's TCP/IP
 # work done in its context), for one run.
 cpu_per_step() {  # step-line files of one run...
-  cat "$@" | grep '"event":"step"' | sed -E 's/.*"step":([0-9]+),.*"cpu_seconds":([0-9.]+),.*/\1 \2/' |
+  "${EVENTS[@]}" step step cpu_seconds -- "$@" |
     awk -v skip="$SKIP" '$1 >= skip { t += $2; if (!($1 in seen)) { seen[$1] = 1; n++ } } END { if (n) printf "%.3f", t / n; else print "nan" }'
 }
 mean() { awk '{ t += $1; n++ } END { if (n) printf "%.3f", t / n; else print "nan" }'; }
@@ -159,7 +159,7 @@ qdisc_sent() {
 }
 # Bytes the application sent on link 0 forward (stage 0's fw_bytes, every step).
 app_fw_bytes() {
-  grep '"event":"step"' "$1" | sed -E 's/.*"fw_bytes":([0-9]+).*/\1/' | awk '{ t += $1 } END { printf "%d", t }'
+  "${EVENTS[@]}" step fw_bytes -- "$1" | awk '{ t += $1 } END { printf "%d", t }'
 }
 
 # ---------------------------------------------------------------- runs
@@ -175,13 +175,13 @@ run_netns() {  # dir
     ip netns exec "${PREFIX}-$s" "$AQSWARM" "${args[@]}" >"$dir/stage-$s.jsonl" 2>"$dir/stage-$s.log" &
     PIDS+=($!)
     for _ in $(seq 1 600); do
-      line=$(grep -m1 '"event":"listening"' "$dir/stage-$s.jsonl" 2>/dev/null || true)
+      line=$(grep -m1 '^{"listening"' "$dir/stage-$s.jsonl" 2>/dev/null || true)
       [[ -n $line ]] && break
       kill -0 "${PIDS[-1]}" 2>/dev/null || { echo "stage $s died:"; tail "$dir/stage-$s.log"; return 1; }
       sleep 0.1
     done
     [[ -n $line ]] || { echo "stage $s did not start"; return 1; }
-    port=$(sed -E 's/.*"port":([0-9]+).*/\1/' <<<"$line")
+    port=$("${EVENTS[@]}" listening port -- "$dir/stage-$s.jsonl" | head -1)
     (( s > 0 )) && next="10.77.$((s - 1)).2:$port"
   done
   local rc=0

@@ -15,6 +15,7 @@
 #include "common/file_util.h"
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
+#include "proto/event_json.h"
 #include "nlohmann/json.hpp"
 #include "storage/rocksdb_message_store.h"
 #include "tests/integration/test_device.h"
@@ -25,6 +26,13 @@ namespace {
 namespace fs = std::filesystem;
 
 const char* kBinary = AQSWARM_BINARY;
+
+// The StageLink port of a stage's first line (its listening event); 0 if it is not one.
+int ListeningPort(const std::string& line) {
+  absl::StatusOr<v1::StageEvent> e = events::ParseStageEvent(line);
+  EXPECT_TRUE(e.ok() && e->has_listening()) << line;
+  return e.ok() ? static_cast<int>(e->listening().port()) : 0;
+}
 const char* kDataDir = AQSWARM_DATA_DIR;
 
 class PipelineTest : public ::testing::Test {
@@ -186,25 +194,25 @@ TEST_F(PipelineTest, BandwidthScheduleShapesEachStepAtItsOwnRate) {
             0)
       << output_;
   EXPECT_EQ(Losses(plain), Losses(swept));
-  std::ifstream events(fs::path(swept) / "events.jsonl");
+  std::ifstream event_lines(fs::path(swept) / "events.jsonl");
   int lines = 0;
-  for (std::string l; std::getline(events, l);) {
-    nlohmann::json e = nlohmann::json::parse(l, nullptr, false);
-    if (!e.is_object() || e.value("event", "") != "step") continue;
+  for (std::string l; std::getline(event_lines, l);) {
+    absl::StatusOr<v1::StageEvent> ev = events::ParseStageEvent(l);
+    ASSERT_TRUE(ev.ok()) << ev.status();
+    if (!ev->has_step()) continue;
+    const v1::StepEvent& e = ev->step();
     ++lines;
-    const int64_t step = e.value("step", -1);
-    ASSERT_EQ(e.value("bandwidth_mbps", -1.0), step % 2 == 0 ? 0.0 : 2.0) << l;
+    ASSERT_EQ(e.bandwidth_mbps(), e.step() % 2 == 0 ? 0.0 : 2.0) << l;
     // The step's resource use (getrusage deltas): kernel CPU within all CPU.
-    EXPECT_GT(e.value("cpu_seconds", -1.0), 0) << l;
-    EXPECT_GE(e.value("sys_seconds", -1.0), 0) << l;
-    EXPECT_LE(e.value("sys_seconds", -1.0), e.value("cpu_seconds", -1.0)) << l;
-    EXPECT_GE(e.value("minor_faults", -1), 0) << l;
-    EXPECT_GE(e.value("invol_ctx_switches", -1), 0) << l;
-    if (step % 2 == 1 && e.value("stage", -1) == 0) {
-      const double wire = e.value("fw_bytes", 0.0) * 8 / 2e6;
+    EXPECT_GT(e.cpu_seconds(), 0) << l;
+    EXPECT_GE(e.sys_seconds(), 0) << l;
+    EXPECT_LE(e.sys_seconds(), e.cpu_seconds()) << l;
+    EXPECT_FALSE(e.loss_not_finite()) << l;
+    if (e.step() % 2 == 1 && e.stage() == 0) {
+      const double wire = e.fw_bytes() * 8 / 2e6;
       EXPECT_GT(wire, 0.05) << l;
-      EXPECT_GE(e.value("step_seconds", 0.0), wire) << l;
-      EXPECT_GT(e.value("ctx_switches", -1), 0) << l;  // its threads waited on the slow wire
+      EXPECT_GE(e.step_seconds(), wire) << l;
+      EXPECT_GT(e.ctx_switches(), 0u) << l;  // its threads waited on the slow wire
     }
   }
   EXPECT_EQ(lines, 8);
@@ -274,7 +282,7 @@ TEST_F(PipelineTest, GridRunsOverMutualTlsAndAPlaintextNeighbourIsRejected) {
   ASSERT_TRUE(down.ok());
   std::string line;
   ASSERT_TRUE((*down)->ReadLine(&line, absl::Seconds(120)).ok());
-  const int port = nlohmann::json::parse(line)["port"].get<int>();
+  const int port = ListeningPort(line);
   auto up = Subprocess::Spawn({kBinary, "stage", "--job=" + job2, "--stage=0", "--store_dir=" + (dir_ / "m0").string(),
                                absl::StrCat("--next=127.0.0.1:", port), "--link_timeout_s=5"},
                               {.capture_stdout = true, .stderr_path = (dir_ / "m0.err").string()});
@@ -308,14 +316,14 @@ TEST_F(PipelineTest, KilledStageMakesItsNeighboursFailWithAClearErrorQuickly) {
     st[s].proc = std::move(*p);
     std::string line;
     ASSERT_TRUE(st[s].proc->ReadLine(&line, absl::Seconds(120)).ok());
-    auto ev = nlohmann::json::parse(line);
-    next = absl::StrCat("127.0.0.1:", ev["port"].get<int>());
+    next = absl::StrCat("127.0.0.1:", ListeningPort(line));
   }
   // Wait until training is under way (stage 0 reported a step), then kill the middle.
   std::string line;
   bool stepped = false;
   while (!stepped && st[0].proc->ReadLine(&line, absl::Seconds(120)).ok()) {
-    stepped = line.find("\"step\"") != std::string::npos;
+    absl::StatusOr<v1::StageEvent> e = events::ParseStageEvent(line);
+    stepped = e.ok() && e->has_step();
   }
   ASSERT_TRUE(stepped);
   st[1].proc->Signal(SIGKILL);
@@ -340,7 +348,7 @@ TEST_F(PipelineTest, NeighbourWithDifferentLinkSettingsIsRefused) {
   ASSERT_TRUE(down.ok());
   std::string line;
   ASSERT_TRUE((*down)->ReadLine(&line, absl::Seconds(120)).ok());
-  const int port = nlohmann::json::parse(line)["port"].get<int>();
+  const int port = ListeningPort(line);
   auto up = Subprocess::Spawn({kBinary, "stage", "--job=" + job_b, "--stage=0", "--store_dir=" + (dir_ / "s0").string(),
                                absl::StrCat("--next=127.0.0.1:", port)},
                               {.capture_stdout = true, .stderr_path = (dir_ / "up.err").string()});

@@ -11,9 +11,11 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/file_util.h"
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
+#include "proto/event_json.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/test_device.h"
 
@@ -85,14 +87,16 @@ class ScheduleTest : public ::testing::Test {
       procs[s] = std::move(*p);
       std::string line;
       ASSERT_TRUE(procs[s]->ReadLine(&line, absl::Seconds(60)).ok()) << tag << " stage " << s << " did not start";
-      next = absl::StrCat("127.0.0.1:", nlohmann::json::parse(line)["port"].get<int>());
+      absl::StatusOr<v1::StageEvent> listening = events::ParseStageEvent(line);
+      ASSERT_TRUE(listening.ok() && listening->has_listening()) << line;
+      next = absl::StrCat("127.0.0.1:", listening->listening().port());
     }
     std::string line;
     while (procs[kStages - 1]->ReadLine(&line, absl::Seconds(60)).ok()) {
-      auto ev = nlohmann::json::parse(line, nullptr, false);
-      if (ev.is_discarded() || ev.value("event", "") != "step") continue;
-      // The loss as the stage printed it (%.6f) and the gradient norm.
-      run->losses[ev["step"].get<int64_t>()] = absl::StrCat(ev["loss"].dump(), " ", ev["grad_norm"].dump());
+      absl::StatusOr<v1::StageEvent> ev = events::ParseStageEvent(line);
+      if (!ev.ok() || !ev->has_step()) continue;
+      // The loss and the gradient norm, to 6 decimals.
+      run->losses[ev->step().step()] = absl::StrFormat("%.6f %.6f", ev->step().loss(), ev->step().grad_norm());
     }
     for (int s = 0; s < kStages; ++s) {
       auto code = procs[s]->Wait(absl::Seconds(60));

@@ -29,6 +29,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "proto/coordinator.grpc.pb.h"
+#include "proto/event_json.h"
 
 namespace aqswarm {
 namespace {
@@ -36,6 +37,15 @@ namespace {
 namespace fs = std::filesystem;
 
 const char* kBinary = AQSWARM_BINARY;
+
+// Whether a daemon's output (one event per line) holds an event that `pred` accepts.
+bool HasEvent(const std::string& out, const std::function<bool(const v1::PeerEvent&)>& pred) {
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    absl::StatusOr<v1::PeerEvent> e = events::ParsePeerEvent(line);
+    if (e.ok() && pred(*e)) return true;
+  }
+  return false;
+}
 const char* kData = AQSWARM_DATA_DIR;
 
 // A port nobody listens on now (the kernel's pick for an ephemeral bind),
@@ -260,7 +270,7 @@ void SwarmTest::KillAPeerAndExpectTheStandbyToCarryOn() {
   EXPECT_LT(status_.loss(), loss_at_kill - 0.05) << "loss " << status_.loss() << " vs " << loss_at_kill;
   std::ifstream fetched(dir_ / (standby + ".out"));
   const std::string out(std::istreambuf_iterator<char>(fetched), {});
-  EXPECT_NE(out.find("\"event\":\"state_fetched\""), std::string::npos)
+  EXPECT_TRUE(HasEvent(out, [](const v1::PeerEvent& e) { return e.has_state_fetched(); }))
       << "the standby should have pulled its stage's state from a live replica";
 
   // SIGTERM: every daemon leaves and exits, bounded.
@@ -344,11 +354,9 @@ TEST_F(SwarmTest, UnderMutualTlsAStageWithNoReplicaResumesFromAMirrorsCopyAndLin
   // after that state was pruned, and the re-plan restarted at step 0.)
   const auto mirrored = [&] {
     for (absl::string_view line : absl::StrSplit(Out(first_name), '\n')) {
-      if (!absl::StrContains(line, R"("event":"mirrored","stage":1,)") || !absl::StrContains(line, R"("reported":true)")) {
-        continue;
-      }
-      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-      const int64_t step = j.is_object() ? j.value("step", int64_t{-1}) : -1;
+      absl::StatusOr<v1::PeerEvent> e = events::ParsePeerEvent(line);
+      if (!e.ok() || !e->has_mirrored() || e->mirrored().stage() != 1 || !e->mirrored().reported()) continue;
+      const int64_t step = e->mirrored().step();
       // peer/stage_checkpoints.h StageCheckpointPath: <work dir>/checkpoints/stage-<j>/state-<step>.ckpt
       if (fs::exists(dir_ / first_name / "checkpoints" / "stage-0" / absl::StrCat("state-", step, ".ckpt"))) return true;
     }
@@ -378,7 +386,7 @@ TEST_F(SwarmTest, UnderMutualTlsAStageWithNoReplicaResumesFromAMirrorsCopyAndLin
       << "training did not resume after the kill (step " << status_.step() << ")" << Logs();
   const std::string out = Out(standby);
   std::ifstream coordinator_err(dir_ / "coordinator.err");
-  EXPECT_NE(out.find(absl::StrCat(R"("event":"state_fetched","stage":1)")), std::string::npos)
+  EXPECT_TRUE(HasEvent(out, [](const v1::PeerEvent& e) { return e.has_state_fetched() && e.state_fetched().stage() == 1; }))
       << out << "\n--- " << first_name << ":\n"
       << Out(first_name) << "\n--- coordinator:\n"
       << std::string(std::istreambuf_iterator<char>(coordinator_err), {});

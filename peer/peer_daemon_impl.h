@@ -1,0 +1,230 @@
+// PeerDaemon's implementation, one class split across files by concern
+// (as RocksDB splits DBImpl): peer_daemon.cc (following assignments, the
+// stage child), peer_daemon_session.cc (the coordinator session: join,
+// heartbeats, the assignment watch, progress reports),
+// peer_daemon_states.cc (stage states: mirrors, pins, fetches, serving) and
+// peer_daemon_probes.cc (link probes, passive link measurements).
+// Internal to peer/: include peer/peer_daemon.h instead.
+#ifndef AQSWARM_PEER_PEER_DAEMON_IMPL_H_
+#define AQSWARM_PEER_PEER_DAEMON_IMPL_H_
+
+#include "peer/peer_daemon.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "common/blas_kernels.h"
+#include "common/certs.h"
+#include "common/file_util.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "common/subprocess.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "grpcpp/grpcpp.h"
+#include "peer/grpc_status.h"
+#include "peer/stage_checkpoints.h"
+#include "peer/stage_command.h"
+#include "proto/event_json.h"
+#include "peer/state_transfer.h"
+#include "proto/coordinator.grpc.pb.h"
+
+namespace aqswarm::peer::daemon {
+
+namespace fs = std::filesystem;
+
+// What a running child was started for: a new plan or place restarts it.
+struct RunKey {
+  uint64_t plan_version = 0;
+  uint32_t stage = 0, pipeline = 0;
+  bool operator==(const RunKey& o) const {
+    return plan_version == o.plan_version && stage == o.stage && pipeline == o.pipeline;
+  }
+};
+
+// The stage states under `root`/stage-<j> (the newest 64 of each stage).
+std::vector<v1::StageCheckpoints> ListHeld(const fs::path& root);
+
+// The checks an assignment from the network must pass before we act on it.
+absl::Status ValidateAssignment(const v1::Assignment& a, const v1::JobSpec& job);
+
+class PeerDaemonImpl final : public PeerDaemon {
+ public:
+  explicit PeerDaemonImpl(const PeerDaemonOptions& o) : o_(o) {}
+
+  ~PeerDaemonImpl() override {
+    Stop();
+    JoinThreads();
+  }
+
+  absl::Status Init();
+
+  int state_port() const override { return state_server_->port(); }
+
+  void Stop() override {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+    if (watch_ctx_ != nullptr) watch_ctx_->TryCancel();
+  }
+
+  absl::Status Run() override;
+
+ private:
+  absl::Status RunInner();
+
+  absl::Duration ReplanWait() {
+    absl::MutexLock l(&mu_);
+    return o_.replan_wait > absl::ZeroDuration() ? o_.replan_wait : 2 * lease_ + absl::Seconds(5);
+  }
+
+  std::pair<uint64_t, std::string> Session() {
+    absl::MutexLock l(&mu_);
+    return {peer_id_, session_};
+  }
+
+  void MarkRejoin() {
+    absl::MutexLock l(&mu_);
+    rejoin_ = true;
+  }
+
+  void Event(const v1::PeerEvent& e) {
+    if (o_.report) o_.report(e);
+  }
+  static v1::PeerEvent JobDone() {
+    v1::PeerEvent e;
+    e.mutable_job_done();
+    return e;
+  }
+
+  // ---- coordinator ------------------------------------------------------
+
+  absl::Status Join();
+
+  absl::Status LeaveQuietly();
+
+  // The job of this work dir's last run (job.json), if any and readable.
+  std::optional<v1::JobSpec> ReadPreviousJob() const;
+
+  absl::Status WriteJob(const v1::JobSpec& job);
+
+  void HeartbeatLoop();
+
+  void WatchLoop();
+
+  // With the stage states held now; no argument: the last progress again
+  // (after a mirror copy landed). Returns whether the coordinator took it.
+  // Reports go one at a time, so the coordinator takes them in the order
+  // their held lists were read: the child's step reports and the mirror's
+  // run on two threads, and a step report read before a mirror copy landed
+  // would otherwise replace the copy's report and hide that state from a
+  // re-plan.
+  bool ReportProgress(std::optional<v1::Progress> progress = std::nullopt);
+
+  // ---- probes and mirrors ------------------------------------------------
+
+  // Probes the peers heartbeat answers asked for, one at a time.
+  void ProbeLoop();
+
+  // Every kPassiveInterval, the forward link's send rate while busy (from
+  // the stage's cumulative counters) becomes a passive ReportLinkProbe.
+  void MaybeReportPassive(uint64_t bytes, double seconds);
+
+  // Copies the mirrored peer's state after each of our checkpoints.
+  void MirrorLoop();
+
+  // Pins in our own stage's checkpoint dir (peer/stage_checkpoints.h) the
+  // steps of the newest mirror copy that landed, of the copy under way and
+  // of the one wanted next: the child prunes its states to the newest few,
+  // and a copy is of use to a re-plan only beside our own state of its step.
+  void UpdatePins();
+
+  absl::Status CopyMirror(const v1::Neighbor& target, int64_t step, uint64_t plan);
+
+  // ---- stage state --------------------------------------------------------
+
+  fs::path CheckpointDir(uint32_t stage) const {
+    return fs::path(o_.work_dir) / "checkpoints" / absl::StrCat("stage-", stage);
+  }
+
+  absl::StatusOr<StateSnapshot> ServeState(const v1::StateRequest& r);
+
+  // The state the child starts from: "" for step 0, else a local file
+  // (kept, or fetched from a replica).
+  // Fetches `stage`'s state after `step` steps from `address` into this
+  // peer's checkpoint dir; returns its size in bytes.
+  absl::StatusOr<uint64_t> FetchStageState(const std::string& address, uint32_t stage, int64_t step);
+
+  absl::StatusOr<std::string> PrepareState(const v1::Assignment& a);
+
+  // ---- the child --------------------------------------------------------
+
+  absl::Status Apply(const v1::Assignment& a, std::optional<absl::Time>* failed_at);
+
+  // Owns the child's stdout and its exit; posts the exit code. `plan`: the
+  // plan the child runs under (its step reports say so).
+  void ReadChild(Subprocess* child, uint64_t plan);
+
+  void ReapChild();
+
+  // SIGTERM, then SIGKILL after stop_grace; always reaps.
+  void StopChild();
+
+  void JoinThreads();
+
+  PeerDaemonOptions o_;
+  std::unique_ptr<StateTransferServer> state_server_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  v1::JobSpec job_;  // from Join; read by the watch thread after Join
+  std::thread heartbeat_, watch_, reader_, prober_, mirror_;
+  std::unique_ptr<Subprocess> child_;
+  RunKey running_;
+
+  absl::Mutex report_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one ReportProgress at a time
+  absl::Mutex pins_mu_ ABSL_ACQUIRED_BEFORE(mu_);    // one UpdatePins at a time
+  std::string pins_dir_ ABSL_GUARDED_BY(pins_mu_);   // where UpdatePins last wrote
+  std::optional<std::vector<int64_t>> pinned_ ABSL_GUARDED_BY(pins_mu_);  // what pins_dir_ holds
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool rejoin_ ABSL_GUARDED_BY(mu_) = false;
+  bool job_done_ ABSL_GUARDED_BY(mu_) = false;  // the child reported a DoneEvent
+  uint64_t peer_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string session_ ABSL_GUARDED_BY(mu_);
+  absl::Duration lease_ ABSL_GUARDED_BY(mu_) = absl::Seconds(10);
+  std::optional<v1::Assignment> latest_ ABSL_GUARDED_BY(mu_);
+  uint64_t applied_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<int> child_exit_ ABSL_GUARDED_BY(mu_);
+  grpc::ClientContext* watch_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
+  v1::Progress last_progress_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::Neighbor> probes_ ABSL_GUARDED_BY(mu_);  // peers to probe
+  std::optional<v1::Neighbor> mirror_target_ ABSL_GUARDED_BY(mu_);
+  int64_t mirror_want_ ABSL_GUARDED_BY(mu_) = 0;  // step whose copy is wanted
+  int64_t mirror_done_ ABSL_GUARDED_BY(mu_) = 0;  // newest step copied
+  int64_t mirror_copying_ ABSL_GUARDED_BY(mu_) = 0;  // step of the copy under way (0: none)
+  int64_t mirror_landed_ ABSL_GUARDED_BY(mu_) = 0;   // newest step copied successfully (0: none)
+  std::optional<uint32_t> own_stage_ ABSL_GUARDED_BY(mu_);  // the stage we run (none: standby)
+  uint64_t plan_ ABSL_GUARDED_BY(mu_) = 0;        // plan of the last assignment applied
+  uint64_t next_peer_ ABSL_GUARDED_BY(mu_) = 0;   // our forward link's far end (0: none)
+  std::optional<absl::Time> passive_at_ ABSL_GUARDED_BY(mu_);  // last passive measurement window start
+  uint64_t passive_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  double passive_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace aqswarm::peer::daemon
+
+#endif  // AQSWARM_PEER_PEER_DAEMON_IMPL_H_

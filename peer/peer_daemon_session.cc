@@ -1,0 +1,227 @@
+#include "peer/peer_daemon_impl.h"
+
+namespace aqswarm::peer::daemon {
+
+absl::Status ValidateAssignment(const v1::Assignment& a, const v1::JobSpec& job) {
+  if (a.role() != v1::Assignment::STAGE) return absl::OkStatus();
+  if (a.num_stages() != job.stages() || a.num_pipelines() != job.data_parallel()) {
+    return absl::InvalidArgumentError(absl::StrCat("assignment grid ", a.num_stages(), "x", a.num_pipelines(),
+                                                   " differs from the job's ", job.stages(), "x",
+                                                   job.data_parallel()));
+  }
+  if (a.stage() >= a.num_stages() || a.pipeline() >= a.num_pipelines()) {
+    return absl::InvalidArgumentError(absl::StrCat("assignment slot (stage ", a.stage(), ", pipeline ", a.pipeline(),
+                                                   ") is outside the grid"));
+  }
+  if (a.resume_step() < 0) return absl::InvalidArgumentError("assignment resume_step < 0");
+  if (!a.grid_complete()) return absl::OkStatus();
+  if (a.stage() + 1 < a.num_stages() && a.next().stage_link_address().empty()) {
+    return absl::InvalidArgumentError("complete grid but no address for the next stage");
+  }
+  for (const auto& r : a.replicas()) {
+    if (r.pipeline() >= a.num_pipelines() || r.pipeline() == a.pipeline()) {
+      return absl::InvalidArgumentError(absl::StrCat("replica with pipeline ", r.pipeline(), " is invalid"));
+    }
+  }
+  if (a.num_pipelines() > 1 && a.replicas_size() + 1 != static_cast<int>(a.num_pipelines())) {
+    return absl::InvalidArgumentError(absl::StrCat("complete grid but ", a.replicas_size(), " replicas for ",
+                                                   a.num_pipelines(), " pipelines"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PeerDaemonImpl::Join() {
+  const absl::Time deadline = absl::Now() + o_.join_timeout;
+  absl::Duration backoff = absl::Milliseconds(200);
+  v1::JoinRequest req;
+  req.set_peer_name(o_.name);
+  req.set_join_token(o_.join_token);
+  req.set_stage_link_address(o_.advertise);
+  req.set_gradient_exchange_address(o_.exchange_advertise);
+  req.set_state_transfer_address(o_.state_advertise);
+  req.set_seconds_per_layer(o_.seconds_per_layer);
+  req.set_memory_bytes(o_.memory_bytes);
+  // States on disk from an earlier run count for that run's job only.
+  const std::optional<v1::JobSpec> previous = ReadPreviousJob();
+  if (previous.has_value()) {
+    req.set_held_job_name(previous->name());
+    for (v1::StageCheckpoints& h : ListHeld(fs::path(o_.work_dir) / "checkpoints")) *req.add_held() = std::move(h);
+  }
+  while (true) {
+    v1::JoinResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    ctx.set_wait_for_ready(true);
+    absl::Status s = FromGrpc(stub_->Join(&ctx, req, &resp), absl::StrCat("join ", o_.coordinator));
+    if (s.ok()) {
+      if (previous.has_value() && !google::protobuf::util::MessageDifferencer::Equals(*previous, resp.job())) {
+        // Another job (or the same name with other settings): its states must not be served.
+        AQSWARM_RETURN_IF_ERROR(RemoveTree(fs::path(o_.work_dir) / "checkpoints"));
+        v1::PeerEvent e;
+        e.mutable_stale_states_removed()->set_reason("the work dir held states of another job");
+        Event(e);
+      }
+      AQSWARM_RETURN_IF_ERROR(WriteJob(resp.job()));
+      absl::MutexLock l(&mu_);
+      peer_id_ = resp.peer_id();
+      session_ = resp.session_token();
+      lease_ = absl::Seconds(std::max(0.5, resp.lease_seconds()));
+      rejoin_ = false;
+      latest_.reset();
+      applied_ = 0;
+      v1::PeerEvent e;
+      e.mutable_joined()->set_peer_id(peer_id_);
+      e.mutable_joined()->set_lease_s(resp.lease_seconds());
+      e.mutable_joined()->set_state_port(state_server_->port());
+      Event(e);
+      return absl::OkStatus();
+    }
+    // Refusals are final; an unreachable coordinator is retried.
+    if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s)) return s;
+    if (absl::Now() + backoff > deadline) {
+      return absl::UnavailableError(absl::StrCat("coordinator ", o_.coordinator, " unreachable for ",
+                                                 absl::FormatDuration(o_.join_timeout), ": ", s.message()));
+    }
+    absl::MutexLock l(&mu_);
+    if (mu_.AwaitWithTimeout(absl::Condition(&stop_), backoff)) return absl::CancelledError("stopped");
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
+}
+
+absl::Status PeerDaemonImpl::LeaveQuietly() {
+  v1::LeaveRequest req;
+  const auto [id, session] = Session();
+  req.set_peer_id(id);
+  req.set_session_token(session);
+  v1::LeaveResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  return FromGrpc(stub_->Leave(&ctx, req, &resp), "leave");
+}
+
+// The job of this work dir's last run (job.json), if any and readable.
+std::optional<v1::JobSpec> PeerDaemonImpl::ReadPreviousJob() const {
+  std::ifstream in(fs::path(o_.work_dir) / "job.json");
+  if (!in) return std::nullopt;
+  std::stringstream buf;
+  buf << in.rdbuf();
+  v1::JobSpec job;
+  if (!google::protobuf::util::JsonStringToMessage(buf.str(), &job).ok()) return std::nullopt;
+  return job;
+}
+
+absl::Status PeerDaemonImpl::WriteJob(const v1::JobSpec& job) {
+  if (job_.name().empty()) job_ = job;  // set before the threads start; the job never changes
+  std::string json;
+  google::protobuf::util::JsonPrintOptions jo;
+  jo.preserve_proto_field_names = true;
+  if (!google::protobuf::util::MessageToJsonString(job, &json, jo).ok()) {
+    return absl::InternalError("cannot print the job spec");
+  }
+  return WriteFileAtomically((fs::path(o_.work_dir) / "job.json").string(), json + "\n", 0644);
+}
+
+void PeerDaemonImpl::HeartbeatLoop() {
+  while (true) {
+    v1::HeartbeatRequest req;
+    absl::Duration period;
+    {
+      absl::MutexLock l(&mu_);
+      period = lease_ / 3;
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_), period)) return;
+      if (rejoin_) continue;
+      req.set_peer_id(peer_id_);
+      req.set_session_token(session_);
+    }
+    v1::HeartbeatResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(period));
+    grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
+    if (s.ok() && resp.probe_size() > 0 && o_.probe_bytes > 0) {
+      absl::MutexLock l(&mu_);
+      for (const v1::Neighbor& n : resp.probe()) {
+        const bool queued = std::any_of(probes_.begin(), probes_.end(),
+                                        [&](const v1::Neighbor& q) { return q.peer_id() == n.peer_id(); });
+        if (!queued && probes_.size() < 64 && !n.state_transfer_address().empty()) probes_.push_back(n);
+      }
+    }
+    if ((s.error_code() == grpc::StatusCode::NOT_FOUND || s.error_code() == grpc::StatusCode::UNAUTHENTICATED) &&
+        Session().second == req.session_token()) {
+      AQSWARM_LOG(WARNING) << "peer " << o_.name << ": the coordinator no longer knows us (" << s.error_message()
+                           << "); joining again";
+      MarkRejoin();
+    }
+  }
+}
+
+void PeerDaemonImpl::WatchLoop() {
+  absl::Duration backoff = absl::Milliseconds(200);
+  while (true) {
+    grpc::ClientContext ctx;
+    v1::WatchAssignmentRequest req;
+    {
+      absl::MutexLock l(&mu_);
+      mu_.Await(absl::Condition(
+          +[](PeerDaemonImpl* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu_) { return d->stop_ || !d->rejoin_; },
+          this));
+      if (stop_) return;
+      req.set_peer_id(peer_id_);
+      req.set_session_token(session_);
+      watch_ctx_ = &ctx;
+    }
+    ctx.set_wait_for_ready(true);
+    auto reader = stub_->WatchAssignment(&ctx, req);
+    v1::Assignment a;
+    while (reader->Read(&a)) {
+      backoff = absl::Milliseconds(200);
+      absl::Status v = ValidateAssignment(a, job_);
+      absl::MutexLock l(&mu_);
+      if (!v.ok()) {
+        AQSWARM_LOG(WARNING) << "peer " << o_.name << ": ignoring assignment v" << a.version() << ": " << v;
+        continue;
+      }
+      if (a.peer_id() == peer_id_ && (!latest_.has_value() || a.version() > latest_->version())) latest_ = a;
+    }
+    grpc::Status s = reader->Finish();
+    absl::MutexLock l(&mu_);
+    watch_ctx_ = nullptr;
+    if (stop_) return;
+    if (s.error_code() == grpc::StatusCode::NOT_FOUND || s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      if (session_ == req.session_token()) rejoin_ = true;  // else we already joined again
+      continue;
+    }
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
+}
+
+// With the stage states held now; no argument: the last progress again
+// (after a mirror copy landed). Returns whether the coordinator took it.
+// Reports go one at a time, so the coordinator takes them in the order
+// their held lists were read: the child's step reports and the mirror's
+// run on two threads, and a step report read before a mirror copy landed
+// would otherwise replace the copy's report and hide that state from a
+// re-plan.
+bool PeerDaemonImpl::ReportProgress(std::optional<v1::Progress> progress) {
+  absl::MutexLock serial(&report_mu_);
+  v1::ProgressReport req;
+  {
+    absl::MutexLock l(&mu_);
+    if (progress.has_value()) last_progress_ = *progress;
+    req.set_peer_id(peer_id_);
+    req.set_session_token(session_);
+    *req.mutable_progress() = last_progress_;
+  }
+  req.set_has_held(true);
+  for (v1::StageCheckpoints& h : ListHeld(fs::path(o_.work_dir) / "checkpoints")) *req.add_held() = std::move(h);
+  v1::ReportResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::Status s = stub_->ReportProgress(&ctx, req, &resp);
+  if (!s.ok()) {
+    AQSWARM_LOG(DEBUG) << "progress report failed: " << s.error_message();
+  }
+  return s.ok();
+}
+
+}  // namespace aqswarm::peer::daemon

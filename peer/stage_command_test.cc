@@ -1,0 +1,118 @@
+#include "peer/stage_command.h"
+
+#include "common/subprocess.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace aqswarm::peer {
+namespace {
+
+// Every field away from its default.
+StageCommand Full() {
+  StageCommand c;
+  c.job = "/w/job.json";
+  c.stages = 4;
+  c.dp = 2;
+  c.stage = 3;
+  c.pipeline = 1;
+  c.listen = "0.0.0.0:7101";
+  c.next = "10.0.0.2:7101";
+  c.peers_on_stdin = true;
+  c.store_dir = "/w/store";
+  c.generation = 3;
+  c.next_generation = 5;
+  c.previous_generation = 4;
+  c.exchange_listen = "0.0.0.0:7201";
+  c.replicas = {"10.0.0.1:7201", "10.0.0.9:7201"};
+  c.replica_generation = 6;
+  c.plan = 12;
+  c.die_with_parent = true;
+  c.start_step = 40;
+  c.init_checkpoint = "/w/checkpoints/stage-3/state-40.ckpt";
+  c.checkpoint_dir = "/w/checkpoints/stage-3";
+  c.keep_checkpoints = 6;
+  c.link_timeout_s = 30;
+  c.metrics_listen = "127.0.0.1:9300";
+  c.tls_dir = "/w/tls";
+  c.name = "gpu-7";
+  return c;
+}
+
+std::vector<std::string> Args(const StageCommand& c) {
+  std::vector<std::string> argv = c.ToArgv("aqswarm");
+  return {argv.begin() + 2, argv.end()};
+}
+
+TEST(StageCommandTest, EveryFieldRoundTripsThroughArgv) {
+  const StageCommand c = Full();
+  const std::vector<std::string> argv = c.ToArgv("/usr/bin/aqswarm");
+  ASSERT_GE(argv.size(), 2u);
+  EXPECT_EQ(argv[0], "/usr/bin/aqswarm");
+  EXPECT_EQ(argv[1], "stage");
+  EXPECT_EQ(argv.size(), 2 + StageCommand::FlagNames().size());  // every field printed
+  absl::StatusOr<StageCommand> back = StageCommand::FromArgs(Args(c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == c);
+  EXPECT_THAT(argv, ::testing::Contains("--replicas=10.0.0.1:7201,10.0.0.9:7201"));
+  EXPECT_THAT(argv, ::testing::Contains("--die_with_parent"));
+}
+
+TEST(StageCommandTest, DefaultsAreLeftOutAndComeBack) {
+  StageCommand c;
+  c.job = "job.json";
+  EXPECT_THAT(c.ToArgv("aqswarm"), ::testing::ElementsAre("aqswarm", "stage", "--job=job.json"));
+  absl::StatusOr<StageCommand> back = StageCommand::FromArgs(Args(c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == c);
+  // Each single field differs from the default in exactly one flag.
+  StageCommand d;
+  d.start_step = 7;
+  EXPECT_THAT(Args(d), ::testing::ElementsAre("--start_step=7"));
+}
+
+TEST(StageCommandTest, BadArgumentsAreRefusedWithTheFlagNamed) {
+  for (const std::vector<std::string>& bad :
+       std::vector<std::vector<std::string>>{{"--stage=x"}, {"--bogus=1"}, {"positional"}, {"--start_step"},
+                                             {"--die_with_parent=maybe"}, {"--nodie_with_parent=true"},
+                                             {"--generation=-1"}, {"--keep_checkpoints=99999999999"}}) {
+    absl::StatusOr<StageCommand> c = StageCommand::FromArgs(bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(c.status())) << bad[0] << ": " << c.status();
+  }
+  absl::StatusOr<StageCommand> c = StageCommand::FromArgs({"--die_with_parent", "--nodie_with_parent"});
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->die_with_parent);
+}
+
+TEST(StageCommandTest, RunnerOptionsCarryTheFields) {
+  const StageCommand c = Full();
+  v1::JobSpec job;
+  job.set_name("j");
+  const StageRunnerOptions o = StageRunnerOptionsFor(c, job);
+  EXPECT_EQ(o.job.name(), "j");
+  EXPECT_EQ(o.stage, 3);
+  EXPECT_EQ(o.pipeline, 1);
+  EXPECT_EQ(o.next, c.next);
+  EXPECT_EQ(o.start_step, 40);
+  EXPECT_EQ(o.plan, 12u);
+  EXPECT_EQ(o.link_timeout, absl::Seconds(30));
+  EXPECT_EQ(o.tls.dir, "/w/tls");
+  EXPECT_EQ(o.tls.name, "gpu-7");
+}
+
+// The `aqswarm stage` command accepts every flag the struct writes (its
+// flags are declared in cli/; --dry_run parses them and exits 0).
+TEST(StageCommandTest, TheRealStageCommandAcceptsEveryFlag) {
+  std::vector<std::string> argv = Full().ToArgv(AQSWARM_BINARY);
+  argv.push_back("--dry_run");
+  absl::StatusOr<std::unique_ptr<Subprocess>> child = Subprocess::Spawn(argv, {.capture_stdout = true});
+  ASSERT_TRUE(child.ok()) << child.status();
+  std::string line;
+  ASSERT_TRUE((*child)->ReadLine(&line, absl::Seconds(30)).ok());
+  EXPECT_THAT(line, ::testing::HasSubstr("dry run: flags accepted"));
+  absl::StatusOr<int> code = (*child)->Wait(absl::Seconds(30));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 0);
+}
+
+}  // namespace
+}  // namespace aqswarm::peer

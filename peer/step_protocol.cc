@@ -1,0 +1,318 @@
+#include "peer/step_protocol.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/random.h"
+#include "common/status_macros.h"
+
+namespace aqswarm::peer {
+namespace {
+
+class Timer {
+ public:
+  explicit Timer(double* acc) : acc_(acc), start_(absl::Now()) {}
+  ~Timer() { *acc_ += absl::ToDoubleSeconds(absl::Now() - start_); }
+
+ private:
+  double* acc_;
+  absl::Time start_;
+};
+
+bool IsGradient(const v1::LinkFrame& x, int64_t step, int mb) {
+  return x.has_gradients() && x.gradients().step() == static_cast<uint64_t>(step) &&
+         x.gradients().micro_batch() == static_cast<uint32_t>(mb);
+}
+
+bool IsActivations(const v1::LinkFrame& x, int64_t step, int mb, bool resend) {
+  return x.has_activations() && !x.activations().eval() && x.activations().resend() == resend &&
+         x.activations().step() == static_cast<uint64_t>(step) &&
+         x.activations().micro_batch() == static_cast<uint32_t>(mb);
+}
+
+std::vector<uint64_t> Ids(absl::Span<const int64_t> ids) { return {ids.begin(), ids.end()}; }
+
+}  // namespace
+
+// What the forwards and backwards of one step share.
+struct StepProtocol::StepState {
+  const StepInput& in;
+  // Outputs sent downstream, kept for resends until their gradient arrives
+  // (the downstream stage asks for a resend before it runs the forward, so
+  // never after it sent the gradient back on the same stream).
+  std::map<int, std::vector<float>> outputs;
+  double loss_sum = 0;  // last stage: sum of the micro-batch losses
+  double below_sq = 0;  // from downstream: squared gradient norm of the stages below
+  double loss = 0;      // from downstream: the step's loss
+};
+
+StepProtocol::StepProtocol(StepProtocolOptions options, StageCompute* compute, StepLinks links)
+    : o_(std::move(options)), compute_(compute), links_(links) {
+  if (pipeline::StepOpSequencer(o_.schedule, o_.stage).adaptive()) {
+    if (links_.up != nullptr) links_.up->NotifyArrivals(&arrivals_);
+    if (links_.down != nullptr) links_.down->NotifyArrivals(&arrivals_);
+  }
+}
+
+StepProtocol::~StepProtocol() {
+  if (links_.up != nullptr) links_.up->NotifyArrivals(nullptr);
+  if (links_.down != nullptr) links_.down->NotifyArrivals(nullptr);
+}
+
+absl::Status StepProtocol::Rejected(absl::string_view reason, absl::Status s) {
+  if (!s.ok() && o_.rejected) o_.rejected(reason);
+  return s;
+}
+
+absl::StatusOr<v1::LinkFrame> StepProtocol::FromUp(const StageLink::Match& m) {
+  Timer t(&wait_s_);
+  return links_.up->Receive(m, o_.link_timeout);
+}
+
+absl::StatusOr<v1::LinkFrame> StepProtocol::FromDown(const StageLink::Match& m) {
+  Timer t(&wait_s_);
+  return links_.down->Receive(m, o_.link_timeout);
+}
+
+absl::StatusOr<StepOutcome> StepProtocol::RunStep(const StepInput& in) {
+  StepState st{in};
+  pipeline::GradientCodec grads(o_.mode, o_.bw_bits, o_.seq_len, o_.d_model);
+  // Every schedule runs backwards in increasing micro-batch order, so the
+  // last one, micro-batch M-1, is where the partial gradient norm and the
+  // loss are complete: its gradient carries them upstream.
+  pipeline::StepOpSequencer seq(o_.schedule, o_.stage);
+  while (!seq.done()) {
+    AQSWARM_ASSIGN_OR_RETURN(const pipeline::StepOp op, NextOp(seq, st));
+    if (op.forward) {
+      AQSWARM_RETURN_IF_ERROR(Forward(st, op.micro_batch));
+    } else {
+      AQSWARM_RETURN_IF_ERROR(Backward(st, op.micro_batch, grads));
+    }
+    seq.Ran(op);
+  }
+  StepOutcome out;
+  out.loss = last() ? st.loss_sum / o_.micro_batches : st.loss;
+  AQSWARM_ASSIGN_OR_RETURN(out.total_grad_sq, Commit(in.step, st.below_sq));
+  out.gradient_stats = grads.stats();
+  return out;
+}
+
+// The global-norm commit travels down from stage 0.
+absl::StatusOr<double> StepProtocol::Commit(int64_t step, double below_sq) {
+  double total_sq = 0;
+  if (first()) {
+    total_sq = below_sq + compute_->GradSquaredNorm();
+  } else {
+    AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame f, FromUp([&](const v1::LinkFrame& x) {
+                               return x.has_commit() && x.commit().step() == static_cast<uint64_t>(step);
+                             }));
+    total_sq = f.commit().total_grad_sq_norm();
+  }
+  if (!last()) {
+    v1::LinkFrame f;
+    f.mutable_commit()->set_step(step);
+    f.mutable_commit()->set_total_grad_sq_norm(total_sq);
+    AQSWARM_RETURN_IF_ERROR(links_.down->Send(std::move(f), o_.link_timeout));
+  }
+  return total_sq;
+}
+
+// A static schedule offers one op: run it (its receive waits for the
+// input). An adaptive one runs the offered backward if its gradient is here,
+// else the offered forward if its activations are, else waits (bounded) for
+// the next frame on either link; resend requests are served meanwhile.
+absl::StatusOr<pipeline::StepOp> StepProtocol::NextOp(const pipeline::StepOpSequencer& seq, StepState& st) {
+  const std::optional<pipeline::StepOp> b = seq.backward(), f = seq.forward();
+  if (!seq.adaptive()) return b ? *b : *f;
+  const int64_t gs = st.in.step;
+  const absl::Time deadline = absl::Now() + o_.link_timeout;
+  while (true) {
+    const uint64_t seen = arrivals_.count();
+    const absl::Time checked = absl::Now();  // before the Has checks below (NextDue)
+    if (!last()) {
+      auto is_resend = [](const v1::LinkFrame& x) { return x.has_resend(); };
+      AQSWARM_ASSIGN_OR_RETURN(const bool resend, links_.down->Has(is_resend));
+      if (resend) {
+        AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame r, FromDown(is_resend));
+        AQSWARM_RETURN_IF_ERROR(ServeResend(st, r.resend()));
+        continue;
+      }
+    }
+    if (b) {
+      if (last()) return *b;
+      AQSWARM_ASSIGN_OR_RETURN(const bool ready, links_.down->Has([&](const v1::LinkFrame& x) {
+                                 return IsGradient(x, gs, b->micro_batch);
+                               }));
+      if (ready) return *b;
+    }
+    if (f) {
+      if (first()) return *f;
+      AQSWARM_ASSIGN_OR_RETURN(const bool ready, links_.up->Has([&](const v1::LinkFrame& x) {
+                                 return IsActivations(x, gs, f->micro_batch, /*resend=*/false);
+                               }));
+      if (ready) return *f;
+    }
+    Timer tm(&wait_s_);
+    // A frame held on a shaped link coming due does not notify: wake then,
+    // or at once for one that came due since `checked` (after a Has above
+    // had looked at it): without `checked`, the step's last frame could come
+    // due between the two and the wait would last until the deadline.
+    absl::Time until = deadline;
+    if (links_.up != nullptr) until = std::min(until, links_.up->NextDue(checked));
+    if (links_.down != nullptr) until = std::min(until, links_.down->NextDue(checked));
+    if (!arrivals_.WaitPast(seen, until) && until >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "stage ", o_.stage, ": step ", gs, ": neither ",
+          b ? absl::StrCat("the gradient of micro-batch ", b->micro_batch) : std::string("a gradient"), " nor ",
+          f ? absl::StrCat("the activations of micro-batch ", f->micro_batch) : std::string("activations"),
+          " arrived within ", absl::FormatDuration(o_.link_timeout)));
+    }
+  }
+}
+
+absl::Status StepProtocol::Forward(StepState& st, int mb) {
+  absl::Span<const int64_t> ids64 = st.in.micro_batch(mb);
+  const std::vector<uint64_t> ids = Ids(ids64);
+  std::vector<float> in, out;
+  if (!first()) AQSWARM_RETURN_IF_ERROR(ReceiveActivations(st.in.step, mb, ids, &in));
+  {
+    Timer tm(&compute_s_);
+    double loss = 0;
+    AQSWARM_RETURN_IF_ERROR(compute_->Forward(mb, ids64, in, &out, &loss));
+    st.loss_sum += loss;
+  }
+  if (last()) return absl::OkStatus();
+  v1::LinkFrame f;
+  {
+    Timer tm(&compute_s_);
+    AQSWARM_RETURN_IF_ERROR(
+        links_.sender->Encode(st.in.step, mb, st.in.epoch, ids, out, f.mutable_activations()));
+  }
+  AQSWARM_RETURN_IF_ERROR(links_.down->Send(std::move(f), o_.link_timeout));
+  st.outputs[mb] = std::move(out);
+  return absl::OkStatus();
+}
+
+absl::Status StepProtocol::Backward(StepState& st, int mb, pipeline::GradientCodec& grads) {
+  const int64_t gs = st.in.step;
+  const bool final_backward = mb + 1 == o_.micro_batches;
+  std::vector<float> g, gin;
+  while (!last()) {
+    AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame f, FromDown([&](const v1::LinkFrame& x) {
+                               return IsGradient(x, gs, mb) || x.has_resend();
+                             }));
+    if (f.has_resend()) {
+      AQSWARM_RETURN_IF_ERROR(ServeResend(st, f.resend()));
+      continue;
+    }
+    AQSWARM_RETURN_IF_ERROR(
+        Rejected("gradient_invalid", grads.Decode(f.gradients().grad(), o_.micro_batch_size, &g)));
+    if (final_backward) {
+      st.below_sq = f.gradients().partial_grad_sq_norm();
+      st.loss = f.gradients().loss();
+    }
+    st.outputs.erase(mb);
+    break;
+  }
+  {
+    Timer tm(&compute_s_);
+    AQSWARM_RETURN_IF_ERROR(compute_->Backward(mb, g, first() ? nullptr : &gin));
+  }
+  if (first()) return absl::OkStatus();
+  v1::LinkFrame f;
+  auto* gb = f.mutable_gradients();
+  gb->set_step(gs);
+  gb->set_micro_batch(mb);
+  AQSWARM_RETURN_IF_ERROR(grads.Encode(gin, o_.micro_batch_size, StreamKey(gs, mb), gb->mutable_grad()));
+  if (final_backward) {  // every backward of this stage is done: its gradient norm is complete
+    gb->set_partial_grad_sq_norm(st.below_sq + compute_->GradSquaredNorm());
+    gb->set_loss(last() ? st.loss_sum / o_.micro_batches : st.loss);
+  }
+  return links_.up->Send(std::move(f), o_.link_timeout);
+}
+
+absl::Status StepProtocol::ReceiveActivations(int64_t gs, int mb, const std::vector<uint64_t>& ids,
+                                              std::vector<float>* in) {
+  AQSWARM_RETURN_IF_ERROR(links_.receiver->Begin(gs, mb, ids));
+  auto is_batch = [&](bool resend) {
+    return [&, resend](const v1::LinkFrame& x) { return IsActivations(x, gs, mb, resend); };
+  };
+  AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame f, FromUp(is_batch(false)));
+  std::vector<uint64_t> missing;
+  {
+    Timer tm(&compute_s_);
+    AQSWARM_RETURN_IF_ERROR(Rejected("activation_invalid", links_.receiver->Apply(f.activations(), &missing)));
+  }
+  for (int tries = 0; !missing.empty(); ++tries) {
+    if (tries == 3) return absl::DataLossError("resent rows still do not match after 3 tries");
+    AQSWARM_LOG(WARNING) << "stage " << o_.stage << ": " << missing.size() << " rows of step " << gs
+                         << " micro-batch " << mb << " differ from the sender's m(xi); asking for a resend";
+    v1::LinkFrame req;
+    req.mutable_resend()->set_step(gs);
+    req.mutable_resend()->set_micro_batch(mb);
+    for (uint64_t id : missing) req.mutable_resend()->add_sample_ids(id);
+    AQSWARM_RETURN_IF_ERROR(links_.up->Send(std::move(req), o_.link_timeout));
+    AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame r, FromUp(is_batch(true)));
+    Timer tm(&compute_s_);
+    AQSWARM_RETURN_IF_ERROR(Rejected("activation_invalid", links_.receiver->Apply(r.activations(), &missing)));
+  }
+  Timer tm(&compute_s_);
+  return links_.receiver->Take(in);
+}
+
+absl::Status StepProtocol::ServeResend(const StepState& st, const v1::ResendRequest& req) {
+  if (req.step() != static_cast<uint64_t>(st.in.step) || !st.outputs.count(req.micro_batch())) {
+    return Rejected("resend_invalid",
+                    absl::InvalidArgumentError(absl::StrCat("resend request for step ", req.step(), " micro-batch ",
+                                                            req.micro_batch(), " which is not in flight")));
+  }
+  const std::vector<uint64_t> ids = Ids(st.in.micro_batch(req.micro_batch()));
+  const std::vector<uint64_t> want(req.sample_ids().begin(), req.sample_ids().end());
+  v1::LinkFrame f;
+  AQSWARM_RETURN_IF_ERROR(links_.sender->EncodeResend(st.in.step, req.micro_batch(), st.in.epoch, ids,
+                                                      st.outputs.at(req.micro_batch()), want,
+                                                      f.mutable_activations()));
+  return links_.down->Send(std::move(f), o_.link_timeout);
+}
+
+absl::StatusOr<double> StepProtocol::RunEval(int64_t gs, const std::vector<absl::Span<const int64_t>>& batches) {
+  if (batches.empty()) return absl::InvalidArgumentError("evaluation over no batches");
+  double sum = 0;
+  for (size_t e = 0; e < batches.size(); ++e) {
+    std::vector<float> in, out;
+    if (!first()) {
+      AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame f, FromUp([&](const v1::LinkFrame& x) {
+                                 return x.has_activations() && x.activations().eval() &&
+                                        x.activations().step() == static_cast<uint64_t>(gs) &&
+                                        x.activations().micro_batch() == static_cast<uint32_t>(e);
+                               }));
+      AQSWARM_RETURN_IF_ERROR(Rejected("activation_invalid",
+                                       links_.receiver->ApplyEval(f.activations(), o_.micro_batch_size, &in)));
+    }
+    double loss = 0;
+    AQSWARM_RETURN_IF_ERROR(compute_->Eval(batches[e], in, &out, &loss));
+    sum += loss;
+    if (!last()) {
+      v1::LinkFrame f;
+      AQSWARM_RETURN_IF_ERROR(links_.sender->EncodeEval(gs, e, out, o_.micro_batch_size, f.mutable_activations()));
+      AQSWARM_RETURN_IF_ERROR(links_.down->Send(std::move(f), o_.link_timeout));
+    }
+  }
+  double val_loss = sum / batches.size();
+  if (!last()) {
+    AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame f, FromDown([&](const v1::LinkFrame& x) {
+                               return x.has_eval_result() && x.eval_result().step() == static_cast<uint64_t>(gs);
+                             }));
+    val_loss = f.eval_result().loss();
+  }
+  if (!first()) {
+    v1::LinkFrame f;
+    f.mutable_eval_result()->set_step(gs);
+    f.mutable_eval_result()->set_loss(val_loss);
+    AQSWARM_RETURN_IF_ERROR(links_.up->Send(std::move(f), o_.link_timeout));
+  }
+  return val_loss;
+}
+
+}  // namespace aqswarm::peer

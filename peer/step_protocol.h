@@ -1,0 +1,141 @@
+// The step protocol of one pipeline stage: per training step, the
+// forwards and backwards of its M micro-batches in the order of the job's
+// schedule (pipeline/step_schedule.h: adaptive runs whichever op has its
+// input first, 1f1b interleaves in a fixed order, gpipe runs all forwards
+// first; backwards always in increasing micro-batch order), each output sent
+// downstream and each input gradient upstream as soon as it is computed;
+// then the commit: the last backward (micro-batch M-1) carries the squared
+// gradient norm of the stages below and the step's loss upstream, stage 0
+// completes the norm and sends a StepCommit down the pipeline, so every
+// stage clips by the whole model's norm. Resend requests from downstream
+// (AQ-SGD rows whose m(xi) differs) are served while the step runs.
+// Evaluation is forward-only with raw activations; the loss travels back up.
+//
+// It runs against StageLink (peer/stage_link.h) and StageCompute (below),
+// so it is tested without gRPC or a model (peer/step_protocol_test.cc).
+// Every wait on a neighbour is bounded by `link_timeout`; a vanished
+// neighbour is an Unavailable error naming the link.
+//
+//   StepProtocol p(options, &compute, {up, down, sender, receiver});
+//   AQSWARM_ASSIGN_OR_RETURN(StepOutcome out, p.RunStep({step, epoch, ids_of_micro_batch}));
+//   worker->Step(step, out.total_grad_sq);
+#ifndef AQSWARM_PEER_STEP_PROTOCOL_H_
+#define AQSWARM_PEER_STEP_PROTOCOL_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "peer/stage_link.h"
+#include "pipeline/link_endpoint.h"
+#include "pipeline/step_schedule.h"
+#include "proto/job.pb.h"
+
+namespace aqswarm::peer {
+
+// What the protocol asks of the stage's model (peer/stage_runner.cc wraps
+// pipeline::StageWorker and the corpus).
+class StageCompute {
+ public:
+  virtual ~StageCompute() = default;
+  // Training forward of micro-batch `mb` over the samples `ids`; `in` is the
+  // activations from upstream (empty on stage 0). The last stage sets
+  // *loss, the others fill *out.
+  virtual absl::Status Forward(int mb, absl::Span<const int64_t> ids, absl::Span<const float> in,
+                               std::vector<float>* out, double* loss) = 0;
+  // Backward of `mb`: grad_out is empty on the last stage; grad_in is null
+  // on stage 0.
+  virtual absl::Status Backward(int mb, absl::Span<const float> grad_out, std::vector<float>* grad_in) = 0;
+  // Squared norm of this stage's accumulated gradient.
+  virtual double GradSquaredNorm() const = 0;
+  // Evaluation forward (no graph kept), shapes as Forward.
+  virtual absl::Status Eval(absl::Span<const int64_t> ids, absl::Span<const float> in, std::vector<float>* out,
+                            double* loss) = 0;
+};
+
+struct StepProtocolOptions {
+  int stage = 0;
+  int num_stages = 1;
+  int micro_batches = 1;  // M
+  int64_t micro_batch_size = 1;
+  int64_t seq_len = 1;
+  int64_t d_model = 1;
+  v1::LinkCompression::Mode mode = v1::LinkCompression::fp32;  // of the gradients sent upstream
+  int bw_bits = 8;
+  pipeline::StepSchedule schedule;
+  absl::Duration link_timeout = absl::Seconds(120);
+  // Told of every message refused as invalid (peer/peer_metrics.h reasons:
+  // activation_invalid, gradient_invalid, resend_invalid). Default: none.
+  std::function<void(absl::string_view reason)> rejected;
+};
+
+// The stage's ends of its links. Stage 0 has no `up`/`receiver`, the last
+// stage no `down`/`sender`.
+struct StepLinks {
+  StageLink* up = nullptr;
+  StageLink* down = nullptr;
+  pipeline::ActivationSender* sender = nullptr;
+  pipeline::ActivationReceiver* receiver = nullptr;
+};
+
+struct StepInput {
+  int64_t step = 0;   // global step
+  int64_t epoch = 0;
+  // Sample ids of micro-batch `mb` of this step.
+  std::function<absl::Span<const int64_t>(int mb)> micro_batch;
+};
+
+struct StepOutcome {
+  double loss = 0;           // the step's mean training loss (every stage learns it)
+  double total_grad_sq = 0;  // the whole model's squared gradient norm (the commit)
+  pipeline::GradientCodecStats gradient_stats;  // of the gradients this stage sent
+};
+
+class StepProtocol {
+ public:
+  StepProtocol(StepProtocolOptions options, StageCompute* compute, StepLinks links);
+  // Detaches the links from its arrival counter (they may outlive it).
+  ~StepProtocol();
+
+  absl::StatusOr<StepOutcome> RunStep(const StepInput& in);
+  // Validation loss over `batches` (sample ids of each), as the last stage
+  // computed it.
+  absl::StatusOr<double> RunEval(int64_t step, const std::vector<absl::Span<const int64_t>>& batches);
+
+  // Seconds spent computing (model and codecs) and waiting on a neighbour
+  // since the last ResetTimes().
+  double compute_seconds() const { return compute_s_; }
+  double wait_seconds() const { return wait_s_; }
+  void ResetTimes() { compute_s_ = wait_s_ = 0; }
+
+ private:
+  struct StepState;
+  bool first() const { return o_.stage == 0; }
+  bool last() const { return o_.stage + 1 == o_.num_stages; }
+  absl::StatusOr<pipeline::StepOp> NextOp(const pipeline::StepOpSequencer& seq, StepState& st);
+  absl::Status Forward(StepState& st, int mb);
+  absl::Status Backward(StepState& st, int mb, pipeline::GradientCodec& grads);
+  absl::Status ReceiveActivations(int64_t step, int mb, const std::vector<uint64_t>& ids, std::vector<float>* in);
+  absl::Status ServeResend(const StepState& st, const v1::ResendRequest& req);
+  absl::StatusOr<double> Commit(int64_t step, double below_sq);
+  absl::StatusOr<v1::LinkFrame> FromUp(const StageLink::Match& m);
+  absl::StatusOr<v1::LinkFrame> FromDown(const StageLink::Match& m);
+  absl::Status Rejected(absl::string_view reason, absl::Status s);
+
+  const StepProtocolOptions o_;
+  StageCompute* const compute_;
+  const StepLinks links_;
+  FrameArrivals arrivals_;  // adaptive schedule: frames on either link
+  double compute_s_ = 0, wait_s_ = 0;
+};
+
+}  // namespace aqswarm::peer
+
+#endif  // AQSWARM_PEER_STEP_PROTOCOL_H_
