@@ -26,15 +26,16 @@
 // order that rotates from pass to pass, and every other pass cycles the
 // bandwidths in reverse. Every cell, the compute-only ones included, is
 // measured the same way in the same runs.
-// Why pooled and not the best pass (what this bench did before): the 2
-// cores' speed moves by +-25% within seconds and drifts over minutes (a
-// fixed single-thread loop, scripts/bench_slownet.sh's probe), so a
-// compute-bound cell's best of a few passes picks its luckiest minute while
-// a link-bound cell's passes hardly differ; ratios between the two kinds
-// (achieved / compute-only limit) were then biased low, and comparisons of
-// two compute-bound cells (AQ-SGD vs DirectQ) came down to which one got the
-// quiet minute. The pooled median estimates both under the same, typical,
-// machine; samples_per_s_passes keeps each pass's own median.
+// Why the pooled median and not the best pass: a shared machine's speed
+// moves within seconds and drifts over minutes (scripts/bench_slownet.sh's
+// speed probe shows how much), so a compute-bound cell's best of a few
+// passes would pick its luckiest minute while a link-bound cell's passes
+// hardly differ; ratios between the two kinds (achieved / compute-only
+// limit) would be biased low, and comparisons of two compute-bound cells
+// (AQ-SGD vs DirectQ) would come down to which one got the quiet minute.
+// The pooled median estimates both under the same, typical, machine;
+// samples_per_s_passes keeps each pass's own median. docs/METHODOLOGY.md
+// describes the report built on these cells (scripts/slownet_report).
 //
 // CPU: every stage reports its process CPU time per step (all threads);
 // cpu_ms_per_sample sums them over the stages in the window, and
@@ -43,8 +44,8 @@
 // the dependencies between stages).
 //
 // BLAS: OpenBLAS picks its kernels by CPU model, and one it does not know
-// (e.g. this machine's Xeon, family 6 model 207, with OpenBLAS 0.3.21) gets
-// the generic Prescott (SSE3) kernels; the bench, like `aqswarm pipeline` and
+// (e.g. a Xeon newer than the installed OpenBLAS) gets the generic Prescott
+// (SSE3) kernels; the bench, like `aqswarm pipeline` and
 // `aqswarm peer`, runs its stages with OPENBLAS_CORETYPE set to a matching
 // kernel set then (common/blas_kernels.h); the core in use is in the JSON
 // (blas_core).

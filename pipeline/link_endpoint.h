@@ -61,9 +61,9 @@ struct LinkEndpointOptions {
   uint64_t inline_read_bytes = 256ull << 10;
   // An epoch whose m rows fit in this many bytes (float32: samples x rows x
   // cols x 4) keeps them resident (see the banner): no per-micro-batch store
-  // reads, row encodings or writes, which on a CPU-bound stage cost several
-  // percent of its throughput (docs/BENCHMARKS.md). 0: always stream through
-  // the prefetcher. Default: 64 MiB (job: compression.resident_bytes).
+  // reads, row encodings or writes, which take CPU from the model on a
+  // CPU-bound stage (`aqswarm bench link` compares the two). 0: always stream
+  // through the prefetcher. Default: 64 MiB (job: compression.resident_bytes).
   uint64_t resident_bytes = 64ull << 20;
 };
 
@@ -72,11 +72,10 @@ struct LinkEndpointOptions {
 // Rows are loaded from the store on first use; `dirty` ones are written back
 // by WriteBack. Rows live in slabs of ~1 MiB (kSlabBytes), not one heap
 // block each: an epoch's thousands of long-lived rows scattered over the heap
-// slowed every later malloc of the stage's tensors (glibc's _int_malloc,
-// unlink_chunk, malloc_consolidate): AQ-SGD's malloc share of the CPU
-// samples over DirectQ's was +0.94%, with slabs -0.04% and +0.12% in two
-// repeats (scripts/perf_link_modes.sh: 4 alternated runs of each mode).
-// Used by one endpoint's thread.
+// would slow every later malloc of the stage's tensors (glibc's _int_malloc,
+// unlink_chunk, malloc_consolidate; scripts/perf_link_modes.sh measures
+// that share, docs/notebook/slownet.md has the runs). Used by one endpoint's
+// thread.
 class ResidentRows {
  public:
   struct Row {

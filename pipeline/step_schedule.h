@@ -5,10 +5,11 @@
 //   StepSchedule s = StepScheduleFromJob(job);
 //   for (const StepOp& op : StageStepOps(s, stage)) op.forward ? Forward(op.micro_batch) : Backward(op.micro_batch);
 //
-// Both schedules run every stage's backwards in increasing micro-batch order
-// (so gradients accumulate in the same order and the two are bit-identical),
-// and a step always ends with a flush: the runner commits the global gradient
-// norm and steps the optimizer after the last backward.
+// All three schedules run every stage's backwards in increasing micro-batch
+// order (so gradients accumulate in the same order and they train to
+// bit-identical weights), and a step always ends with a flush: the runner
+// commits the global gradient norm and steps the optimizer after the last
+// backward.
 //
 //   gpipe  all M forwards, then all M backwards. A link's activations (down)
 //          and gradients (up) are never on the wire at the same time.
@@ -38,12 +39,9 @@
 //          behind a late gradient, so a window deeper than 2K - 1 costs only
 //          memory, and it covers the round trip where compute and links are
 //          about as slow (it then crosses 2(K - 1) transfers and as many
-//          computes, and here the stages share cores). The default,
-//          W_0 = 4K - 1: fp32 at 100 Mbit/s in `aqswarm bench slownet`
-//          (4 stages, 64 x 8) ran 963 samples/s at W_0 = 7, 1086-1117 at 13,
-//          1105-1114 at 16, 1108-1112 at 20; 1f1b at W_0 = 13 ran 1103
-//          there but lost 5% at 10 Mbit/s (133 vs 140), adaptive/13 did not.
-//          The default schedule.
+//          computes, which take longer when stages share cores). Its
+//          default window is W_0 = 4K - 1, about twice 1f1b's (how it was
+//          chosen: docs/notebook/slownet.md). The default schedule.
 //
 // Any W_i that does not grow along the pipeline (W_{i-1} >= W_i, W_last = 1)
 // is deadlock-free with asynchronous sends: a stage never waits for an

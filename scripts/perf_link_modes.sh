@@ -14,7 +14,7 @@
 #
 # Needs perf (linux-perf) and a build (build/aqswarm). Work files: $OUT
 # (default /tmp/aqswarm-perf-link-modes). Timed runs hold
-# /tmp/aqswarm-bench.lock like the benchmarks.
+# /tmp/aqswarm-bench.lock (flock), as timed benchmark runs should.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 AQSWARM=${AQSWARM:-$ROOT/build/aqswarm}

@@ -13,10 +13,9 @@
 //   - MultiGet for batched reads. Every row read is verified by our own
 //     checksums (header checksum over key + header, payload checksum over the
 //     payload: every byte we use). RocksDB's read-side CRCs are off by default
-//     (Options::verify_rocksdb_checksums): re-checking bytes our checksums
-//     already cover was a visible share of the read path (measured while the
-//     installed librocksdb still computed CRC32C in software; it now uses
-//     the crc32 instruction, rocksdb_crc32c.h). RocksDB still writes its CRCs.
+//     (Options::verify_rocksdb_checksums): they would re-check bytes our
+//     checksums already cover, on every read. RocksDB still writes its CRCs
+//     (computed with the crc32 instruction, rocksdb_crc32c.h).
 //
 // WAL and sync (Options::use_wal, default false): rows are written with the
 // WAL disabled, halving write bytes for multi-MB rows. A process crash can
@@ -82,23 +81,22 @@ class RocksDbMessageStore final : public internal::RowStoreBase {
     uint64_t write_buffer_bytes = 64ull << 20;
     // Memtable index: a hash table of keys (RocksDB's hash skip list, one
     // bucket per key) instead of one skip list over all keys. Puts and gets
-    // only ever name whole keys, and the skip list's ordered insert was most
-    // of a small row's write cost: walking ~log2(entries) levels of nodes
-    // scattered among the row values, a cache miss each (measured with
-    // `aqswarm bench link`: 64x32 fp16 rows, AQ-SGD's extra CPU per sample
-    // over DirectQ ~33 -> ~22 us per link). Scans (the index rebuild at open)
-    // ask for total order; flushes sort the memtable once. Default: true.
+    // only ever name whole keys, and a skip list's ordered insert, which
+    // walks ~log2(entries) levels of nodes scattered among the row values (a
+    // cache miss each), is most of a small row's write cost. Scans (the index
+    // rebuild at open) ask for total order; flushes sort the memtable once.
+    // `aqswarm bench link` compares the two (store `rocksdb_skiplist`).
+    // Default: true.
     bool hash_memtable = true;
     // Overwrite a row in place when its previous version is still in the
     // active memtable (RocksDB inplace_update_support; rows of one link all
     // have the same size, so the new value always fits). AQ-SGD rewrites
     // every row once per epoch: when a link's rows fit in a memtable (small
-    // rows, e.g. 4 KB), each put used to add a version to the key's list,
-    // the memtable grew by a whole row per put and was flushed and rewritten
-    // every few epochs; in place it stays at one version per key and is
-    // never flushed for that (measured with `aqswarm bench slownet`, 64x32
-    // rows: the stages' RocksDB flush threads and most of the write-behind
-    // thread's list walking went away). Reads take the key's lock stripe, so
+    // rows, e.g. 4 KB), each put would otherwise add a version to the key's
+    // list and grow the memtable by a whole row, which then gets flushed and
+    // rewritten every few epochs; in place it stays at one version per key
+    // and is never flushed for that (no flush work, and no version lists for
+    // the write-behind thread to walk). Reads take the key's lock stripe, so
     // a get never sees half an update (and the row checksums would catch one).
     // Rows too big to be still in the active memtable are written as before.
     // Default: true.
@@ -109,35 +107,28 @@ class RocksDbMessageStore final : public internal::RowStoreBase {
     int max_write_buffers = 4;
     // Background compaction threads. Default: 2.
     int background_jobs = 2;
-    // Memtables flushed at once (each flush is serial: the CRC32C of every
-    // blob record -- in software when this was measured, see
-    // rocksdb_crc32c.h -- then O_DIRECT writes, one after the other, so a
-    // flush thread waits for the disk much of its time).
-    // With one flush thread the bench's disk writes stayed at ~300-380 MB/s,
-    // about the synchronous rate, so write-behind could not run ahead. With
-    // two, flushing was still the write path's bottleneck under a steady
-    // consumer (`bench store` hidden_1x, 3.3 MB rows: RocksDB stopped writes
-    // for all-memtables-full, single puts blocked up to ~400 ms, the
-    // write-behind queue filled epoch after epoch); three keep up, with the
-    // default 4 memtables (one active, three flushing). Useful up to
-    // max_write_buffers - 1.
+    // Memtables flushed at once. Each flush is serial (the CRC32C of every
+    // blob record, then O_DIRECT writes, one after the other), so a flush
+    // thread waits for the disk much of its time; with fewer threads the
+    // flushes fall behind a steady consumer of multi-MB rows, RocksDB stops
+    // writes with every memtable full and write-behind cannot run ahead.
+    // Three keep up with the default 4 memtables (one active, three
+    // flushing). Useful up to max_write_buffers - 1.
     // Default: 3.
     int flush_threads = 3;
     // RocksDB's write slowdown rate (delayed_write_rate), applied e.g. while
     // the last allowed memtable is being written with more than 3 allowed.
     // RocksDB's default, 16 MB/s, is far below what this store sustains: with
-    // multi-MB rows it fired every few seconds (a 26 MB micro-batch would
-    // take 1.6 s at that rate; measured: puts blocked up to 330 ms per
-    // micro-batch in `bench store`, the LOG full of "Stalling writes because
-    // we have 3 immutable memtables"). The hard stop when every memtable is
-    // full stays: writes then go at the flushes' pace. Default: 1 GiB/s.
+    // multi-MB rows it would fire every few seconds (a 26 MB micro-batch
+    // takes 1.6 s at that rate) and block puts. The hard stop when every
+    // memtable is full stays: writes then go at the flushes' pace.
+    // Default: 1 GiB/s.
     uint64_t slowdown_write_bytes_per_s = 1ull << 30;
     // Write blob and table files with O_DIRECT (flush and compaction) when
     // the directory's filesystem supports it (probed at open; silently
     // buffered otherwise). Each row is written once and read back at most
     // once per epoch, so the page cache buys nothing, while copying every
-    // written byte into it was the largest CPU cost of the store (measured:
-    // ~35% of the process's CPU in `bench store`).
+    // written byte into it is one of the store's largest CPU costs.
     // Default: true.
     bool direct_io_writes = true;
     // Read rows with O_DIRECT too (when supported, as above): a row is read
@@ -147,8 +138,8 @@ class RocksDbMessageStore final : public internal::RowStoreBase {
     bool direct_io_reads = true;
     // RocksDB blob garbage collection: compactions relocate the still-live
     // rows of the oldest blob files so those files can be deleted. Off by
-    // default because this workload does not need it and it was ~14% of the
-    // process's CPU in `bench store` (every row rewritten once more):
+    // default because this workload does not need it and it costs CPU (every
+    // row is rewritten once more):
     //   - without it, a blob file is deleted as soon as all its rows are
     //     garbage (overwritten, evicted, dropped) and compaction has seen
     //     that; the key space is tiny (17-byte keys), so compactions are
@@ -168,14 +159,11 @@ class RocksDbMessageStore final : public internal::RowStoreBase {
     // per second (RocksDB's SstFileManager: a background thread cuts a file
     // down by `delete_chunk_bytes` at a time, then waits). AQ-SGD overwrites
     // every row once per epoch, so the blob files written in one epoch
-    // become garbage together (~2 GB at once in `bench store`), and deleting
-    // them at once stalled the loaders' reads: where the filesystem is
-    // mounted with `discard` (the bench machine's ext4 on a virtio disk) the
-    // kernel TRIMs the whole freed range and reads queue behind it (measured:
-    // gets waiting 25-50 ms per micro-batch for ~0.5 s while the blob file
-    // count fell from 64 to 35, once per epoch; the A/B runs are in
-    // docs/BENCHMARKS.md, store section). Paced deletion spreads that over
-    // seconds. Should
+    // become garbage together (an epoch's rows at once), and deleting them at
+    // once stalls the loaders' reads where the filesystem is mounted with
+    // `discard`: the kernel TRIMs the whole freed range and reads queue
+    // behind it (measured: docs/notebook/store.md). Paced deletion spreads
+    // that over seconds. Should
     // exceed the store's sustained write rate: obsolete files wait as
     // NAME.trash until deleted, and beyond `max_trash_ratio` of the live
     // files' size they are deleted at once again. Trash left at Close is
