@@ -108,8 +108,8 @@ def benchmarks_section(run):
     tg = stats.targets(cells, run.paired, run.repeats)
     md = ["## Slow networks (`aqswarm bench slownet`)", "",
           "The AQ-SGD paper's Table 2 as ratios: samples/s of a pipeline over shaped links, fp32 against "
-          "DirectQ and AQ-SGD compression,",
-          "and a 2x4 grid with data parallelism. Setup: " + setup_sentence(run), "",
+          "DirectQ and AQ-SGD compression.",
+          "Setup: " + setup_sentence(run), "",
           "Reproduce: `scripts/bench_slownet.sh` (about 40 minutes on 2 cores: the table, then paired AQ-SGD vs "
           "DirectQ runs;",
           "`sudo RUN_NETNS=1` adds the kernel-shaping check). Redraw the docs from the committed data: "

@@ -228,5 +228,21 @@ class CommittedRunTest(unittest.TestCase):
             self.assertEqual(fd.read(), render.run_page(self.published))
 
 
+class ComponentPagesTest(unittest.TestCase):
+    """docs/BENCHMARKS.md's other sections are what scripts/render_benchmarks.py renders from docs/data."""
+
+    def test_sections_are_the_rendering(self):
+        import render_benchmarks
+        doc = open(os.path.join(ROOT, "docs", "BENCHMARKS.md")).read()
+        for name, section in render_benchmarks.SECTIONS.items():
+            with self.subTest(section=name):
+                self.assertEqual(render_benchmarks.block(doc, name), "\n".join(section()))
+
+    def test_page_is_short(self):
+        doc = open(os.path.join(ROOT, "docs", "BENCHMARKS.md")).read()
+        self.assertLessEqual(len(doc.encode()), 30 * 1024)
+        self.assertLessEqual(max(len(x) for x in doc.splitlines()), 300)
+
+
 if __name__ == "__main__":
     unittest.main()
