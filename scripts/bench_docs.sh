@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Reruns the component benchmarks (link, compression, store, allreduce,
-# scheduler) into docs/data/NAME.jsonl, writes one line per run into
+# scheduler, coordinator) into docs/data/NAME.jsonl, writes one line per run into
 # docs/data/NAME.meta (build, time, cores, load) and redraws their sections of
-# docs/BENCHMARKS.md with scripts/render_benchmarks.py. ~10 minutes on 2 cores.
+# docs/BENCHMARKS.md with scripts/render_benchmarks.py. ~12 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ -x build/aqswarm ]] || scripts/setup.sh
@@ -21,4 +21,5 @@ run store bench store --json
 run link bench link --json --repeats 5
 run scheduler bench scheduler --json
 run allreduce bench allreduce --json --repeats 2
-python3 scripts/render_benchmarks.py compression store link scheduler allreduce
+run coordinator bench coordinator --json
+python3 scripts/render_benchmarks.py compression store link scheduler allreduce coordinator
