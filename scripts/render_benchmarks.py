@@ -24,12 +24,18 @@ ORDER = ["intro", "slownet", "link", "compression", "store", "allreduce", "sched
 
 def load(name):
     p = os.path.join(DATA, name + ".jsonl")
-    return [json.loads(x) for x in open(p) if x.strip()] if os.path.exists(p) else []
+    if not os.path.exists(p):
+        return []
+    with open(p) as fd:
+        return [json.loads(x) for x in fd if x.strip()]
 
 
 def meta(name):
     p = os.path.join(DATA, name + ".meta")
-    return open(p).read().strip() if os.path.exists(p) else "(no run recorded)"
+    if not os.path.exists(p):
+        return "(no run recorded)"
+    with open(p) as fd:
+        return fd.read().strip()
 
 
 def pct(x, base):
@@ -210,7 +216,10 @@ def main(argv):
     if unknown:
         sys.exit(f"render_benchmarks.py: unknown section(s) {unknown}; known: {list(SECTIONS)} "
                  "(slownet: python3 -m slownet_report render)")
-    old = open(DOC).read() if os.path.exists(DOC) else ""
+    old = ""
+    if os.path.exists(DOC):
+        with open(DOC) as fd:
+            old = fd.read()
     parts = []
     for name in ORDER:
         body = "\n".join(SECTIONS[name]()) if name in names else block(old, name)

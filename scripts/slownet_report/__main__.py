@@ -29,7 +29,10 @@ def main(argv=None):
         print(f"slownet_report: copied the run in {args.out} to {args.data}")
         return 0
     run = data.load(args.data)
-    text = open(args.doc).read() if os.path.exists(args.doc) else "# Benchmarks\n"
+    text = "# Benchmarks\n"
+    if os.path.exists(args.doc):
+        with open(args.doc) as fd:
+            text = fd.read()
     with open(args.doc, "w") as fd:
         fd.write(render.replace_block(text, "slownet", render.benchmarks_section(run)))
     os.makedirs(os.path.dirname(os.path.abspath(args.notebook)), exist_ok=True)

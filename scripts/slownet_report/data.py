@@ -23,16 +23,21 @@ import sys
 from . import stats
 
 
+def _raw(path):
+    if not os.path.exists(path):
+        return None
+    with open(path) as fd:
+        return fd.read()
+
+
 def read_jsonl(path):
-    return [json.loads(x) for x in open(path) if x.strip()] if os.path.exists(path) else []
+    text = _raw(path)
+    return [json.loads(x) for x in text.splitlines() if x.strip()] if text else []
 
 
 def _text(path, default=None):
-    return open(path).read().strip() if os.path.exists(path) else default
-
-
-def _raw(path):
-    return open(path).read() if os.path.exists(path) else None
+    text = _raw(path)
+    return default if text is None else text.strip()
 
 
 def _events(path):
@@ -116,7 +121,7 @@ def collect(out, json_path, data_dir):
     old_netns = os.path.join(data_dir, "slownet_netns.txt")
     if not os.path.exists(netns) and os.path.exists(old_netns):
         prev = os.path.join(data_dir, "slownet_run.json")
-        when = (json.load(open(prev)).get("netns_finished", "?") if os.path.exists(prev) else "?").split(" (")[0]
+        when = (json.loads(_raw(prev)).get("netns_finished", "?") if os.path.exists(prev) else "?").split(" (")[0]
         meta["netns_finished"] = f"{when} (an earlier run than the table)"
 
     def copy(src, dst):
@@ -180,7 +185,7 @@ def load(data_dir):
     if not cells:
         raise FileNotFoundError(f"no cells in {os.path.join(data_dir, 'slownet.jsonl')}")
     meta_path = os.path.join(data_dir, "slownet_run.json")
-    meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
+    meta = json.loads(_raw(meta_path)) if os.path.exists(meta_path) else {}
     repeats = {}
     for k in range(2, 10):
         rc = read_jsonl(os.path.join(data_dir, f"slownet_paired_repeat_{k}.jsonl"))

@@ -180,6 +180,45 @@ class CollectTest(unittest.TestCase):
         self.assertIn("`paired run 2, try 1: exit 1: boom`", render.run_page(run))
 
 
+class DpWaitCollectTest(unittest.TestCase):
+    """collect() reads stage 0's DP waits through aqswarm_events.read_events (here a stand-in)."""
+
+    def test_dp_waits_of_a_delayed_cell_and_its_twin(self):
+        import types
+        fake = types.ModuleType("aqswarm_events")
+
+        def read_events(path):
+            with open(path) as fd:
+                for line in fd:
+                    (kind, ev), = json.loads(line).items()
+                    yield kind, ev
+        fake.read_events = read_events
+        saved = sys.modules.get("aqswarm_events")
+        sys.modules["aqswarm_events"] = fake
+        self.addCleanup(lambda: sys.modules.pop("aqswarm_events") if saved is None
+                        else sys.modules.__setitem__("aqswarm_events", saved))
+        tmp = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, tmp)
+        cs = [cell(lab, b, 1, grid="2x4", dp=2, steps_timed=4, samples_per_s_passes=[1, 1], **extra)
+              for lab, extra in (("aqsgd fw3bw6", {}), ("aqsgd fw3bw6 +dpu", {"dp_delayed_update": True}))
+              for b in (0, 10)]
+        for lab, wait in (("aqsgd fw3bw6", 0.05), ("aqsgd fw3bw6 +dpu", 0.002)):
+            d = os.path.join(tmp, "runs", "slownet-2x4-" + lab.replace(" ", "_").replace("+", "_") + "-sweep", "run")
+            os.makedirs(d)
+            with open(os.path.join(d, "events.jsonl"), "w") as fd:
+                for i in range(6):  # steps 1-4 are the window (2 timed steps x 2 bandwidths); 5 is the last
+                    fd.write(json.dumps({"step": {"stage": 0, "step": i, "bandwidth_mbps": 10.0 * (i % 2),
+                                                  "dp": {"seconds": wait * (1 + i % 2), "bytes": 10}}}) + "\n")
+        waits = data.dp_waits(tmp, cs)
+        self.assertEqual(sorted(waits), ["2x4 aqsgd fw3bw6 +dpu @ 10", "2x4 aqsgd fw3bw6 +dpu @ unshaped",
+                                         "2x4 aqsgd fw3bw6 @ 10", "2x4 aqsgd fw3bw6 @ unshaped"])
+        self.assertAlmostEqual(waits["2x4 aqsgd fw3bw6 @ 10"][0], 0.1)
+        self.assertEqual(waits["2x4 aqsgd fw3bw6 @ 10"][1], 2)
+        self.assertAlmostEqual(waits["2x4 aqsgd fw3bw6 +dpu @ unshaped"][0], 0.002)
+        run = data.Run(cs, meta={"dp_wait": waits})
+        self.assertIn("aqsgd fw3bw6 @ 10: 100.0 -> 4.0 ms (2 step lines, both pipelines)", render.run_page(run))
+
+
 class CommittedRunTest(unittest.TestCase):
     """The committed run (docs/data/slownet*) renders to the published figures."""
 
@@ -222,7 +261,8 @@ class CommittedRunTest(unittest.TestCase):
 
     def test_published_page_is_the_rendering(self):
         """docs/BENCHMARKS.md and docs/notebook/slownet_run.md hold what the committed data renders to."""
-        doc = open(os.path.join(ROOT, "docs", "BENCHMARKS.md")).read()
+        with open(os.path.join(ROOT, "docs", "BENCHMARKS.md")) as fd:
+            doc = fd.read()
         self.assertEqual(render.section_from(doc, "slownet"), render.benchmarks_section(self.published))
         with open(os.path.join(ROOT, "docs", "notebook", "slownet_run.md")) as fd:
             self.assertEqual(fd.read(), render.run_page(self.published))
@@ -233,13 +273,15 @@ class ComponentPagesTest(unittest.TestCase):
 
     def test_sections_are_the_rendering(self):
         import render_benchmarks
-        doc = open(os.path.join(ROOT, "docs", "BENCHMARKS.md")).read()
+        with open(os.path.join(ROOT, "docs", "BENCHMARKS.md")) as fd:
+            doc = fd.read()
         for name, section in render_benchmarks.SECTIONS.items():
             with self.subTest(section=name):
                 self.assertEqual(render_benchmarks.block(doc, name), "\n".join(section()))
 
     def test_page_is_short(self):
-        doc = open(os.path.join(ROOT, "docs", "BENCHMARKS.md")).read()
+        with open(os.path.join(ROOT, "docs", "BENCHMARKS.md")) as fd:
+            doc = fd.read()
         self.assertLessEqual(len(doc.encode()), 30 * 1024)
         self.assertLessEqual(max(len(x) for x in doc.splitlines()), 300)
 
