@@ -31,6 +31,7 @@
 #include "coordinator/swarm_coordinator.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "rpc/channel.h"
 
 namespace aqswarm::bench {
 namespace {
@@ -95,9 +96,9 @@ absl::Status RunOne(const CoordinatorBenchOptions& o, int n, std::ostream& out) 
   std::vector<std::thread> workers;
   for (int t = 0; t < threads; ++t) {
     workers.emplace_back([&, t] {
-      grpc::ChannelArguments args;
-      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // one connection per thread
-      auto stub = v1::Coordinator::NewStub(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+      rpc::ChannelPreset one_connection_per_thread;
+      one_connection_per_thread.own_connection = true;
+      auto stub = v1::Coordinator::NewStub(*rpc::MakeChannel(target, {}, one_connection_per_thread));
       std::vector<const SimPeer*> mine;
       for (int i = t; i < n; i += threads) mine.push_back(&peers[i]);
       ThreadResult& res = results[t];

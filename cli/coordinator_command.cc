@@ -21,7 +21,9 @@
 #include "coordinator/swarm_coordinator.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
-#include "peer/tls.h"
+#include "proto/event_json.h"
+#include "rpc/channel.h"
+#include "rpc/tls.h"
 #include "pipeline/job_spec.h"
 #include "proto/coordinator.grpc.pb.h"
 
@@ -83,13 +85,13 @@ int RunCoordinator(const std::vector<std::string>& args) {
   std::error_code ec;
   std::filesystem::create_directories(state_dir, ec);
   if (ec) return Fail("coordinator", absl::InternalError(absl::StrCat("cannot create ", state_dir, ": ", ec.message())));
-  peer::TlsOptions tls{absl::GetFlag(FLAGS_tls_dir), absl::GetFlag(FLAGS_name)};
+  rpc::TlsOptions tls{absl::GetFlag(FLAGS_tls_dir), absl::GetFlag(FLAGS_name)};
   if (tls.enabled() && tls.name.empty()) tls.name = "coordinator";
   const std::string secret_path =
       absl::StrCat(tls.enabled() ? tls.dir : state_dir, "/", kJoinSecretFile);
   auto secret = LoadOrCreateJoinSecret(secret_path);
   if (!secret.ok()) return Fail("coordinator", secret.status());
-  auto creds = peer::MakeServerCredentials(tls);
+  auto creds = rpc::MakeServerCredentials(tls);
   if (!creds.ok()) return Fail("coordinator", creds.status());
 
   coordinator::SwarmCoordinatorOptions o;
@@ -117,17 +119,19 @@ int RunCoordinator(const std::vector<std::string>& args) {
 
   coordinator::CoordinatorServerOptions so;
   so.listen = absl::GetFlag(FLAGS_listen);
-  so.credentials = *creds;
+  so.tls = tls;
   auto server = coordinator::CoordinatorServer::Start(*std::move(coord), so);
   if (!server.ok()) return Fail("coordinator", server.status());
   // Declared after the server (which owns the coordinator): destroyed first.
   coordinator::CoordinatorStatusSampler sampler(coord_ptr);
-  std::printf("{\"event\":\"listening\",\"port\":%d,\"metrics_port\":%d}\n", (*server)->port(),
-              *metrics ? (**metrics).port() : 0);
+  v1::CoordinatorEvent listening;
+  listening.mutable_listening()->set_port((*server)->port());
+  listening.mutable_listening()->set_metrics_port(*metrics ? (**metrics).port() : 0);
+  std::printf("%s\n", events::ToJsonLine(listening).c_str());
   std::fflush(stdout);
   std::cerr << "coordinator for job '" << job->name() << "' (swarm '" << swarm_id << "', " << job->stages()
             << " stages x " << job->data_parallel() << " pipelines) on " << so.listen << " port "
-            << (*server)->port() << ", " << peer::DescribeTls(tls) << ", state " << state_dir
+            << (*server)->port() << ", " << rpc::DescribeTls(tls) << ", state " << state_dir
             << ", join tokens checked with " << secret_path << " (aqswarm certs token --swarm " << swarm_id
             << ")" << std::endl;
   int sig = 0;
@@ -144,16 +148,14 @@ std::string FormatBandwidth(double bytes_per_second) {
 
 int RunStatus(const std::vector<std::string>& args) {
   if (!args.empty()) return Fail("status", absl::InvalidArgumentError("unexpected argument " + args[0]));
-  peer::TlsOptions tls{absl::GetFlag(FLAGS_tls_dir), absl::GetFlag(FLAGS_name)};
+  rpc::TlsOptions tls{absl::GetFlag(FLAGS_tls_dir), absl::GetFlag(FLAGS_name)};
   if (tls.enabled() && tls.name.empty()) {
     return Fail("status", absl::InvalidArgumentError("--name (this machine's certificate) is required with --tls_dir"));
   }
-  auto creds = peer::MakeChannelCredentials(tls);
-  if (!creds.ok()) return Fail("status", creds.status());
-  grpc::ChannelArguments chargs;
-  peer::ApplyTlsChannelArgs(tls, &chargs);
   const std::string target = absl::GetFlag(FLAGS_coordinator);
-  auto stub = v1::Coordinator::NewStub(grpc::CreateCustomChannel(target, *creds, chargs));
+  auto channel = rpc::MakeChannel(target, tls, rpc::ControlChannel());
+  if (!channel.ok()) return Fail("status", channel.status());
+  auto stub = v1::Coordinator::NewStub(*channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::StatusResponse st;
@@ -210,7 +212,8 @@ int RunBenchCoordinator(const std::vector<std::string>& args) {
 std::vector<Command> CoordinatorCommands() {
   return {
       {"coordinator", "Serve the Coordinator for one job: admit peers, hold leases, place them on stages.",
-       "Prints {\"event\":\"listening\",\"port\":N} first, then logs on stderr; SIGINT/SIGTERM stop it.\n"
+       "Prints {\"listening\":{\"port\":N,\"metrics_port\":M}} first (proto/events.proto CoordinatorEvent),\n"
+       "then logs on stderr; SIGINT/SIGTERM stop it.\n"
        "example: aqswarm coordinator --job job.json --listen 127.0.0.1:7000 --state_dir ./coord "
        "[--tls_dir ./tls --name coordinator] [--lease_s 10]",
        {"job", "stages", "dp", "listen", "state_dir", "tls_dir", "name", "swarm", "lease_s", "mirror_checkpoints",

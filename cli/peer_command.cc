@@ -112,9 +112,9 @@ std::vector<Command> PeerCommands() {
       {"peer",
        "Join a swarm: run whatever pipeline stage the coordinator assigns; leave on SIGTERM.",
        "Ports: --listen (StageLink) and --exchange_listen (GradientExchange) need fixed ports;\n"
-       "the StateTransfer server picks one unless --state_listen says. Prints JSON lines: the daemon's\n"
-       "events (joined, assignment, stage_started, state_fetched, mirrored, link_probe, child_exit, left)\n"
-       "and the stage's.",
+       "the StateTransfer server picks one unless --state_listen says. Prints one JSON event per line\n"
+       "(proto/events.proto PeerEvent): the daemon's (joined, assignment, stage_started, state_fetched,\n"
+       "mirrored, link_measured, child_exit, left ...) and its stage's, as {\"stage\":{...}}.",
        {"coordinator", "join_token", "name", "listen", "advertise", "exchange_listen", "exchange_advertise",
         "state_listen", "state_advertise", "work_dir", "tls_dir", "seconds_per_layer", "memory_bytes",
         "link_timeout_s", "keep_checkpoints", "probe_bytes", "metrics_listen"},

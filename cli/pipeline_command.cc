@@ -1,5 +1,6 @@
-// `aqswarm stage` (one stage process) and `aqswarm pipeline` (a static local
-// launcher of K stage processes on 127.0.0.1; the coordinator comes later).
+// `aqswarm stage` (one stage process; its command line is peer/stage_command.h)
+// and `aqswarm pipeline` (a static local launcher of K x D stage processes on
+// 127.0.0.1, without a coordinator; `aqswarm peer` is the swarm's launcher).
 #include <poll.h>
 #include <sys/prctl.h>
 #include <signal.h>
@@ -62,7 +63,7 @@ ABSL_FLAG(uint64_t, plan, 0, "Swarm plan version of this run (set by `aqswarm pe
 ABSL_FLAG(bool, die_with_parent, false, "Exit when the parent process dies (set by `aqswarm peer` for its stage).");
 ABSL_FLAG(int64_t, start_step, 0, "Steps already completed: training starts at this global step.");
 ABSL_FLAG(std::string, init_checkpoint, "", "Stage state to load first (holding --start_step completed steps).");
-ABSL_FLAG(std::string, checkpoint_dir, "", "Write the stage state after every step here (state-<steps>.ckpt).");
+ABSL_FLAG(std::string, checkpoint_dir, "", "Write the stage state here every job checkpoint_every_steps (state-<steps>.ckpt).");
 ABSL_FLAG(int32_t, keep_checkpoints, 4, "Newest checkpoints kept in --checkpoint_dir.");
 ABSL_FLAG(int32_t, link_timeout_s, 120, "Bound in seconds on every wait for a neighbour.");
 ABSL_FLAG(std::string, out_dir, "", "Run directory: job.json, stage logs, stores, metrics.csv "

@@ -4,7 +4,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "coordinator/coordinator_metrics.h"
+#include "rpc/server.h"
+#include "rpc/status.h"
 
 namespace aqswarm::coordinator {
 namespace {
@@ -40,18 +43,13 @@ absl::StatusOr<HeldStates> FromProto(const google::protobuf::RepeatedPtrField<v1
   return out;
 }
 
-}  // namespace
-
+// The answer to a request: its status, counted when refused.
 grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  CountRejectedRequest(status.code());
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  if (!status.ok()) CountRejectedRequest(status.code());
+  return rpc::ToGrpc(status);
 }
 
-absl::Status FromGrpcStatus(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
+}  // namespace
 
 CoordinatorGrpcService::CoordinatorGrpcService(SwarmCoordinator* coordinator, absl::Duration watch_poll)
     : coordinator_(coordinator), watch_poll_(watch_poll) {}
@@ -166,21 +164,15 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->options_ = options;
   s->coordinator_ = std::move(coordinator);
   s->service_ = std::make_unique<CoordinatorGrpcService>(s->coordinator_.get(), options.watch_poll);
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen,
-                           options.credentials ? options.credentials : grpc::InsecureServerCredentials(), &s->port_);
-  builder.RegisterService(s->service_.get());
-  builder.SetMaxReceiveMessageSize(1 << 20);  // every request is small
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a port in use fails to bind, not shared
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
-  if (options.num_completion_queues > 0) {
-    builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, options.num_completion_queues);
-  }
-  s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
-  }
+  rpc::ServerOptions so;
+  so.listen = options.listen;
+  so.tls = options.tls;
+  so.max_receive_bytes = 1 << 20;  // every request is small
+  so.accept_keepalive = true;      // peers' assignment watches are long-lived
+  so.num_completion_queues = options.num_completion_queues;
+  AQSWARM_ASSIGN_OR_RETURN(rpc::StartedServer started, rpc::StartServer(so, {s->service_.get()}));
+  s->server_ = std::move(started.server);
+  s->port_ = started.port;
   CoordinatorServer* raw = s.get();
   s->expiry_thread_ = std::thread([raw] { raw->ExpiryLoop(); });
   return s;

@@ -7,7 +7,7 @@
 //   AQSWARM_ASSIGN_OR_RETURN(auto coord, SwarmCoordinator::Create(std::move(options)));
 //   CoordinatorServerOptions so;
 //   so.listen = "127.0.0.1:0";
-//   so.credentials = creds;                 // default: plaintext
+//   so.tls = {tls_dir, "coordinator"};      // default: plaintext
 //   AQSWARM_ASSIGN_OR_RETURN(auto server, CoordinatorServer::Start(std::move(coord), so));
 //   int port = server->port();
 //   ...
@@ -34,13 +34,9 @@
 #include "coordinator/swarm_coordinator.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "rpc/tls.h"
 
 namespace aqswarm::coordinator {
-
-// absl::Status -> grpc::Status, same code and message.
-grpc::Status ToGrpcStatus(const absl::Status& status);
-// grpc::Status -> absl::Status, same code and message.
-absl::Status FromGrpcStatus(const grpc::Status& status);
 
 class CoordinatorGrpcService final : public v1::Coordinator::Service {
  public:
@@ -70,8 +66,8 @@ class CoordinatorGrpcService final : public v1::Coordinator::Service {
 struct CoordinatorServerOptions {
   // Address to bind; port 0 picks a free one (see port()). Default: "127.0.0.1:0".
   std::string listen = "127.0.0.1:0";
-  // Server credentials (e.g. peer/tls.h MakeServerCredentials). Default: null = plaintext.
-  std::shared_ptr<grpc::ServerCredentials> credentials;
+  // Mutual TLS (rpc/tls.h). Default: plaintext.
+  rpc::TlsOptions tls;
   // Real time between two lease sweeps (SwarmCoordinator::ExpireLeases, which
   // reads the injected clock). Default: 200 ms.
   absl::Duration expiry_interval = absl::Milliseconds(200);

@@ -1,4 +1,4 @@
-// The Coordinator service over real gRPC on 127.0.0.1:0, driven by a FakeClock.
+// The Coordinator service over real gRPC on 127.0.0.1:0, driven by an rpc::FakeClock.
 #include "coordinator/coordinator_service.h"
 
 #include <limits>
@@ -61,7 +61,7 @@ class CoordinatorServiceTest : public ::testing::Test {
     return stub_->Heartbeat(&ctx, req, resp != nullptr ? resp : &ignored);
   }
 
-  FakeClock clock_;
+  rpc::FakeClock clock_;
   ScratchDir dir_;
   std::unique_ptr<CoordinatorServer> server_;
   std::shared_ptr<grpc::Channel> channel_;

@@ -1,5 +1,5 @@
 // Helpers for the coordinator tests: a scratch dir, a small job, a join
-// secret with tokens, and a SwarmCoordinator on a FakeClock.
+// secret with tokens, and a SwarmCoordinator on an rpc::FakeClock.
 #ifndef AQSWARM_COORDINATOR_COORDINATOR_TESTING_H_
 #define AQSWARM_COORDINATOR_COORDINATOR_TESTING_H_
 
@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
 #include "common/join_token.h"
-#include "coordinator/clock.h"
+#include "rpc/clock.h"
 #include "coordinator/swarm_coordinator.h"
 #include "gtest/gtest.h"
 #include "proto/job.pb.h"
@@ -52,14 +52,14 @@ inline constexpr char kTestSwarm[] = "test-job";
 // A fixed 32-byte secret (hex in files; raw bytes here).
 inline std::string TestSecret() { return std::string(32, '\x5a'); }
 
-inline std::string TokenFor(const FakeClock& clock, const std::string& peer, const std::string& secret = TestSecret(),
+inline std::string TokenFor(const rpc::FakeClock& clock, const std::string& peer, const std::string& secret = TestSecret(),
                             const std::string& swarm = kTestSwarm, int64_t ttl_s = 3600) {
   auto token = IssueJoinToken(secret, swarm, peer, absl::ToUnixSeconds(clock.Now()) + ttl_s);
   EXPECT_TRUE(token.ok()) << token.status();
   return token.ok() ? *token : "";
 }
 
-inline JoinParams JoinAs(const FakeClock& clock, const std::string& peer, int port = 5000) {
+inline JoinParams JoinAs(const rpc::FakeClock& clock, const std::string& peer, int port = 5000) {
   JoinParams p;
   p.peer_name = peer;
   p.join_token = TokenFor(clock, peer);
@@ -70,7 +70,7 @@ inline JoinParams JoinAs(const FakeClock& clock, const std::string& peer, int po
   return p;
 }
 
-inline SwarmCoordinatorOptions TestOptions(const FakeClock* clock, const std::string& dir, int stages,
+inline SwarmCoordinatorOptions TestOptions(const rpc::FakeClock* clock, const std::string& dir, int stages,
                                            int pipelines) {
   SwarmCoordinatorOptions o;
   o.job = TestJob(stages, pipelines);

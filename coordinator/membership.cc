@@ -122,7 +122,7 @@ absl::Status ValidateProgress(const PeerProgress& p) {
   return absl::OkStatus();
 }
 
-Membership::Membership(MembershipOptions options, const Clock* clock)
+Membership::Membership(MembershipOptions options, const rpc::Clock* clock)
     : options_(std::move(options)), clock_(clock) {}
 
 absl::StatusOr<Member> Membership::Admit(const JoinParams& params, uint64_t id) const {

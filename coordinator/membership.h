@@ -31,7 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "coordinator/clock.h"
+#include "rpc/clock.h"
 
 namespace aqswarm::coordinator {
 
@@ -104,7 +104,7 @@ struct MembershipOptions {
 class Membership {
  public:
   // `clock` is not owned and must outlive this.
-  Membership(MembershipOptions options, const Clock* clock);
+  Membership(MembershipOptions options, const rpc::Clock* clock);
 
   // Checks `params` and the join token; returns the member to Add() (with a
   // fresh session token and a lease from now) without adding it.
@@ -136,7 +136,7 @@ class Membership {
 
  private:
   const MembershipOptions options_;
-  const Clock* const clock_;
+  const rpc::Clock* const clock_;
   std::map<uint64_t, Member> members_;
   std::map<std::string, uint64_t, std::less<>> by_name_;
 };

@@ -23,7 +23,7 @@ class MembershipTest : public ::testing::Test {
     o.lease = absl::Seconds(10);
     return o;
   }
-  FakeClock clock_;
+  rpc::FakeClock clock_;
 };
 
 TEST_F(MembershipTest, AdmitsAValidTokenWithAFreshSessionAndLease) {
@@ -108,7 +108,7 @@ TEST_F(MembershipTest, SwarmFullIsFailedPrecondition) {
 }
 
 TEST(ValidateJoinParamsTest, NamesAddressesAndNumbers) {
-  FakeClock clock;
+  rpc::FakeClock clock;
   JoinParams good = JoinAs(clock, "peer-a");
   EXPECT_TRUE(ValidateJoinParams(good).ok());
   auto invalid = [](const JoinParams& p) { return absl::IsInvalidArgument(ValidateJoinParams(p)); };

@@ -61,7 +61,7 @@ int64_t PickResumeStep(const Grid& grid, const Membership& members, std::optiona
 
 SwarmCoordinator::SwarmCoordinator(SwarmCoordinatorOptions options, std::unique_ptr<CoordinatorState> state)
     : options_(std::move(options)),
-      clock_(options_.clock != nullptr ? options_.clock : RealClock::Get()),
+      clock_(options_.clock != nullptr ? options_.clock : rpc::RealClock::Get()),
       planner_(options_.planner, options_.job),
       state_(std::move(state)),
       membership_(MakeMembershipOptions(options_), clock_),

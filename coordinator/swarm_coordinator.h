@@ -5,7 +5,7 @@
 //
 //   SwarmCoordinatorOptions o;
 //   o.job = job;  o.join_secret = secret;  o.state.dir = "/var/aqswarm/coord";
-//   o.clock = &fake_clock;                      // tests; default: RealClock
+//   o.clock = &fake_clock;                      // tests; default: rpc::RealClock
 //   AQSWARM_ASSIGN_OR_RETURN(auto coord, SwarmCoordinator::Create(std::move(o)));
 //   AQSWARM_ASSIGN_OR_RETURN(JoinResult j, coord->Join(params));
 //   AQSWARM_ASSIGN_OR_RETURN(v1::Assignment a, coord->GetAssignment(j.peer_id, j.session_token));
@@ -42,7 +42,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "coordinator/clock.h"
+#include "rpc/clock.h"
 #include "coordinator/coordinator_state.h"
 #include "coordinator/link_matrix.h"
 #include "coordinator/membership.h"
@@ -82,8 +82,8 @@ struct SwarmCoordinatorOptions {
   PlannerOptions planner;
   // Where the state lives. `state.dir` is required.
   CoordinatorState::Options state;
-  // Not owned; must outlive the coordinator. Default: RealClock::Get().
-  const Clock* clock = nullptr;
+  // Not owned; must outlive the coordinator. Default: rpc::RealClock::Get().
+  const rpc::Clock* clock = nullptr;
 };
 
 struct JoinResult {
@@ -154,7 +154,7 @@ class SwarmCoordinator {
   std::vector<v1::Neighbor> ProbeTargetsLocked(uint64_t peer_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SwarmCoordinatorOptions options_;
-  const Clock* const clock_;
+  const rpc::Clock* const clock_;
   const Planner planner_;
   std::unique_ptr<CoordinatorState> state_;
 

@@ -27,7 +27,7 @@ class SwarmCoordinatorTest : public ::testing::Test {
     return r.ok() ? *r : JoinResult{};
   }
 
-  FakeClock clock_;
+  rpc::FakeClock clock_;
   ScratchDir dir_;
 };
 

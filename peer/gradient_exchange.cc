@@ -6,6 +6,9 @@
 #include "common/status_macros.h"
 #include "peer/peer_metrics.h"
 #include "grpcpp/grpcpp.h"
+#include "rpc/channel.h"
+#include "rpc/server.h"
+#include "rpc/status.h"
 
 namespace aqswarm::peer {
 
@@ -31,9 +34,7 @@ class GrpcReplicaExchange::Service final : public v1::GradientExchange::Service 
  public:
   explicit Service(GrpcReplicaExchange* owner) : owner_(owner) {}
   grpc::Status Push(grpc::ServerContext*, const v1::ExchangeChunk* chunk, v1::ExchangeAck*) override {
-    absl::Status s = owner_->Deliver(*chunk);
-    if (s.ok()) return grpc::Status::OK;
-    return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+    return rpc::ToGrpc(owner_->Deliver(*chunk));
   }
 
  private:
@@ -50,16 +51,14 @@ absl::StatusOr<std::unique_ptr<GrpcReplicaExchange>> GrpcReplicaExchange::Start(
   }
   std::unique_ptr<GrpcReplicaExchange> ex(new GrpcReplicaExchange(o));
   ex->service_ = std::make_unique<Service>(ex.get());
-  AQSWARM_ASSIGN_OR_RETURN(auto creds, MakeServerCredentials(o.tls));
-  grpc::ServerBuilder b;
-  b.AddListeningPort(o.listen, creds, &ex->port_);
-  b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a port in use fails to bind, not shared
-  b.SetMaxReceiveMessageSize(kMaxLinkFrameBytes);
-  b.RegisterService(ex->service_.get());
-  ex->server_ = b.BuildAndStart();
-  if (ex->server_ == nullptr || ex->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen));
-  }
+  rpc::ServerOptions so;
+  so.listen = o.listen;
+  so.tls = o.tls;
+  so.max_receive_bytes = rpc::kMaxFrameBytes;
+  so.accept_keepalive = true;  // the replicas' channels are link channels
+  AQSWARM_ASSIGN_OR_RETURN(rpc::StartedServer started, rpc::StartServer(so, {ex->service_.get()}));
+  ex->server_ = std::move(started.server);
+  ex->port_ = started.port;
   return ex;
 }
 
@@ -69,17 +68,12 @@ absl::Status GrpcReplicaExchange::Connect(const std::vector<std::string>& addres
                                                    addresses.size()));
   }
   if (!peers_.empty()) return absl::FailedPreconditionError("already connected");
-  grpc::ChannelArguments args;
-  args.SetMaxSendMessageSize(kMaxLinkFrameBytes);
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  ApplyTlsChannelArgs(options_.tls, &args);
-  AQSWARM_ASSIGN_OR_RETURN(auto creds, MakeChannelCredentials(options_.tls));
   for (int r = 0; r < options_.size; ++r) {
     auto p = std::make_unique<Peer>();
     p->rank = r;
     p->address = addresses[r];
     if (r != options_.rank) {
-      p->channel = grpc::CreateCustomChannel(addresses[r], creds, args);
+      AQSWARM_ASSIGN_OR_RETURN(p->channel, rpc::MakeChannel(addresses[r], options_.tls, rpc::LinkChannel()));
       p->stub = v1::GradientExchange::NewStub(p->channel);
       Peer* raw = p.get();
       p->thread = std::thread([this, raw] { SenderLoop(raw); });
@@ -124,12 +118,12 @@ absl::Status GrpcReplicaExchange::Send(int to, const v1::ExchangeChunk& chunk) {
   c.set_group(options_.group);
   const auto& schedule = options_.bandwidth_schedule_mbps;
   const double mbps = schedule.empty() ? options_.shaping.bandwidth_mbps : schedule[c.step() % schedule.size()];
-  p->queue.push_back({std::move(c), absl::Now(), mbps});
+  p->queue.push_back({std::move(c), options_.shaping.clock_or_real()->Now(), mbps});
   return absl::OkStatus();
 }
 
 void GrpcReplicaExchange::SenderLoop(Peer* p) {
-  EmulatedWire wire;
+  rpc::EmulatedWire wire(options_.shaping.clock_or_real());
   while (true) {
     v1::ExchangeChunk c;
     absl::Time queued;
@@ -184,8 +178,9 @@ void GrpcReplicaExchange::SenderLoop(Peer* p) {
 absl::Status GrpcReplicaExchange::Deliver(v1::ExchangeChunk chunk) {
   if (chunk.group() == options_.group && options_.shaping.latency_ms > 0) {
     const absl::Time due = absl::FromUnixMicros(chunk.sent_unix_micros()) + absl::Milliseconds(options_.shaping.latency_ms);
-    const absl::Duration wait = due - absl::Now();
-    if (wait > absl::ZeroDuration()) absl::SleepFor(std::min(wait, absl::Seconds(60)));  // one-way latency
+    const rpc::Clock* clock = options_.shaping.clock_or_real();
+    const absl::Duration wait = due - clock->Now();
+    if (wait > absl::ZeroDuration()) clock->SleepFor(std::min(wait, absl::Seconds(60)));  // one-way latency
   }
   return mailbox_.Deliver(std::move(chunk));
 }

@@ -29,7 +29,7 @@
 #include "absl/time/time.h"
 #include "peer/exchange_mailbox.h"
 #include "peer/link_transport.h"
-#include "peer/tls.h"
+#include "rpc/tls.h"
 #include "pipeline/dp_allreduce.h"
 #include "proto/exchange.grpc.pb.h"
 
@@ -44,7 +44,7 @@ struct ReplicaExchangeOptions {
   int size = 1;
   // Address the GradientExchange server binds. Default: loopback, any port.
   std::string listen = "127.0.0.1:0";
-  ShapingOptions shaping;
+  rpc::ShapingOptions shaping;
   // When non-empty, a chunk of step s is shaped at schedule[s % size] Mbit/s
   // (0 = unshaped) instead of shaping.bandwidth_mbps: the job's
   // shaping.bandwidth_schedule_mbps, whose step s is DP step s. A delayed
@@ -55,7 +55,7 @@ struct ReplicaExchangeOptions {
   // Bound on chunk bytes buffered before Receive takes them. Default: 1 GiB.
   uint64_t max_buffered_bytes = 1ull << 30;
   // Mutual TLS on the server and on every channel to a replica. Default: off.
-  TlsOptions tls;
+  rpc::TlsOptions tls;
 };
 
 class GrpcReplicaExchange final : public pipeline::ReplicaExchange {

@@ -12,7 +12,7 @@ namespace aqswarm::peer {
 namespace {
 
 struct Group {
-  Group(int d, absl::Duration timeout = absl::Seconds(20), ShapingOptions shaping = {},
+  Group(int d, absl::Duration timeout = absl::Seconds(20), rpc::ShapingOptions shaping = {},
         std::vector<double> schedule = {}) {
     std::vector<std::string> addrs;
     for (int r = 0; r < d; ++r) {
@@ -65,7 +65,7 @@ TEST(GrpcReplicaExchangeTest, ShapedExchangeNeverBeatsItsBandwidth) {
   const int d = 2;
   const int64_t n = 50000;  // raw float32: ~100 kB from each replica
   const std::vector<double> schedule = {8.0, 4.0};
-  Group g(d, absl::Seconds(20), ShapingOptions{8.0, 0}, schedule);
+  Group g(d, absl::Seconds(20), rpc::ShapingOptions{8.0, 0}, schedule);
   for (int step : {0, 1}) {
     const double mbps = schedule[step];
     std::vector<std::vector<float>> out(d, std::vector<float>(n));
@@ -94,7 +94,7 @@ TEST(GrpcReplicaExchangeTest, ShapedExchangeNeverBeatsItsBandwidth) {
 TEST(GrpcReplicaExchangeTest, ScheduledExchangeShapesEachChunkAtItsStepsRate) {
   const int d = 2;
   const int64_t n = 50000;
-  Group g(d, absl::Seconds(20), ShapingOptions{}, {0, 4.0});
+  Group g(d, absl::Seconds(20), rpc::ShapingOptions{}, {0, 4.0});
   std::vector<std::vector<float>> out(d, std::vector<float>(n));
   std::vector<absl::Status> st(d);
   const absl::Time start = absl::Now();

@@ -40,7 +40,7 @@ v1::LinkHello LinkHelloFor(const v1::JobSpec& job, int pipeline, int boundary, u
 }
 
 absl::StatusOr<std::unique_ptr<LinkConnection>> DialNext(const std::string& address, const v1::LinkHello& hello,
-                                                         const ShapingOptions& shaping, const TlsOptions& tls,
+                                                         const rpc::ShapingOptions& shaping, const rpc::TlsOptions& tls,
                                                          absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration backoff = absl::Milliseconds(50);

@@ -32,7 +32,7 @@ v1::LinkHello LinkHelloFor(const v1::JobSpec& job, int pipeline, int boundary, u
 // stream that broke before its answer) is dialed again, backing off, until
 // `timeout`. A refusal for any other reason is final.
 absl::StatusOr<std::unique_ptr<LinkConnection>> DialNext(const std::string& address, const v1::LinkHello& hello,
-                                                         const ShapingOptions& shaping, const TlsOptions& tls,
+                                                         const rpc::ShapingOptions& shaping, const rpc::TlsOptions& tls,
                                                          absl::Duration timeout);
 
 // Accepts the upstream stage's connection whose hello equals `want`; dialers

@@ -5,35 +5,25 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "peer/grpc_status.h"
+#include "common/status_macros.h"
+#include "rpc/channel.h"
+#include "rpc/server.h"
+#include "rpc/status.h"
 #include "peer/peer_metrics.h"
 #include "grpcpp/grpcpp.h"
 
 namespace aqswarm::peer {
 namespace {
 
-int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }
 
-grpc::ChannelArguments LinkChannelArgs() {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kMaxLinkFrameBytes);
-  args.SetMaxSendMessageSize(kMaxLinkFrameBytes);
-  // Detect a vanished neighbour on an idle link within ~20 s.
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  // Each link is its own TCP connection (the shaping is per link).
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return args;
-}
 
 
 }  // namespace
 
 // ------------------------------------------------------------ LinkConnection
 
-LinkConnection::LinkConnection(std::string name, const ShapingOptions& shaping)
-    : name_(std::move(name)), shaping_(shaping), bandwidth_mbps_(shaping.bandwidth_mbps) {}
+LinkConnection::LinkConnection(std::string name, const rpc::ShapingOptions& shaping)
+    : name_(std::move(name)), shaping_(shaping), clock_(shaping.clock_or_real()), bandwidth_mbps_(shaping.bandwidth_mbps) {}
 
 LinkConnection::~LinkConnection() = default;
 
@@ -61,7 +51,7 @@ absl::Status LinkConnection::Send(v1::LinkFrame frame, absl::Duration timeout) {
   }
   if (!broken_.ok()) return broken_;
   if (send_closed_) return absl::FailedPreconditionError(absl::StrCat("link ", name_, " is closed for sending"));
-  outbound_.push_back({std::move(frame), absl::Now(), bandwidth_mbps_.load()});
+  outbound_.push_back({std::move(frame), clock_->Now(), bandwidth_mbps_.load()});
   return absl::OkStatus();
 }
 
@@ -85,7 +75,8 @@ absl::StatusOr<v1::LinkFrame> LinkConnection::Receive(const std::function<bool(c
   const absl::Time deadline = absl::Now() + timeout;
   absl::MutexLock l(&mu_);
   while (true) {
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock_->Now();  // the wire's time: when held frames come due
+    const absl::Time real_now = absl::Now();  // the timeout's
     absl::Time held_until;
     if (auto it = FindDue(match, now, &held_until); it != inbound_.end()) {
       v1::LinkFrame f = std::move(it->frame);
@@ -93,7 +84,7 @@ absl::StatusOr<v1::LinkFrame> LinkConnection::Receive(const std::function<bool(c
       return f;
     }
     if (reader_done_ && held_until == absl::InfiniteFuture()) return EndedStatus();
-    if (now >= deadline) {
+    if (real_now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("link ", name_, ": expected frame did not arrive within ",
                                                       absl::FormatDuration(timeout)));
     }
@@ -102,14 +93,16 @@ absl::StatusOr<v1::LinkFrame> LinkConnection::Receive(const std::function<bool(c
     auto changed = [this, seen, done]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return inbound_.size() != seen || reader_done_ != done;
     };
-    mu_.AwaitWithDeadline(absl::Condition(&changed), std::min(deadline, held_until));
+    const absl::Time held_wake =
+        held_until == absl::InfiniteFuture() ? absl::InfiniteFuture() : real_now + (held_until - now);
+    mu_.AwaitWithDeadline(absl::Condition(&changed), std::min(deadline, held_wake));
   }
 }
 
 absl::StatusOr<bool> LinkConnection::Has(const std::function<bool(const v1::LinkFrame&)>& match) {
   absl::MutexLock l(&mu_);
   absl::Time held_until;
-  if (FindDue(match, absl::Now(), &held_until) != inbound_.end()) return true;
+  if (FindDue(match, clock_->Now(), &held_until) != inbound_.end()) return true;
   if (reader_done_ && held_until == absl::InfiniteFuture()) return EndedStatus();
   return false;
 }
@@ -149,22 +142,8 @@ void LinkConnection::WaitWriterDone() {
   mu_.Await(absl::Condition(&done));
 }
 
-absl::Time EmulatedWire::Reserve(size_t bytes, absl::Time queued, double bandwidth_mbps) {
-  const absl::Time now = absl::Now();
-  if (bandwidth_mbps <= 0) return now;
-  wire_free_ = std::max(queued, wire_free_) + absl::Seconds(bytes * 8.0 / (bandwidth_mbps * 1e6));
-  return std::max(wire_free_, now);  // a late sender catches up: the wire did not idle
-}
-
-absl::Time EmulatedWire::Transmit(size_t bytes, absl::Time queued, double bandwidth_mbps) {
-  const absl::Time done = Reserve(bytes, queued, bandwidth_mbps);
-  const absl::Time now = absl::Now();
-  if (done > now) absl::SleepFor(done - now);  // the emulated wire is busy
-  return std::max(done, now);
-}
-
 void LinkConnection::WriterLoop() {
-  EmulatedWire wire;
+  rpc::EmulatedWire wire(clock_);
   absl::Time last_done = absl::InfinitePast();
   while (true) {
     v1::LinkFrame frame;
@@ -183,11 +162,11 @@ void LinkConnection::WriterLoop() {
       outbound_.pop_front();
     }
     const size_t bytes = frame.ByteSizeLong() + 16;  // + the timestamp and hold set below
-    const absl::Time busy_from = std::max(absl::Now(), last_done);
+    const absl::Time busy_from = std::max(clock_->Now(), last_done);
     // No sleep: the frame goes now, and the receiver holds it until its last
     // byte would have left this wire (see Send).
     const absl::Time wire_done = wire.Reserve(bytes, queued, mbps);
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock_->Now();
     frame.set_sent_unix_micros(absl::ToUnixMicros(wire_done));
     frame.set_hold_micros(wire_done > now ? absl::ToInt64Microseconds(wire_done - now) : 0);
     bytes_sent_ += frame.ByteSizeLong();  // before the write: the peer may read it first
@@ -195,7 +174,7 @@ void LinkConnection::WriterLoop() {
       MarkBroken(absl::UnavailableError(absl::StrCat("link ", name_, ": write failed (peer gone)")));
       break;
     }
-    last_done = std::max(absl::Now(), wire_done);
+    last_done = std::max(clock_->Now(), wire_done);
     if (bytes >= kBusyFrameBytes) {
       busy_bytes_ += bytes;
       busy_micros_ += absl::ToInt64Microseconds(last_done - busy_from);
@@ -212,11 +191,11 @@ void LinkConnection::ReaderLoop() {
     bytes_received_ += frame.ByteSizeLong();
     // Held for the rest of its wire time (bounded like the latency below: a
     // corrupt hold must not park a frame for ever).
-    const absl::Time due = absl::Now() + absl::Microseconds(std::clamp<int64_t>(frame.hold_micros(), 0, 60'000'000));
+    const absl::Time due = clock_->Now() + absl::Microseconds(std::clamp<int64_t>(frame.hold_micros(), 0, 60'000'000));
     if (shaping_.latency_ms > 0) {
       const int64_t at = frame.sent_unix_micros() + static_cast<int64_t>(shaping_.latency_ms * 1000);
-      const int64_t wait = at - NowMicros();
-      if (wait > 0) absl::SleepFor(absl::Microseconds(std::min<int64_t>(wait, 60'000'000)));
+      const int64_t wait = at - absl::ToUnixMicros(clock_->Now());
+      if (wait > 0) clock_->SleepFor(absl::Microseconds(std::min<int64_t>(wait, 60'000'000)));
     }
     FrameArrivals* arrivals;
     {
@@ -244,7 +223,7 @@ namespace {
 
 class ClientLink final : public LinkConnection {
  public:
-  ClientLink(const std::string& target, const ShapingOptions& shaping)
+  ClientLink(const std::string& target, const rpc::ShapingOptions& shaping)
       : LinkConnection(absl::StrCat("to ", target), shaping) {}
 
   ~ClientLink() override {
@@ -255,18 +234,18 @@ class ClientLink final : public LinkConnection {
     if (reader_.joinable()) reader_.join();
   }
 
-  absl::Status Connect(const std::string& target, absl::Duration timeout, const TlsOptions& tls) {
-    auto creds = MakeChannelCredentials(tls);
-    if (!creds.ok()) return creds.status();
-    grpc::ChannelArguments args = LinkChannelArgs();
-    ApplyTlsChannelArgs(tls, &args);
-    channel_ = grpc::CreateCustomChannel(target, *creds, args);
+  absl::Status Connect(const std::string& target, absl::Duration timeout, const rpc::TlsOptions& tls) {
+    // Its own TCP connection (the shaping is per link); a vanished
+    // neighbour on an idle link is found within ~20 s (keepalive).
+    auto channel = rpc::MakeChannel(target, tls, rpc::LinkChannel());
+    if (!channel.ok()) return channel.status();
+    channel_ = *std::move(channel);
     const auto deadline = std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout);
     if (!channel_->WaitForConnected(deadline)) {
       // A TLS mismatch (one end plaintext, or another CA) looks like an
       // unreachable peer from here: say which mode we used.
       return absl::UnavailableError(absl::StrCat("cannot reach the next stage at ", target, " within ",
-                                                 absl::FormatDuration(timeout), " over ", DescribeTls(tls),
+                                                 absl::FormatDuration(timeout), " over ", rpc::DescribeTls(tls),
                                                  tls.enabled() ? " (is it up, with mTLS and the same CA?)"
                                                                : " (is it up, without TLS?)"));
     }
@@ -282,7 +261,7 @@ class ClientLink final : public LinkConnection {
   bool WriteFrame(const v1::LinkFrame& f) override { return stream_->Write(f); }
   bool ReadFrame(v1::LinkFrame* f) override { return stream_->Read(f); }
   void FinishWrites() override { stream_->WritesDone(); }
-  absl::Status FinalStatus() override { return FromGrpc(stream_->Finish(), absl::StrCat("link ", name_)); }
+  absl::Status FinalStatus() override { return rpc::FromGrpc(stream_->Finish(), absl::StrCat("link ", name_)); }
 
  private:
   std::shared_ptr<grpc::Channel> channel_;
@@ -295,9 +274,9 @@ class ClientLink final : public LinkConnection {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LinkConnection>> LinkConnection::Dial(const std::string& target,
-                                                                     const ShapingOptions& shaping,
+                                                                     const rpc::ShapingOptions& shaping,
                                                                      absl::Duration timeout,
-                                                                     const TlsOptions& tls) {
+                                                                     const rpc::TlsOptions& tls) {
   auto link = std::make_unique<ClientLink>(target, shaping);
   absl::Status s = link->Connect(target, timeout, tls);
   if (!s.ok()) return s;
@@ -311,7 +290,7 @@ namespace {
 class ServerLink final : public LinkConnection {
  public:
   ServerLink(grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::LinkFrame, v1::LinkFrame>* stream,
-             const ShapingOptions& shaping)
+             const rpc::ShapingOptions& shaping)
       : LinkConnection(absl::StrCat("from ", ctx->peer()), shaping), ctx_(ctx), stream_(stream) {}
   ~ServerLink() override { StopThreads(); }
 
@@ -344,7 +323,7 @@ class ServerLink final : public LinkConnection {
 
 class StageLinkServer::Service final : public v1::StageLink::Service {
  public:
-  explicit Service(const ShapingOptions& shaping) : shaping_(shaping) {}
+  explicit Service(const rpc::ShapingOptions& shaping) : shaping_(shaping) {}
 
   grpc::Status Connect(grpc::ServerContext* ctx,
                        grpc::ServerReaderWriter<v1::LinkFrame, v1::LinkFrame>* stream) override {
@@ -393,31 +372,25 @@ class StageLinkServer::Service final : public v1::StageLink::Service {
   }
 
  private:
-  const ShapingOptions shaping_;
+  const rpc::ShapingOptions shaping_;
   absl::Mutex mu_;
   std::shared_ptr<ServerLink> link_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 absl::StatusOr<std::unique_ptr<StageLinkServer>> StageLinkServer::Start(const std::string& listen,
-                                                                        const ShapingOptions& shaping,
-                                                                        const TlsOptions& tls) {
-  auto creds = MakeServerCredentials(tls);
-  if (!creds.ok()) return creds.status();
+                                                                        const rpc::ShapingOptions& shaping,
+                                                                        const rpc::TlsOptions& tls) {
   std::unique_ptr<StageLinkServer> s(new StageLinkServer());
   s->service_ = std::make_unique<Service>(shaping);
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, *creds, &s->port_);
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a port in use fails to bind, not shared
-  builder.SetMaxReceiveMessageSize(kMaxLinkFrameBytes);
-  builder.SetMaxSendMessageSize(kMaxLinkFrameBytes);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
-  builder.RegisterService(s->service_.get());
-  s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
-  }
+  rpc::ServerOptions o;
+  o.listen = listen;
+  o.tls = tls;
+  o.max_receive_bytes = o.max_send_bytes = rpc::kMaxFrameBytes;
+  o.accept_keepalive = true;
+  AQSWARM_ASSIGN_OR_RETURN(rpc::StartedServer started, rpc::StartServer(o, {s->service_.get()}));
+  s->server_ = std::move(started.server);
+  s->port_ = started.port;
   return s;
 }
 

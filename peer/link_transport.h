@@ -9,7 +9,7 @@
 //   c->Receive([](const v1::LinkFrame& f) { return f.has_gradients(); }, timeout);
 //
 // Shaping (per direction): a frame of N serialized bytes occupies the
-// sending direction's EmulatedWire for N*8/bandwidth seconds from when it was
+// sending direction's rpc::EmulatedWire (rpc/link_shaping.h) for N*8/bandwidth seconds from when it was
 // queued or the previous frame left the wire, whichever is later (a FIFO
 // wire). The writer sends it at once, stamped with how long its wire time
 // still runs (LinkFrame.hold_micros); the receiver holds it until then, plus
@@ -22,7 +22,7 @@
 // peer goes away (process killed, stream cancelled) pending and later
 // Receive/Send calls fail with Unavailable naming the link.
 //
-// Mutual TLS: pass TlsOptions (peer/tls.h) to Dial and Start; both ends
+// Mutual TLS: pass rpc::TlsOptions (rpc/tls.h) to Dial and Start; both ends
 // need certificates from the same swarm CA. Default: plaintext.
 //
 // Thread-safety: Send and Receive may be called from different threads.
@@ -41,53 +41,25 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "peer/stage_link.h"
-#include "peer/tls.h"
+#include "rpc/link_shaping.h"
+#include "rpc/tls.h"
 #include "proto/link.grpc.pb.h"
 
 namespace aqswarm::peer {
-
-struct ShapingOptions {
-  // Link bandwidth in Mbit/s (10^6 bits); 0 = unshaped. Default: 0.
-  double bandwidth_mbps = 0;
-  // One-way latency in milliseconds. Default: 0.
-  double latency_ms = 0;
-};
-
-// The emulated wire of one sending direction (user-space shaping): a FIFO.
-// A frame's bytes start when it was queued or when the previous frame's last
-// byte left, whichever is later -- the sender thread's wake-up and write
-// latencies are not wire time -- and take bytes * 8 / bandwidth_mbps (the
-// rate the frame was queued under; <= 0: no time). Reserve() books the
-// frame's wire time and returns when its last byte leaves (now, when
-// unshaped or when the wire is behind); Transmit() also sleeps until then.
-// The stage links Reserve (the receiver holds the frame until then: see
-// LinkConnection); the gradient exchange Transmits. One per sender thread.
-class EmulatedWire {
- public:
-  absl::Time Reserve(size_t bytes, absl::Time queued, double bandwidth_mbps);
-  absl::Time Transmit(size_t bytes, absl::Time queued, double bandwidth_mbps);
-
- private:
-  absl::Time wire_free_ = absl::InfinitePast();
-};
-
-// Largest frame accepted on a link (gRPC's 4 MiB default is too small for
-// FULL activation batches of real models). Default: 512 MiB.
-inline constexpr int kMaxLinkFrameBytes = 512 << 20;
 
 class LinkConnection : public StageLink {
  public:
   ~LinkConnection() override;
 
   // Connects to a StageLinkServer, retrying until `timeout`.
-  static absl::StatusOr<std::unique_ptr<LinkConnection>> Dial(const std::string& target, const ShapingOptions& shaping,
-                                                              absl::Duration timeout, const TlsOptions& tls = {});
+  static absl::StatusOr<std::unique_ptr<LinkConnection>> Dial(const std::string& target, const rpc::ShapingOptions& shaping,
+                                                              absl::Duration timeout, const rpc::TlsOptions& tls = {});
 
   // Queues a frame. Blocks while `max_queued_frames` are waiting (flow
   // control) up to `timeout`. Fails once the link is broken or closed. The
   // frame is shaped at the bandwidth set when it was queued.
   //
-  // Shaping: the writer books the frame's time on its EmulatedWire and writes
+  // Shaping: the writer books the frame's time on its rpc::EmulatedWire and writes
   // it at once, stamped with how long that wire time still runs
   // (LinkFrame.hold_micros); the receiving end holds it until then. So a
   // frame is usable exactly when its last byte would have arrived, but no
@@ -121,7 +93,7 @@ class LinkConnection : public StageLink {
   absl::Status WaitClosed(absl::Duration timeout);
 
   // Shapes the frames queued from now on at `mbps` (0 = unshaped) instead of
-  // ShapingOptions::bandwidth_mbps (benchmarks that change a link's rate
+  // rpc::ShapingOptions::bandwidth_mbps (benchmarks that change a link's rate
   // from step to step: JobSpec shaping.bandwidth_schedule_mbps).
   void SetBandwidth(double mbps) override { bandwidth_mbps_ = mbps; }
   uint64_t bytes_sent() const override { return bytes_sent_.load(); }
@@ -137,7 +109,7 @@ class LinkConnection : public StageLink {
   const std::string& name() const { return name_; }
 
  protected:
-  LinkConnection(std::string name, const ShapingOptions& shaping);
+  LinkConnection(std::string name, const rpc::ShapingOptions& shaping);
   // Transport hooks (client or server stream).
   virtual bool WriteFrame(const v1::LinkFrame& frame) = 0;
   virtual bool ReadFrame(v1::LinkFrame* frame) = 0;
@@ -158,7 +130,8 @@ class LinkConnection : public StageLink {
  private:
   void WriterLoop();
 
-  const ShapingOptions shaping_;
+  const rpc::ShapingOptions shaping_;
+  const rpc::Clock* const clock_;  // shaping_'s: wire times and holds
   absl::Mutex mu_;
   struct Outbound {
     v1::LinkFrame frame;
@@ -197,8 +170,8 @@ class StageLinkServer {
  public:
   // `listen` like "127.0.0.1:0"; port() tells the bound port.
   static absl::StatusOr<std::unique_ptr<StageLinkServer>> Start(const std::string& listen,
-                                                                const ShapingOptions& shaping,
-                                                                const TlsOptions& tls = {});
+                                                                const rpc::ShapingOptions& shaping,
+                                                                const rpc::TlsOptions& tls = {});
   ~StageLinkServer();
   int port() const { return port_; }
   // Waits for the upstream stage to connect.

@@ -34,12 +34,8 @@ absl::Status PeerDaemonImpl::Init() {
     if (host == "0.0.0.0" || host == "[::]") host = Host(o_.advertise);
     o_.state_advertise = absl::StrCat(host, ":", state_server_->port());
   }
-  AQSWARM_ASSIGN_OR_RETURN(auto creds, MakeChannelCredentials(o_.tls));
-  grpc::ChannelArguments args;
-  ApplyTlsChannelArgs(o_.tls, &args);
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  stub_ = v1::Coordinator::NewStub(grpc::CreateCustomChannel(o_.coordinator, creds, args));
+  AQSWARM_ASSIGN_OR_RETURN(auto channel, rpc::MakeChannel(o_.coordinator, o_.tls, rpc::ControlChannel()));
+  stub_ = v1::Coordinator::NewStub(channel);
   return absl::OkStatus();
 }
 

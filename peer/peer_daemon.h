@@ -70,7 +70,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "peer/tls.h"
+#include "rpc/tls.h"
 #include "proto/events.pb.h"
 
 namespace aqswarm::peer {
@@ -97,7 +97,7 @@ struct PeerDaemonOptions {
   // --metrics_listen; a standby serves none). Default: off.
   std::string metrics_listen;
   // Mutual TLS for every connection (coordinator, child, StateTransfer).
-  TlsOptions tls;
+  rpc::TlsOptions tls;
   // The `aqswarm` binary that runs stages. Default: this executable.
   std::string executable;
   // Compute claim sent with Join (0 = unknown).

@@ -39,7 +39,7 @@ void PeerDaemonImpl::ProbeLoop() {
     v1::ReportResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    const absl::Status s = FromGrpc(stub_->ReportLinkProbe(&ctx, req, &resp), "report link probe");
+    const absl::Status s = rpc::FromGrpc(stub_->ReportLinkProbe(&ctx, req, &resp), "report link probe");
     v1::PeerEvent e;
     v1::LinkMeasuredEvent& m = *e.mutable_link_measured();
     m.set_to(target.peer_id());
@@ -79,7 +79,7 @@ void PeerDaemonImpl::MaybeReportPassive(uint64_t bytes, double seconds) {
   v1::ReportResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  const absl::Status s = FromGrpc(stub_->ReportLinkProbe(&ctx, req, &resp), "report passive link measurement");
+  const absl::Status s = rpc::FromGrpc(stub_->ReportLinkProbe(&ctx, req, &resp), "report passive link measurement");
   v1::PeerEvent e;
   v1::LinkMeasuredEvent& m = *e.mutable_link_measured();
   m.set_to(req.to_peer_id());

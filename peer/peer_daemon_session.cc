@@ -52,7 +52,7 @@ absl::Status PeerDaemonImpl::Join() {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     ctx.set_wait_for_ready(true);
-    absl::Status s = FromGrpc(stub_->Join(&ctx, req, &resp), absl::StrCat("join ", o_.coordinator));
+    absl::Status s = rpc::FromGrpc(stub_->Join(&ctx, req, &resp), absl::StrCat("join ", o_.coordinator));
     if (s.ok()) {
       if (previous.has_value() && !google::protobuf::util::MessageDifferencer::Equals(*previous, resp.job())) {
         // Another job (or the same name with other settings): its states must not be served.
@@ -96,7 +96,7 @@ absl::Status PeerDaemonImpl::LeaveQuietly() {
   v1::LeaveResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  return FromGrpc(stub_->Leave(&ctx, req, &resp), "leave");
+  return rpc::FromGrpc(stub_->Leave(&ctx, req, &resp), "leave");
 }
 
 // The job of this work dir's last run (job.json), if any and readable.

@@ -158,7 +158,7 @@ class StageRunnerImpl final : public StageRunner {
         AQSWARM_ASSIGN_OR_RETURN(store_, storage::RocksDbMessageStore::Open(so));
       }
     }
-    const ShapingOptions shaping{job_.shaping().bandwidth_mbps(), job_.shaping().latency_ms()};
+    const rpc::ShapingOptions shaping{job_.shaping().bandwidth_mbps(), job_.shaping().latency_ms()};
     if (!first_) {
       AQSWARM_ASSIGN_OR_RETURN(server_, StageLinkServer::Start(o_.listen, shaping, o_.tls));
     }
@@ -239,7 +239,7 @@ class StageRunnerImpl final : public StageRunner {
   // Opens both links (peer/link_handshake.h) and their AQ-SGD endpoints.
   absl::Status Connect() {
     if (!last_ && o_.next.empty()) return absl::InvalidArgumentError("a stage before the last needs --next");
-    const ShapingOptions shaping{job_.shaping().bandwidth_mbps(), job_.shaping().latency_ms()};
+    const rpc::ShapingOptions shaping{job_.shaping().bandwidth_mbps(), job_.shaping().latency_ms()};
     if (!last_) {
       AQSWARM_ASSIGN_OR_RETURN(down_, DialNext(o_.next, LinkHelloFor(job_, o_.pipeline, o_.stage, NextGeneration(), o_.plan),
                                                shaping, o_.tls, o_.link_timeout));

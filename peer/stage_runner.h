@@ -27,7 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "peer/stage_checkpoints.h"  // the checkpoint_dir layout
-#include "peer/tls.h"
+#include "rpc/tls.h"
 #include "proto/events.pb.h"
 #include "proto/job.pb.h"
 
@@ -83,7 +83,7 @@ struct StageRunnerOptions {
   absl::Duration link_timeout = absl::Seconds(120);
   // Mutual TLS for every connection of this stage (StageLink both ways,
   // GradientExchange). Default: plaintext.
-  TlsOptions tls;
+  rpc::TlsOptions tls;
   // Receives progress events. Default: none.
   std::function<void(const v1::StageEvent&)> report;
 };

@@ -3,7 +3,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
 #include "common/status_macros.h"
-#include "peer/grpc_status.h"
+#include "rpc/channel.h"
+#include "rpc/server.h"
+#include "rpc/status.h"
 #include "grpcpp/grpcpp.h"
 #include "peer/peer_metrics.h"
 
@@ -17,7 +19,7 @@ class StateTransferServer::Service final : public v1::StateTransfer::Service {
                      grpc::ServerWriter<v1::StateChunk>* writer) override {
     absl::StatusOr<StateSnapshot> snap = provider_(*req);
     if (!snap.ok()) {
-      return grpc::Status(static_cast<grpc::StatusCode>(snap.status().code()), std::string(snap.status().message()));
+      return rpc::ToGrpc(snap.status());
     }
     const std::string& b = snap->bytes;
     const uint64_t sum = Checksum64(b.data(), b.size());
@@ -50,16 +52,16 @@ class StateTransferServer::Service final : public v1::StateTransfer::Service {
 absl::StatusOr<std::unique_ptr<StateTransferServer>> StateTransferServer::Start(const std::string& listen,
                                                                                 StateProvider provider,
                                                                                 size_t chunk_bytes,
-                                                                                const TlsOptions& tls) {
+                                                                                const rpc::TlsOptions& tls) {
   std::unique_ptr<StateTransferServer> s(new StateTransferServer());
   s->service_ = std::make_unique<Service>(std::move(provider), std::max<size_t>(chunk_bytes, 1));
-  AQSWARM_ASSIGN_OR_RETURN(auto creds, MakeServerCredentials(tls));
-  grpc::ServerBuilder b;
-  b.AddListeningPort(listen, creds, &s->port_);
-  b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a port in use fails to bind, not shared
-  b.RegisterService(s->service_.get());
-  s->server_ = b.BuildAndStart();
-  if (s->server_ == nullptr || s->port_ == 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+  rpc::ServerOptions o;
+  o.listen = listen;
+  o.tls = tls;
+  o.max_receive_bytes = kMaxProbeBytes + (64 << 10);  // a probe's payload and its framing
+  AQSWARM_ASSIGN_OR_RETURN(rpc::StartedServer started, rpc::StartServer(o, {s->service_.get()}));
+  s->server_ = std::move(started.server);
+  s->port_ = started.port;
   return s;
 }
 
@@ -72,11 +74,7 @@ StateTransferServer::~StateTransferServer() {
 
 absl::StatusOr<StateSnapshot> FetchState(const std::string& target, const v1::StateRequest& request,
                                          const FetchOptions& options) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  ApplyTlsChannelArgs(options.tls, &args);
-  AQSWARM_ASSIGN_OR_RETURN(auto creds, MakeChannelCredentials(options.tls));
-  auto channel = grpc::CreateCustomChannel(target, creds, args);
+  AQSWARM_ASSIGN_OR_RETURN(auto channel, rpc::MakeChannel(target, options.tls, rpc::BulkChannel()));
   auto stub = v1::StateTransfer::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options.timeout));
@@ -124,7 +122,7 @@ absl::StatusOr<StateSnapshot> FetchState(const std::string& target, const v1::St
     reader->Finish().ok();
     return bad;
   }
-  AQSWARM_RETURN_IF_ERROR(FromGrpc(reader->Finish(), absl::StrCat("state transfer from ", target)));
+  AQSWARM_RETURN_IF_ERROR(rpc::FromGrpc(reader->Finish(), absl::StrCat("state transfer from ", target)));
   if (first || !done) {
     return absl::DataLossError(absl::StrCat("state transfer from ", target, " ended after ", out.bytes.size(), " of ",
                                             total, " bytes"));
@@ -137,10 +135,8 @@ absl::StatusOr<LinkProbeResult> ProbeLink(const std::string& target, const Probe
     return absl::InvalidArgumentError(absl::StrCat("probe payload must be in [1, ", kMaxProbeBytes, "] bytes"));
   }
   if (options.rounds < 1 || options.rounds > 100) return absl::InvalidArgumentError("probe rounds must be in [1, 100]");
-  grpc::ChannelArguments args;
-  ApplyTlsChannelArgs(options.tls, &args);
-  AQSWARM_ASSIGN_OR_RETURN(auto creds, MakeChannelCredentials(options.tls));
-  auto stub = v1::StateTransfer::NewStub(grpc::CreateCustomChannel(target, creds, args));
+  AQSWARM_ASSIGN_OR_RETURN(auto channel, rpc::MakeChannel(target, options.tls, rpc::BulkChannel()));
+  auto stub = v1::StateTransfer::NewStub(channel);
   const auto deadline = std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options.timeout);
   // Returns the call's wall time.
   auto timed_call = [&](const v1::ProbeRequest& req) -> absl::StatusOr<absl::Duration> {
@@ -148,7 +144,7 @@ absl::StatusOr<LinkProbeResult> ProbeLink(const std::string& target, const Probe
     ctx.set_deadline(deadline);
     v1::ProbeResponse resp;
     const absl::Time start = absl::Now();
-    AQSWARM_RETURN_IF_ERROR(FromGrpc(stub->Probe(&ctx, req, &resp), absl::StrCat("link probe to ", target)));
+    AQSWARM_RETURN_IF_ERROR(rpc::FromGrpc(stub->Probe(&ctx, req, &resp), absl::StrCat("link probe to ", target)));
     const absl::Duration took = absl::Now() - start;
     if (resp.received_bytes() != req.payload().size()) {
       return absl::DataLossError(absl::StrCat("link probe to ", target, ": it received ", resp.received_bytes(),

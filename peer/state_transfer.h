@@ -22,7 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "peer/tls.h"
+#include "rpc/tls.h"
 #include "proto/state.grpc.pb.h"
 
 namespace aqswarm::peer {
@@ -40,7 +40,7 @@ class StateTransferServer {
   static absl::StatusOr<std::unique_ptr<StateTransferServer>> Start(const std::string& listen,
                                                                     StateProvider provider,
                                                                     size_t chunk_bytes = 1 << 20,
-                                                                    const TlsOptions& tls = {});
+                                                                    const rpc::TlsOptions& tls = {});
   ~StateTransferServer();
   int port() const { return port_; }
 
@@ -58,7 +58,7 @@ struct FetchOptions {
   // Bound on the whole transfer. Default: 10 min.
   absl::Duration timeout = absl::Minutes(10);
   // Mutual TLS to the server. Default: plaintext.
-  TlsOptions tls;
+  rpc::TlsOptions tls;
 };
 
 absl::StatusOr<StateSnapshot> FetchState(const std::string& target, const v1::StateRequest& request,
@@ -75,7 +75,7 @@ struct ProbeOptions {
   int rounds = 3;
   // Bound on the whole probe. Default: 30 s.
   absl::Duration timeout = absl::Seconds(30);
-  TlsOptions tls;
+  rpc::TlsOptions tls;
 };
 
 struct LinkProbeResult {

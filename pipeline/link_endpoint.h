@@ -1,6 +1,6 @@
 // The two ends of one forward pipeline link (stage j -> j+1), without any
 // transport: they turn a micro-batch of activations into an ActivationBatch
-// message and back, running the AQ-SGD protocol (ALGORITHMS.md §2) against
+// message and back, running the AQ-SGD protocol (docs/design/ALGORITHMS.md §2) against
 // each end's message store, and quantize gradients for the way back.
 //
 // Sender (stage j):

@@ -38,6 +38,9 @@ std::string ToJsonLine(const google::protobuf::Message& event) {
 
 absl::StatusOr<v1::StageEvent> ParseStageEvent(absl::string_view line) { return Parse<v1::StageEvent>(line); }
 absl::StatusOr<v1::PeerEvent> ParsePeerEvent(absl::string_view line) { return Parse<v1::PeerEvent>(line); }
+absl::StatusOr<v1::CoordinatorEvent> ParseCoordinatorEvent(absl::string_view line) {
+  return Parse<v1::CoordinatorEvent>(line);
+}
 
 v1::PeerEvent FromStage(v1::StageEvent event) {
   v1::PeerEvent p;

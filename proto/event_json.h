@@ -29,6 +29,7 @@ std::string ToJsonLine(const google::protobuf::Message& event);
 // an unknown field, or no event kind set.
 absl::StatusOr<v1::StageEvent> ParseStageEvent(absl::string_view line);
 absl::StatusOr<v1::PeerEvent> ParsePeerEvent(absl::string_view line);
+absl::StatusOr<v1::CoordinatorEvent> ParseCoordinatorEvent(absl::string_view line);
 
 // A stage event as its peer daemon passes it on.
 v1::PeerEvent FromStage(v1::StageEvent event);

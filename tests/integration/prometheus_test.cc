@@ -26,6 +26,7 @@
 #include "common/metrics.h"
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
+#include "proto/event_json.h"
 #include "nlohmann/json.hpp"
 
 namespace aqswarm {
@@ -164,9 +165,9 @@ TEST_F(PrometheusTest, EveryDashboardQueryReturnsDataFromALocalSwarm) {
   ASSERT_TRUE(coord.ok()) << coord.status();
   std::string line;
   ASSERT_TRUE((*coord)->ReadLine(&line, absl::Seconds(60)).ok());
-  nlohmann::json ev = nlohmann::json::parse(line, nullptr, false);
-  ASSERT_FALSE(ev.is_discarded()) << line;
-  const int coord_metrics = ev.value("metrics_port", 0);
+  absl::StatusOr<v1::CoordinatorEvent> ev = events::ParseCoordinatorEvent(line);
+  ASSERT_TRUE(ev.ok() && ev->has_listening()) << line;
+  const int coord_metrics = static_cast<int>(ev->listening().metrics_port());
   ASSERT_GT(coord_metrics, 0) << line;
 
   // The pipeline's 4 stage processes serve metrics on BASE..BASE+3.

@@ -5,9 +5,7 @@
 // mutual TLS, a 2 x 1 grid (no replicas) loses a stage's only peer and the
 // standby resumes it from a mirror's copy; peers probe each other's links.
 // Every wait polls the coordinator's Status with a deadline.
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -30,6 +28,7 @@
 #include "nlohmann/json.hpp"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/event_json.h"
+#include "tests/testing/ports.h"
 
 namespace aqswarm {
 namespace {
@@ -48,26 +47,6 @@ bool HasEvent(const std::string& out, const std::function<bool(const v1::PeerEve
 }
 const char* kData = AQSWARM_DATA_DIR;
 
-// A port nobody listens on now (the kernel's pick for an ephemeral bind),
-// and not one this process handed out before: the socket is closed at once,
-// so the kernel may pick the same port again, and two daemons told one port
-// shared it (gRPC binds with SO_REUSEPORT) and split each other's traffic.
-int FreePort() {
-  static std::set<int> handed_out;
-  while (true) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-    socklen_t len = sizeof(a);
-    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    close(fd);
-    const int port = ntohs(a.sin_port);
-    if (handed_out.insert(port).second) return port;
-  }
-}
-
 class SwarmTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -77,7 +56,6 @@ class SwarmTest : public ::testing::Test {
     fs::create_directories(dir_);
     job_ = (dir_ / "job.json").string();
     WriteJob(3, R"("dataParallel":2,"dp":{"optimizer":"quantized_adam","warmupSteps":3,"bits":4,"bucketSize":512})");
-    coordinator_port_ = FreePort();
   }
 
   // The test job: a small 2-stage GPT on the corpus with AQ-SGD links;
@@ -104,6 +82,7 @@ class SwarmTest : public ::testing::Test {
   // calls use mutual TLS with certificates from it.
   void StartCoordinator(std::vector<std::string> extra = {}) {
     std::vector<std::string> argv = {kBinary, "coordinator", "--job=" + job_,
+                                     // First start: any port (it says which); a restart takes the same one.
                                      absl::StrCat("--listen=127.0.0.1:", coordinator_port_),
                                      "--state_dir=" + (dir_ / "coord").string(), "--lease_s=3"};
     if (!tls_dir_.empty()) {
@@ -114,8 +93,10 @@ class SwarmTest : public ::testing::Test {
     auto p = Subprocess::Spawn(argv, {.capture_stdout = true, .stderr_path = (dir_ / "coordinator.err").string()});
     ASSERT_TRUE(p.ok()) << p.status();
     coordinator_ = *std::move(p);
-    std::string line;
-    ASSERT_TRUE(coordinator_->ReadLine(&line, absl::Seconds(60)).ok()) << "see " << dir_ / "coordinator.err";
+    absl::StatusOr<int> port = testing::ListeningPort(*coordinator_, absl::Seconds(60));
+    ASSERT_TRUE(port.ok()) << port.status() << "; see " << dir_ / "coordinator.err";
+    ASSERT_TRUE(coordinator_port_ == 0 || coordinator_port_ == *port) << "restarted on another port";
+    coordinator_port_ = *port;
     std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
     if (!tls_dir_.empty()) {
       auto files = LoadTlsFiles(tls_dir_, "admin");
@@ -154,7 +135,8 @@ class SwarmTest : public ::testing::Test {
     const fs::path work = dir_ / name;
     const std::string cmd = absl::StrCat(
         "exec ", kBinary, " peer --coordinator=127.0.0.1:", coordinator_port_, " --join_token=", token,
-        " --name=", name, " --listen=127.0.0.1:", FreePort(), " --exchange_listen=127.0.0.1:", FreePort(),
+        " --name=", name, " --listen=127.0.0.1:", testing::UniqueLoopbackPort(),
+        " --exchange_listen=127.0.0.1:", testing::UniqueLoopbackPort(),
         " --work_dir=", work.string(), " --link_timeout_s=20",
         tls_dir_.empty() ? "" : absl::StrCat(" --tls_dir=", tls_dir_, " --name=", name), " > ",
         (dir_ / (name + ".out")).string());

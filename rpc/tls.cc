@@ -1,4 +1,4 @@
-#include "peer/tls.h"
+#include "rpc/tls.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/certs.h"
@@ -7,7 +7,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 
-namespace aqswarm::peer {
+namespace aqswarm::rpc {
 namespace {
 
 absl::StatusOr<TlsFiles> Load(const TlsOptions& tls) {
@@ -54,4 +54,4 @@ std::string DescribeTls(const TlsOptions& tls) {
   return absl::StrCat("mTLS (dir ", tls.dir, ", name ", tls.name, ")");
 }
 
-}  // namespace aqswarm::peer
+}  // namespace aqswarm::rpc

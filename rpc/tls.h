@@ -22,8 +22,8 @@
 // name; a rotated certificate takes effect for servers/channels made later.
 //
 // Thread-safety: the functions are thread-safe.
-#ifndef AQSWARM_PEER_TLS_H_
-#define AQSWARM_PEER_TLS_H_
+#ifndef AQSWARM_RPC_TLS_H_
+#define AQSWARM_RPC_TLS_H_
 
 #include <memory>
 #include <string>
@@ -36,7 +36,7 @@ class ChannelCredentials;
 class ServerCredentials;
 }  // namespace grpc
 
-namespace aqswarm::peer {
+namespace aqswarm::rpc {
 
 struct TlsOptions {
   // TLS dir holding ca.pem, <name>.pem and <name>.key; empty = plaintext.
@@ -67,6 +67,6 @@ void ApplyTlsChannelArgs(const TlsOptions& tls, grpc::ChannelArguments* args);
 // "mTLS (dir D, name N)" or "plaintext": for error messages and logs.
 std::string DescribeTls(const TlsOptions& tls);
 
-}  // namespace aqswarm::peer
+}  // namespace aqswarm::rpc
 
-#endif  // AQSWARM_PEER_TLS_H_
+#endif  // AQSWARM_RPC_TLS_H_

@@ -1,7 +1,7 @@
 // End-to-end mutual TLS over StageLink on loopback: the happy path, and the
 // ways a connection must be refused (plaintext client, foreign CA, no client
 // certificate). Certificates are made by the test with common/certs.h.
-#include "peer/tls.h"
+#include "rpc/tls.h"
 
 #include <stdlib.h>
 
@@ -52,8 +52,8 @@ class TlsTest : public ::testing::Test {
     delete root_;
   }
 
-  static TlsOptions Swarm(const std::string& name) { return {*root_ + "/swarm", name, ""}; }
-  static TlsOptions Other(const std::string& name) { return {*root_ + "/other", name, ""}; }
+  static rpc::TlsOptions Swarm(const std::string& name) { return {*root_ + "/swarm", name, ""}; }
+  static rpc::TlsOptions Other(const std::string& name) { return {*root_ + "/other", name, ""}; }
   static std::string Read(const std::string& path) { return *ReadSmallFile(path); }
 
   std::unique_ptr<StageLinkServer> StartTlsServer() {
@@ -63,7 +63,7 @@ class TlsTest : public ::testing::Test {
   }
 
   // Opens a raw StageLink stream with hand-made credentials (ones that
-  // MakeChannelCredentials would refuse to build) and reports how it ended.
+  // rpc::MakeChannelCredentials would refuse to build) and reports how it ended.
   static absl::Status RawExchange(int port, std::shared_ptr<grpc::ChannelCredentials> creds) {
     auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), creds);
     auto stub = v1::StageLink::NewStub(channel);
@@ -158,7 +158,7 @@ TEST_F(TlsTest, ClientCertificateFromAnotherCaIsRejectedByTheServer) {
   std::filesystem::copy_file(*root_ + "/swarm/ca.pem", mixed + "/ca.pem");
   std::filesystem::copy_file(*root_ + "/other/client.pem", mixed + "/client.pem");
   std::filesystem::copy_file(*root_ + "/other/client.key", mixed + "/client.key");
-  auto creds = MakeChannelCredentials({mixed, "client", ""});
+  auto creds = rpc::MakeChannelCredentials({mixed, "client", ""});
   EXPECT_EQ(creds.status().code(), absl::StatusCode::kUnauthenticated) << creds.status();
   EXPECT_THAT(creds.status().message(), HasSubstr("is not signed by the swarm CA"));
 }
@@ -180,7 +180,7 @@ TEST_F(TlsTest, MisconfiguredTlsFailsAtStartWithTheFileName) {
   auto no_name = LinkConnection::Dial("127.0.0.1:1", {}, kDialTimeout, {*root_ + "/swarm", "", ""});
   EXPECT_EQ(no_name.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(no_name.status().message(), HasSubstr("no certificate name"));
-  EXPECT_EQ(DescribeTls({}), "plaintext");
+  EXPECT_EQ(rpc::DescribeTls({}), "plaintext");
 }
 
 }  // namespace
