@@ -34,8 +34,12 @@ absl::Status PeerDaemonImpl::Init() {
     if (host == "0.0.0.0" || host == "[::]") host = Host(o_.advertise);
     o_.state_advertise = absl::StrCat(host, ":", state_server_->port());
   }
-  AQSWARM_ASSIGN_OR_RETURN(auto channel, rpc::MakeChannel(o_.coordinator, o_.tls, rpc::ControlChannel()));
-  stub_ = v1::Coordinator::NewStub(channel);
+  client_ = o_.coordinator_client;
+  if (client_ == nullptr) {
+    AQSWARM_ASSIGN_OR_RETURN(client_, ConnectCoordinator(o_.coordinator, o_.tls));
+  }
+  launcher_ = o_.launcher;
+  if (launcher_ == nullptr) launcher_ = ProcessStageLauncher(o_.executable, (fs::path(o_.work_dir) / "stage.log").string());
   return absl::OkStatus();
 }
 
@@ -43,11 +47,7 @@ absl::Status PeerDaemonImpl::Run() {
   PickOpenBlasCoreForChildren();  // the stage children's BLAS kernels (common/blas_kernels.h)
   absl::Status s = RunInner();
   StopChild();
-  {
-    absl::MutexLock l(&mu_);
-    stop_ = true;
-    if (watch_ctx_ != nullptr) watch_ctx_->TryCancel();
-  }
+  Stop();
   JoinThreads();
   if (Session().first != 0) {
     absl::Status ls = LeaveQuietly();
@@ -134,8 +134,6 @@ absl::Status PeerDaemonImpl::RunInner() {
 }
 
 absl::Status PeerDaemonImpl::Apply(const v1::Assignment& a, std::optional<absl::Time>* failed_at) {
-  const bool run = a.role() == v1::Assignment::STAGE && a.grid_complete();
-  const RunKey key{a.plan_version(), a.stage(), a.pipeline()};
   {
     v1::PeerEvent e;
     v1::AssignmentEvent& ae = *e.mutable_assignment();
@@ -179,55 +177,36 @@ absl::Status PeerDaemonImpl::Apply(const v1::Assignment& a, std::optional<absl::
     }
   }
   UpdatePins();
-  if (run && child_ != nullptr && running_ == key) return absl::OkStatus();  // same plan: keep training
-  if (run && child_ == nullptr && running_ == key && failed_at->has_value()) {
-    return absl::OkStatus();  // our stage failed under this plan: wait for the next one
-  }
+  const AssignmentAction action =
+      DecideAssignment(a, {started_for_, child_ != nullptr, child_ == nullptr && failed_at->has_value()});
+  if (action == AssignmentAction::kKeepRunning) return absl::OkStatus();  // same plan: keep training
+  if (action == AssignmentAction::kWaitForNextPlan) return absl::OkStatus();  // our stage failed under this plan
   StopChild();
   failed_at->reset();
-  if (!run) return absl::OkStatus();
+  if (action == AssignmentAction::kStop) return absl::OkStatus();
   AQSWARM_ASSIGN_OR_RETURN(std::string init, PrepareState(a));
-  StageCommand c;
-  c.job = (fs::path(o_.work_dir) / "job.json").string();
-  c.stage = a.stage();
-  c.pipeline = a.pipeline();
-  c.listen = o_.listen;
-  c.store_dir = (fs::path(o_.work_dir) / "store").string();
-  c.start_step = a.resume_step();
-  c.plan = a.plan_version();
-  c.die_with_parent = true;
-  c.checkpoint_dir = CheckpointDir(a.stage()).string();
-  c.keep_checkpoints = o_.keep_checkpoints;
-  c.link_timeout_s = std::max<int64_t>(1, absl::ToInt64Seconds(o_.link_timeout));
-  c.init_checkpoint = init;
-  if (a.has_next()) {
-    c.next = a.next().stage_link_address();
-    c.next_generation = a.next().link_generation();
-  }
-  if (a.has_previous()) c.previous_generation = a.previous().link_generation();
-  if (a.num_pipelines() > 1) {
-    c.replicas.assign(a.num_pipelines(), "");
-    c.replicas[a.pipeline()] = o_.exchange_advertise;
-    for (const auto& r : a.replicas()) {
-      c.replicas[r.pipeline()] = r.gradient_exchange_address();
-      c.replica_generation = r.link_generation();
-    }
-    c.exchange_listen = o_.exchange_listen;
-  }
-  c.metrics_listen = o_.metrics_listen;
-  if (o_.tls.enabled()) {
-    c.tls_dir = o_.tls.dir;
-    c.name = o_.tls.name;
-  }
-  const std::vector<std::string> argv = c.ToArgv(o_.executable);
-  SubprocessOptions so;
-  so.stderr_path = (fs::path(o_.work_dir) / "stage.log").string();
-  AQSWARM_ASSIGN_OR_RETURN(child_, Subprocess::Spawn(argv, so));
-  running_ = key;
+  StagePlacement where;
+  where.work_dir = o_.work_dir;
+  where.listen = o_.listen;
+  where.exchange_listen = o_.exchange_listen;
+  where.exchange_advertise = o_.exchange_advertise;
+  where.metrics_listen = o_.metrics_listen;
+  where.tls_dir = o_.tls.dir;
+  where.tls_name = o_.tls.name;
+  where.keep_checkpoints = o_.keep_checkpoints;
+  where.link_timeout_s = static_cast<int>(std::max<int64_t>(1, absl::ToInt64Seconds(o_.link_timeout)));
   {
     absl::MutexLock l(&mu_);
     child_exit_.reset();
   }
+  StageChildCallbacks callbacks;
+  callbacks.on_event = [this, plan = a.plan_version()](const v1::StageEvent& e) { OnChildEvent(e, plan); };
+  callbacks.on_exit = [this](int code) {
+    absl::MutexLock l(&mu_);
+    child_exit_ = code;
+  };
+  AQSWARM_ASSIGN_OR_RETURN(child_, launcher_->Launch(StageCommandFor(a, where, init), std::move(callbacks)));
+  started_for_ = RunKeyOf(a);
   {
     v1::PeerEvent e;
     e.mutable_stage_started()->set_stage(a.stage());
@@ -236,54 +215,35 @@ absl::Status PeerDaemonImpl::Apply(const v1::Assignment& a, std::optional<absl::
     e.mutable_stage_started()->set_pid(child_->pid());
     Event(e);
   }
-  reader_ = std::thread([this, child = child_.get(), plan = a.plan_version()] { ReadChild(child, plan); });
   return absl::OkStatus();
 }
 
-// Owns the child's stdout and its exit; posts the exit code. `plan`: the
-// plan the child runs under (its step reports say so).
-void PeerDaemonImpl::ReadChild(Subprocess* child, uint64_t plan) {
-  std::string line;
-  while (true) {
-    absl::Status s = child->ReadLine(&line, absl::Hours(24));
-    if (absl::IsOutOfRange(s) || (!s.ok() && !absl::IsDeadlineExceeded(s))) break;
-    if (!s.ok()) continue;
-    absl::StatusOr<v1::StageEvent> ev = events::ParseStageEvent(line);
-    if (!ev.ok()) {
-      AQSWARM_LOG(WARNING) << "peer " << o_.name << ": " << ev.status().message();
-      continue;
-    }
-    Event(events::FromStage(*ev));
-    if (ev->has_done()) {
-      absl::MutexLock l(&mu_);
-      job_done_ = true;
-    }
-    if (ev->has_step()) {
-      const v1::StepEvent& step = ev->step();
-      v1::Progress p;
-      p.set_step(int64_t{step.step()} + 1);
-      p.set_loss(step.loss());
-      p.set_tokens_per_second(step.step_seconds() > 0 ? step.tokens() / step.step_seconds() : 0.0);
-      p.set_plan_version(plan);
-      const int64_t every = std::max<uint32_t>(1, job_.checkpoint_every_steps());
-      if (p.step() % every == 0) {
-        {
-          absl::MutexLock l(&mu_);
-          mirror_want_ = std::max(mirror_want_, p.step());
-        }
-        UpdatePins();
-      }
-      ReportProgress(p);
-      if (step.has_down_busy()) MaybeReportPassive(step.down_busy().bytes(), step.down_busy().seconds());
-    }
+void PeerDaemonImpl::OnChildEvent(const v1::StageEvent& e, uint64_t plan) {
+  Event(events::FromStage(e));
+  if (e.has_done()) {
+    absl::MutexLock l(&mu_);
+    job_done_ = true;
   }
-  absl::StatusOr<int> code = child->Wait(absl::Hours(24));
-  absl::MutexLock l(&mu_);
-  child_exit_ = code.ok() ? *code : 255;
+  if (!e.has_step()) return;
+  const v1::StepEvent& step = e.step();
+  v1::Progress p;
+  p.set_step(int64_t{step.step()} + 1);
+  p.set_loss(step.loss());
+  p.set_tokens_per_second(step.step_seconds() > 0 ? step.tokens() / step.step_seconds() : 0.0);
+  p.set_plan_version(plan);
+  const int64_t every = std::max<uint32_t>(1, job_.checkpoint_every_steps());
+  if (p.step() % every == 0) {
+    {
+      absl::MutexLock l(&mu_);
+      mirror_want_ = std::max(mirror_want_, p.step());
+    }
+    UpdatePins();
+  }
+  ReportProgress(p);
+  if (step.has_down_busy()) MaybeReportPassive(step.down_busy().bytes(), step.down_busy().seconds());
 }
 
 void PeerDaemonImpl::ReapChild() {
-  if (reader_.joinable()) reader_.join();
   child_.reset();
   absl::MutexLock l(&mu_);
   child_exit_.reset();
@@ -292,18 +252,7 @@ void PeerDaemonImpl::ReapChild() {
 // SIGTERM, then SIGKILL after stop_grace; always reaps.
 void PeerDaemonImpl::StopChild() {
   if (child_ == nullptr) return;
-  child_->Signal(SIGTERM);
-  {
-    absl::MutexLock l(&mu_);
-    if (!mu_.AwaitWithTimeout(absl::Condition(
-                                  +[](PeerDaemonImpl* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu_) {
-                                    return d->child_exit_.has_value();
-                                  },
-                                  this),
-                              o_.stop_grace)) {
-      child_->Signal(SIGKILL);
-    }
-  }
+  child_->Stop(o_.stop_grace);
   ReapChild();
   v1::PeerEvent e;
   e.mutable_stage_stopped();

@@ -75,6 +75,9 @@
 
 namespace aqswarm::peer {
 
+class CoordinatorClient;
+class StageLauncher;
+
 struct PeerDaemonOptions {
   // HOST:PORT of the coordinator. Required.
   std::string coordinator;
@@ -119,6 +122,12 @@ struct PeerDaemonOptions {
   absl::Duration stop_grace = absl::Seconds(10);
   // Receives the events (the daemon's and the child's). Default: none.
   std::function<void(const v1::PeerEvent&)> report;
+  // The coordinator's client. Default: gRPC to `coordinator`
+  // (peer/coordinator_client.h; tests pass a fake).
+  std::shared_ptr<CoordinatorClient> coordinator_client;
+  // Starts the stage child. Default: `executable stage ...` as a process
+  // logging to <work_dir>/stage.log (peer/stage_child.h; tests pass a fake).
+  std::shared_ptr<StageLauncher> launcher;
 };
 
 class PeerDaemon {

@@ -37,33 +37,21 @@
 #include "common/subprocess.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
-#include "grpcpp/grpcpp.h"
-#include "rpc/channel.h"
-#include "rpc/status.h"
+#include "peer/assignment.h"
+#include "peer/coordinator_client.h"
 #include "peer/stage_checkpoints.h"
+#include "peer/stage_child.h"
 #include "peer/stage_command.h"
 #include "proto/event_json.h"
 #include "peer/state_transfer.h"
-#include "proto/coordinator.grpc.pb.h"
+#include "proto/coordinator.pb.h"
 
 namespace aqswarm::peer::daemon {
 
 namespace fs = std::filesystem;
 
-// What a running child was started for: a new plan or place restarts it.
-struct RunKey {
-  uint64_t plan_version = 0;
-  uint32_t stage = 0, pipeline = 0;
-  bool operator==(const RunKey& o) const {
-    return plan_version == o.plan_version && stage == o.stage && pipeline == o.pipeline;
-  }
-};
-
 // The stage states under `root`/stage-<j> (the newest 64 of each stage).
 std::vector<v1::StageCheckpoints> ListHeld(const fs::path& root);
-
-// The checks an assignment from the network must pass before we act on it.
-absl::Status ValidateAssignment(const v1::Assignment& a, const v1::JobSpec& job);
 
 class PeerDaemonImpl final : public PeerDaemon {
  public:
@@ -79,9 +67,11 @@ class PeerDaemonImpl final : public PeerDaemon {
   int state_port() const override { return state_server_->port(); }
 
   void Stop() override {
-    absl::MutexLock l(&mu_);
-    stop_ = true;
-    if (watch_ctx_ != nullptr) watch_ctx_->TryCancel();
+    {
+      absl::MutexLock l(&mu_);
+      stop_ = true;
+    }
+    if (client_ != nullptr) client_->CancelWatch();
   }
 
   absl::Status Run() override;
@@ -177,9 +167,8 @@ class PeerDaemonImpl final : public PeerDaemon {
 
   absl::Status Apply(const v1::Assignment& a, std::optional<absl::Time>* failed_at);
 
-  // Owns the child's stdout and its exit; posts the exit code. `plan`: the
-  // plan the child runs under (its step reports say so).
-  void ReadChild(Subprocess* child, uint64_t plan);
+  // An event of the child started under `plan` (on its reader thread).
+  void OnChildEvent(const v1::StageEvent& e, uint64_t plan);
 
   void ReapChild();
 
@@ -190,11 +179,12 @@ class PeerDaemonImpl final : public PeerDaemon {
 
   PeerDaemonOptions o_;
   std::unique_ptr<StateTransferServer> state_server_;
-  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::shared_ptr<CoordinatorClient> client_;
+  std::shared_ptr<StageLauncher> launcher_;
   v1::JobSpec job_;  // from Join; read by the watch thread after Join
-  std::thread heartbeat_, watch_, reader_, prober_, mirror_;
-  std::unique_ptr<Subprocess> child_;
-  RunKey running_;
+  std::thread heartbeat_, watch_, prober_, mirror_;
+  std::unique_ptr<StageChild> child_;
+  std::optional<RunKey> started_for_;  // the place of the last child started
 
   absl::Mutex report_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one ReportProgress at a time
   absl::Mutex pins_mu_ ABSL_ACQUIRED_BEFORE(mu_);    // one UpdatePins at a time
@@ -210,7 +200,6 @@ class PeerDaemonImpl final : public PeerDaemon {
   std::optional<v1::Assignment> latest_ ABSL_GUARDED_BY(mu_);
   uint64_t applied_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<int> child_exit_ ABSL_GUARDED_BY(mu_);
-  grpc::ClientContext* watch_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
   v1::Progress last_progress_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::Neighbor> probes_ ABSL_GUARDED_BY(mu_);  // peers to probe
   std::optional<v1::Neighbor> mirror_target_ ABSL_GUARDED_BY(mu_);

@@ -36,10 +36,7 @@ void PeerDaemonImpl::ProbeLoop() {
     req.set_to_peer_id(target.peer_id());
     req.set_bandwidth_bytes_per_second(r->bandwidth_bytes_per_second);
     req.set_rtt_seconds(r->rtt_seconds);
-    v1::ReportResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    const absl::Status s = rpc::FromGrpc(stub_->ReportLinkProbe(&ctx, req, &resp), "report link probe");
+    const absl::Status s = client_->ReportLinkProbe(req);
     v1::PeerEvent e;
     v1::LinkMeasuredEvent& m = *e.mutable_link_measured();
     m.set_to(target.peer_id());
@@ -76,10 +73,7 @@ void PeerDaemonImpl::MaybeReportPassive(uint64_t bytes, double seconds) {
     req.set_bandwidth_bytes_per_second(db / ds);
     req.set_passive(true);
   }
-  v1::ReportResponse resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  const absl::Status s = rpc::FromGrpc(stub_->ReportLinkProbe(&ctx, req, &resp), "report passive link measurement");
+  const absl::Status s = client_->ReportLinkProbe(req);
   v1::PeerEvent e;
   v1::LinkMeasuredEvent& m = *e.mutable_link_measured();
   m.set_to(req.to_peer_id());

@@ -2,34 +2,6 @@
 
 namespace aqswarm::peer::daemon {
 
-absl::Status ValidateAssignment(const v1::Assignment& a, const v1::JobSpec& job) {
-  if (a.role() != v1::Assignment::STAGE) return absl::OkStatus();
-  if (a.num_stages() != job.stages() || a.num_pipelines() != job.data_parallel()) {
-    return absl::InvalidArgumentError(absl::StrCat("assignment grid ", a.num_stages(), "x", a.num_pipelines(),
-                                                   " differs from the job's ", job.stages(), "x",
-                                                   job.data_parallel()));
-  }
-  if (a.stage() >= a.num_stages() || a.pipeline() >= a.num_pipelines()) {
-    return absl::InvalidArgumentError(absl::StrCat("assignment slot (stage ", a.stage(), ", pipeline ", a.pipeline(),
-                                                   ") is outside the grid"));
-  }
-  if (a.resume_step() < 0) return absl::InvalidArgumentError("assignment resume_step < 0");
-  if (!a.grid_complete()) return absl::OkStatus();
-  if (a.stage() + 1 < a.num_stages() && a.next().stage_link_address().empty()) {
-    return absl::InvalidArgumentError("complete grid but no address for the next stage");
-  }
-  for (const auto& r : a.replicas()) {
-    if (r.pipeline() >= a.num_pipelines() || r.pipeline() == a.pipeline()) {
-      return absl::InvalidArgumentError(absl::StrCat("replica with pipeline ", r.pipeline(), " is invalid"));
-    }
-  }
-  if (a.num_pipelines() > 1 && a.replicas_size() + 1 != static_cast<int>(a.num_pipelines())) {
-    return absl::InvalidArgumentError(absl::StrCat("complete grid but ", a.replicas_size(), " replicas for ",
-                                                   a.num_pipelines(), " pipelines"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status PeerDaemonImpl::Join() {
   const absl::Time deadline = absl::Now() + o_.join_timeout;
   absl::Duration backoff = absl::Milliseconds(200);
@@ -48,12 +20,10 @@ absl::Status PeerDaemonImpl::Join() {
     for (v1::StageCheckpoints& h : ListHeld(fs::path(o_.work_dir) / "checkpoints")) *req.add_held() = std::move(h);
   }
   while (true) {
-    v1::JoinResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    ctx.set_wait_for_ready(true);
-    absl::Status s = rpc::FromGrpc(stub_->Join(&ctx, req, &resp), absl::StrCat("join ", o_.coordinator));
+    absl::StatusOr<v1::JoinResponse> joined = client_->Join(req);
+    absl::Status s = joined.status();
     if (s.ok()) {
+      const v1::JoinResponse& resp = *joined;
       if (previous.has_value() && !google::protobuf::util::MessageDifferencer::Equals(*previous, resp.job())) {
         // Another job (or the same name with other settings): its states must not be served.
         AQSWARM_RETURN_IF_ERROR(RemoveTree(fs::path(o_.work_dir) / "checkpoints"));
@@ -93,10 +63,7 @@ absl::Status PeerDaemonImpl::LeaveQuietly() {
   const auto [id, session] = Session();
   req.set_peer_id(id);
   req.set_session_token(session);
-  v1::LeaveResponse resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  return rpc::FromGrpc(stub_->Leave(&ctx, req, &resp), "leave");
+  return client_->Leave(req);
 }
 
 // The job of this work dir's last run (job.json), if any and readable.
@@ -133,21 +100,18 @@ void PeerDaemonImpl::HeartbeatLoop() {
       req.set_peer_id(peer_id_);
       req.set_session_token(session_);
     }
-    v1::HeartbeatResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(period));
-    grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
-    if (s.ok() && resp.probe_size() > 0 && o_.probe_bytes > 0) {
+    absl::StatusOr<v1::HeartbeatResponse> resp = client_->Heartbeat(req, period);
+    if (resp.ok() && resp->probe_size() > 0 && o_.probe_bytes > 0) {
       absl::MutexLock l(&mu_);
-      for (const v1::Neighbor& n : resp.probe()) {
+      for (const v1::Neighbor& n : resp->probe()) {
         const bool queued = std::any_of(probes_.begin(), probes_.end(),
                                         [&](const v1::Neighbor& q) { return q.peer_id() == n.peer_id(); });
         if (!queued && probes_.size() < 64 && !n.state_transfer_address().empty()) probes_.push_back(n);
       }
     }
-    if ((s.error_code() == grpc::StatusCode::NOT_FOUND || s.error_code() == grpc::StatusCode::UNAUTHENTICATED) &&
+    if ((absl::IsNotFound(resp.status()) || absl::IsUnauthenticated(resp.status())) &&
         Session().second == req.session_token()) {
-      AQSWARM_LOG(WARNING) << "peer " << o_.name << ": the coordinator no longer knows us (" << s.error_message()
+      AQSWARM_LOG(WARNING) << "peer " << o_.name << ": the coordinator no longer knows us (" << resp.status().message()
                            << "); joining again";
       MarkRejoin();
     }
@@ -157,7 +121,6 @@ void PeerDaemonImpl::HeartbeatLoop() {
 void PeerDaemonImpl::WatchLoop() {
   absl::Duration backoff = absl::Milliseconds(200);
   while (true) {
-    grpc::ClientContext ctx;
     v1::WatchAssignmentRequest req;
     {
       absl::MutexLock l(&mu_);
@@ -167,26 +130,20 @@ void PeerDaemonImpl::WatchLoop() {
       if (stop_) return;
       req.set_peer_id(peer_id_);
       req.set_session_token(session_);
-      watch_ctx_ = &ctx;
     }
-    ctx.set_wait_for_ready(true);
-    auto reader = stub_->WatchAssignment(&ctx, req);
-    v1::Assignment a;
-    while (reader->Read(&a)) {
+    const absl::Status s = client_->WatchAssignment(req, [&](const v1::Assignment& a) {
       backoff = absl::Milliseconds(200);
       absl::Status v = ValidateAssignment(a, job_);
       absl::MutexLock l(&mu_);
       if (!v.ok()) {
         AQSWARM_LOG(WARNING) << "peer " << o_.name << ": ignoring assignment v" << a.version() << ": " << v;
-        continue;
+        return;
       }
       if (a.peer_id() == peer_id_ && (!latest_.has_value() || a.version() > latest_->version())) latest_ = a;
-    }
-    grpc::Status s = reader->Finish();
+    });
     absl::MutexLock l(&mu_);
-    watch_ctx_ = nullptr;
-    if (stop_) return;
-    if (s.error_code() == grpc::StatusCode::NOT_FOUND || s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+    if (stop_ || absl::IsCancelled(s)) return;
+    if (absl::IsNotFound(s) || absl::IsUnauthenticated(s)) {
       if (session_ == req.session_token()) rejoin_ = true;  // else we already joined again
       continue;
     }
@@ -214,13 +171,8 @@ bool PeerDaemonImpl::ReportProgress(std::optional<v1::Progress> progress) {
   }
   req.set_has_held(true);
   for (v1::StageCheckpoints& h : ListHeld(fs::path(o_.work_dir) / "checkpoints")) *req.add_held() = std::move(h);
-  v1::ReportResponse resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  grpc::Status s = stub_->ReportProgress(&ctx, req, &resp);
-  if (!s.ok()) {
-    AQSWARM_LOG(DEBUG) << "progress report failed: " << s.error_message();
-  }
+  const absl::Status s = client_->ReportProgress(req);
+  if (!s.ok()) AQSWARM_LOG(DEBUG) << "progress report failed: " << s;
   return s.ok();
 }
 

@@ -1,0 +1,118 @@
+#include "peer/assignment.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace aqswarm::peer {
+namespace {
+
+v1::JobSpec Job(int stages, int dp) {
+  v1::JobSpec job;
+  job.set_name("j");
+  job.set_stages(stages);
+  job.set_data_parallel(dp);
+  return job;
+}
+
+v1::Assignment Place(uint64_t plan, uint32_t stage, uint32_t pipeline, int stages = 2, int dp = 2) {
+  v1::Assignment a;
+  a.set_version(plan * 10);
+  a.set_plan_version(plan);
+  a.set_role(v1::Assignment::STAGE);
+  a.set_stage(stage);
+  a.set_pipeline(pipeline);
+  a.set_num_stages(stages);
+  a.set_num_pipelines(dp);
+  a.set_grid_complete(true);
+  a.set_resume_step(40);
+  if (stage + 1 < static_cast<uint32_t>(stages)) {
+    a.mutable_next()->set_stage_link_address("10.0.0.2:7100");
+    a.mutable_next()->set_link_generation(5);
+  }
+  if (stage > 0) a.mutable_previous()->set_link_generation(4);
+  for (int p = 0; p < dp; ++p) {
+    if (p == static_cast<int>(pipeline)) continue;
+    v1::Neighbor* r = a.add_replicas();
+    r->set_pipeline(p);
+    r->set_gradient_exchange_address(absl::StrCat("10.0.1.", p, ":7200"));
+    r->set_link_generation(9);
+  }
+  return a;
+}
+
+TEST(AssignmentTest, TheSamePlaceKeepsItsChildAFailedOneWaitsAnythingElseStarts) {
+  const v1::Assignment a = Place(3, 1, 0);
+  EXPECT_EQ(DecideAssignment(a, {}), AssignmentAction::kStart);
+  EXPECT_EQ(DecideAssignment(a, {RunKeyOf(a), true, false}), AssignmentAction::kKeepRunning);
+  EXPECT_EQ(DecideAssignment(a, {RunKeyOf(a), false, true}), AssignmentAction::kWaitForNextPlan);
+  EXPECT_EQ(DecideAssignment(a, {RunKeyOf(a), false, false}), AssignmentAction::kStart);  // exited cleanly before
+  EXPECT_EQ(DecideAssignment(a, {RunKeyOf(Place(2, 1, 0)), true, false}), AssignmentAction::kStart);  // a new plan
+  EXPECT_EQ(DecideAssignment(a, {RunKeyOf(Place(2, 1, 0)), false, true}), AssignmentAction::kStart);
+  EXPECT_EQ(DecideAssignment(a, {RunKeyOf(Place(3, 0, 0)), true, false}), AssignmentAction::kStart);  // moved
+  v1::Assignment standby = a;
+  standby.set_role(v1::Assignment::STANDBY);
+  EXPECT_EQ(DecideAssignment(standby, {RunKeyOf(a), true, false}), AssignmentAction::kStop);
+  v1::Assignment holes = a;
+  holes.set_grid_complete(false);
+  EXPECT_EQ(DecideAssignment(holes, {RunKeyOf(a), true, false}), AssignmentAction::kStop);
+}
+
+TEST(AssignmentTest, TheCommandRunsTheAssignedPlace) {
+  StagePlacement p;
+  p.work_dir = "/w";
+  p.listen = "0.0.0.0:7100";
+  p.exchange_listen = "0.0.0.0:7200";
+  p.exchange_advertise = "10.0.1.1:7200";
+  p.tls_dir = "/tls";
+  p.tls_name = "gpu-7";
+  p.link_timeout_s = 30;
+  const StageCommand c = StageCommandFor(Place(3, 0, 1), p, "/w/checkpoints/stage-0/state-40.ckpt");
+  EXPECT_EQ(c.job, "/w/job.json");
+  EXPECT_EQ(c.stage, 0);
+  EXPECT_EQ(c.pipeline, 1);
+  EXPECT_EQ(c.plan, 3u);
+  EXPECT_EQ(c.start_step, 40);
+  EXPECT_EQ(c.init_checkpoint, "/w/checkpoints/stage-0/state-40.ckpt");
+  EXPECT_EQ(c.checkpoint_dir, "/w/checkpoints/stage-0");
+  EXPECT_EQ(c.store_dir, "/w/store");
+  EXPECT_EQ(c.next, "10.0.0.2:7100");
+  EXPECT_EQ(c.next_generation, 5u);
+  EXPECT_THAT(c.replicas, ::testing::ElementsAre("10.0.1.0:7200", "10.0.1.1:7200"));  // ours at our index
+  EXPECT_EQ(c.replica_generation, 9u);
+  EXPECT_TRUE(c.die_with_parent);
+  EXPECT_EQ(c.link_timeout_s, 30);
+  EXPECT_EQ(c.tls_dir, "/tls");
+  EXPECT_EQ(c.name, "gpu-7");
+  // The last stage of a single pipeline: no next, no replicas, plaintext.
+  StagePlacement plain = p;
+  plain.tls_dir.clear();
+  const StageCommand last = StageCommandFor(Place(3, 1, 0, 2, 1), plain, "");
+  EXPECT_TRUE(last.next.empty());
+  EXPECT_EQ(last.previous_generation, 4u);
+  EXPECT_TRUE(last.replicas.empty());
+  EXPECT_TRUE(last.name.empty());
+}
+
+TEST(AssignmentTest, AssignmentsThatDoNotFitTheJobAreRefused) {
+  const v1::JobSpec job = Job(2, 2);
+  EXPECT_TRUE(ValidateAssignment(Place(1, 1, 1), job).ok());
+  EXPECT_FALSE(ValidateAssignment(Place(1, 1, 1, 3, 2), job).ok());  // another grid
+  v1::Assignment outside = Place(1, 1, 1);
+  outside.set_stage(2);
+  EXPECT_FALSE(ValidateAssignment(outside, job).ok());
+  v1::Assignment no_next = Place(1, 0, 0);
+  no_next.clear_next();
+  EXPECT_FALSE(ValidateAssignment(no_next, job).ok());
+  v1::Assignment self_replica = Place(1, 0, 0);
+  self_replica.mutable_replicas(0)->set_pipeline(0);
+  EXPECT_FALSE(ValidateAssignment(self_replica, job).ok());
+  v1::Assignment negative = Place(1, 0, 0);
+  negative.set_resume_step(-1);
+  EXPECT_FALSE(ValidateAssignment(negative, job).ok());
+  v1::Assignment standby;
+  standby.set_role(v1::Assignment::STANDBY);
+  EXPECT_TRUE(ValidateAssignment(standby, job).ok());
+}
+
+}  // namespace
+}  // namespace aqswarm::peer

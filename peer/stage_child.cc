@@ -1,0 +1,90 @@
+#include "peer/stage_child.h"
+
+#include <signal.h>
+
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "common/subprocess.h"
+#include "proto/event_json.h"
+
+namespace aqswarm::peer {
+namespace {
+
+class ProcessStageChild final : public StageChild {
+ public:
+  ProcessStageChild(std::unique_ptr<Subprocess> process, StageChildCallbacks callbacks)
+      : process_(std::move(process)), callbacks_(std::move(callbacks)) {
+    reader_ = std::thread([this] { ReadUntilExit(); });
+  }
+
+  ~ProcessStageChild() override {
+    process_->Signal(SIGKILL);
+    if (reader_.joinable()) reader_.join();
+  }
+
+  int64_t pid() const override { return process_->pid(); }
+
+  void Stop(absl::Duration grace) override {
+    process_->Signal(SIGTERM);
+    {
+      absl::MutexLock l(&mu_);
+      if (!mu_.AwaitWithTimeout(absl::Condition(&exited_), grace)) process_->Signal(SIGKILL);
+    }
+    if (reader_.joinable()) reader_.join();
+  }
+
+ private:
+  // Owns the child's stdout and its exit.
+  void ReadUntilExit() {
+    std::string line;
+    while (true) {
+      const absl::Status s = process_->ReadLine(&line, absl::Hours(24));
+      if (absl::IsOutOfRange(s) || (!s.ok() && !absl::IsDeadlineExceeded(s))) break;
+      if (!s.ok()) continue;
+      absl::StatusOr<v1::StageEvent> e = events::ParseStageEvent(line);
+      if (!e.ok()) {
+        AQSWARM_LOG(WARNING) << "stage pid " << process_->pid() << ": " << e.status().message();
+        continue;
+      }
+      if (callbacks_.on_event) callbacks_.on_event(*e);
+    }
+    const absl::StatusOr<int> code = process_->Wait(absl::Hours(24));
+    if (callbacks_.on_exit) callbacks_.on_exit(code.ok() ? *code : 255);
+    absl::MutexLock l(&mu_);
+    exited_ = true;
+  }
+
+  const std::unique_ptr<Subprocess> process_;
+  const StageChildCallbacks callbacks_;
+  absl::Mutex mu_;
+  bool exited_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread reader_;
+};
+
+class ProcessLauncher final : public StageLauncher {
+ public:
+  ProcessLauncher(std::string executable, std::string log_path)
+      : executable_(std::move(executable)), log_path_(std::move(log_path)) {}
+
+  absl::StatusOr<std::unique_ptr<StageChild>> Launch(const StageCommand& command,
+                                                     StageChildCallbacks callbacks) override {
+    SubprocessOptions so;
+    so.stderr_path = log_path_;
+    AQSWARM_ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> process, Subprocess::Spawn(command.ToArgv(executable_), so));
+    return std::make_unique<ProcessStageChild>(std::move(process), std::move(callbacks));
+  }
+
+ private:
+  const std::string executable_, log_path_;
+};
+
+}  // namespace
+
+std::unique_ptr<StageLauncher> ProcessStageLauncher(std::string executable, std::string log_path) {
+  return std::make_unique<ProcessLauncher>(std::move(executable), std::move(log_path));
+}
+
+}  // namespace aqswarm::peer

@@ -1,0 +1,55 @@
+// The stage process a peer daemon runs, behind an interface: the real
+// launcher starts `aqswarm stage` (peer/stage_command.h) as a child process
+// and reads its events (proto/events.proto) on a thread; tests of the
+// daemon launch fakes instead (peer/peer_daemon_test.cc).
+//
+//   auto launcher = ProcessStageLauncher("/usr/bin/aqswarm", "/var/lib/aqswarm/stage.log");
+//   AQSWARM_ASSIGN_OR_RETURN(auto child, launcher->Launch(command, {on_event, on_exit}));
+//   ...
+//   child->Stop(absl::Seconds(10));   // SIGTERM, SIGKILL after the grace; returns once it is reaped
+#ifndef AQSWARM_PEER_STAGE_CHILD_H_
+#define AQSWARM_PEER_STAGE_CHILD_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "peer/stage_command.h"
+#include "proto/events.pb.h"
+
+namespace aqswarm::peer {
+
+class StageChild {
+ public:
+  // Kills (SIGKILL) and reaps a child that still runs.
+  virtual ~StageChild() = default;
+  virtual int64_t pid() const = 0;
+  // SIGTERM; SIGKILL if it has not exited after `grace`. Returns once it has
+  // exited and every event it printed was handed on.
+  virtual void Stop(absl::Duration grace) = 0;
+};
+
+struct StageChildCallbacks {
+  // Every event the child prints, in order (from the child's reader thread).
+  std::function<void(const v1::StageEvent&)> on_event;
+  // Its exit code (255 when unknown), once, after its last event.
+  std::function<void(int code)> on_exit;
+};
+
+class StageLauncher {
+ public:
+  virtual ~StageLauncher() = default;
+  virtual absl::StatusOr<std::unique_ptr<StageChild>> Launch(const StageCommand& command,
+                                                             StageChildCallbacks callbacks) = 0;
+};
+
+// Runs `executable stage ...` as a child process, its stderr appended to
+// `log_path`. A line that is no event is logged and skipped.
+std::unique_ptr<StageLauncher> ProcessStageLauncher(std::string executable, std::string log_path);
+
+}  // namespace aqswarm::peer
+
+#endif  // AQSWARM_PEER_STAGE_CHILD_H_
