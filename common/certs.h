@@ -1,7 +1,7 @@
 // The swarm's X.509 certificates: a private CA per swarm, and one leaf
 // certificate per process (coordinator or peer) that serves as both its TLS
 // server and client identity in mutual TLS. OpenSSL 3 only; no gRPC here
-// (peer/tls.h turns a TLS dir into gRPC credentials).
+// (rpc/tls.h turns a TLS dir into gRPC credentials).
 //
 // A TLS dir ("--tls_dir") holds PEM files:
 //

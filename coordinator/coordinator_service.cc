@@ -185,7 +185,9 @@ void CoordinatorServer::ExpiryLoop() {
     if (stopping_) break;
     mu_.Unlock();
     absl::StatusOr<std::vector<uint64_t>> expired = coordinator_->ExpireLeases();
-    if (!expired.ok()) AQSWARM_LOG(ERROR) << "lease sweep failed (will retry): " << expired.status();
+    if (!expired.ok()) {
+      AQSWARM_LOG(ERROR) << "lease sweep failed (will retry): " << expired.status();
+    }
     if (expired.ok()) CountLeaseExpiries(expired->size());
     mu_.Lock();
   }

@@ -117,7 +117,7 @@ TEST_F(SwarmCoordinatorTest, AGridChangeRestartsEveryPeerAtTheFewestStepsASurviv
   const Grid g = c->grid();
   for (int i = 0; i < 4; ++i) {
     const int steps = i == 1 ? 7 : 8;
-    HeldStates held{{g.Find(j[i].peer_id)->first, {steps - 2, steps - 1, steps}}};
+    HeldStates held{{static_cast<uint32_t>(g.Find(j[i].peer_id)->first), {steps - 2, steps - 1, steps}}};
     ASSERT_TRUE(
         c->ReportProgress(j[i].peer_id, j[i].session_token, PeerProgress{steps, 5.0, 10}, 0, &held).ok());
   }

@@ -25,9 +25,17 @@ absl::Status PeerDaemonImpl::Init() {
   if (o_.advertise.empty()) o_.advertise = o_.listen;
   if (o_.exchange_advertise.empty()) o_.exchange_advertise = o_.exchange_listen;
   if (o_.state_listen.empty()) o_.state_listen = Host(o_.listen) + ":0";
+  StateKeeper::Options ko;
+  ko.work_dir = o_.work_dir;
+  ko.keep_checkpoints = o_.keep_checkpoints;
+  ko.tls = o_.tls;
+  ko.copy_wait = o_.link_timeout;
+  ko.name = o_.name;
+  keeper_ = std::make_unique<StateKeeper>(
+      ko, [this](const v1::PeerEvent& e) { Event(e); }, [this] { return ReportProgress(); });
   AQSWARM_ASSIGN_OR_RETURN(
       state_server_, StateTransferServer::Start(
-                         o_.state_listen, [this](const v1::StateRequest& r) { return ServeState(r); }, 1 << 20,
+                         o_.state_listen, [this](const v1::StateRequest& r) { return keeper_->Serve(r); }, 1 << 20,
                          o_.tls));
   if (o_.state_advertise.empty()) {
     std::string host = Host(o_.state_listen);
@@ -61,10 +69,14 @@ absl::Status PeerDaemonImpl::Run() {
 
 absl::Status PeerDaemonImpl::RunInner() {
   AQSWARM_RETURN_IF_ERROR(Join());
+  LinkProber::Options po;
+  po.probe_bytes = o_.probe_bytes;
+  po.tls = o_.tls;
+  po.name = o_.name;
+  prober_ = std::make_unique<LinkProber>(po, client_.get(), [this] { return Session(); },
+                                         [this](const v1::PeerEvent& e) { Event(e); });
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   watch_ = std::thread([this] { WatchLoop(); });
-  prober_ = std::thread([this] { ProbeLoop(); });
-  mirror_ = std::thread([this] { MirrorLoop(); });
   uint64_t applied_version = 0;
   std::optional<absl::Time> failed_at;
   while (true) {
@@ -146,37 +158,14 @@ absl::Status PeerDaemonImpl::Apply(const v1::Assignment& a, std::optional<absl::
     ae.set_grid_complete(a.grid_complete());
     Event(e);
   }
-  {
+  prober_->SetNextPeer(a.role() == v1::Assignment::STAGE && a.has_next() ? a.next().peer_id() : 0);
+  if (keeper_->Follow(a)) {
+    // A new plan restarts everyone at its resume step: that is where it
+    // restarts us, until our child reports (a mirror copy's report resends it).
     absl::MutexLock l(&mu_);
-    next_peer_ = a.role() == v1::Assignment::STAGE && a.has_next() ? a.next().peer_id() : 0;
-    passive_at_.reset();
-    const std::optional<uint32_t> mirrored_before =
-        mirror_target_.has_value() ? std::optional<uint32_t>(mirror_target_->stage()) : std::nullopt;
-    if (a.has_mirror() && !a.mirror().state_transfer_address().empty()) {
-      mirror_target_ = a.mirror();
-    } else {
-      mirror_target_.reset();
-    }
-    if (!mirror_target_.has_value() || mirrored_before != mirror_target_->stage()) mirror_landed_ = 0;
-    own_stage_ = a.role() == v1::Assignment::STAGE ? std::optional<uint32_t>(a.stage()) : std::nullopt;
-    if (a.plan_version() != plan_) {
-      // A new plan restarts everyone at resume_step: states past it are
-      // from the abandoned timeline, and pending mirror copies with them.
-      plan_ = a.plan_version();
-      // Where this plan restarts us, until our child reports (a mirror
-      // copy's report resends it).
-      last_progress_.set_step(a.resume_step());
-      last_progress_.set_plan_version(a.plan_version());
-      mirror_want_ = std::min(mirror_want_, a.resume_step());
-      mirror_done_ = std::min(mirror_done_, a.resume_step());
-      if (mirror_landed_ > a.resume_step()) mirror_landed_ = 0;
-      std::error_code ec;
-      for (const auto& entry : fs::directory_iterator(fs::path(o_.work_dir) / "checkpoints", ec)) {
-        PruneStageCheckpoints(entry.path().string(), a.resume_step(), o_.keep_checkpoints);
-      }
-    }
+    last_progress_.set_step(a.resume_step());
+    last_progress_.set_plan_version(a.plan_version());
   }
-  UpdatePins();
   const AssignmentAction action =
       DecideAssignment(a, {started_for_, child_ != nullptr, child_ == nullptr && failed_at->has_value()});
   if (action == AssignmentAction::kKeepRunning) return absl::OkStatus();  // same plan: keep training
@@ -184,7 +173,7 @@ absl::Status PeerDaemonImpl::Apply(const v1::Assignment& a, std::optional<absl::
   StopChild();
   failed_at->reset();
   if (action == AssignmentAction::kStop) return absl::OkStatus();
-  AQSWARM_ASSIGN_OR_RETURN(std::string init, PrepareState(a));
+  AQSWARM_ASSIGN_OR_RETURN(std::string init, keeper_->Prepare(a));
   StagePlacement where;
   where.work_dir = o_.work_dir;
   where.listen = o_.listen;
@@ -232,15 +221,9 @@ void PeerDaemonImpl::OnChildEvent(const v1::StageEvent& e, uint64_t plan) {
   p.set_tokens_per_second(step.step_seconds() > 0 ? step.tokens() / step.step_seconds() : 0.0);
   p.set_plan_version(plan);
   const int64_t every = std::max<uint32_t>(1, job_.checkpoint_every_steps());
-  if (p.step() % every == 0) {
-    {
-      absl::MutexLock l(&mu_);
-      mirror_want_ = std::max(mirror_want_, p.step());
-    }
-    UpdatePins();
-  }
+  if (p.step() % every == 0) keeper_->Checkpointed(p.step());
   ReportProgress(p);
-  if (step.has_down_busy()) MaybeReportPassive(step.down_busy().bytes(), step.down_busy().seconds());
+  if (step.has_down_busy()) prober_->ObserveForwardLink(step.down_busy().bytes(), step.down_busy().seconds());
 }
 
 void PeerDaemonImpl::ReapChild() {
@@ -262,8 +245,8 @@ void PeerDaemonImpl::StopChild() {
 void PeerDaemonImpl::JoinThreads() {
   if (heartbeat_.joinable()) heartbeat_.join();
   if (watch_.joinable()) watch_.join();
-  if (prober_.joinable()) prober_.join();
-  if (mirror_.joinable()) mirror_.join();
+  prober_.reset();
+  if (keeper_ != nullptr) keeper_->Stop();
 }
 
 }  // namespace daemon

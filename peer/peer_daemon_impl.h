@@ -1,9 +1,9 @@
-// PeerDaemon's implementation, one class split across files by concern
-// (as RocksDB splits DBImpl): peer_daemon.cc (following assignments, the
-// stage child), peer_daemon_session.cc (the coordinator session: join,
-// heartbeats, the assignment watch, progress reports),
-// peer_daemon_states.cc (stage states: mirrors, pins, fetches, serving) and
-// peer_daemon_probes.cc (link probes, passive link measurements).
+// PeerDaemon's implementation, split across files by concern (as RocksDB
+// splits DBImpl): peer_daemon.cc (following assignments, the stage child)
+// and peer_daemon_session.cc (the coordinator session: join, heartbeats,
+// the assignment watch, progress reports); of the parts it owns, its stage states (mirrors, pins, fetches, serving)
+// are a StateKeeper's (peer/state_keeper.h), link measurements a
+// LinkProber's (peer/link_prober.h).
 // Internal to peer/: include peer/peer_daemon.h instead.
 #ifndef AQSWARM_PEER_PEER_DAEMON_IMPL_H_
 #define AQSWARM_PEER_PEER_DAEMON_IMPL_H_
@@ -39,8 +39,10 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "peer/assignment.h"
 #include "peer/coordinator_client.h"
+#include "peer/link_prober.h"
 #include "peer/stage_checkpoints.h"
 #include "peer/stage_child.h"
+#include "peer/state_keeper.h"
 #include "peer/stage_command.h"
 #include "proto/event_json.h"
 #include "peer/state_transfer.h"
@@ -49,9 +51,6 @@
 namespace aqswarm::peer::daemon {
 
 namespace fs = std::filesystem;
-
-// The stage states under `root`/stage-<j> (the newest 64 of each stage).
-std::vector<v1::StageCheckpoints> ListHeld(const fs::path& root);
 
 class PeerDaemonImpl final : public PeerDaemon {
  public:
@@ -127,42 +126,6 @@ class PeerDaemonImpl final : public PeerDaemon {
   // re-plan.
   bool ReportProgress(std::optional<v1::Progress> progress = std::nullopt);
 
-  // ---- probes and mirrors ------------------------------------------------
-
-  // Probes the peers heartbeat answers asked for, one at a time.
-  void ProbeLoop();
-
-  // Every kPassiveInterval, the forward link's send rate while busy (from
-  // the stage's cumulative counters) becomes a passive ReportLinkProbe.
-  void MaybeReportPassive(uint64_t bytes, double seconds);
-
-  // Copies the mirrored peer's state after each of our checkpoints.
-  void MirrorLoop();
-
-  // Pins in our own stage's checkpoint dir (peer/stage_checkpoints.h) the
-  // steps of the newest mirror copy that landed, of the copy under way and
-  // of the one wanted next: the child prunes its states to the newest few,
-  // and a copy is of use to a re-plan only beside our own state of its step.
-  void UpdatePins();
-
-  absl::Status CopyMirror(const v1::Neighbor& target, int64_t step, uint64_t plan);
-
-  // ---- stage state --------------------------------------------------------
-
-  fs::path CheckpointDir(uint32_t stage) const {
-    return fs::path(o_.work_dir) / "checkpoints" / absl::StrCat("stage-", stage);
-  }
-
-  absl::StatusOr<StateSnapshot> ServeState(const v1::StateRequest& r);
-
-  // The state the child starts from: "" for step 0, else a local file
-  // (kept, or fetched from a replica).
-  // Fetches `stage`'s state after `step` steps from `address` into this
-  // peer's checkpoint dir; returns its size in bytes.
-  absl::StatusOr<uint64_t> FetchStageState(const std::string& address, uint32_t stage, int64_t step);
-
-  absl::StatusOr<std::string> PrepareState(const v1::Assignment& a);
-
   // ---- the child --------------------------------------------------------
 
   absl::Status Apply(const v1::Assignment& a, std::optional<absl::Time>* failed_at);
@@ -178,18 +141,17 @@ class PeerDaemonImpl final : public PeerDaemon {
   void JoinThreads();
 
   PeerDaemonOptions o_;
+  std::unique_ptr<StateKeeper> keeper_;  // before the server that serves from it
   std::unique_ptr<StateTransferServer> state_server_;
   std::shared_ptr<CoordinatorClient> client_;
   std::shared_ptr<StageLauncher> launcher_;
   v1::JobSpec job_;  // from Join; read by the watch thread after Join
-  std::thread heartbeat_, watch_, prober_, mirror_;
+  std::thread heartbeat_, watch_;
+  std::unique_ptr<LinkProber> prober_;  // from RunInner until Run ends
   std::unique_ptr<StageChild> child_;
   std::optional<RunKey> started_for_;  // the place of the last child started
 
   absl::Mutex report_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one ReportProgress at a time
-  absl::Mutex pins_mu_ ABSL_ACQUIRED_BEFORE(mu_);    // one UpdatePins at a time
-  std::string pins_dir_ ABSL_GUARDED_BY(pins_mu_);   // where UpdatePins last wrote
-  std::optional<std::vector<int64_t>> pinned_ ABSL_GUARDED_BY(pins_mu_);  // what pins_dir_ holds
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool rejoin_ ABSL_GUARDED_BY(mu_) = false;
@@ -201,18 +163,6 @@ class PeerDaemonImpl final : public PeerDaemon {
   uint64_t applied_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<int> child_exit_ ABSL_GUARDED_BY(mu_);
   v1::Progress last_progress_ ABSL_GUARDED_BY(mu_);
-  std::deque<v1::Neighbor> probes_ ABSL_GUARDED_BY(mu_);  // peers to probe
-  std::optional<v1::Neighbor> mirror_target_ ABSL_GUARDED_BY(mu_);
-  int64_t mirror_want_ ABSL_GUARDED_BY(mu_) = 0;  // step whose copy is wanted
-  int64_t mirror_done_ ABSL_GUARDED_BY(mu_) = 0;  // newest step copied
-  int64_t mirror_copying_ ABSL_GUARDED_BY(mu_) = 0;  // step of the copy under way (0: none)
-  int64_t mirror_landed_ ABSL_GUARDED_BY(mu_) = 0;   // newest step copied successfully (0: none)
-  std::optional<uint32_t> own_stage_ ABSL_GUARDED_BY(mu_);  // the stage we run (none: standby)
-  uint64_t plan_ ABSL_GUARDED_BY(mu_) = 0;        // plan of the last assignment applied
-  uint64_t next_peer_ ABSL_GUARDED_BY(mu_) = 0;   // our forward link's far end (0: none)
-  std::optional<absl::Time> passive_at_ ABSL_GUARDED_BY(mu_);  // last passive measurement window start
-  uint64_t passive_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  double passive_seconds_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace aqswarm::peer::daemon

@@ -17,7 +17,7 @@ absl::Status PeerDaemonImpl::Join() {
   const std::optional<v1::JobSpec> previous = ReadPreviousJob();
   if (previous.has_value()) {
     req.set_held_job_name(previous->name());
-    for (v1::StageCheckpoints& h : ListHeld(fs::path(o_.work_dir) / "checkpoints")) *req.add_held() = std::move(h);
+    for (v1::StageCheckpoints& h : keeper_->Held()) *req.add_held() = std::move(h);
   }
   while (true) {
     absl::StatusOr<v1::JoinResponse> joined = client_->Join(req);
@@ -26,7 +26,7 @@ absl::Status PeerDaemonImpl::Join() {
       const v1::JoinResponse& resp = *joined;
       if (previous.has_value() && !google::protobuf::util::MessageDifferencer::Equals(*previous, resp.job())) {
         // Another job (or the same name with other settings): its states must not be served.
-        AQSWARM_RETURN_IF_ERROR(RemoveTree(fs::path(o_.work_dir) / "checkpoints"));
+        AQSWARM_RETURN_IF_ERROR(RemoveTree(keeper_->root()));
         v1::PeerEvent e;
         e.mutable_stale_states_removed()->set_reason("the work dir held states of another job");
         Event(e);
@@ -78,7 +78,10 @@ std::optional<v1::JobSpec> PeerDaemonImpl::ReadPreviousJob() const {
 }
 
 absl::Status PeerDaemonImpl::WriteJob(const v1::JobSpec& job) {
-  if (job_.name().empty()) job_ = job;  // set before the threads start; the job never changes
+  if (job_.name().empty()) {  // set before the threads start; the job never changes
+    job_ = job;
+    keeper_->SetJob(job.name());
+  }
   std::string json;
   google::protobuf::util::JsonPrintOptions jo;
   jo.preserve_proto_field_names = true;
@@ -101,14 +104,7 @@ void PeerDaemonImpl::HeartbeatLoop() {
       req.set_session_token(session_);
     }
     absl::StatusOr<v1::HeartbeatResponse> resp = client_->Heartbeat(req, period);
-    if (resp.ok() && resp->probe_size() > 0 && o_.probe_bytes > 0) {
-      absl::MutexLock l(&mu_);
-      for (const v1::Neighbor& n : resp->probe()) {
-        const bool queued = std::any_of(probes_.begin(), probes_.end(),
-                                        [&](const v1::Neighbor& q) { return q.peer_id() == n.peer_id(); });
-        if (!queued && probes_.size() < 64 && !n.state_transfer_address().empty()) probes_.push_back(n);
-      }
-    }
+    if (resp.ok()) prober_->Enqueue(resp->probe());
     if ((absl::IsNotFound(resp.status()) || absl::IsUnauthenticated(resp.status())) &&
         Session().second == req.session_token()) {
       AQSWARM_LOG(WARNING) << "peer " << o_.name << ": the coordinator no longer knows us (" << resp.status().message()
@@ -170,9 +166,11 @@ bool PeerDaemonImpl::ReportProgress(std::optional<v1::Progress> progress) {
     *req.mutable_progress() = last_progress_;
   }
   req.set_has_held(true);
-  for (v1::StageCheckpoints& h : ListHeld(fs::path(o_.work_dir) / "checkpoints")) *req.add_held() = std::move(h);
+  for (v1::StageCheckpoints& h : keeper_->Held()) *req.add_held() = std::move(h);
   const absl::Status s = client_->ReportProgress(req);
-  if (!s.ok()) AQSWARM_LOG(DEBUG) << "progress report failed: " << s;
+  if (!s.ok()) {
+    AQSWARM_LOG(DEBUG) << "progress report failed: " << s;
+  }
   return s.ok();
 }
 

@@ -106,8 +106,12 @@ struct Stage {
     for (int64_t step = 0; step < 2; ++step) {
       for (int64_t id : SampleIds(step)) order.push_back(id);
     }
-    if (sender != nullptr) EXPECT_TRUE(sender->StartEpoch(order).ok());
-    if (receiver != nullptr) EXPECT_TRUE(receiver->StartEpoch(order).ok());
+    if (sender != nullptr) {
+      EXPECT_TRUE(sender->StartEpoch(order).ok());
+    }
+    if (receiver != nullptr) {
+      EXPECT_TRUE(receiver->StartEpoch(order).ok());
+    }
     protocol = std::make_unique<StepProtocol>(o, &compute, StepLinks{up, down, sender.get(), receiver.get()});
   }
   absl::StatusOr<StepOutcome> Step(int64_t step, const std::vector<int64_t>& ids) {
