@@ -133,7 +133,8 @@ struct SlownetBenchOptions {
   std::string grid_modes = "fp32,aqsgd:3:6,fp32+qadam4,aqsgd:3:6+qadam4";
   std::string grid_bandwidths = "0,300,100,10";
   int stages = 4;
-  // Model and batch (see docs/BENCHMARKS.md for why these sizes).
+  // Model and batch (see docs/METHODOLOGY.md, slow networks: Scaling argument,
+  // for why these sizes).
   int vocab_size = 256;
   int seq_len = 64;
   int d_model = 32;

@@ -5,7 +5,8 @@
 // prefetcher, add the decoded delta, write m(xi) back behind. On a GPU stage
 // that work runs on otherwise idle CPU cores; on a CPU-only machine it
 // competes with the model, so its CPU per sample is what a CPU-bound cell of
-// `bench slownet` loses (docs/BENCHMARKS.md).
+// `bench slownet` loses (docs/METHODOLOGY.md, link endpoints; the comparison
+// with the pipeline's cost: docs/notebook/slownet.md, AQ-SGD's extra CPU).
 //
 // One cell = a sender and a receiver (each with its own store, as the two
 // processes of a link have) running `epochs` epochs of `samples` samples in

@@ -1,7 +1,7 @@
 // OpenBLAS (libtorch's BLAS on Debian) picks its kernels by CPU model when it
 // loads, and a model it does not know gets the generic ones: on this project's
 // Xeons (family 6 model 207) Debian's OpenBLAS 0.3.21 ran sgemm on the Prescott
-// (SSE3) kernels, ~25% of a stage's CPU (docs/BENCHMARKS.md, slow networks).
+// (SSE3) kernels, ~25% of a stage's CPU (docs/notebook/slownet.md, OpenBLAS kernels).
 // A process cannot change its own choice, only that of the processes it
 // starts, through OPENBLAS_CORETYPE:
 //

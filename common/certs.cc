@@ -488,48 +488,6 @@ absl::StatusOr<TlsFiles> LoadTlsFiles(const std::string& tls_dir, const std::str
 
 // ------------------------------------------------------------ files
 
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents, mode_t mode) {
-  std::string tmp = path + ".tmp.XXXXXX";
-  // mkstemp creates the file 0600, so a secret is never readable by others,
-  // not even for a moment.
-  int fd = ::mkstemp(tmp.data());
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("creating a temporary file for ", path));
-  auto fail = [&](absl::string_view what) {
-    const int err = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return ErrnoStatus(err, absl::StrCat(what, " ", path));
-  };
-  if (::fchmod(fd, mode) != 0) return fail("setting the mode of");
-  size_t done = 0;
-  while (done < contents.size()) {
-    ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return fail("writing");
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) return fail("syncing");
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return ErrnoStatus(err, absl::StrCat("closing ", path));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return ErrnoStatus(err, absl::StrCat("renaming into ", path));
-  }
-  // Make the rename itself durable.
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
   constexpr size_t kMaxBytes = 1 << 20;  // PEM files and secrets are a few KiB
   int fd = ::open(path.c_str(), O_RDONLY);

@@ -46,6 +46,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/file_util.h"  // WriteFileAtomically
 
 namespace aqswarm {
 
@@ -153,9 +154,8 @@ absl::StatusOr<TlsFiles> LoadTlsFiles(const std::string& tls_dir, const std::str
 
 // ---------------------------------------------------------------- files
 
-// Writes `contents` to `path` atomically (temp file in the same dir, fsync,
-// rename) with permission bits `mode` (umask does not apply).
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents, mode_t mode);
+// WriteFileAtomically (used for keys, certificates and secrets) is in
+// common/file_util.h, included here.
 
 // Reads a whole (small) file. NotFound when it does not exist.
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path);

@@ -3,31 +3,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 
-#include "common/file_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/scratch_dir.h"
+#include "tests/testing/status_matchers.h"
 
 namespace aqswarm {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::UnorderedElementsAre;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "aqswarm_certs_test.XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { aqswarm::RemoveTree(path_).IgnoreError(); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using ::aqswarm::testing::IsOk;
+using ::aqswarm::testing::ScratchDir;
 
 mode_t Mode(const std::string& path) {
   struct stat st;
@@ -184,7 +173,7 @@ TEST(CertsTest, BadNamesAndAddressesAreRejected) {
 }
 
 TEST(CertsTest, TlsDirLayoutModesAndLoading) {
-  TempDir tmp;
+  ScratchDir tmp;
   const std::string dir = tmp.path() + "/a/tls";  // parents are created
   ASSERT_TRUE(InitCaDir(dir, {}).ok());
   EXPECT_EQ(Mode(dir), 0700u);
@@ -235,7 +224,7 @@ TEST(CertsTest, TlsDirLayoutModesAndLoading) {
   EXPECT_THAT(mismatch.status().message(), HasSubstr("coordinator.key vs"));
 
   // Garbled file: the error names it.
-  ASSERT_TRUE(WriteFileAtomically(dir + "/peer-a.pem", "-----BEGIN CERTIFICATE-----\nzzz\n", 0644).ok());
+  ASSERT_THAT(WriteFileAtomically(dir + "/peer-a.pem", "-----BEGIN CERTIFICATE-----\nzzz\n", 0644), IsOk());
   auto garbled = LoadTlsFiles(dir, "peer-a");
   EXPECT_EQ(garbled.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(garbled.status().message(), HasSubstr("peer-a.pem: not a PEM certificate"));

@@ -1,16 +1,28 @@
 #include "common/file_util.h"
 
-#include <stdlib.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/scratch_dir.h"
+#include "tests/testing/status_matchers.h"
 
 namespace aqswarm {
 namespace {
+
+using ::aqswarm::testing::IsOk;
+using ::aqswarm::testing::ScratchDir;
+using ::aqswarm::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 
 bool Exists(const std::string& p) {
   struct stat st;
@@ -19,15 +31,37 @@ bool Exists(const std::string& p) {
 
 void Touch(const std::string& p) { std::ofstream(p) << "x"; }
 
+// The names in a directory, sorted ("." and ".." left out).
+std::vector<std::string> List(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return names;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string Read(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+mode_t Mode(const std::string& p) {
+  struct stat st;
+  EXPECT_EQ(::stat(p.c_str(), &st), 0) << p;
+  return st.st_mode & 07777;
+}
+
 class RemoveTreeTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "/aqswarm_remove_tree.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    root_ = tmpl;
-  }
-  void TearDown() override { ::system(("rm -rf '" + root_ + "'").c_str()); }
-  std::string root_;
+  ScratchDir dir_;
+  const std::string root_ = dir_.path();
 };
 
 TEST_F(RemoveTreeTest, RemovesANestedTree) {
@@ -76,6 +110,70 @@ TEST_F(RemoveTreeTest, ReportsWhatItCannotRemove) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("file/below"), std::string::npos) << s;
   EXPECT_TRUE(Exists(root_ + "/file"));
+}
+
+TEST(WriteFileAtomicallyTest, WritesTheContentsWithTheModeAndLeavesNoTempFile) {
+  ScratchDir dir;
+  const std::string path = dir.Sub("secret");
+  ASSERT_THAT(WriteFileAtomically(path, std::string("ab\0c", 4), 0640), IsOk());
+  EXPECT_EQ(Read(path), std::string("ab\0c", 4));
+  EXPECT_EQ(Mode(path), 0640u);  // not reduced by the umask
+  EXPECT_THAT(List(dir.path()), ElementsAre("secret"));
+  // Over an existing file: replaced whole, with the new mode.
+  ASSERT_THAT(WriteFileAtomically(path, "second", 0600), IsOk());
+  EXPECT_EQ(Read(path), "second");
+  EXPECT_EQ(Mode(path), 0600u);
+  ASSERT_THAT(WriteFileAtomically(path, "", 0644), IsOk());
+  EXPECT_EQ(Read(path), "");
+  EXPECT_THAT(List(dir.path()), ElementsAre("secret"));
+}
+
+TEST(WriteFileAtomicallyTest, AFailureLeavesNoTempFileAndNamesThePath) {
+  ScratchDir dir;
+  // A missing directory: no temp file can be created.
+  EXPECT_THAT(WriteFileAtomically(dir.Sub("missing/f"), "x", 0644),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing/f")));
+  EXPECT_TRUE(List(dir.path()).empty());
+  // The target is a directory: the rename fails after the temp file was written.
+  ASSERT_EQ(::mkdir(dir.Sub("d").c_str(), 0755), 0);
+  Touch(dir.Sub("d/keep"));
+  const absl::Status s = WriteFileAtomically(dir.Sub("d"), "x", 0644);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInternal, HasSubstr("renaming into " + dir.Sub("d"))));
+  EXPECT_THAT(List(dir.path()), ElementsAre("d"));
+  EXPECT_THAT(List(dir.Sub("d")), ElementsAre("keep"));
+}
+
+TEST(PublishFileAtomicallyTest, ReplacesAnExistingFileAndKeepsTheWrittenMode) {
+  ScratchDir dir;
+  const std::string path = dir.Sub("cache.bin");
+  const std::string tmp = dir.Sub("cache.bin.tmp.7");
+  std::ofstream(path) << "old";
+  std::ofstream(tmp) << "new contents";
+  ASSERT_EQ(::chmod(tmp.c_str(), 0604), 0);
+  ASSERT_THAT(PublishFileAtomically(tmp, path), IsOk());
+  EXPECT_EQ(Read(path), "new contents");
+  EXPECT_EQ(Mode(path), 0604u);
+  EXPECT_THAT(List(dir.path()), ElementsAre("cache.bin"));
+}
+
+TEST(PublishFileAtomicallyTest, AFailedRenameRemovesTheTempFileAndNamesThePath) {
+  ScratchDir dir;
+  ASSERT_EQ(::mkdir(dir.Sub("d").c_str(), 0755), 0);
+  Touch(dir.Sub("d/keep"));
+  const std::string tmp = dir.Sub("d.tmp");
+  std::ofstream(tmp) << "x";
+  EXPECT_THAT(PublishFileAtomically(tmp, dir.Sub("d")),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("renaming into " + dir.Sub("d"))));
+  EXPECT_THAT(List(dir.path()), ElementsAre("d"));
+  EXPECT_THAT(List(dir.Sub("d")), ElementsAre("keep"));
+  // Into a missing directory: the same.
+  std::ofstream(tmp) << "x";
+  EXPECT_THAT(PublishFileAtomically(tmp, dir.Sub("missing/f")),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing/f")));
+  EXPECT_THAT(List(dir.path()), ElementsAre("d"));
+  // No temp file at all: NotFound, naming it.
+  EXPECT_THAT(PublishFileAtomically(dir.Sub("gone.tmp"), dir.Sub("f")),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("gone.tmp")));
 }
 
 }  // namespace

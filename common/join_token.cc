@@ -17,7 +17,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
-#include "common/certs.h"
+#include "common/certs.h"  // ReadSmallFile
+#include "common/file_util.h"
 #include "common/status_macros.h"
 
 namespace aqswarm {

@@ -3,21 +3,22 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <filesystem>
-
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/certs.h"
-#include "common/file_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/scratch_dir.h"
+#include "tests/testing/status_matchers.h"
 
 namespace aqswarm {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
+using ::aqswarm::testing::IsOk;
+using ::aqswarm::testing::StatusIs;
 
 constexpr int64_t kNow = 1'700'000'000;  // fixed clock: 2023-11-14T22:13:20Z
 
@@ -153,9 +154,8 @@ TEST_F(JoinTokenTest, IssueValidatesItsInputs) {
 }
 
 TEST(JoinSecretTest, CreatedOnceWith0600AndRefusedWhenOpen) {
-  std::string tmpl = (std::filesystem::temp_directory_path() / "aqswarm_join_test.XXXXXX").string();
-  const std::string dir = ::mkdtemp(tmpl.data());
-  const std::string path = dir + "/join.secret";
+  const ::aqswarm::testing::ScratchDir dir;
+  const std::string path = dir.Sub("join.secret");
   EXPECT_EQ(LoadJoinSecret(path).status().code(), absl::StatusCode::kNotFound);
   auto created = LoadOrCreateJoinSecret(path);
   ASSERT_TRUE(created.ok()) << created.status();
@@ -172,11 +172,10 @@ TEST(JoinSecretTest, CreatedOnceWith0600AndRefusedWhenOpen) {
   EXPECT_EQ(open.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(open.status().message(), HasSubstr("chmod 600"));
 
-  ASSERT_TRUE(WriteFileAtomically(path, "not hex\n", 0600).ok());
-  EXPECT_EQ(LoadJoinSecret(path).status().code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(WriteFileAtomically(path, "abcd\n", 0600).ok());
-  EXPECT_EQ(LoadJoinSecret(path).status().code(), absl::StatusCode::kFailedPrecondition);
-  aqswarm::RemoveTree(dir).IgnoreError();
+  ASSERT_THAT(WriteFileAtomically(path, "not hex\n", 0600), IsOk());
+  EXPECT_THAT(LoadJoinSecret(path), StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_THAT(WriteFileAtomically(path, "abcd\n", 0600), IsOk());
+  EXPECT_THAT(LoadJoinSecret(path), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 }  // namespace

@@ -7,7 +7,8 @@
 // the kernel and came back as fresh zeroed pages over and over: measured on
 // the slow-network bench's 4-stage pipeline, ~440 K page faults per cell
 // (DirectQ) and ~550 K (AQ-SGD), against ~125 K and ~190 K with the heap
-// kept (docs/BENCHMARKS.md, slow networks).
+// kept (measured when this was added, commit 0cbd9fa; the bench's setup is in
+// docs/METHODOLOGY.md, slow networks).
 //
 //   KeepFreedMemoryForReuse();  // first thing in a stage process
 //

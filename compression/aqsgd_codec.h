@@ -68,7 +68,9 @@ struct AqsgdLinkOptions {
   CodecOptions quantizer;
   // Stored precision of m(xi) on both ends. Default: fp16.
   RowPrecision stored = RowPrecision::kFloat16;
-  // Epochs sent FULL before deltas start. Default: 1 (the reference).
+  // Epochs sent FULL before deltas start. Default: 1 here (the reference); a
+  // job's compression.warmup_epochs (pipeline/link_endpoint.cc) is 0 unless set,
+  // so a job's links send deltas from the second time they see a sample.
   int64_t warmup_epochs = 1;
   // Limits applied to incoming tensors.
   WireLimits limits;

@@ -3,11 +3,12 @@
 #include "coordinator/coordinator_testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/scratch_dir.h"
 
 namespace aqswarm::coordinator {
 namespace {
 
-using ::aqswarm::coordinator::testing::ScratchDir;
+using ::aqswarm::testing::ScratchDir;
 using ::aqswarm::coordinator::testing::TestJob;
 
 Member MakeMember(uint64_t id) {

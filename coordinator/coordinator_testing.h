@@ -1,15 +1,12 @@
-// Helpers for the coordinator tests: a scratch dir, a small job, a join
-// secret with tokens, and a SwarmCoordinator on an rpc::FakeClock.
+// Helpers for the coordinator tests: a small job, a join secret with tokens,
+// and a SwarmCoordinator on an rpc::FakeClock. (Scratch dirs:
+// aqswarm::testing::ScratchDir, tests/testing/scratch_dir.h.)
 #ifndef AQSWARM_COORDINATOR_COORDINATOR_TESTING_H_
 #define AQSWARM_COORDINATOR_COORDINATOR_TESTING_H_
 
-#include <stdlib.h>
-
-#include <filesystem>
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/file_util.h"
 #include "common/join_token.h"
 #include "rpc/clock.h"
 #include "coordinator/swarm_coordinator.h"
@@ -17,24 +14,6 @@
 #include "proto/job.pb.h"
 
 namespace aqswarm::coordinator::testing {
-
-class ScratchDir {
- public:
-  ScratchDir() {
-    const char* tmp = getenv("TMPDIR");
-    std::string templ = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/aqswarm-coord-XXXXXX");
-    path_ = mkdtemp(templ.data()) != nullptr ? templ : "";
-  }
-  ~ScratchDir() {
-    aqswarm::RemoveTree(path_).IgnoreError();
-  }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  std::string Sub(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 inline v1::JobSpec TestJob(int stages, int pipelines) {
   v1::JobSpec job;

@@ -5,12 +5,13 @@
 #include "coordinator/coordinator_testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/scratch_dir.h"
 
 namespace aqswarm::coordinator {
 namespace {
 
 using ::aqswarm::coordinator::testing::JoinAs;
-using ::aqswarm::coordinator::testing::ScratchDir;
+using ::aqswarm::testing::ScratchDir;
 using ::aqswarm::coordinator::testing::TestOptions;
 using ::testing::HasSubstr;
 

@@ -7,8 +7,10 @@
 //   pipeline::AllReduceMean(*ex, ...);
 //
 // Each destination has its own sender thread and bounded queue, so a replica
-// feeds all its peers at once (each over its own emulated link: token bucket
-// + one-way latency, as in link_transport.h); Send() only queues. Incoming
+// feeds all its peers at once (each over its own emulated link: an
+// rpc::EmulatedWire, the FIFO of rpc/link_shaping.h, whose Transmit() holds
+// each chunk for its wire time at the link's bandwidth; the receiver adds the
+// one-way latency); Send() only queues. Incoming
 // chunks are validated (group, rank range, sizes) and kept in a bounded
 // mailbox until Receive() takes them. A peer that vanished makes Send fail
 // (sticky, naming the replica) and Receive time out after `timeout` or fail

@@ -3,21 +3,21 @@
 // certificate). Certificates are made by the test with common/certs.h.
 #include "rpc/tls.h"
 
-#include <stdlib.h>
-
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "common/certs.h"
-#include "common/file_util.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "peer/link_transport.h"
+#include "tests/testing/scratch_dir.h"
+#include "tests/testing/status_matchers.h"
 
 namespace aqswarm::peer {
 namespace {
 
+using ::aqswarm::testing::IsOk;
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kDialTimeout = absl::Seconds(2);
@@ -33,11 +33,11 @@ v1::LinkFrame Commit(uint64_t step) {
 class TlsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "aqswarm_tls_test.XXXXXX").string();
-    root_ = new std::string(::mkdtemp(tmpl.data()));
+    scratch_ = new ::aqswarm::testing::ScratchDir();
+    root_ = &scratch_->path();
     for (const char* swarm : {"swarm", "other"}) {
       const std::string dir = *root_ + "/" + std::string(swarm);
-      ASSERT_TRUE(InitCaDir(dir, {}).ok());
+      ASSERT_THAT(InitCaDir(dir, {}), IsOk());
       for (const char* name : {"server", "client"}) {
         LeafOptions leaf;
         leaf.name = name;
@@ -48,8 +48,9 @@ class TlsTest : public ::testing::Test {
     }
   }
   static void TearDownTestSuite() {
-    aqswarm::RemoveTree(*root_).IgnoreError();
-    delete root_;
+    delete scratch_;
+    scratch_ = nullptr;
+    root_ = nullptr;
   }
 
   static rpc::TlsOptions Swarm(const std::string& name) { return {*root_ + "/swarm", name, ""}; }
@@ -77,10 +78,12 @@ class TlsTest : public ::testing::Test {
     return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
   }
 
-  static std::string* root_;
+  static ::aqswarm::testing::ScratchDir* scratch_;
+  static const std::string* root_;  // scratch_->path()
 };
 
-std::string* TlsTest::root_ = nullptr;
+::aqswarm::testing::ScratchDir* TlsTest::scratch_ = nullptr;
+const std::string* TlsTest::root_ = nullptr;
 
 TEST_F(TlsTest, MutualTlsLinkExchangesFrames) {
   auto server = StartTlsServer();

@@ -4,7 +4,7 @@
 #include <fstream>
 
 #include "gtest/gtest.h"
-#include "storage/test_util.h"
+#include "tests/testing/scratch_dir.h"
 
 namespace aqswarm::peer {
 namespace {
@@ -16,7 +16,7 @@ class StageCheckpointsTest : public ::testing::Test {
   void Write(int64_t step) { std::ofstream(StageCheckpointPath(dir_, step)) << "state " << step; }
   void WritePinsFile(const std::string& text) { std::ofstream(fs::path(dir_) / "pinned") << text; }
 
-  storage::testing::ScratchDir scratch_;
+  aqswarm::testing::ScratchDir scratch_;
   const std::string dir_ = scratch_.path();
 };
 

@@ -1,8 +1,5 @@
 #include "peer/state_transfer.h"
 
-#include <unistd.h>
-
-#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -11,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/stage_worker.h"
+#include "tests/testing/scratch_dir.h"
 
 namespace aqswarm::peer {
 namespace {
@@ -32,10 +30,11 @@ TEST(StateTransferTest, JoinerFetchesALiveReplicasCheckpointAndMatchesItExactly)
   ASSERT_TRUE(live->ForwardLoss(0, in, {}, std::vector<int32_t>(16, 5), 2, &loss).ok());
   ASSERT_TRUE(live->Backward(0, {}, nullptr).ok());
   ASSERT_TRUE(live->Step(0, live->GradSquaredNorm()).ok());
-  const std::string dir = ::testing::TempDir();
+  const aqswarm::testing::ScratchDir scratch;
+  const std::string dir = scratch.path();
   auto server = StateTransferServer::Start("127.0.0.1:0", [&](const v1::StateRequest& r) -> absl::StatusOr<StateSnapshot> {
     if (r.stage() != 1) return absl::NotFoundError("this peer serves stage 1");
-    const std::string path = absl::StrCat(dir, "/live-", ::getpid(), ".ckpt");
+    const std::string path = absl::StrCat(dir, "/live.ckpt");
     absl::Status s = live->SaveCheckpoint(path);
     if (!s.ok()) return s;
     return StateSnapshot{ReadFile(path), static_cast<uint64_t>(live->optimizer_step())};
@@ -46,7 +45,7 @@ TEST(StateTransferTest, JoinerFetchesALiveReplicasCheckpointAndMatchesItExactly)
   auto snap = FetchState(absl::StrCat("127.0.0.1:", (*server)->port()), req);
   ASSERT_TRUE(snap.ok()) << snap.status();
   EXPECT_EQ(snap->step, 1u);
-  const std::string got = absl::StrCat(dir, "/joiner-", ::getpid(), ".ckpt");
+  const std::string got = absl::StrCat(dir, "/joiner.ckpt");
   std::ofstream(got, std::ios::binary) << snap->bytes;
   auto joiner = *pipeline::StageWorker::Create(*job, 1);
   EXPECT_NE(joiner->ParameterHash(), live->ParameterHash());  // it trained a step; the joiner did not
@@ -56,8 +55,6 @@ TEST(StateTransferTest, JoinerFetchesALiveReplicasCheckpointAndMatchesItExactly)
 
   req.set_stage(0);
   EXPECT_EQ(FetchState(absl::StrCat("127.0.0.1:", (*server)->port()), req).status().code(), absl::StatusCode::kNotFound);
-  std::remove(got.c_str());
-  std::remove(absl::StrCat(dir, "/live-", ::getpid(), ".ckpt").c_str());
 }
 
 // A hostile or broken server: every malformed stream is a DataLoss (or the

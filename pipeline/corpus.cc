@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
+#include "common/file_util.h"
 #include "common/logging.h"
 #include "common/random.h"
 #include "common/status_macros.h"
@@ -147,8 +148,10 @@ absl::StatusOr<std::vector<int32_t>> LoadCache(const std::string& path, uint64_t
   return tokens;
 }
 
-// Writes to a temporary name, then renames: a reader (another process on the
-// same machine) sees the old file or the whole new one, never a torn one.
+// Writes to a temporary name, then publishes it (fsync, rename, fsync of the
+// directory: PublishFileAtomically): a reader (another process on the same
+// machine) sees the old file or the whole new one, never a torn one, and so
+// does the next run after a crash.
 absl::Status WriteCache(const std::string& path, uint64_t tokenizer_checksum, const Source& source,
                         const std::vector<int32_t>& tokens) {
   std::error_code ec;
@@ -176,12 +179,7 @@ absl::Status WriteCache(const std::string& path, uint64_t tokenizer_checksum, co
       return absl::InternalError(absl::StrCat("cannot write '", tmp, "'"));
     }
   }
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    return absl::InternalError(absl::StrCat("cannot rename to '", path, "'"));
-  }
-  return absl::OkStatus();
+  return PublishFileAtomically(tmp, path);
 }
 
 }  // namespace

@@ -8,8 +8,6 @@
 #ifndef AQSWARM_PIPELINE_DATA_TEST_UTIL_H_
 #define AQSWARM_PIPELINE_DATA_TEST_UTIL_H_
 
-#include <unistd.h>
-
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +18,7 @@
 #include "common/file_util.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/scratch_dir.h"
 
 namespace aqswarm::pipeline::testing {
 
@@ -41,19 +40,16 @@ inline bool RequireDataFile(const std::string& path) {
   return false;
 }
 
-// This test process's scratch root, TempDir()/aqswarm_test_<pid>, removed
+// This test process's scratch root, one aqswarm::testing::ScratchDir removed
 // when the process exits (so tests leave nothing behind in /tmp, and two
 // runs at once, a checkout's and CI's, never share a directory).
 inline const std::string& TestScratchRoot() {
-  static const std::string* root = [] {
-    auto* r = new std::string(::testing::TempDir() + "/aqswarm_test_" + std::to_string(::getpid()));
-    std::atexit([] { aqswarm::RemoveTree(TestScratchRoot()).IgnoreError(); });
-    return r;
-  }();
-  return *root;
+  static const ::aqswarm::testing::ScratchDir root;
+  return root.path();
 }
 
-// A fresh empty directory for the calling test under TestScratchRoot().
+// A fresh empty directory for the calling test under TestScratchRoot(), named
+// after the test (kept until the process exits).
 inline std::string MakeTempDir(const std::string& name) {
   const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
   std::filesystem::path dir = std::filesystem::path(TestScratchRoot()) /

@@ -4,9 +4,11 @@
 // torch-free facades in pipeline/ (e.g. stage_runner.h).
 //
 // Architecture (GPT-2): token + position embeddings, pre-LN blocks with causal
-// self-attention and a GELU(tanh) MLP, final LayerNorm, LM head tied to the
-// token embedding. Linear weights use GPT-2's Conv1D layout [in, out]
-// (y = x W + b), so Hugging Face safetensors load without transposes.
+// self-attention and a GELU(tanh) MLP, final LayerNorm, LM head (with
+// model.tie_embeddings, the token embedding itself where one stage holds both,
+// as in a one-stage model; otherwise a weight of its own). Linear weights use
+// GPT-2's Conv1D layout [in, out] (y = x W + b), so Hugging Face safetensors
+// load without transposes.
 //
 // A stage is a contiguous block range; stage 0 also owns the embeddings, the
 // last stage also the final LayerNorm, the head and the loss. Every parameter
@@ -14,9 +16,12 @@
 // is initialised from a generator seeded by (seed, name), so a model split
 // into K stages starts bit-identical to the unsplit one.
 //
-// Tied head across stages: when the last stage does not own `wte`, it holds
-// `lm_head.weight`, initialised equal to `wte.weight`; with tie_embeddings the
-// engine adds the two gradients (TiedEmbeddingName()) so both copies stay equal.
+// Head across stages: a last stage that does not own `wte` holds its own
+// `lm_head.weight` (TiedEmbeddingName()), initialised equal to `wte.weight`
+// with tie_embeddings and from its own seed without. Nothing adds the two
+// copies' gradients, so tied copies would train apart: StageWorker::Create
+// refuses model.tie_embeddings with more than one stage
+// (pipeline/stage_worker.cc).
 //
 //   GptStage stage(spec, StageRangeFor(spec, /*stage=*/0, /*num_stages=*/2), seed);
 //   torch::Tensor h = stage->forward(ids);        // [B,T] int64 -> [B,T,D]

@@ -73,7 +73,9 @@ struct QuantizedAdamOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0;
-  // Plain data-parallel AdamW steps before the variance freezes. Default: 100.
+  // Plain data-parallel AdamW steps before the variance freezes. Default: 100
+  // here; a job's dp.warmup_steps (QuantizedAdamOptionsFromJob) is 0 unless set,
+  // so a job freezes at once unless it asks for warm-up.
   int64_t warmup_steps = 100;
   // false: AdamW on raw averaged gradients forever (the fp32 baseline).
   bool quantized = true;

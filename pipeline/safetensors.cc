@@ -1,8 +1,5 @@
 #include "pipeline/safetensors.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -10,6 +7,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
 #include "common/half.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -184,24 +182,7 @@ std::string SerializeSafetensors(const std::vector<StTensor>& tensors,
 absl::Status WriteSafetensors(const std::string& path, const std::vector<StTensor>& tensors,
                               const std::map<std::string, std::string>& metadata) {
   const std::string bytes = SerializeSafetensors(tensors, metadata);
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return absl::PermissionDeniedError(absl::StrCat("cannot create ", tmp, ": ", std::strerror(errno)));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (w < 0) {
-      const int err = errno;
-      ::close(fd);
-      return absl::ResourceExhaustedError(absl::StrCat("write ", tmp, ": ", std::strerror(err)));
-    }
-    done += static_cast<size_t>(w);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) return absl::DataLossError(absl::StrCat("fsync/close ", tmp, " failed"));
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("rename ", tmp, " -> ", path, ": ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(path, bytes, 0644);
 }
 
 }  // namespace aqswarm::pipeline

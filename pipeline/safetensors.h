@@ -68,7 +68,8 @@ struct StTensor {
 // Serialises float32 tensors (sorted by name, as the reference writer does).
 std::string SerializeSafetensors(const std::vector<StTensor>& tensors,
                                  const std::map<std::string, std::string>& metadata);
-// Writes atomically: to `path`.tmp, fsync, rename.
+// Writes atomically (WriteFileAtomically, common/file_util.h: a temp file,
+// fsync, rename, fsync of the directory), mode 0644.
 absl::Status WriteSafetensors(const std::string& path, const std::vector<StTensor>& tensors,
                               const std::map<std::string, std::string>& metadata);
 

@@ -1,11 +1,7 @@
 #include "pipeline/stage_io.h"
 
-#include <unistd.h>
-
-#include <cstdio>
-#include <filesystem>
-
 #include "gtest/gtest.h"
+#include "tests/testing/scratch_dir.h"
 
 namespace aqswarm::pipeline {
 namespace {
@@ -19,10 +15,6 @@ v1::ModelSpec Spec() {
   s.set_n_head(2);
   s.set_tie_embeddings(true);
   return s;
-}
-
-std::string TempPath(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / (name + "." + std::to_string(::getpid()))).string();
 }
 
 // A GPT-2 style file as Hugging Face writes it: "transformer." prefix, an
@@ -128,7 +120,8 @@ TEST(StageIoTest, CheckpointRoundTripRestoresParametersAndOptimizerState) {
     GptStageImpl::Loss(a->forward(h), torch::randint(0, 50, {2, 8}, torch::kLong)).backward();
     opt_a.Step(1e-3, opt_a.GradSquaredNorm());
   }
-  const std::string path = TempPath("ckpt.safetensors");
+  const ::aqswarm::testing::ScratchDir scratch;
+  const std::string path = scratch.Sub("ckpt.safetensors");
   ASSERT_TRUE(SaveStageCheckpoint(path, *a, opt_a, "job").ok());
 
   GptStage b(spec, StageRangeFor(spec, 1, 2), 77);
@@ -144,7 +137,6 @@ TEST(StageIoTest, CheckpointRoundTripRestoresParametersAndOptimizerState) {
   GptStage wrong(spec, StageRangeFor(spec, 0, 2), 3);
   AdamW opt_w(wrong->named_params(), os);
   EXPECT_EQ(LoadStageCheckpoint(path, *wrong, opt_w).code(), absl::StatusCode::kFailedPrecondition);
-  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -1,8 +1,5 @@
 #include "pipeline/stage_worker.h"
 
-#include <unistd.h>
-
-#include <cstdio>
 #include <string>
 #include <thread>
 
@@ -10,6 +7,7 @@
 #include "pipeline/dp_test_util.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/safetensors.h"
+#include "tests/testing/scratch_dir.h"
 
 namespace aqswarm::pipeline {
 namespace {
@@ -156,10 +154,10 @@ TEST(StageWorkerDataParallelTest, ReplicasStayBitIdenticalAndACheckpointedJoiner
   for (int s = 0; s < 4; ++s) step(0, 1, s);  // two warm-up steps, two compressed
   EXPECT_NE(w[0]->ParameterHash(), initial);
   EXPECT_GT(w[0]->dp_bytes_sent(), 0u);
-  const std::string path = ::testing::TempDir() + "/dp_ckpt_" + std::to_string(::getpid()) + ".safetensors";
+  const ::aqswarm::testing::ScratchDir scratch;
+  const std::string path = scratch.Sub("dp_ckpt.safetensors");
   ASSERT_TRUE(w[0]->SaveCheckpoint(path).ok());
   ASSERT_TRUE(w[2]->LoadCheckpoint(path).ok());
-  std::remove(path.c_str());
   EXPECT_EQ(w[2]->ParameterHash(), w[0]->ParameterHash());
   for (int s = 4; s < 6; ++s) step(0, 2, s);  // replica 1 is gone; the joiner keeps lockstep
 }
@@ -226,7 +224,8 @@ TEST(StageWorkerDataParallelTest, DelayedUpdateLandsOneStepLateAndSurvivesACheck
 
   // Replica 3 leaves; a joiner restored from replica 2's state (its update
   // of step 2 included) keeps lockstep with it.
-  const std::string path = ::testing::TempDir() + "/dp_delayed_" + std::to_string(::getpid()) + ".safetensors";
+  const ::aqswarm::testing::ScratchDir scratch;
+  const std::string path = scratch.Sub("dp_delayed.safetensors");
   ASSERT_TRUE(w[2]->SaveCheckpoint(path).ok());
   ASSERT_TRUE(w[4]->LoadCheckpoint(path).ok());
   ASSERT_TRUE(w[3]->FinishDataParallel().ok());  // its half of step 2's exchange is done
@@ -253,11 +252,9 @@ TEST(StageWorkerDataParallelTest, DelayedUpdateLandsOneStepLateAndSurvivesACheck
     auto fresh = StageWorker::Create(delayed, 0);
     ASSERT_TRUE(fresh.ok());
     const absl::Status refused = (*fresh)->LoadCheckpoint(bad);
-    std::remove(bad.c_str());
     EXPECT_EQ(refused.code(), absl::StatusCode::kDataLoss) << refused;
     EXPECT_NE(refused.message().find("delayed/params holds"), std::string::npos) << refused;
   }
-  std::remove(path.c_str());
   const uint64_t before_finish = w[2]->ParameterHash();
   ASSERT_TRUE(w[2]->FinishDataParallel().ok());
   EXPECT_NE(w[2]->ParameterHash(), before_finish);

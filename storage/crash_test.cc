@@ -15,12 +15,13 @@
 #include "storage/crash_test_spec.h"
 #include "storage/rocksdb_message_store.h"
 #include "storage/test_util.h"
+#include "tests/testing/scratch_dir.h"
 
 namespace aqswarm::storage {
 namespace {
 
 using ::aqswarm::storage::testing::SameBits;
-using ::aqswarm::storage::testing::ScratchDir;
+using ::aqswarm::testing::ScratchDir;
 using ::aqswarm::storage::testing::Spans;
 using ::aqswarm::storage::testing::StoredValues;
 

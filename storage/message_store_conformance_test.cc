@@ -15,6 +15,7 @@
 #include "storage/rocksdb_message_store.h"
 #include "storage/row_codec.h"
 #include "storage/test_util.h"
+#include "tests/testing/scratch_dir.h"
 
 namespace aqswarm::storage {
 namespace {
@@ -22,7 +23,7 @@ namespace {
 using ::aqswarm::storage::testing::ConstSpans;
 using ::aqswarm::storage::testing::RowValues;
 using ::aqswarm::storage::testing::SameBits;
-using ::aqswarm::storage::testing::ScratchDir;
+using ::aqswarm::testing::ScratchDir;
 using ::aqswarm::storage::testing::Spans;
 using ::aqswarm::storage::testing::StoredValues;
 

@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "storage/rocksdb_message_store.h"
 #include "storage/test_util.h"
+#include "tests/testing/scratch_dir.h"
 
 namespace aqswarm::storage {
 namespace {
@@ -19,7 +20,7 @@ namespace {
 using ::aqswarm::storage::testing::ConstSpans;
 using ::aqswarm::storage::testing::RowValues;
 using ::aqswarm::storage::testing::SameBits;
-using ::aqswarm::storage::testing::ScratchDir;
+using ::aqswarm::testing::ScratchDir;
 using ::aqswarm::storage::testing::Spans;
 using ::aqswarm::storage::testing::StoredValues;
 using ::testing::HasSubstr;

@@ -6,11 +6,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/test_util.h"
+#include "tests/testing/scratch_dir.h"
 
 namespace aqswarm::storage {
 namespace {
 
-using ::aqswarm::storage::testing::ScratchDir;
+using ::aqswarm::testing::ScratchDir;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Pair;

@@ -1,29 +1,10 @@
 #include "storage/test_util.h"
 
-#include <unistd.h>
-
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
 
-#include "common/file_util.h"
 #include "common/random.h"
 
 namespace aqswarm::storage::testing {
-
-ScratchDir::ScratchDir() {
-  const char* base = std::getenv("TEST_TMPDIR");
-  if (base == nullptr || *base == '\0') base = std::getenv("TMPDIR");
-  if (base == nullptr || *base == '\0') base = "/tmp";
-  std::string tmpl = std::string(base) + "/aqswarm_storage_test_XXXXXX";
-  char* dir = ::mkdtemp(tmpl.data());
-  if (dir == nullptr) std::abort();
-  path_ = dir;
-}
-
-ScratchDir::~ScratchDir() {
-  aqswarm::RemoveTree(path_).IgnoreError();
-}
 
 std::vector<float> RowValues(const LinkSpec& link, uint64_t sample, uint64_t version) {
   std::vector<float> v(link.num_values());

@@ -1,5 +1,5 @@
-// Helpers shared by the storage tests: scratch directories and deterministic
-// row contents.
+// Helpers shared by the storage tests: deterministic row contents. (Scratch
+// directories: aqswarm::testing::ScratchDir, tests/testing/scratch_dir.h.)
 #ifndef AQSWARM_STORAGE_TEST_UTIL_H_
 #define AQSWARM_STORAGE_TEST_UTIL_H_
 
@@ -11,20 +11,6 @@
 #include "storage/message_store.h"
 
 namespace aqswarm::storage::testing {
-
-// A fresh directory under $TEST_TMPDIR / $TMPDIR / /tmp, removed on destruction.
-class ScratchDir {
- public:
-  ScratchDir();
-  ~ScratchDir();
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string Sub(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 // Deterministic activation-like values for (sample, version): finite, mixed
 // signs and magnitudes. values[0] == version exactly (for small versions) so
