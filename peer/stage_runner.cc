@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/file_util.h"
 #include "common/random.h"
 #include "common/status_macros.h"
 #include "peer/gradient_exchange.h"
@@ -282,8 +283,7 @@ class StageRunnerImpl final : public StageRunner {
     const fs::path dir(o_.checkpoint_dir);
     const fs::path tmp = dir / absl::StrCat(".state-", steps, ".tmp");
     AQSWARM_RETURN_IF_ERROR(worker_->SaveCheckpoint(tmp.string()));
-    fs::rename(tmp, StageCheckpointPath(o_.checkpoint_dir, steps), ec);
-    if (ec) return absl::InternalError(absl::StrCat("cannot publish checkpoint in ", dir.string(), ": ", ec.message()));
+    AQSWARM_RETURN_IF_ERROR(PublishFileAtomically(tmp.string(), StageCheckpointPath(o_.checkpoint_dir, steps)));
     // At the start, states past it belong to a timeline this run abandons.
     PruneStageCheckpoints(o_.checkpoint_dir, steps == o_.start_step ? steps : std::numeric_limits<int64_t>::max(),
                           std::max(1, o_.keep_checkpoints));
