@@ -33,27 +33,21 @@ std::pair<std::unique_ptr<InProcessStageLink>, std::unique_ptr<InProcessStageLin
 
 InProcessStageLink::~InProcessStageLink() { Close(); }
 
+// Arrival counters are notified under the lock: once NotifyArrivals(nullptr)
+// returns, no notification of the one it replaced is under way.
 void InProcessStageLink::Close() {
-  FrameArrivals* notify = nullptr;
-  {
-    absl::MutexLock l(&shared_->mu);
-    if (shared_->closed[side_]) return;
-    shared_->closed[side_] = true;
-    notify = shared_->arrivals[1 - side_];
-  }
-  if (notify != nullptr) notify->Notify();
+  absl::MutexLock l(&shared_->mu);
+  if (shared_->closed[side_]) return;
+  shared_->closed[side_] = true;
+  if (shared_->arrivals[1 - side_] != nullptr) shared_->arrivals[1 - side_]->Notify();
 }
 
 absl::Status InProcessStageLink::Send(v1::LinkFrame frame, absl::Duration timeout) {
-  FrameArrivals* notify = nullptr;
-  {
-    absl::MutexLock l(&shared_->mu);
-    if (shared_->closed[0] || shared_->closed[1]) return Gone(shared_->name);
-    shared_->sent[side_] += frame.ByteSizeLong();
-    shared_->inbox[1 - side_].push_back(std::move(frame));
-    notify = shared_->arrivals[1 - side_];
-  }
-  if (notify != nullptr) notify->Notify();
+  absl::MutexLock l(&shared_->mu);
+  if (shared_->closed[0] || shared_->closed[1]) return Gone(shared_->name);
+  shared_->sent[side_] += frame.ByteSizeLong();
+  shared_->inbox[1 - side_].push_back(std::move(frame));
+  if (shared_->arrivals[1 - side_] != nullptr) shared_->arrivals[1 - side_]->Notify();
   return absl::OkStatus();
 }
 

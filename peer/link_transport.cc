@@ -197,24 +197,20 @@ void LinkConnection::ReaderLoop() {
       const int64_t wait = at - absl::ToUnixMicros(clock_->Now());
       if (wait > 0) clock_->SleepFor(absl::Microseconds(std::min<int64_t>(wait, 60'000'000)));
     }
-    FrameArrivals* arrivals;
     {
+      // Notified under the lock: once NotifyArrivals(nullptr) returns, no
+      // notification of the counter it replaced is under way.
       absl::MutexLock l(&mu_);
       inbound_.push_back({std::move(frame), due});
-      arrivals = arrivals_;
+      if (arrivals_ != nullptr) arrivals_->Notify();
     }
     frame = v1::LinkFrame();
-    if (arrivals != nullptr) arrivals->Notify();
   }
   absl::Status final_status = FinalStatus();
-  FrameArrivals* arrivals;
-  {
-    absl::MutexLock l(&mu_);
-    if (broken_.ok() && !final_status.ok()) broken_ = final_status;
-    reader_done_ = true;
-    arrivals = arrivals_;
-  }
-  if (arrivals != nullptr) arrivals->Notify();
+  absl::MutexLock l(&mu_);
+  if (broken_.ok() && !final_status.ok()) broken_ = final_status;
+  reader_done_ = true;
+  if (arrivals_ != nullptr) arrivals_->Notify();
 }
 
 // ------------------------------------------------------------ client side

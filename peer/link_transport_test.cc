@@ -307,6 +307,22 @@ TEST(LinkTransportTest, ArrivalsOnTwoLinksWakeOneWaiter) {
   EXPECT_FALSE(a.server_end->Has(StepIs(5)).ok());
 }
 
+// The step protocol owns its arrival counter and detaches it from the links
+// before it is destroyed, while their readers still run: once
+// NotifyArrivals(nullptr) returns, the old counter is never touched again.
+TEST(LinkTransportTest, AReplacedArrivalCounterIsNotNotifiedAnyMore) {
+  Pair p;
+  auto counter = std::make_unique<FrameArrivals>();
+  p.server_end->NotifyArrivals(counter.get());
+  ASSERT_TRUE(p.client->Send(Commit(1)).ok());
+  ASSERT_TRUE(counter->WaitPast(0, absl::Now() + absl::Seconds(10)));
+  p.server_end->NotifyArrivals(nullptr);
+  const uint64_t seen = counter->count();
+  ASSERT_TRUE(p.client->Send(Commit(2)).ok());
+  ASSERT_TRUE(p.server_end->Receive(StepIs(2), absl::Seconds(10)).ok()) << "the next frame arrived";
+  EXPECT_EQ(counter->count(), seen);
+}
+
 TEST(LinkTransportTest, SecondUpstreamIsRefused) {
   Pair p;
   auto intruder = LinkConnection::Dial(absl::StrCat("127.0.0.1:", p.server->port()), {}, absl::Seconds(10));

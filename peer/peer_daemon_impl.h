@@ -30,7 +30,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/blas_kernels.h"
-#include "common/certs.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/status_macros.h"

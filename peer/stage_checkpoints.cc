@@ -9,7 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "common/certs.h"
+#include "common/file_util.h"
 #include "common/logging.h"
 
 namespace aqswarm::peer {

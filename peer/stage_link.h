@@ -63,7 +63,8 @@ class StageLink {
   // between is reported (a time already past) rather than lost.
   virtual absl::Time NextDue(absl::Time after) = 0;
   // From now on every arriving frame, and the link's end, notify `arrivals`
-  // (nullptr: none). It must outlive this link or be replaced.
+  // (nullptr: none). It must outlive this link or be replaced; once this
+  // returns, the counter it replaced is not notified any more.
   virtual void NotifyArrivals(FrameArrivals* arrivals) = 0;
   // Shapes frames queued from now on at `mbps` (0 = unshaped).
   virtual void SetBandwidth(double mbps) = 0;

@@ -10,7 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/certs.h"
+#include "common/file_util.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "peer/assignment.h"
