@@ -224,18 +224,6 @@ bool FileExists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-absl::Status ErrnoStatus(int err, absl::string_view what) {
-  const std::string msg = absl::StrCat(what, ": ", std::strerror(err));
-  switch (err) {
-    case ENOENT:
-      return absl::NotFoundError(msg);
-    case EACCES:
-    case EPERM:
-      return absl::PermissionDeniedError(msg);
-    default:
-      return absl::InternalError(msg);
-  }
-}
 
 }  // namespace
 
@@ -421,7 +409,7 @@ absl::Status InitCaDir(const std::string& tls_dir, const CaOptions& options) {
   const std::filesystem::path parent = std::filesystem::path(tls_dir).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ignored);
   if (::mkdir(tls_dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return ErrnoStatus(errno, absl::StrCat("creating ", tls_dir));
+    return FileError(errno, absl::StrCat("creating ", tls_dir));
   }
   const std::string cert_path = JoinPath(tls_dir, kCaCertFile);
   const std::string key_path = JoinPath(tls_dir, kCaKeyFile);
@@ -493,7 +481,7 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
-    return ErrnoStatus(errno, absl::StrCat("opening ", path));
+    return FileError(errno, absl::StrCat("opening ", path));
   }
   std::string out;
   char buf[8192];
@@ -503,7 +491,7 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
     if (n < 0) {
       const int err = errno;
       ::close(fd);
-      return ErrnoStatus(err, absl::StrCat("reading ", path));
+      return FileError(err, absl::StrCat("reading ", path));
     }
     if (n == 0) break;
     out.append(buf, n);

@@ -23,7 +23,8 @@ absl::Status ErrnoError(int err, const std::string& what) {
   return absl::Status(absl::ErrnoToStatusCode(err), absl::StrCat("RemoveTree: ", what, ": ", std::strerror(err)));
 }
 
-// The atomic writes' errors, as certs.h has always reported them.
+}  // namespace
+
 absl::Status FileError(int err, absl::string_view what) {
   const std::string msg = absl::StrCat(what, ": ", std::strerror(err));
   switch (err) {
@@ -36,6 +37,8 @@ absl::Status FileError(int err, absl::string_view what) {
       return absl::InternalError(msg);
   }
 }
+
+namespace {
 
 // fsyncs the directory holding `path`, so a rename into it is durable. Best
 // effort, as it always was: the rename has happened either way.

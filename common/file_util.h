@@ -46,6 +46,10 @@ absl::Status RemoveTree(const std::string& path);
 // is never readable by others). On failure the temp file is removed and the
 // error names `path`: NotFound (e.g. a missing directory), PermissionDenied,
 // or Internal.
+// An errno of a file operation as a status: ENOENT NotFound, EACCES/EPERM
+// PermissionDenied, anything else Internal; "<what>: <strerror>".
+absl::Status FileError(int err, absl::string_view what);
+
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents, mode_t mode);
 
 // Publishes a file already written (and closed) at `tmp_path`, in the same
