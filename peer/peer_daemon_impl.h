@@ -13,21 +13,15 @@
 #include <signal.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <deque>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <optional>
 #include <sstream>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/blas_kernels.h"
 #include "common/file_util.h"
@@ -39,12 +33,11 @@
 #include "peer/assignment.h"
 #include "peer/coordinator_client.h"
 #include "peer/link_prober.h"
-#include "peer/stage_checkpoints.h"
 #include "peer/stage_child.h"
 #include "peer/state_keeper.h"
 #include "peer/stage_command.h"
-#include "proto/event_json.h"
 #include "peer/state_transfer.h"
+#include "proto/event_json.h"
 #include "proto/coordinator.pb.h"
 
 namespace aqswarm::peer::daemon {
