@@ -3,61 +3,24 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "common/random.h"
 
 namespace aqswarm::pipeline {
-namespace {
-
-uint64_t NameSeed(uint64_t seed, const std::string& name) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a of the name, mixed with the seed
-  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
-  return Mix64(seed ^ h);
-}
-
-torch::Tensor Normal(std::vector<int64_t> shape, double stddev, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  torch::Tensor t = torch::empty(shape, torch::kFloat32);
-  t.normal_(0.0, stddev, gen);
-  return t;
-}
-
-}  // namespace
-
-StageRange StageRangeFor(const v1::ModelSpec& spec, int stage, int num_stages) {
-  StageRange r;
-  r.stage = stage;
-  r.num_stages = num_stages;
-  const int n = static_cast<int>(spec.n_layer());
-  const int base = n / num_stages, extra = n % num_stages;
-  r.first_block = stage * base + std::min(stage, extra);
-  r.end_block = r.first_block + base + (stage < extra ? 1 : 0);
-  return r;
-}
-
-int64_t ModelParameterCount(const v1::ModelSpec& s) {
+int64_t GptParameterCount(const v1::ModelSpec& s) {
   const int64_t d = s.d_model(), v = s.vocab_size(), t = s.seq_len();
   const int64_t per_block = 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + 2 * d + (d * 4 * d + 4 * d) +
                             (4 * d * d + d);
   return v * d + t * d + s.n_layer() * per_block + 2 * d + (s.tie_embeddings() ? 0 : v * d);
 }
 
-torch::Tensor GptStageImpl::AddParam(const std::string& name, torch::Tensor init) {
-  std::string reg = name;
-  for (char& c : reg) c = (c == '.') ? '_' : c;
-  torch::Tensor p = register_parameter(reg, std::move(init));
-  named_.emplace_back(name, p);
-  return p;
-}
-
 GptStageImpl::GptStageImpl(const v1::ModelSpec& spec, StageRange range, uint64_t seed)
-    : spec_(spec), range_(range), seed_(seed) {
+    : StageModel(spec, range, seed) {
   const int64_t d = spec.d_model(), v = spec.vocab_size(), t = spec.seq_len();
   const double std_proj = 0.02 / std::sqrt(2.0 * spec.n_layer());
   auto normal = [&](const std::string& name, std::vector<int64_t> shape, double sd) {
-    return AddParam(name, Normal(std::move(shape), sd, NameSeed(seed_, name)));
+    return NormalParam(name, std::move(shape), sd);
   };
   if (range.has_embedding()) {
-    wte_ = normal("wte.weight", {v, d}, 0.02);
+    embedding_ = normal("wte.weight", {v, d}, 0.02);
     wpe_ = normal("wpe.weight", {t, d}, 0.01);
   }
   for (int i = range.first_block; i < range.end_block; ++i) {
@@ -81,11 +44,10 @@ GptStageImpl::GptStageImpl(const v1::ModelSpec& spec, StageRange range, uint64_t
     ln_f_w_ = AddParam("ln_f.weight", torch::ones({d}));
     ln_f_b_ = AddParam("ln_f.bias", torch::zeros({d}));
     if (spec.tie_embeddings() && range.has_embedding()) {
-      lm_head_ = wte_;
+      head_ = embedding_;
     } else {
-      // Tied: a mirror of wte initialised from wte's own seed. Untied: its own.
-      const std::string init_name = spec.tie_embeddings() ? "wte.weight" : TiedEmbeddingName();
-      lm_head_ = AddParam(TiedEmbeddingName(), Normal({v, d}, 0.02, NameSeed(seed_, init_name)));
+      // Tied: a copy of wte initialised from wte's own seed. Untied: its own.
+      head_ = NormalParam(TiedEmbeddingName(), {v, d}, 0.02, spec.tie_embeddings() ? "wte.weight" : "");
     }
   }
 }
@@ -113,7 +75,7 @@ torch::Tensor GptStageImpl::forward(const torch::Tensor& input) {
   torch::Tensor x;
   if (range_.has_embedding()) {
     const int64_t T = input.size(1);
-    x = torch::embedding(wte_, input) + wpe_.slice(0, 0, T).unsqueeze(0);
+    x = torch::embedding(embedding_, input) + wpe_.slice(0, 0, T).unsqueeze(0);
   } else {
     x = input;
   }
@@ -121,14 +83,9 @@ torch::Tensor GptStageImpl::forward(const torch::Tensor& input) {
   if (range_.has_head()) {
     const int64_t D = x.size(2);
     x = torch::layer_norm(x, {D}, ln_f_w_, ln_f_b_, 1e-5);
-    x = torch::matmul(x, lm_head_.t());
+    x = torch::matmul(x, head_.t());
   }
   return x;
-}
-
-torch::Tensor GptStageImpl::Loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
-                                              targets.reshape({-1}));
 }
 
 }  // namespace aqswarm::pipeline

@@ -38,6 +38,8 @@ void ApplyJobDefaults(v1::JobSpec* job) {
   if (m->d_model() == 0) m->set_d_model(256);
   if (m->n_layer() == 0) m->set_n_layer(4);
   if (m->n_head() == 0) m->set_n_head(4);
+  if (m->family().empty()) m->set_family("gpt2");
+  if (job->precision().empty()) job->set_precision("fp32");
   auto* d = job->mutable_data();
   if (d->validation_fraction() == 0) d->set_validation_fraction(0.05);
   auto* o = job->mutable_optimizer();
@@ -89,6 +91,20 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
     return Invalid("model.d_model", absl::StrCat(m.d_model(), " is not divisible by n_head ", m.n_head()));
   }
   if (m.n_layer() == 0) return Invalid("model.n_layer", "must be >= 1");
+  if (m.family() != "gpt2" && m.family() != "llama") {
+    return Invalid("model.family", absl::StrCat("'", m.family(), "' is not gpt2 or llama"));
+  }
+  if (m.n_kv_head() != 0 && (m.n_kv_head() > m.n_head() || m.n_head() % m.n_kv_head() != 0)) {
+    return Invalid("model.n_kv_head", absl::StrCat(m.n_kv_head(), " does not divide n_head ", m.n_head()));
+  }
+  if (m.rope_theta() < 0) return Invalid("model.rope_theta", "must be >= 0");
+  if (m.norm_eps() < 0 || m.norm_eps() > 1) return Invalid("model.norm_eps", "must be in [0, 1]");
+  if (!m.init_from().empty() && !m.init_weights().empty()) {
+    return Invalid("model.init_from", "set init_from or init_weights, not both");
+  }
+  if (job.precision() != "fp32" && job.precision() != "bf16" && job.precision() != "fp16") {
+    return Invalid("precision", absl::StrCat("'", job.precision(), "' is not fp32, bf16 or fp16"));
+  }
   if (job.stages() > m.n_layer()) {
     return Invalid("stages", absl::StrCat(job.stages(), " stages but only ", m.n_layer(), " layers"));
   }

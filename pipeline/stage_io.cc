@@ -1,5 +1,7 @@
 #include "pipeline/stage_io.h"
 
+#include "pipeline/gpt.h"
+
 #include <map>
 
 #include "absl/strings/numbers.h"
@@ -42,7 +44,7 @@ std::vector<StTensor> Flatten(const std::vector<std::pair<std::string, torch::Te
 
 }  // namespace
 
-absl::Status LoadGpt2Weights(const SafetensorsFile& file, GptStageImpl& stage) {
+absl::Status LoadGpt2Weights(const SafetensorsFile& file, StageModel& stage) {
   // Resolve and check everything first, then copy: all or nothing.
   std::vector<std::pair<torch::Tensor, const SafetensorsFile::Entry*>> plan;
   for (const auto& [name, p] : stage.named_params()) {
@@ -57,7 +59,7 @@ absl::Status LoadGpt2Weights(const SafetensorsFile& file, GptStageImpl& stage) {
   return absl::OkStatus();
 }
 
-absl::Status SaveStageCheckpoint(const std::string& path, const GptStageImpl& stage, const AdamW& optimizer,
+absl::Status SaveStageCheckpoint(const std::string& path, const StageModel& stage, const AdamW& optimizer,
                                  const std::string& job_name, const ExtraCheckpointState* extra) {
   std::vector<torch::Tensor> keep;
   std::vector<StTensor> tensors = Flatten(stage.named_params(), "", &keep);
@@ -78,7 +80,7 @@ absl::Status SaveStageCheckpoint(const std::string& path, const GptStageImpl& st
   return WriteSafetensors(path, tensors, metadata);
 }
 
-absl::Status LoadStageCheckpoint(const std::string& path, GptStageImpl& stage, AdamW& optimizer,
+absl::Status LoadStageCheckpoint(const std::string& path, StageModel& stage, AdamW& optimizer,
                                  ExtraCheckpointState* extra) {
   AQSWARM_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path));
   const auto& md = file->metadata();

@@ -19,13 +19,13 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "pipeline/gpt.h"
+#include "pipeline/stage_model.h"
 #include "pipeline/optimizer.h"
 #include "pipeline/safetensors.h"
 
 namespace aqswarm::pipeline {
 
-absl::Status LoadGpt2Weights(const SafetensorsFile& file, GptStageImpl& stage);
+absl::Status LoadGpt2Weights(const SafetensorsFile& file, StageModel& stage);
 
 // Extra flat float state stored beside the optimizer (e.g. the data-parallel
 // optimizer's moments and error buffers), under "extra/<name>", plus metadata.
@@ -34,12 +34,12 @@ struct ExtraCheckpointState {
   std::map<std::string, std::string> metadata;
 };
 
-absl::Status SaveStageCheckpoint(const std::string& path, const GptStageImpl& stage, const AdamW& optimizer,
+absl::Status SaveStageCheckpoint(const std::string& path, const StageModel& stage, const AdamW& optimizer,
                                  const std::string& job_name, const ExtraCheckpointState* extra = nullptr);
 // Restores parameters and optimizer state; checks that the checkpoint is for
 // the same stage of the same split. `extra` (optional) receives the extra
 // state and all metadata.
-absl::Status LoadStageCheckpoint(const std::string& path, GptStageImpl& stage, AdamW& optimizer,
+absl::Status LoadStageCheckpoint(const std::string& path, StageModel& stage, AdamW& optimizer,
                                  ExtraCheckpointState* extra = nullptr);
 
 }  // namespace aqswarm::pipeline

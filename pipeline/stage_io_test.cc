@@ -1,4 +1,5 @@
 #include "pipeline/stage_io.h"
+#include "pipeline/gpt.h"
 
 #include "gtest/gtest.h"
 #include "tests/testing/scratch_dir.h"

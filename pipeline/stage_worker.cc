@@ -10,7 +10,7 @@
 #include "common/checksum.h"
 #include "compression/codec.h"
 #include "common/status_macros.h"
-#include "pipeline/gpt.h"
+#include "pipeline/stage_model.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/optimizer.h"
 #include "pipeline/quantized_adam.h"
@@ -32,11 +32,8 @@ absl::Status Guard(const char* what, F&& f) {
 
 class StageWorkerImpl final : public StageWorker {
  public:
-  StageWorkerImpl(const v1::JobSpec& job, int stage)
-      : job_(job),
-        model_(job.model(), StageRangeFor(job.model(), stage, job.stages()), job.seed()),
-        opt_(model_->named_params(), job.optimizer()),
-        device_(job.device()) {
+  StageWorkerImpl(const v1::JobSpec& job, std::shared_ptr<StageModel> model)
+      : job_(job), model_(std::move(model)), opt_(model_->named_params(), job.optimizer()), device_(job.device()) {
     model_->to(device_);
     // AdamW holds references to the parameters moved above: rebuild it.
     opt_ = AdamW(model_->named_params(), job.optimizer());
@@ -80,7 +77,7 @@ class StageWorkerImpl final : public StageWorker {
     AQSWARM_ASSIGN_OR_RETURN(torch::Tensor x, StageInput(in, tokens, batch));
     return Guard("forward", [&] {
       if (!is_first()) x.requires_grad_(true);
-      torch::Tensor l = GptStageImpl::Loss(model_->forward(x), t);
+      torch::Tensor l = NextTokenLoss(model_->forward(x), t);
       *loss = l.item<double>();
       saved_[mb] = {x, l / static_cast<double>(job_.micro_batches_per_step())};
       return absl::OkStatus();
@@ -125,7 +122,7 @@ class StageWorkerImpl final : public StageWorker {
     AQSWARM_ASSIGN_OR_RETURN(torch::Tensor x, StageInput(in, tokens, batch));
     AQSWARM_ASSIGN_OR_RETURN(torch::Tensor t, TokenTensor(targets, batch));
     return Guard("eval", [&] {
-      *loss = GptStageImpl::Loss(model_->forward(x), t).item<double>();
+      *loss = NextTokenLoss(model_->forward(x), t).item<double>();
       return absl::OkStatus();
     });
   }
@@ -326,7 +323,7 @@ class StageWorkerImpl final : public StageWorker {
   }
 
   v1::JobSpec job_;
-  GptStage model_;
+  std::shared_ptr<StageModel> model_;
   AdamW opt_;
   void InitDataParallel() {
     std::vector<torch::Tensor> big, small;
@@ -423,8 +420,10 @@ absl::StatusOr<std::unique_ptr<StageWorker>> StageWorker::Create(const v1::JobSp
   }
   at::set_num_threads(static_cast<int>(job.threads()));
   std::unique_ptr<StageWorkerImpl> w;
-  AQSWARM_RETURN_IF_ERROR(Guard("create stage", [&] {
-    w = std::make_unique<StageWorkerImpl>(job, stage);
+  AQSWARM_RETURN_IF_ERROR(Guard("create stage", [&]() -> absl::Status {
+    AQSWARM_ASSIGN_OR_RETURN(std::shared_ptr<StageModel> model,
+                             MakeStageModel(job.model(), StageRangeFor(job.model(), stage, job.stages()), job.seed()));
+    w = std::make_unique<StageWorkerImpl>(job, std::move(model));
     return absl::OkStatus();
   }));
   AQSWARM_RETURN_IF_ERROR(w->LoadInitialWeights());

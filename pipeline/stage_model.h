@@ -1,0 +1,88 @@
+// One pipeline stage of a decoder-only language model, whatever its family
+// (INTERNAL to pipeline/: includes torch).
+//
+// A stage is a contiguous block range; stage 0 also owns the token embedding,
+// the last stage the final norm, the LM head and the loss. Parameters carry
+// their global Hugging Face names (GPT-2: "wte.weight", "h.3.attn.c_attn.weight")
+// and are initialised from a generator seeded by (seed, name), so a model
+// split into K stages starts bit-identical to the unsplit one.
+//
+// Tied embeddings across stages (model.tie_embeddings, K > 1): stage 0's
+// embedding and the last stage's head are two copies of one matrix
+// (tied_embedding()); the step protocol sums their gradients every step
+// (peer/step_protocol.h), so both copies stay bit-identical.
+//
+//   std::shared_ptr<StageModel> m = MakeStageModel(spec, StageRangeFor(spec, 0, 2), seed).value();
+//   torch::Tensor h = m->forward(ids);        // [B,T] int64 -> [B,T,D]
+#ifndef AQSWARM_PIPELINE_STAGE_MODEL_H_
+#define AQSWARM_PIPELINE_STAGE_MODEL_H_
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/job.pb.h"
+
+namespace aqswarm::pipeline {
+
+struct StageRange {
+  int stage = 0;
+  int num_stages = 1;
+  int first_block = 0;  // inclusive
+  int end_block = 0;    // exclusive
+  bool has_embedding() const { return stage == 0; }
+  bool has_head() const { return stage == num_stages - 1; }
+};
+
+// Even split of n_layer blocks over num_stages (earlier stages take the
+// remainder: they also carry fewer non-block costs than the head stage).
+StageRange StageRangeFor(const v1::ModelSpec& spec, int stage, int num_stages);
+
+class StageModel : public torch::nn::Module {
+ public:
+  // Stage 0: int64 token ids [B,T]. Other stages: hidden [B,T,D].
+  // Returns hidden [B,T,D], or logits [B,T,V] on the last stage.
+  virtual torch::Tensor forward(const torch::Tensor& input) = 0;
+
+  // Parameters by global Hugging Face name, in a fixed order.
+  const std::vector<std::pair<std::string, torch::Tensor>>& named_params() const { return named_; }
+  const StageRange& range() const { return range_; }
+  const v1::ModelSpec& spec() const { return spec_; }
+  // With tie_embeddings across stages: this stage's copy of the tied matrix
+  // (the embedding on stage 0, the head on the last stage); undefined
+  // otherwise (also for a single stage, where one tensor is both).
+  torch::Tensor tied_embedding() const;
+
+ protected:
+  StageModel(const v1::ModelSpec& spec, StageRange range, uint64_t seed) : spec_(spec), range_(range), seed_(seed) {}
+  // Registers `init` as parameter `name` (its global name; dots become
+  // underscores for torch's registry).
+  torch::Tensor AddParam(const std::string& name, torch::Tensor init);
+  // init ~ N(0, stddev^2) from a generator seeded by (seed, seed_name).
+  torch::Tensor NormalParam(const std::string& name, std::vector<int64_t> shape, double stddev,
+                            const std::string& seed_name = "");
+
+  v1::ModelSpec spec_;
+  StageRange range_;
+  uint64_t seed_;
+  std::vector<std::pair<std::string, torch::Tensor>> named_;
+  torch::Tensor embedding_, head_;  // token embedding (stage 0), LM head (last stage)
+};
+
+// The stage of spec.family's model (pipeline/gpt.h, ...).
+absl::StatusOr<std::shared_ptr<StageModel>> MakeStageModel(const v1::ModelSpec& spec, StageRange range,
+                                                           uint64_t seed);
+
+// Mean next-token cross-entropy of logits [B,T,V] against targets [B,T].
+torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& targets);
+
+// Number of parameters of the whole model described by `spec`.
+int64_t ModelParameterCount(const v1::ModelSpec& spec);
+
+}  // namespace aqswarm::pipeline
+
+#endif  // AQSWARM_PIPELINE_STAGE_MODEL_H_
