@@ -432,6 +432,15 @@ int RunPipeline(const std::vector<std::string>& args) {
             }
           }
         }
+        // Tied embeddings across stages: every pipeline's first and last stage
+        // hold the same matrix.
+        for (int p = 0; p < d && k > 1; ++p) {
+          if (row[p * k].tied_hash() != row[p * k + k - 1].tied_hash()) {
+            std::cerr << "aqswarm pipeline: the tied embedding copies of pipeline " << p << " diverged at step "
+                      << step << "\n";
+            failed = true;
+          }
+        }
         double loss = 0, secs = 0, tokens = 0, fw_total = 0, raw_total = 0;
         for (int p = 0; p < d; ++p) {
           const v1::StepEvent& s0 = row[p * k];

@@ -102,6 +102,12 @@ class WorkerCompute final : public StageCompute {
     return worker_->Backward(mb, grad_out, grad_in);
   }
   double GradSquaredNorm() const override { return worker_->GradSquaredNorm(); }
+  absl::Status TiedGradient(std::vector<uint32_t>* rows, std::vector<float>* values) override {
+    return worker_->TiedGradient(rows, values);
+  }
+  absl::Status AddTiedGradient(absl::Span<const uint32_t> rows, absl::Span<const float> values) override {
+    return worker_->AddTiedGradient(rows, values);
+  }
   absl::Status Eval(absl::Span<const int64_t> ids, absl::Span<const float> in, std::vector<float>* out,
                     double* loss) override {
     corpus_->GatherBatch(ids, t_, &tokens_, &targets_);
@@ -265,6 +271,8 @@ class StageRunnerImpl final : public StageRunner {
     po.mode = job_.compression().mode();
     po.bw_bits = job_.compression().bw_bits();
     po.schedule = schedule_;
+    po.tie_embeddings = job_.model().tie_embeddings() && num_stages_ > 1;
+    po.tied_elements = static_cast<int64_t>(job_.model().vocab_size()) * job_.model().d_model();
     po.link_timeout = o_.link_timeout;
     po.rejected = [](absl::string_view reason) { CountRejectedMessage(reason); };
     protocol_ = std::make_unique<StepProtocol>(po, compute_.get(),
@@ -395,6 +403,7 @@ class StageRunnerImpl final : public StageRunner {
       ev.mutable_dp()->set_raw_bytes(worker_->dp_raw_bytes() - dpraw0);
       ev.mutable_dp()->set_param_hash(absl::StrFormat("%016x", worker_->ParameterHash()));
     }
+    if (worker_->holds_tied_copy()) ev.set_tied_hash(absl::StrFormat("%016x", worker_->TiedEmbeddingHash()));
     if (down_) {  // passive measurement of the forward link (peer/link_transport.h), cumulative
       ev.mutable_down_busy()->set_bytes(down_->busy_bytes());
       ev.mutable_down_busy()->set_seconds(down_->busy_seconds());

@@ -6,6 +6,7 @@
 #include "common/logging.h"
 #include "common/random.h"
 #include "common/status_macros.h"
+#include "compression/codec.h"
 
 namespace aqswarm::peer {
 namespace {
@@ -45,6 +46,7 @@ struct StepProtocol::StepState {
   double loss_sum = 0;  // last stage: sum of the micro-batch losses
   double below_sq = 0;  // from downstream: squared gradient norm of the stages below
   double loss = 0;      // from downstream: the step's loss
+  v1::TiedGradient tied;  // from downstream, with tied embeddings: the head's gradient
 };
 
 StepProtocol::StepProtocol(StepProtocolOptions options, StageCompute* compute, StepLinks links)
@@ -93,27 +95,69 @@ absl::StatusOr<StepOutcome> StepProtocol::RunStep(const StepInput& in) {
   }
   StepOutcome out;
   out.loss = last() ? st.loss_sum / o_.micro_batches : st.loss;
-  AQSWARM_ASSIGN_OR_RETURN(out.total_grad_sq, Commit(in.step, st.below_sq));
+  AQSWARM_ASSIGN_OR_RETURN(out.total_grad_sq, Commit(in.step, st));
   out.gradient_stats = grads.stats();
   return out;
 }
 
-// The global-norm commit travels down from stage 0.
-absl::StatusOr<double> StepProtocol::Commit(int64_t step, double below_sq) {
+// This stage's tied-embedding gradient as raw float32 (both ends add the
+// same values).
+absl::Status StepProtocol::OwnTied(v1::TiedGradient* tied) {
+  Timer tm(&compute_s_);
+  std::vector<uint32_t> rows;
+  std::vector<float> values;
+  AQSWARM_RETURN_IF_ERROR(compute_->TiedGradient(&rows, &values));
+  compression::CodecOptions co;
+  co.codec = v1::CODEC_RAW_F32;
+  const int64_t shape[] = {static_cast<int64_t>(values.size())};
+  AQSWARM_RETURN_IF_ERROR(compression::Encode(co, values, shape, 0, tied->mutable_values()));
+  tied->mutable_rows()->Assign(rows.begin(), rows.end());
+  return absl::OkStatus();
+}
+
+absl::Status StepProtocol::AddTied(const v1::TiedGradient& tied) {
+  Timer tm(&compute_s_);
+  if (tied.values().codec() != v1::CODEC_RAW_F32 ||
+      tied.values().num_elements() > static_cast<uint64_t>(o_.tied_elements)) {
+    return Rejected("gradient_invalid",
+                    absl::InvalidArgumentError(absl::StrCat("tied gradient: expected at most ", o_.tied_elements,
+                                                            " raw float32 values, got ",
+                                                            tied.values().num_elements(), " (codec ",
+                                                            v1::Codec_Name(tied.values().codec()), ")")));
+  }
+  std::vector<float> values(tied.values().num_elements());
+  AQSWARM_RETURN_IF_ERROR(Rejected("gradient_invalid", compression::Decode(tied.values(), absl::MakeSpan(values))));
+  return Rejected("gradient_invalid",
+                  compute_->AddTiedGradient(absl::MakeConstSpan(tied.rows().data(), tied.rows().size()), values));
+}
+
+// The global-norm commit travels down from stage 0 (with stage 0's tied
+// gradient, when the embeddings are tied across stages).
+absl::StatusOr<double> StepProtocol::Commit(int64_t step, StepState& st) {
   double total_sq = 0;
+  v1::LinkFrame down;
+  auto* commit = down.mutable_commit();
   if (first()) {
-    total_sq = below_sq + compute_->GradSquaredNorm();
+    if (o_.tie_embeddings) {
+      AQSWARM_RETURN_IF_ERROR(OwnTied(commit->mutable_tied()));
+      AQSWARM_RETURN_IF_ERROR(AddTied(st.tied));
+    }
+    total_sq = st.below_sq + compute_->GradSquaredNorm();
   } else {
     AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame f, FromUp([&](const v1::LinkFrame& x) {
                                return x.has_commit() && x.commit().step() == static_cast<uint64_t>(step);
                              }));
     total_sq = f.commit().total_grad_sq_norm();
+    if (o_.tie_embeddings && last()) {
+      AQSWARM_RETURN_IF_ERROR(AddTied(f.commit().tied()));
+    } else if (o_.tie_embeddings) {
+      *commit->mutable_tied() = std::move(*f.mutable_commit()->mutable_tied());
+    }
   }
   if (!last()) {
-    v1::LinkFrame f;
-    f.mutable_commit()->set_step(step);
-    f.mutable_commit()->set_total_grad_sq_norm(total_sq);
-    AQSWARM_RETURN_IF_ERROR(links_.down->Send(std::move(f), o_.link_timeout));
+    commit->set_step(step);
+    commit->set_total_grad_sq_norm(total_sq);
+    AQSWARM_RETURN_IF_ERROR(links_.down->Send(std::move(down), o_.link_timeout));
   }
   return total_sq;
 }
@@ -211,6 +255,7 @@ absl::Status StepProtocol::Backward(StepState& st, int mb, pipeline::GradientCod
     if (final_backward) {
       st.below_sq = f.gradients().partial_grad_sq_norm();
       st.loss = f.gradients().loss();
+      if (o_.tie_embeddings) st.tied = std::move(*f.mutable_gradients()->mutable_tied());
     }
     st.outputs.erase(mb);
     break;
@@ -228,6 +273,11 @@ absl::Status StepProtocol::Backward(StepState& st, int mb, pipeline::GradientCod
   if (final_backward) {  // every backward of this stage is done: its gradient norm is complete
     gb->set_partial_grad_sq_norm(st.below_sq + compute_->GradSquaredNorm());
     gb->set_loss(last() ? st.loss_sum / o_.micro_batches : st.loss);
+    if (o_.tie_embeddings && last()) {
+      AQSWARM_RETURN_IF_ERROR(OwnTied(gb->mutable_tied()));
+    } else if (o_.tie_embeddings) {
+      *gb->mutable_tied() = std::move(st.tied);
+    }
   }
   return links_.up->Send(std::move(f), o_.link_timeout);
 }

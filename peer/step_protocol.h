@@ -7,7 +7,10 @@
 // then the commit: the last backward (micro-batch M-1) carries the squared
 // gradient norm of the stages below and the step's loss upstream, stage 0
 // completes the norm and sends a StepCommit down the pipeline, so every
-// stage clips by the whole model's norm. Resend requests from downstream
+// stage clips by the whole model's norm. With tied embeddings across stages
+// the last backward also carries the head's gradient up and the commit
+// stage 0's embedding gradient down; both ends add the other's, so their
+// copies of the matrix stay bit-identical. Resend requests from downstream
 // (AQ-SGD rows whose m(xi) differs) are served while the step runs.
 // Evaluation is forward-only with raw activations; the loss travels back up.
 //
@@ -53,8 +56,18 @@ class StageCompute {
   // Backward of `mb`: grad_out is empty on the last stage; grad_in is null
   // on stage 0.
   virtual absl::Status Backward(int mb, absl::Span<const float> grad_out, std::vector<float>* grad_in) = 0;
-  // Squared norm of this stage's accumulated gradient.
+  // Squared norm of this stage's accumulated gradient (the last stage
+  // leaves out a tied-embedding copy).
   virtual double GradSquaredNorm() const = 0;
+  // Tied embeddings across stages (first and last stage only, see
+  // pipeline/stage_worker.h): this copy's gradient contribution, and adding
+  // the other copy's.
+  virtual absl::Status TiedGradient(std::vector<uint32_t>* rows, std::vector<float>* values) {
+    return absl::UnimplementedError("this stage holds no tied embedding copy");
+  }
+  virtual absl::Status AddTiedGradient(absl::Span<const uint32_t> rows, absl::Span<const float> values) {
+    return absl::UnimplementedError("this stage holds no tied embedding copy");
+  }
   // Evaluation forward (no graph kept), shapes as Forward.
   virtual absl::Status Eval(absl::Span<const int64_t> ids, absl::Span<const float> in, std::vector<float>* out,
                             double* loss) = 0;
@@ -70,6 +83,12 @@ struct StepProtocolOptions {
   v1::LinkCompression::Mode mode = v1::LinkCompression::fp32;  // of the gradients sent upstream
   int bw_bits = 8;
   pipeline::StepSchedule schedule;
+  // model.tie_embeddings with num_stages > 1: the last stage's tied-head
+  // gradient travels up with micro-batch M-1's gradient, stage 0 adds it
+  // before it completes the norm, and stage 0's contribution travels down
+  // with the commit; middle stages relay both.
+  bool tie_embeddings = false;
+  int64_t tied_elements = 0;  // vocab x d_model: the largest tied gradient accepted
   absl::Duration link_timeout = absl::Seconds(120);
   // Told of every message refused as invalid (peer/peer_metrics.h reasons:
   // activation_invalid, gradient_invalid, resend_invalid). Default: none.
@@ -124,7 +143,9 @@ class StepProtocol {
   absl::Status Backward(StepState& st, int mb, pipeline::GradientCodec& grads);
   absl::Status ReceiveActivations(int64_t step, int mb, const std::vector<uint64_t>& ids, std::vector<float>* in);
   absl::Status ServeResend(const StepState& st, const v1::ResendRequest& req);
-  absl::StatusOr<double> Commit(int64_t step, double below_sq);
+  absl::StatusOr<double> Commit(int64_t step, StepState& st);
+  absl::Status AddTied(const v1::TiedGradient& tied);
+  absl::Status OwnTied(v1::TiedGradient* tied);
   absl::StatusOr<v1::LinkFrame> FromUp(const StageLink::Match& m);
   absl::StatusOr<v1::LinkFrame> FromDown(const StageLink::Match& m);
   absl::Status Rejected(absl::string_view reason, absl::Status s);

@@ -52,12 +52,34 @@ class FakeCompute final : public StageCompute {
     }
     return absl::OkStatus();
   }
-  double GradSquaredNorm() const override { return stage_ + 1; }
+  double GradSquaredNorm() const override { return stage_ + 1 + tied_added; }
+  // Tied embeddings (a 3 x kD matrix): stage 0 contributes rows {0, 2}, the
+  // last stage a dense matrix; what each end adds is recorded, and counts in
+  // its norm from then on.
+  absl::Status TiedGradient(std::vector<uint32_t>* rows, std::vector<float>* values) override {
+    if (stage_ == 0) {
+      *rows = {0, 2};
+      values->assign(2 * kD, 0.5f);
+    } else {
+      rows->clear();
+      values->assign(3 * kD, 0.25f);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status AddTiedGradient(absl::Span<const uint32_t> rows, absl::Span<const float> values) override {
+    added_rows.assign(rows.begin(), rows.end());
+    added_values.assign(values.begin(), values.end());
+    tied_added = 10;
+    return absl::OkStatus();
+  }
   absl::Status Eval(absl::Span<const int64_t> ids, absl::Span<const float> in, std::vector<float>* out,
                     double* loss) override {
     return Forward(-1, ids, in, out, loss);
   }
   std::vector<int> forwards, backwards;
+  std::vector<uint32_t> added_rows;
+  std::vector<float> added_values;
+  double tied_added = 0;
 
  private:
   const int stage_;
@@ -87,7 +109,7 @@ std::vector<int64_t> SampleIds(int64_t step) {
 // One stage: its links' ends, endpoints, compute and protocol.
 struct Stage {
   Stage(int stage, pipeline::StepSchedule::Kind kind, StageLink* up, StageLink* down,
-        absl::Duration timeout = absl::Seconds(10))
+        absl::Duration timeout = absl::Seconds(10), bool tie = false)
       : compute(stage) {
     const v1::JobSpec job = Job();
     if (down != nullptr) sender = *pipeline::ActivationSender::Create(nullptr, *pipeline::LinkOptionsFromJob(job, 0, stage, 1));
@@ -101,6 +123,8 @@ struct Stage {
     o.d_model = kD;
     o.schedule = {kind, kStages, kM, 0};
     o.link_timeout = timeout;
+    o.tie_embeddings = tie;
+    o.tied_elements = 3 * kD;
     o.rejected = [this](absl::string_view r) { rejected.emplace_back(r); };
     std::vector<uint64_t> order;  // the epoch: steps 0 and 1
     for (int64_t step = 0; step < 2; ++step) {
@@ -174,6 +198,32 @@ TEST_P(StepProtocolTest, EvaluationReturnsTheLastStagesLossEverywhere) {
     ASSERT_TRUE(loss[s].ok()) << loss[s].status();
     EXPECT_EQ(*loss[s], *loss[2]);
   }
+}
+
+TEST_P(StepProtocolTest, TiedGradientsCrossThePipelineBothWays) {
+  auto [l0a, l0b] = InProcessStageLink::Pair("link 0");
+  auto [l1a, l1b] = InProcessStageLink::Pair("link 1");
+  const absl::Duration t = absl::Seconds(10);
+  Stage s0(0, GetParam(), nullptr, l0a.get(), t, true), s1(1, GetParam(), l0b.get(), l1a.get(), t, true),
+      s2(2, GetParam(), l1b.get(), nullptr, t, true);
+  const std::vector<int64_t> ids = SampleIds(0);
+  absl::StatusOr<StepOutcome> out[kStages];
+  std::thread t1([&] { out[1] = s1.Step(0, ids); });
+  std::thread t2([&] { out[2] = s2.Step(0, ids); });
+  out[0] = s0.Step(0, ids);
+  t1.join();
+  t2.join();
+  for (int s = 0; s < kStages; ++s) ASSERT_TRUE(out[s].ok()) << "stage " << s << ": " << out[s].status();
+  // Stage 0 got the head's dense gradient, the last stage stage 0's rows; the
+  // middle stage relayed both and added nothing.
+  EXPECT_TRUE(s0.compute.added_rows.empty());
+  EXPECT_THAT(s0.compute.added_values, ::testing::Each(0.25f));
+  EXPECT_EQ(s0.compute.added_values.size(), 3u * kD);
+  EXPECT_THAT(s2.compute.added_rows, ::testing::ElementsAre(0, 2));
+  EXPECT_THAT(s2.compute.added_values, ::testing::Each(0.5f));
+  EXPECT_EQ(s1.compute.tied_added, 0);
+  // Stage 0 completes the norm after adding: every stage clips by it.
+  for (int s = 0; s < kStages; ++s) EXPECT_EQ(out[s]->total_grad_sq, 1 + 10 + 2 + 3) << "stage " << s;
 }
 
 INSTANTIATE_TEST_SUITE_P(Schedules, StepProtocolTest,

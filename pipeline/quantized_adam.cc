@@ -88,7 +88,7 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
   if (!compressed) {
     g_.resize(n_);
     AQSWARM_RETURN_IF_ERROR(
-        AllReduceMean(ex, RawOptions(options_.compressed.bucket_elements), s, 0, grads, absl::MakeSpan(g_), nullptr,
+        AllReduceMean(ex, RawOptions(options_.compressed.bucket_elements), s, options_.first_round, grads, absl::MakeSpan(g_), nullptr,
                       nullptr, &stats_));
     const float bc1 = static_cast<float>(1 - std::pow(options_.beta1, static_cast<double>(step_)));
     const float bc2 = static_cast<float>(1 - std::pow(options_.beta2, static_cast<double>(step_)));
@@ -132,7 +132,7 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
     // Variance refresh: the float32 mean gradient, as in the warm-up; v takes
     // it with the weight of the `refresh` steps since the last one.
     g_.resize(n_);
-    AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, RawOptions(options_.compressed.bucket_elements), s, 0, grads,
+    AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, RawOptions(options_.compressed.bucket_elements), s, options_.first_round, grads,
                                           absl::MakeSpan(g_), nullptr, nullptr, &stats_));
     const double t = static_cast<double>(step_);
     const double keep = std::pow(options_.beta2, static_cast<double>(refresh));
@@ -169,16 +169,16 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
       go.bits = options_.compressed.codec.bits;
       go.levels = options_.compressed.codec.levels;
       go.bucket_size = options_.compressed.codec.bucket_size;
-      AQSWARM_RETURN_IF_ERROR(GlobalQsgdAllReduceMean(ex, go, s, 0, x.subspan(0, num_compressed_),
+      AQSWARM_RETURN_IF_ERROR(GlobalQsgdAllReduceMean(ex, go, s, options_.first_round, x.subspan(0, num_compressed_),
                                                       mean.subspan(0, num_compressed_), &stats_));
     } else {
-      AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, options_.compressed, s, 0, x.subspan(0, num_compressed_),
+      AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, options_.compressed, s, options_.first_round, x.subspan(0, num_compressed_),
                                             mean.subspan(0, num_compressed_), &worker_error_, &server_error_,
                                             &stats_));
     }
   }
   if (num_compressed_ < n_) {
-    AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, RawOptions(options_.compressed.bucket_elements), s, 1,
+    AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, RawOptions(options_.compressed.bucket_elements), s, options_.first_round + 1,
                                           x.subspan(num_compressed_), mean.subspan(num_compressed_), nullptr, nullptr,
                                           &stats_));
   }

@@ -93,6 +93,12 @@ struct QuantizedAdamOptions {
   // After the freeze, every Nth step is a variance refresh (see the banner).
   // 0 = never. Default: 0 (a job's default is 4, pipeline/job_spec.cc).
   int64_t variance_refresh_steps = 0;
+  // Exchange rounds this optimizer uses within a step: first_round and
+  // first_round + 1. Two optimizers sharing one exchange in the same step
+  // (a stage's parameters and its tied-embedding copy) use disjoint rounds;
+  // the rounds also key the stochastic rounding, so optimizers with the same
+  // first_round, inputs and state produce the same bytes. Default: 0.
+  uint32_t first_round = 0;
   // Codec and buckets of the compressed momentum exchange. Default: min-max,
   // 4 bits, buckets of 512 values.
   AllReduceOptions compressed = [] {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -50,6 +51,7 @@ class StageWorkerImpl final : public StageWorker {
                              std::vector<float>* out) override {
     if (!is_first()) return absl::FailedPreconditionError("ForwardTokens on a stage without embeddings");
     AQSWARM_ASSIGN_OR_RETURN(torch::Tensor ids, TokenTensor(tokens, batch));
+    if (holds_tied_copy()) step_tokens_.insert(tokens.begin(), tokens.end());
     return Guard("forward", [&] {
       torch::Tensor y = model_->forward(ids);
       saved_[mb] = {torch::Tensor(), y};
@@ -127,10 +129,94 @@ class StageWorkerImpl final : public StageWorker {
     });
   }
 
-  double GradSquaredNorm() const override { return opt_.GradSquaredNorm(); }
+  double GradSquaredNorm() const override {
+    if (!holds_tied_copy() || is_first()) return opt_.GradSquaredNorm();
+    torch::NoGradGuard ng;
+    const torch::Tensor tied = model_->tied_embedding();
+    double sq = 0;
+    for (const auto& [name, p] : model_->named_params()) {
+      if (p.grad().defined() && !p.is_same(tied)) sq += p.grad().pow(2).sum().item<double>();
+    }
+    return sq;
+  }
+
+  bool holds_tied_copy() const override { return model_->tied_embedding().defined(); }
+
+  absl::Status TiedGradient(std::vector<uint32_t>* rows, std::vector<float>* values) override {
+    const torch::Tensor t = model_->tied_embedding();
+    if (!t.defined()) return absl::FailedPreconditionError("this stage holds no tied embedding copy");
+    return Guard("tied gradient", [&] {
+      torch::NoGradGuard ng;
+      const torch::Tensor g = t.grad().defined() ? t.grad() : torch::zeros_like(t);
+      rows->clear();
+      if (!is_first()) {
+        CopyOut(g, values);
+        return absl::OkStatus();
+      }
+      rows->assign(step_tokens_.begin(), step_tokens_.end());
+      std::vector<int64_t> idx(rows->begin(), rows->end());
+      CopyOut(g.index_select(0, torch::tensor(idx, torch::kLong).to(g.device())), values);
+      return absl::OkStatus();
+    });
+  }
+
+  absl::Status AddTiedGradient(absl::Span<const uint32_t> rows, absl::Span<const float> values) override {
+    torch::Tensor t = model_->tied_embedding();
+    if (!t.defined()) return absl::FailedPreconditionError("this stage holds no tied embedding copy");
+    const int64_t v = t.size(0), d = t.size(1);
+    // Stage 0 receives the head's dense gradient, the last stage the rows.
+    if (is_first() && (!rows.empty() || static_cast<int64_t>(values.size()) != v * d)) {
+      return absl::InvalidArgumentError(absl::StrCat("tied gradient: expected a dense ", v, "x", d, " matrix, got ",
+                                                     rows.size(), " rows and ", values.size(), " values"));
+    }
+    if (!is_first()) {
+      if (static_cast<int64_t>(values.size()) != static_cast<int64_t>(rows.size()) * d) {
+        return absl::InvalidArgumentError(absl::StrCat("tied gradient: ", rows.size(), " rows of ", d, " need ",
+                                                       rows.size() * d, " values, got ", values.size()));
+      }
+      for (size_t i = 0; i < rows.size(); ++i) {
+        if (rows[i] >= v || (i > 0 && rows[i] <= rows[i - 1])) {
+          return absl::InvalidArgumentError(absl::StrCat("tied gradient: row ", rows[i], " at ", i,
+                                                         " is outside the vocabulary or out of order"));
+        }
+      }
+    }
+    for (float x : values) {
+      if (!std::isfinite(x)) return absl::InvalidArgumentError("tied gradient: a value is not finite");
+    }
+    return Guard("add tied gradient", [&] {
+      torch::NoGradGuard ng;
+      torch::Tensor other;
+      if (is_first()) {
+        other = torch::from_blob(const_cast<float*>(values.data()), {v, d}, torch::kFloat32);
+      } else {
+        std::vector<int64_t> idx(rows.begin(), rows.end());
+        other = torch::zeros({v, d}, torch::kFloat32);
+        other.index_copy_(0, torch::tensor(idx, torch::kLong),
+                          torch::from_blob(const_cast<float*>(values.data()),
+                                           {static_cast<int64_t>(rows.size()), d}, torch::kFloat32));
+      }
+      other = other.to(device_, /*non_blocking=*/false, /*copy=*/true);
+      if (!t.grad().defined()) t.mutable_grad() = torch::zeros_like(t);
+      // Elementwise g_here + g_there: IEEE addition is commutative, so both
+      // copies get the same bits.
+      t.mutable_grad().add_(other);
+      return absl::OkStatus();
+    });
+  }
+
+  uint64_t TiedEmbeddingHash() const override {
+    const torch::Tensor t = model_->tied_embedding();
+    if (!t.defined()) return 0;
+    Checksummer c;
+    torch::Tensor h = t.detach().to(torch::kCPU).contiguous();
+    c.Update(h.data_ptr<float>(), h.numel() * sizeof(float));
+    return c.Digest();
+  }
 
   absl::Status Step(int64_t step, double total_grad_squared_norm) override {
     saved_.clear();
+    step_tokens_.clear();
     return Guard("step", [&] {
       opt_.Step(LearningRateAt(job_.optimizer(), step), total_grad_squared_norm);
       return absl::OkStatus();
@@ -139,6 +225,7 @@ class StageWorkerImpl final : public StageWorker {
 
   absl::Status StepDataParallel(int64_t step, double total_sq, ReplicaExchange& ex) override {
     saved_.clear();
+    step_tokens_.clear();
     AQSWARM_RETURN_IF_ERROR(JoinUpdate());
     const bool delayed = job_.dp().delayed_update();
     return Guard("data-parallel step", [&]() -> absl::Status {
@@ -178,15 +265,15 @@ class StageWorkerImpl final : public StageWorker {
         prev_params_ = dp_params_;
         update_ = std::thread([this, &ex, lr] {
           try {
-            update_status_ = dp_->Step(ex, lr, absl::MakeSpan(dp_params_), dp_grads_);
+            update_status_ = StepOptimizers(ex, lr);
           } catch (const std::exception& e) {
             update_status_ = absl::InternalError(absl::StrCat("delayed data-parallel update: ", e.what()));
           }
         });
         return absl::OkStatus();
       }
-      AQSWARM_RETURN_IF_ERROR(dp_->Step(ex, lr, absl::MakeSpan(dp_params_), dp_grads_));
-      stats_ = dp_->stats();
+      AQSWARM_RETURN_IF_ERROR(StepOptimizers(ex, lr));
+      stats_ = OptimizerStats();
       ApplyMaster();
       return absl::OkStatus();
     });
@@ -234,6 +321,9 @@ class StageWorkerImpl final : public StageWorker {
     AQSWARM_RETURN_IF_ERROR(JoinUpdate());
     ExtraCheckpointState extra;
     for (const auto& [name, buf] : dp_->NamedState()) extra.tensors.emplace_back("dp/" + name, *buf);
+    if (dp_tied_ != nullptr) {
+      for (const auto& [name, buf] : dp_tied_->NamedState()) extra.tensors.emplace_back(kTiedState + name, *buf);
+    }
     if (master_) extra.tensors.emplace_back(kDelayedParams, dp_params_);
     if (master_ && !prev_params_.empty()) extra.tensors.emplace_back(kDelayedPrevParams, prev_params_);
     extra.metadata = {{"dp_step", std::to_string(dp_->step())}, {"dp_frozen", dp_->frozen() ? "1" : "0"}};
@@ -248,10 +338,12 @@ class StageWorkerImpl final : public StageWorker {
     prev_params_.clear();
     if (extra.tensors.empty()) return absl::OkStatus();
     if (dp_ == nullptr) InitDataParallel();
-    std::vector<std::pair<std::string, std::vector<float>>> state;
+    std::vector<std::pair<std::string, std::vector<float>>> state, tied_state;
     for (auto& [name, values] : extra.tensors) {
       if (name.rfind("dp/", 0) == 0) {
         state.emplace_back(name.substr(3), std::move(values));
+      } else if (name.rfind(kTiedState, 0) == 0) {
+        tied_state.emplace_back(name.substr(std::strlen(kTiedState)), std::move(values));
       } else if (name == kDelayedParams || name == kDelayedPrevParams) {
         if (values.size() != dp_params_.size()) {
           return absl::DataLossError(absl::StrCat(path, ": ", name, " holds ", values.size(),
@@ -270,6 +362,9 @@ class StageWorkerImpl final : public StageWorker {
       return absl::DataLossError(absl::StrCat(path, ": bad dp_step"));
     }
     AQSWARM_RETURN_IF_ERROR(dp_->LoadState(state, step, extra.metadata["dp_frozen"] == "1"));
+    if (dp_tied_ != nullptr) {
+      AQSWARM_RETURN_IF_ERROR(dp_tied_->LoadState(tied_state, step, extra.metadata["dp_frozen"] == "1"));
+    }
     stats_ = {};
     // A job without delayed updates applies a saved one now.
     if (master_ && !job_.dp().delayed_update()) {
@@ -281,6 +376,8 @@ class StageWorkerImpl final : public StageWorker {
   int64_t optimizer_step() const override { return opt_.step(); }
 
   absl::Status LoadInitialWeights() {
+    // A Hugging Face directory (pipeline/hf_checkpoint.h): this stage's shards only.
+    if (!job_.model().init_from().empty()) return LoadHfCheckpoint(job_.model().init_from(), *model_);
     if (job_.model().init_weights().empty()) return absl::OkStatus();
     AQSWARM_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(job_.model().init_weights()));
     return LoadGpt2Weights(*file, *model_);
@@ -325,9 +422,15 @@ class StageWorkerImpl final : public StageWorker {
   v1::JobSpec job_;
   std::shared_ptr<StageModel> model_;
   AdamW opt_;
+  // The flat vector: a tied-embedding copy first (its own optimizer, see
+  // StepOptimizers), then big tensors (the compressed part), then small ones.
   void InitDataParallel() {
+    const torch::Tensor tied = model_->tied_embedding();
+    tied_n_ = tied.defined() ? tied.numel() : 0;
+    if (tied.defined()) dp_order_.push_back(tied);
     std::vector<torch::Tensor> big, small;
     for (const auto& [name, p] : model_->named_params()) {
+      if (p.is_same(tied)) continue;
       (p.numel() >= compression::kDefaultMinCompressElements ? big : small).push_back(p);
     }
     int64_t n = 0, nbig = 0;
@@ -342,10 +445,39 @@ class StageWorkerImpl final : public StageWorker {
         if (group == &big) nbig += p.numel();
       }
     }
-    dp_params_.resize(n);
-    dp_grads_.resize(n);
-    dp_ = std::make_unique<QuantizedAdam>(n, nbig, std::move(decay), QuantizedAdamOptionsFromJob(job_),
-                                          std::move(sizes));
+    dp_params_.resize(tied_n_ + n);
+    dp_grads_.resize(tied_n_ + n);
+    const QuantizedAdamOptions options = QuantizedAdamOptionsFromJob(job_);
+    dp_ = std::make_unique<QuantizedAdam>(n, nbig, std::move(decay), options, std::move(sizes));
+    if (tied_n_ > 0) {
+      // Stage 0's and the last stage's replica groups run this one with the
+      // same rounds, inputs and state: their copies stay bit-identical.
+      QuantizedAdamOptions to = options;
+      to.first_round = 2;
+      dp_tied_ = std::make_unique<QuantizedAdam>(
+          tied_n_, tied_n_ >= compression::kDefaultMinCompressElements ? tied_n_ : 0,
+          std::vector<uint8_t>(tied_n_, 1), to, std::vector<int64_t>{tied_n_});
+    }
+  }
+
+  // One data-parallel update of dp_params_ with dp_grads_: the tied copy's
+  // optimizer first, then the stage's.
+  absl::Status StepOptimizers(ReplicaExchange& ex, double lr) {
+    const auto params = absl::MakeSpan(dp_params_);
+    const auto grads = absl::MakeConstSpan(dp_grads_);
+    if (dp_tied_ != nullptr) {
+      AQSWARM_RETURN_IF_ERROR(dp_tied_->Step(ex, lr, params.subspan(0, tied_n_), grads.subspan(0, tied_n_)));
+    }
+    return dp_->Step(ex, lr, params.subspan(tied_n_), grads.subspan(tied_n_));
+  }
+
+  AllReduceStats OptimizerStats() const {
+    AllReduceStats st = dp_->stats();
+    if (dp_tied_ != nullptr) {
+      st.bytes_sent += dp_tied_->stats().bytes_sent;
+      st.raw_bytes += dp_tied_->stats().raw_bytes;
+    }
+    return st;
   }
 
   // Copies dp_params_ into the model's parameters and zeroes their gradients.
@@ -372,18 +504,22 @@ class StageWorkerImpl final : public StageWorker {
   absl::Status JoinUpdate() {
     if (update_.joinable()) {
       update_.join();
-      stats_ = dp_->stats();
+      stats_ = OptimizerStats();
     }
     return update_status_;
   }
 
   static constexpr char kDelayedParams[] = "delayed/params";
   static constexpr char kDelayedPrevParams[] = "delayed/prev_params";
+  static constexpr char kTiedState[] = "dp_tied/";
 
   torch::Device device_;
   std::map<int, std::pair<torch::Tensor, torch::Tensor>> saved_;  // mb -> (input, output or scaled loss)
+  std::set<uint32_t> step_tokens_;  // stage 0 with a tied copy: the tokens embedded this step
   // Data-parallel optimizer over a flat copy of the parameters.
   std::unique_ptr<QuantizedAdam> dp_;
+  std::unique_ptr<QuantizedAdam> dp_tied_;  // the tied-embedding copy's (first and last stage), or null
+  int64_t tied_n_ = 0;                      // its elements, at the front of dp_params_
   std::vector<torch::Tensor> dp_order_;
   std::vector<float> dp_params_, dp_grads_;
   AllReduceStats stats_;  // dp_'s, as of the last update this thread saw finish
@@ -402,11 +538,6 @@ absl::StatusOr<std::unique_ptr<StageWorker>> StageWorker::Create(const v1::JobSp
   AQSWARM_RETURN_IF_ERROR(ValidateJobSpec(job));
   if (stage < 0 || stage >= static_cast<int>(job.stages())) {
     return absl::InvalidArgumentError(absl::StrCat("stage ", stage, " outside [0, ", job.stages(), ")"));
-  }
-  if (job.model().tie_embeddings() && job.stages() > 1) {
-    return absl::UnimplementedError(
-        "tie_embeddings with more than one stage needs the tied-gradient exchange between the first and last "
-        "stage, which is not built yet; set model.tie_embeddings=false");
   }
   if (job.device() != "cpu") {
     try {

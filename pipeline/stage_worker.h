@@ -11,6 +11,7 @@
 //   w->ForwardHidden(mb, act_in, &act_out);      // middle stages
 //   w->ForwardLoss(mb, act_in, {}, targets, b, &loss);  // last stage
 //   w->Backward(mb, grad_out, &grad_in);         // any order; gradients accumulate
+//   w->AddTiedGradient(rows, values);            // tied embeddings across stages (first, last)
 //   w->Step(step, sum_over_stages(GradSquaredNorm()));  // after all micro-batches
 //
 // Not thread-safe: one compute thread drives it.
@@ -63,7 +64,27 @@ class StageWorker {
   virtual absl::Status EvalLoss(absl::Span<const float> in, absl::Span<const int32_t> tokens,
                                 absl::Span<const int32_t> targets, int64_t batch, double* loss) = 0;
 
-  // Sum of squares of this stage's accumulated gradients. Clipping is by the
+  // model.tie_embeddings across stages: the first and the last stage each
+  // hold a copy of the tied matrix [vocab, d_model] (the embedding, the head).
+  // Every step, after its last backward, each copy's gradient contribution
+  // goes to the other end (the step protocol relays them) and both add the
+  // two in the same way, so the copies stay bit-identical.
+  virtual bool holds_tied_copy() const = 0;
+  // This copy's contribution, before AddTiedGradient: stage 0 gives the rows
+  // of the tokens it embedded this step (sorted; values rows x d_model; every
+  // other row is zero), the last stage its dense head gradient (rows empty,
+  // values vocab x d_model).
+  virtual absl::Status TiedGradient(std::vector<uint32_t>* rows, std::vector<float>* values) = 0;
+  // Adds the other copy's contribution (layout as above) to this copy's
+  // gradient: the two are summed elementwise, the same way at both ends.
+  // InvalidArgument on a row outside the vocabulary, a size that does not
+  // match, or a non-finite value; nothing is changed then.
+  virtual absl::Status AddTiedGradient(absl::Span<const uint32_t> rows, absl::Span<const float> values) = 0;
+  // XXH3 of this stage's copy of the tied matrix (0 without one).
+  virtual uint64_t TiedEmbeddingHash() const = 0;
+
+  // Sum of squares of this stage's accumulated gradients. The last stage
+  // leaves out its tied copy (stage 0 counts the summed tied gradient once). Clipping is by the
   // norm of the WHOLE model's gradient, so the pipeline adds these up across
   // stages (one double per stage travels the links) before stepping.
   virtual double GradSquaredNorm() const = 0;

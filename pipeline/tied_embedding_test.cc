@@ -1,0 +1,238 @@
+// Tied embeddings across pipeline stages: the first and the last stage hold
+// copies of one matrix, each step's two gradient contributions are exchanged
+// (TiedGradient / AddTiedGradient, as the step protocol relays them) and the
+// copies stay bit-identical, with AdamW, with QuantizedAdam over D = 2
+// replicas, and across a checkpoint.
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "pipeline/dp_test_util.h"
+#include "pipeline/job_spec.h"
+#include "pipeline/stage_worker.h"
+#include "tests/testing/scratch_dir.h"
+#include "tests/testing/status_matchers.h"
+
+namespace aqswarm::pipeline {
+namespace {
+
+using ::aqswarm::testing::IsOk;
+using ::aqswarm::testing::StatusIs;
+
+v1::JobSpec Job(int stages, const std::string& dp = "") {
+  auto job = ParseJobSpec(absl::StrCat(
+      R"({"seed":5,"model":{"vocabSize":67,"seqLen":8,"dModel":16,"nLayer":3,"nHead":2,"tieEmbeddings":true},
+      "optimizer":{"lr":0.01,"warmupSteps":1,"totalSteps":20,"weightDecay":0.01,"gradClip":1.0},
+      "microBatchSize":2,"microBatchesPerStep":2)",
+      dp, "}"));
+  EXPECT_TRUE(job.ok()) << job.status();
+  job->set_stages(stages);
+  return *job;
+}
+
+std::vector<int32_t> Tokens(int mb, int step, int n, int replica = 0) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = (i * 5 + mb * 11 + step * 3 + replica * 17) % 40;  // rows 40..66 never seen
+  return t;
+}
+
+// One pipeline of K workers, driven by hand as the step protocol drives them.
+struct Pipeline {
+  std::vector<std::unique_ptr<StageWorker>> w;
+
+  explicit Pipeline(const v1::JobSpec& job) {
+    for (int s = 0; s < static_cast<int>(job.stages()); ++s) {
+      auto r = StageWorker::Create(job, s);
+      EXPECT_TRUE(r.ok()) << r.status();
+      w.push_back(std::move(*r));
+    }
+  }
+
+  // Forwards and backwards of one step; exchanges the tied gradients; returns
+  // the step loss and the whole model's squared gradient norm.
+  std::pair<double, double> Run(const v1::JobSpec& job, int step, int replica = 0) {
+    const int k = static_cast<int>(w.size()), m = job.micro_batches_per_step(), b = job.micro_batch_size(),
+              t = job.model().seq_len();
+    double sum = 0;
+    for (int mb = 0; mb < m; ++mb) {
+      std::vector<int32_t> tok = Tokens(mb, step, b * t, replica), tgt = Tokens(mb, step + 1, b * t, replica);
+      std::vector<float> act, next;
+      double loss = 0;
+      if (k == 1) {
+        EXPECT_THAT(w[0]->ForwardLoss(mb, {}, tok, tgt, b, &loss), IsOk());
+      } else {
+        EXPECT_THAT(w[0]->ForwardTokens(mb, tok, b, &act), IsOk());
+        for (int s = 1; s < k - 1; ++s) {
+          EXPECT_THAT(w[s]->ForwardHidden(mb, act, b, &next), IsOk());
+          act.swap(next);
+        }
+        EXPECT_THAT(w[k - 1]->ForwardLoss(mb, act, {}, tgt, b, &loss), IsOk());
+      }
+      sum += loss;
+    }
+    for (int mb = 0; mb < m; ++mb) {
+      std::vector<float> g, gin;
+      for (int s = k - 1; s >= 0; --s) {
+        EXPECT_THAT(w[s]->Backward(mb, g, s > 0 ? &gin : nullptr), IsOk());
+        g.swap(gin);
+      }
+    }
+    if (k > 1) {
+      // Both contributions are taken before either end adds the other's.
+      std::vector<uint32_t> rows0, rows_last;
+      std::vector<float> g0, g_last;
+      EXPECT_THAT(w[0]->TiedGradient(&rows0, &g0), IsOk());
+      EXPECT_THAT(w[k - 1]->TiedGradient(&rows_last, &g_last), IsOk());
+      EXPECT_TRUE(rows_last.empty());
+      EXPECT_LE(rows0.size(), 40u);
+      EXPECT_THAT(w[0]->AddTiedGradient(rows_last, g_last), IsOk());
+      EXPECT_THAT(w[k - 1]->AddTiedGradient(rows0, g0), IsOk());
+    }
+    double sq = 0;
+    for (auto& x : w) sq += x->GradSquaredNorm();
+    return {sum / m, sq};
+  }
+};
+
+std::vector<double> TrainAdamW(int k, int steps, std::vector<double>* grad_norms = nullptr) {
+  const v1::JobSpec job = Job(k);
+  Pipeline p(job);
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    auto [loss, sq] = p.Run(job, step);
+    for (auto& x : p.w) EXPECT_THAT(x->Step(step, sq), IsOk());
+    if (k > 1) {
+      EXPECT_TRUE(p.w[0]->holds_tied_copy());
+      EXPECT_NE(p.w[0]->TiedEmbeddingHash(), 0u);
+      EXPECT_EQ(p.w[0]->TiedEmbeddingHash(), p.w[k - 1]->TiedEmbeddingHash()) << "step " << step;
+    }
+    for (int s = 1; s + 1 < k; ++s) EXPECT_FALSE(p.w[s]->holds_tied_copy());
+    losses.push_back(loss);
+    if (grad_norms != nullptr) grad_norms->push_back(sq);
+  }
+  return losses;
+}
+
+TEST(TiedEmbeddingTest, SplitTiedModelTrainsLikeTheUnsplitOneAndItsCopiesStayIdentical) {
+  std::vector<double> n1, n2, n3;
+  const std::vector<double> one = TrainAdamW(1, 6, &n1), two = TrainAdamW(2, 6, &n2), three = TrainAdamW(3, 6, &n3);
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_NEAR(two[i], one[i], 1e-4) << i;
+    EXPECT_NEAR(three[i], one[i], 1e-4) << i;
+    // The summed tied gradient is counted once in the clipping norm.
+    EXPECT_NEAR(n2[i], n1[i], 1e-4 * n1[i]) << i;
+    EXPECT_NEAR(n3[i], n1[i], 1e-4 * n1[i]) << i;
+  }
+  EXPECT_LT(one.back(), one.front());
+}
+
+TEST(TiedEmbeddingTest, WithoutTheExchangeTheCopiesDriftApart) {
+  // The check above can fail: skipping the exchange leaves different copies.
+  const v1::JobSpec job = Job(2);
+  Pipeline p(job);
+  const int m = job.micro_batches_per_step(), b = job.micro_batch_size(), t = job.model().seq_len();
+  for (int mb = 0; mb < m; ++mb) {
+    std::vector<float> act, g0;
+    double loss = 0;
+    ASSERT_THAT(p.w[0]->ForwardTokens(mb, Tokens(mb, 0, b * t), b, &act), IsOk());
+    ASSERT_THAT(p.w[1]->ForwardLoss(mb, act, {}, Tokens(mb, 1, b * t), b, &loss), IsOk());
+    ASSERT_THAT(p.w[1]->Backward(mb, {}, &g0), IsOk());
+    ASSERT_THAT(p.w[0]->Backward(mb, g0, nullptr), IsOk());
+  }
+  EXPECT_EQ(p.w[0]->TiedEmbeddingHash(), p.w[1]->TiedEmbeddingHash());
+  const double sq = p.w[0]->GradSquaredNorm() + p.w[1]->GradSquaredNorm();
+  for (auto& x : p.w) ASSERT_THAT(x->Step(0, sq), IsOk());
+  EXPECT_NE(p.w[0]->TiedEmbeddingHash(), p.w[1]->TiedEmbeddingHash());
+}
+
+TEST(TiedEmbeddingTest, BadTiedGradientsAreRefusedAndChangeNothing) {
+  const v1::JobSpec job = Job(2);
+  Pipeline p(job);
+  p.Run(job, 0);  // leaves summed gradients in place
+  std::vector<uint32_t> rows;
+  std::vector<float> before, after, dense;
+  ASSERT_THAT(p.w[1]->TiedGradient(&rows, &before), IsOk());
+  const int64_t vd = 67 * 16;
+  // Stage 0 takes a dense matrix only.
+  EXPECT_THAT(p.w[0]->AddTiedGradient({}, std::vector<float>(vd - 1, 0.f)), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(p.w[0]->AddTiedGradient({1}, std::vector<float>(vd, 0.f)), StatusIs(absl::StatusCode::kInvalidArgument));
+  // The last stage takes sorted rows inside the vocabulary, 16 values each, finite.
+  EXPECT_THAT(p.w[1]->AddTiedGradient(std::vector<uint32_t>{67}, std::vector<float>(16, 1.f)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(p.w[1]->AddTiedGradient(std::vector<uint32_t>{3, 3}, std::vector<float>(32, 1.f)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(p.w[1]->AddTiedGradient(std::vector<uint32_t>{3}, std::vector<float>(15, 1.f)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  std::vector<float> nan(16, 1.f);
+  nan[7] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THAT(p.w[1]->AddTiedGradient(std::vector<uint32_t>{3}, nan), StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_THAT(p.w[1]->TiedGradient(&rows, &after), IsOk());
+  EXPECT_EQ(before, after);
+  // A middle stage holds no copy.
+  const v1::JobSpec job3 = Job(3);
+  Pipeline p3(job3);
+  EXPECT_FALSE(p3.w[1]->holds_tied_copy());
+  EXPECT_THAT(p3.w[1]->TiedGradient(&rows, &after), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+// D = 2 pipelines of K = 2 stages with QuantizedAdam: the tied matrix has four
+// copies (two per stage) and all stay bit-identical, through the compressed
+// phase and a checkpoint round trip.
+TEST(TiedEmbeddingTest, FourCopiesStayIdenticalUnderQuantizedAdamAndACheckpoint) {
+  const v1::JobSpec job =
+      Job(2, R"(,"dataParallel":2,"dp":{"optimizer":"quantized_adam","warmupSteps":2,"bits":4,"bucketSize":64})");
+  std::vector<std::unique_ptr<Pipeline>> pipes;
+  for (int r = 0; r < 2; ++r) pipes.push_back(std::make_unique<Pipeline>(job));
+  ::aqswarm::testing::ScratchDir dir;
+  int step = 0;
+  auto run_steps = [&](int n) {
+    for (int i = 0; i < n; ++i, ++step) {
+      std::vector<double> sq(2);
+      for (int r = 0; r < 2; ++r) sq[r] = pipes[r]->Run(job, step, r).second;
+      for (int s = 0; s < 2; ++s) {
+        testing::Hub hub;
+        absl::Status st[2];
+        std::thread th[2];
+        for (int r = 0; r < 2; ++r) {
+          th[r] = std::thread([&, r] {
+            testing::HubExchange ex(&hub, r, 2);
+            st[r] = pipes[r]->w[s]->StepDataParallel(step, sq[r], ex);
+          });
+        }
+        for (auto& x : th) x.join();
+        ASSERT_THAT(st[0], IsOk());
+        ASSERT_THAT(st[1], IsOk());
+      }
+      const uint64_t h = pipes[0]->w[0]->TiedEmbeddingHash();
+      for (int r = 0; r < 2; ++r) {
+        for (int s = 0; s < 2; ++s) EXPECT_EQ(pipes[r]->w[s]->TiedEmbeddingHash(), h) << "step " << step;
+      }
+      EXPECT_EQ(pipes[0]->w[1]->ParameterHash(), pipes[1]->w[1]->ParameterHash());
+    }
+  };
+  run_steps(4);  // 2 warm-up steps, then compressed
+  for (int r = 0; r < 2; ++r) {
+    for (int s = 0; s < 2; ++s) {
+      ASSERT_THAT(pipes[r]->w[s]->SaveCheckpoint(dir.path() + "/r" + std::to_string(r) + "s" + std::to_string(s)),
+                  IsOk());
+    }
+  }
+  // Fresh workers resume from the checkpoints and go on identically.
+  for (int r = 0; r < 2; ++r) {
+    pipes[r] = std::make_unique<Pipeline>(job);
+    for (int s = 0; s < 2; ++s) {
+      ASSERT_THAT(pipes[r]->w[s]->LoadCheckpoint(dir.path() + "/r" + std::to_string(r) + "s" + std::to_string(s)),
+                  IsOk());
+    }
+  }
+  run_steps(3);
+}
+
+}  // namespace
+}  // namespace aqswarm::pipeline
