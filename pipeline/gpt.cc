@@ -1,6 +1,7 @@
 #include "pipeline/gpt.h"
 
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -52,23 +53,25 @@ GptStageImpl::GptStageImpl(const v1::ModelSpec& spec, StageRange range, uint64_t
   }
 }
 
-torch::Tensor GptStageImpl::BlockForward(const Block& b, const torch::Tensor& x) {
+torch::Tensor GptStageImpl::BlockForward(const Block& b, const torch::Tensor& x) const {
   const int64_t B = x.size(0), T = x.size(1), D = x.size(2);
   const int64_t H = spec_.n_head(), hd = D / H;
-  torch::Tensor h = torch::layer_norm(x, {D}, b.ln1_w, b.ln1_b, 1e-5);
-  torch::Tensor qkv = torch::addmm(b.attn_b, h.reshape({B * T, D}), b.attn_w)
+  auto c = [this](const torch::Tensor& t) { return ToCompute(t); };
+  torch::Tensor h = c(torch::layer_norm(x, {D}, b.ln1_w, b.ln1_b, 1e-5));
+  torch::Tensor qkv = torch::addmm(c(b.attn_b), h.reshape({B * T, D}), c(b.attn_w))
                           .view({B, T, 3, H, hd})
                           .permute({2, 0, 3, 1, 4});  // [3,B,H,T,hd]
   torch::Tensor q = qkv[0], k = qkv[1], v = qkv[2];
-  torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
+  torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)).to(torch::kFloat32) *
+                      (1.0 / std::sqrt(static_cast<double>(hd)));
   torch::Tensor mask = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device()))
                            .triu(1);
-  att = att.masked_fill(mask, -std::numeric_limits<float>::infinity()).softmax(-1);
+  att = c(att.masked_fill(mask, -std::numeric_limits<float>::infinity()).softmax(-1));
   torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({B * T, D});
-  torch::Tensor out = x + torch::addmm(b.attn_proj_b, y, b.attn_proj_w).view({B, T, D});
-  h = torch::layer_norm(out, {D}, b.ln2_w, b.ln2_b, 1e-5).reshape({B * T, D});
-  torch::Tensor m = torch::gelu(torch::addmm(b.fc_b, h, b.fc_w), "tanh");
-  return out + torch::addmm(b.proj_b, m, b.proj_w).view({B, T, D});
+  torch::Tensor out = x + torch::addmm(c(b.attn_proj_b), y, c(b.attn_proj_w)).view({B, T, D}).to(torch::kFloat32);
+  h = c(torch::layer_norm(out, {D}, b.ln2_w, b.ln2_b, 1e-5).reshape({B * T, D}));
+  torch::Tensor m = torch::gelu(torch::addmm(c(b.fc_b), h, c(b.fc_w)), "tanh");
+  return out + torch::addmm(c(b.proj_b), m, c(b.proj_w)).view({B, T, D}).to(torch::kFloat32);
 }
 
 torch::Tensor GptStageImpl::forward(const torch::Tensor& input) {
@@ -77,13 +80,15 @@ torch::Tensor GptStageImpl::forward(const torch::Tensor& input) {
     const int64_t T = input.size(1);
     x = torch::embedding(embedding_, input) + wpe_.slice(0, 0, T).unsqueeze(0);
   } else {
-    x = input;
+    x = input.to(torch::kFloat32);
   }
-  for (const Block& b : blocks_) x = BlockForward(b, x);
+  for (const Block& b : blocks_) {
+    x = RunBlock([this, b](const torch::Tensor& in) { return BlockForward(b, in); }, x, b.params());
+  }
   if (range_.has_head()) {
     const int64_t D = x.size(2);
-    x = torch::layer_norm(x, {D}, ln_f_w_, ln_f_b_, 1e-5);
-    x = torch::matmul(x, head_.t());
+    x = ToCompute(torch::layer_norm(x, {D}, ln_f_w_, ln_f_b_, 1e-5));
+    x = torch::matmul(x, ToCompute(head_).t()).to(torch::kFloat32);
   }
   return x;
 }

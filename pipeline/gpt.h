@@ -39,16 +39,18 @@ class GptStageImpl : public StageModel {
   struct Block {
     torch::Tensor ln1_w, ln1_b, attn_w, attn_b, attn_proj_w, attn_proj_b;
     torch::Tensor ln2_w, ln2_b, fc_w, fc_b, proj_w, proj_b;
+    std::vector<torch::Tensor> params() const {
+      return {ln1_w, ln1_b, attn_w, attn_b, attn_proj_w, attn_proj_b, ln2_w, ln2_b, fc_w, fc_b, proj_w, proj_b};
+    }
   };
-  torch::Tensor BlockForward(const Block& b, const torch::Tensor& x);
+  // x: the float32 residual stream; LayerNorm and softmax in float32, the
+  // rest in the compute dtype (stage_model.h).
+  torch::Tensor BlockForward(const Block& b, const torch::Tensor& x) const;
 
   torch::Tensor wpe_, ln_f_w_, ln_f_b_;
   std::vector<Block> blocks_;
 };
 TORCH_MODULE(GptStage);
-
-// Name of the head weight that mirrors wte on a last stage without embeddings.
-inline const char* TiedEmbeddingName() { return "lm_head.weight"; }
 
 // Parameters of a whole GPT-2 model.
 int64_t GptParameterCount(const v1::ModelSpec& spec);

@@ -12,13 +12,28 @@
 // (tied_embedding()); the step protocol sums their gradients every step
 // (peer/step_protocol.h), so both copies stay bit-identical.
 //
+// Compute precision (set_compute_dtype; job.precision): parameters stay
+// float32 masters and forward() casts each weight at its use (a
+// differentiable cast, so gradients land in float32 .grad); matmuls, attention
+// and the MLP run in the compute dtype, while the residual stream, norm
+// statistics and the attention softmax stay float32 (as Megatron's
+// fp32_residual_connection), and forward() returns float32, so links and the
+// optimizer never see another dtype. libtorch 1.13 has no float16 CPU kernels
+// for matmul/softmax: on CPU, kHalf rounds every cast operand to float16 and
+// computes in float32 (float16 values, float32 arithmetic).
+//
+// Recompute (model.recompute): each block runs without keeping its
+// activations and is run again, with grad, in backward (RunBlock).
+//
 //   std::shared_ptr<StageModel> m = MakeStageModel(spec, StageRangeFor(spec, 0, 2), seed).value();
-//   torch::Tensor h = m->forward(ids);        // [B,T] int64 -> [B,T,D]
+//   m->set_compute_dtype(torch::kBFloat16);   // optional
+//   torch::Tensor h = m->forward(ids);        // [B,T] int64 -> [B,T,D] float32
 #ifndef AQSWARM_PIPELINE_STAGE_MODEL_H_
 #define AQSWARM_PIPELINE_STAGE_MODEL_H_
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -57,6 +72,10 @@ class StageModel : public torch::nn::Module {
   // otherwise (also for a single stage, where one tensor is both).
   torch::Tensor tied_embedding() const;
 
+  // kFloat32 (default), kBFloat16 or kHalf: the dtype forward() computes in.
+  void set_compute_dtype(torch::Dtype dtype) { compute_dtype_ = dtype; }
+  torch::Dtype compute_dtype() const { return compute_dtype_; }
+
  protected:
   StageModel(const v1::ModelSpec& spec, StageRange range, uint64_t seed) : spec_(spec), range_(range), seed_(seed) {}
   // Registers `init` as parameter `name` (its global name; dots become
@@ -65,15 +84,30 @@ class StageModel : public torch::nn::Module {
   // init ~ N(0, stddev^2) from a generator seeded by (seed, seed_name).
   torch::Tensor NormalParam(const std::string& name, std::vector<int64_t> shape, double stddev,
                             const std::string& seed_name = "");
+  // `t` in the compute dtype (t itself for float32; differentiable). For
+  // kHalf on CPU: rounded to float16, returned as float32 (see above).
+  torch::Tensor ToCompute(const torch::Tensor& t) const;
+  // block(x) for one block whose parameters are `params`. With
+  // spec.recompute() and grad enabled, the block runs without grad and is
+  // run again in backward (block must be deterministic and must use only x
+  // and `params` as differentiable inputs; its parameters must outlive the
+  // backward pass).
+  torch::Tensor RunBlock(std::function<torch::Tensor(const torch::Tensor&)> block, const torch::Tensor& x,
+                         const std::vector<torch::Tensor>& params) const;
 
   v1::ModelSpec spec_;
   StageRange range_;
   uint64_t seed_;
   std::vector<std::pair<std::string, torch::Tensor>> named_;
   torch::Tensor embedding_, head_;  // token embedding (stage 0), LM head (last stage)
+  torch::Dtype compute_dtype_ = torch::kFloat32;
 };
 
-// The stage of spec.family's model (pipeline/gpt.h, ...).
+// Name of the last stage's head weight where it is not the embedding itself
+// (GPT-2 and Llama alike: Hugging Face's "lm_head.weight").
+inline const char* TiedEmbeddingName() { return "lm_head.weight"; }
+
+// The stage of spec.family's model (pipeline/gpt.h, pipeline/llama.h).
 absl::StatusOr<std::shared_ptr<StageModel>> MakeStageModel(const v1::ModelSpec& spec, StageRange range,
                                                            uint64_t seed);
 
