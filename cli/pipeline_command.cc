@@ -468,12 +468,12 @@ int RunPipeline(const std::vector<std::string>& args) {
         }
         csv << "\n";
         csv.flush();
-        std::printf("step %5lld  epoch %lld  loss %.4f%s  %8.0f tok/s  %.2f s%s%s%s\n", static_cast<long long>(step),
+        std::printf("step %5lld  epoch %lld  loss %.4f%s  %8.0f tok/s  %.2f s%s%s%s%s\n", static_cast<long long>(step),
                     static_cast<long long>(row[0].epoch()), loss, std::isfinite(loss) ? "" : " (not finite)", tps,
                     secs, links.c_str(),
                     raw_total > 0 ? absl::StrFormat("  fw ratio %.1fx", raw_total / std::max(fw_total, 1.0)).c_str()
                                   : "",
-                    d > 1 ? "  replicas identical" : "");
+                    d > 1 ? "  replicas identical" : "", row[0].tied_hash().empty() ? "" : "  tied copies identical");
         std::fflush(stdout);
         steps.erase(step);
       }
