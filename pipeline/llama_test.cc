@@ -285,5 +285,78 @@ TEST(LlamaStageTest, TrainsOnARepeatingSequence) {
   EXPECT_LT(last, first * 0.2);
 }
 
+// Compute precision and recompute, for both families.
+class StageModelFamilyTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  v1::ModelSpec Spec(bool tie = false) const {
+    v1::ModelSpec s = SmallSpec(tie);
+    s.set_family(GetParam());
+    return s;
+  }
+};
+
+bool AllFinite(const torch::Tensor& t) { return torch::isfinite(t).all().item<bool>(); }
+
+// Relative difference of the concatenated gradients.
+double GradRelDiff(const RunResult& a, const RunResult& b) {
+  double num = 0, den = 0;
+  for (auto& [name, g] : b.grads) {
+    num += (a.grads.at(name) - g).pow(2).sum().item<double>();
+    den += g.pow(2).sum().item<double>();
+  }
+  return std::sqrt(num / den);
+}
+
+TEST_P(StageModelFamilyTest, Bf16AndFp16LossesAreCloseToFp32AndGradientsStayFp32) {
+  torch::manual_seed(1);
+  const v1::ModelSpec spec = Spec();
+  torch::Tensor ids = torch::randint(0, spec.vocab_size(), {3, spec.seq_len()}, torch::kLong);
+  torch::Tensor targets = torch::randint(0, spec.vocab_size(), {3, spec.seq_len()}, torch::kLong);
+  for (int k : {1, 2}) {
+    RunResult ref = RunPipeline(spec, k, ids, targets);
+    for (torch::Dtype dtype : {torch::kBFloat16, torch::kHalf}) {
+      const std::string what = std::string(c10::toString(dtype)) + " k=" + std::to_string(k);
+      RunResult got = RunPipeline(spec, k, ids, targets, dtype);
+      EXPECT_NE(got.loss, ref.loss) << what;  // the dtype is really used
+      EXPECT_NEAR(got.loss, ref.loss, 0.02 * ref.loss) << what;
+      for (auto& [name, g] : got.grads) {
+        EXPECT_EQ(g.scalar_type(), torch::kFloat32) << what << " " << name;
+        EXPECT_TRUE(AllFinite(g)) << what << " " << name;
+      }
+      EXPECT_LT(GradRelDiff(got, ref), dtype == torch::kBFloat16 ? 0.05 : 0.01) << what;
+    }
+  }
+}
+
+TEST(StageModelTest, ComputeDtypeComesFromJobPrecision) {
+  EXPECT_EQ(ComputeDtypeFor("fp32"), torch::kFloat32);
+  EXPECT_EQ(ComputeDtypeFor(""), torch::kFloat32);
+  EXPECT_EQ(ComputeDtypeFor("bf16"), torch::kBFloat16);
+  EXPECT_EQ(ComputeDtypeFor("fp16"), torch::kHalf);
+}
+
+TEST_P(StageModelFamilyTest, TrainsInBf16WithFp32Masters) {
+  const v1::ModelSpec spec = Spec(true);
+  std::shared_ptr<StageModel> m = MakeStageModel(spec, StageRangeFor(spec, 0, 1), 5).value();
+  m->set_compute_dtype(torch::kBFloat16);
+  torch::optim::AdamW opt(m->parameters(), torch::optim::AdamWOptions(3e-3));
+  torch::Tensor seq = torch::arange(0, 17, torch::kLong).remainder(5).unsqueeze(0);
+  torch::Tensor ids = seq.slice(1, 0, 16), targets = seq.slice(1, 1, 17);
+  double first = 0, last = 0;
+  for (int i = 0; i < 30; ++i) {
+    opt.zero_grad();
+    torch::Tensor loss = NextTokenLoss(m->forward(ids), targets);
+    loss.backward();
+    opt.step();
+    if (i == 0) first = loss.item<double>();
+    last = loss.item<double>();
+  }
+  EXPECT_LT(last, first * 0.5);
+  for (auto& [name, p] : m->named_params()) EXPECT_EQ(p.scalar_type(), torch::kFloat32) << name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, StageModelFamilyTest, ::testing::Values("gpt2", "llama"),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+
 }  // namespace
 }  // namespace aqswarm::pipeline

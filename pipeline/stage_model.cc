@@ -111,6 +111,10 @@ absl::StatusOr<std::shared_ptr<StageModel>> MakeStageModel(const v1::ModelSpec& 
   return absl::InvalidArgumentError(absl::StrCat("model.family '", spec.family(), "': expected gpt2 or llama"));
 }
 
+torch::Dtype ComputeDtypeFor(const std::string& precision) {
+  return precision == "bf16" ? torch::kBFloat16 : precision == "fp16" ? torch::kHalf : torch::kFloat32;
+}
+
 torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& targets) {
   return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32),
                                               targets.reshape({-1}));

@@ -36,6 +36,7 @@ class StageWorkerImpl final : public StageWorker {
   StageWorkerImpl(const v1::JobSpec& job, std::shared_ptr<StageModel> model)
       : job_(job), model_(std::move(model)), opt_(model_->named_params(), job.optimizer()), device_(job.device()) {
     model_->to(device_);
+    model_->set_compute_dtype(ComputeDtypeFor(job.precision()));
     // AdamW holds references to the parameters moved above: rebuild it.
     opt_ = AdamW(model_->named_params(), job.optimizer());
   }
