@@ -17,7 +17,14 @@ namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 
-size_t DtypeSize(StDtype d) { return d == StDtype::kF32 ? 4 : 2; }
+// Bytes per element of a safetensors dtype; 0 for an unknown one.
+size_t DtypeSize(const std::string& d) {
+  if (d == "F64" || d == "I64" || d == "U64") return 8;
+  if (d == "F32" || d == "I32" || d == "U32") return 4;
+  if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
+  if (d == "BOOL" || d == "U8" || d == "I8" || d == "F8_E4M3" || d == "F8_E5M2") return 1;
+  return 0;
+}
 
 absl::Status Corrupt(const std::string& what) {
   return absl::DataLossError(absl::StrCat("safetensors: ", what));
@@ -82,10 +89,15 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Parse(std::str
     const auto& dt = v["dtype"];
     if (!dt.is_string()) return Corrupt(absl::StrCat("tensor '", e.name, "' dtype is not a string"));
     const std::string dtype = dt.get<std::string>();
+    e.dtype_name = dtype;
     if (dtype == "F32") e.dtype = StDtype::kF32;
     else if (dtype == "F16") e.dtype = StDtype::kF16;
     else if (dtype == "BF16") e.dtype = StDtype::kBF16;
-    else return absl::UnimplementedError(absl::StrCat("safetensors: tensor '", e.name, "' has unsupported dtype ", dtype));
+    else e.dtype = StDtype::kOther;
+    const size_t elem_size = DtypeSize(dtype);
+    if (elem_size == 0) {
+      return absl::UnimplementedError(absl::StrCat("safetensors: tensor '", e.name, "' has unknown dtype ", dtype));
+    }
     if (!v["shape"].is_array() || v["shape"].size() > 8) return Corrupt(absl::StrCat("tensor '", e.name, "' has a bad shape"));
     uint64_t numel = 1;
     for (const auto& d : v["shape"]) {
@@ -107,9 +119,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Parse(std::str
       return Corrupt(absl::StrCat("tensor '", e.name, "' offsets [", e.begin, ", ", e.end,
                                   ") fall outside the data region of ", data_size, " bytes"));
     }
-    if (e.end - e.begin != numel * DtypeSize(e.dtype)) {
+    if (e.end - e.begin != numel * elem_size) {
       return Corrupt(absl::StrCat("tensor '", e.name, "' has ", e.end - e.begin, " bytes but its shape needs ",
-                                  numel * DtypeSize(e.dtype)));
+                                  numel * elem_size));
     }
     f->entries_.push_back(std::move(e));
   }
@@ -151,6 +163,9 @@ std::vector<float> SafetensorsFile::ToFloat32(const Entry& e) const {
         out[i] = BitsToFloat(static_cast<uint32_t>(h) << 16);
       }
       break;
+    case StDtype::kOther:  // callers check is_float() first
+      std::fprintf(stderr, "safetensors: ToFloat32 of %s tensor %s\n", e.dtype_name.c_str(), e.name.c_str());
+      std::abort();
   }
   return out;
 }

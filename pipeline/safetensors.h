@@ -27,16 +27,21 @@
 
 namespace aqswarm::pipeline {
 
-enum class StDtype { kF32, kF16, kBF16 };
+// kOther: any other dtype of the format (I64, F64, BOOL, ...): such tensors are
+// listed (with dtype_name) so a file holding them still opens, but they cannot
+// be converted; consumers reject them by name.
+enum class StDtype { kF32, kF16, kBF16, kOther };
 
 class SafetensorsFile {
  public:
   struct Entry {
     std::string name;
     StDtype dtype;
+    std::string dtype_name;  // as in the header: "F32", "BF16", "I64", ...
     std::vector<int64_t> shape;
     uint64_t begin = 0, end = 0;  // within the data region
     int64_t numel() const;
+    bool is_float() const { return dtype != StDtype::kOther; }
   };
 
   // Reads and validates the whole file. Files above `max_bytes` are refused.
@@ -48,7 +53,7 @@ class SafetensorsFile {
   const Entry* Find(const std::string& name) const;
   const std::vector<Entry>& entries() const { return entries_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
-  // Converts any supported dtype to float32.
+  // Converts F32, F16 or BF16 to float32 (e.is_float() must hold).
   std::vector<float> ToFloat32(const Entry& e) const;
 
  private:

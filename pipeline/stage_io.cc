@@ -30,6 +30,12 @@ absl::Status CheckShape(const std::string& name, const SafetensorsFile::Entry& e
   return absl::OkStatus();
 }
 
+absl::Status CheckFloat(const SafetensorsFile::Entry& e) {
+  if (e.is_float()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("tensor ", e.name, " has dtype ", e.dtype_name, "; expected F32, BF16 or F16"));
+}
+
 std::vector<StTensor> Flatten(const std::vector<std::pair<std::string, torch::Tensor>>& named,
                               const std::string& prefix, std::vector<torch::Tensor>* keep) {
   std::vector<StTensor> out;
@@ -51,6 +57,7 @@ absl::Status LoadGpt2Weights(const SafetensorsFile& file, StageModel& stage) {
     const SafetensorsFile::Entry* e = FindHf(file, name);
     if (e == nullptr && name == TiedEmbeddingName()) e = FindHf(file, "wte.weight");
     if (e == nullptr) return absl::NotFoundError(absl::StrCat("weights file lacks ", name));
+    AQSWARM_RETURN_IF_ERROR(CheckFloat(*e));
     AQSWARM_RETURN_IF_ERROR(CheckShape(name, *e, p));
     plan.emplace_back(p, e);
   }
@@ -100,6 +107,7 @@ absl::Status LoadStageCheckpoint(const std::string& path, StageModel& stage, Ada
   if (!absl::SimpleAtoi(get("step"), &step) || step < 0) {
     return absl::DataLossError(absl::StrCat(path, ": bad step '", get("step"), "'"));
   }
+  for (const auto& e : file->entries()) AQSWARM_RETURN_IF_ERROR(CheckFloat(e));
   std::map<std::string, torch::Tensor> state;
   for (const auto& e : file->entries()) {
     if (e.name.rfind("optim/", 0) == 0) state[e.name.substr(6)] = ToTensor(*file, e);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "pipeline/hf_checkpoint.h"  // LoadHfCheckpoint: model.init_from
 #include "pipeline/stage_model.h"
 #include "pipeline/optimizer.h"
 #include "pipeline/safetensors.h"

@@ -89,8 +89,13 @@ TEST(SafetensorsTest, MalformedFilesAreRejectedWithDataLoss) {
     auto f = SafetensorsFile::Parse(c);
     EXPECT_EQ(f.status().code(), absl::StatusCode::kDataLoss) << f.status();
   }
-  auto f = SafetensorsFile::Parse(WithHeader(R"({"a":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", 8));
+  auto f = SafetensorsFile::Parse(WithHeader(R"({"a":{"dtype":"X64","shape":[1],"data_offsets":[0,8]}})", 8));
   EXPECT_EQ(f.status().code(), absl::StatusCode::kUnimplemented);
+  // Known non-float dtypes open (a checkpoint may hold them); they are not floats.
+  auto i64 = SafetensorsFile::Parse(WithHeader(R"({"a":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", 8));
+  ASSERT_TRUE(i64.ok()) << i64.status();
+  EXPECT_FALSE((*i64)->entries()[0].is_float());
+  EXPECT_EQ((*i64)->entries()[0].dtype_name, "I64");
   EXPECT_EQ(SafetensorsFile::Open("/nonexistent.safetensors").status().code(), absl::StatusCode::kNotFound);
 }
 
