@@ -7,7 +7,9 @@
 
 #include "gtest/gtest.h"
 #include "pipeline/gpt.h"
+#include "pipeline/job_spec.h"
 #include "pipeline/safetensors.h"
+#include "pipeline/stage_worker.h"
 
 namespace aqswarm::pipeline {
 namespace {
@@ -401,6 +403,76 @@ TEST_P(StageModelFamilyTest, RecomputeKeepsOnlyTheBlockBoundaries) {
   EXPECT_LT(recomputed.first * 3, plain.first) << recomputed.first << " vs " << plain.first;
   torch::NoGradGuard no_grad;  // inference: a plain forward, no graph
   EXPECT_EQ(m->forward(h).grad_fn(), nullptr);
+}
+
+// Step losses of K stage workers (GPipe order, one process) on `job_json`.
+std::vector<double> TrainWorkers(const std::string& job_json, int k, int steps) {
+  auto job = ParseJobSpec(job_json);
+  EXPECT_TRUE(job.ok()) << job.status();
+  job->set_stages(k);
+  std::vector<std::unique_ptr<StageWorker>> w;
+  for (int s = 0; s < k; ++s) {
+    auto r = StageWorker::Create(*job, s);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return {};
+    w.push_back(std::move(*r));
+  }
+  const int m = job->micro_batches_per_step(), b = job->micro_batch_size(), t = job->model().seq_len();
+  auto tokens = [&](int mb, int step) {
+    std::vector<int32_t> v(b * t);
+    for (int i = 0; i < b * t; ++i) v[i] = (i * 7 + mb * 3 + step) % 5;  // learnable
+    return v;
+  };
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    double sum = 0;
+    for (int mb = 0; mb < m; ++mb) {
+      std::vector<float> act, next;
+      double loss = 0;
+      if (k == 1) {
+        EXPECT_TRUE(w[0]->ForwardLoss(mb, {}, tokens(mb, 0), tokens(mb, 1), b, &loss).ok());
+      } else {
+        EXPECT_TRUE(w[0]->ForwardTokens(mb, tokens(mb, 0), b, &act).ok());
+        EXPECT_TRUE(w[1]->ForwardLoss(mb, act, {}, tokens(mb, 1), b, &loss).ok());
+      }
+      sum += loss;
+    }
+    for (int mb = m - 1; mb >= 0; --mb) {
+      std::vector<float> g, gin;
+      for (int s = k - 1; s >= 0; --s) {
+        EXPECT_TRUE(w[s]->Backward(mb, g, s > 0 ? &gin : nullptr).ok());
+        g.swap(gin);
+      }
+    }
+    double sq = 0;
+    for (auto& x : w) sq += x->GradSquaredNorm();
+    for (auto& x : w) EXPECT_TRUE(x->Step(step, sq).ok());
+    losses.push_back(sum / m);
+  }
+  return losses;
+}
+
+// The job fields reach the model through StageWorker: family, precision, recompute.
+TEST(LlamaStageWorkerTest, TrainsInBf16WithRecomputeAcrossTwoStages) {
+  const std::string base = R"({"seed":3,"model":{"family":"llama","vocabSize":61,"seqLen":8,"dModel":16,
+      "nLayer":2,"nHead":4,"nKvHead":2,"dFf":24,"tieEmbeddings":false)";
+  const std::string opt = R"(},"optimizer":{"lr":0.01,"warmupSteps":2,"totalSteps":20,"gradClip":1.0},
+      "microBatchSize":2,"microBatchesPerStep":2)";
+  std::vector<double> fp32 = TrainWorkers(base + opt + "}", 2, 8);
+  std::vector<double> recompute = TrainWorkers(base + R"(,"recompute":true)" + opt + "}", 2, 8);
+  std::vector<double> bf16 = TrainWorkers(base + R"(,"recompute":true)" + opt + R"(,"precision":"bf16"})", 2, 8);
+  std::vector<double> bf16_one = TrainWorkers(base + opt + R"(,"precision":"bf16"})", 1, 8);
+  ASSERT_EQ(fp32.size(), 8u);
+  ASSERT_EQ(recompute.size(), 8u);
+  ASSERT_EQ(bf16.size(), 8u);
+  ASSERT_EQ(bf16_one.size(), 8u);
+  for (size_t i = 0; i < fp32.size(); ++i) {
+    EXPECT_NEAR(recompute[i], fp32[i], 1e-5) << i;
+    EXPECT_NEAR(bf16[i], fp32[i], 0.03 * fp32[i]) << i;
+    EXPECT_NEAR(bf16_one[i], bf16[i], 1e-3 * bf16[i]) << i;
+  }
+  EXPECT_NE(bf16[0], fp32[0]);
+  EXPECT_LT(bf16.back(), 0.8 * bf16.front());
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, StageModelFamilyTest, ::testing::Values("gpt2", "llama"),
