@@ -131,5 +131,48 @@ TEST(GptStageTest, TrainsOnARepeatingSequence) {
   EXPECT_LT(last, first * 0.2);
 }
 
+// Compute precision on a GPU, where float16 has real kernels (CPU tests:
+// pipeline/llama_test.cc). Skipped without CUDA.
+TEST(StageModelCudaTest, Bf16Fp16AndRecomputeOnCudaMatchFp32OnCpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (const char* family : {"gpt2", "llama"}) {
+    v1::ModelSpec spec = SmallSpec(false);
+    spec.set_family(family);
+    spec.set_n_kv_head(2);
+    torch::manual_seed(4);
+    torch::Tensor ids = torch::randint(0, spec.vocab_size(), {3, spec.seq_len()}, torch::kLong);
+    torch::Tensor targets = torch::randint(0, spec.vocab_size(), {3, spec.seq_len()}, torch::kLong);
+    auto run = [&](torch::Device device, torch::Dtype dtype, bool recompute) {
+      v1::ModelSpec s = spec;
+      s.set_recompute(recompute);
+      std::shared_ptr<StageModel> m = MakeStageModel(s, StageRangeFor(s, 0, 1), 9).value();
+      m->to(device);
+      m->set_compute_dtype(dtype);
+      torch::Tensor logits = m->forward(ids.to(device));
+      EXPECT_EQ(logits.scalar_type(), torch::kFloat32);
+      torch::Tensor loss = NextTokenLoss(logits, targets.to(device));
+      loss.backward();
+      std::vector<torch::Tensor> grads;
+      for (auto& [name, p] : m->named_params()) {
+        EXPECT_EQ(p.grad().scalar_type(), torch::kFloat32) << name;
+        grads.push_back(p.grad().flatten().to(torch::kCPU));
+      }
+      return std::make_pair(loss.item<double>(), torch::cat(grads));
+    };
+    auto ref = run(torch::kCPU, torch::kFloat32, false);
+    const torch::Device cuda(torch::kCUDA, 0);
+    for (torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
+      const std::string what = std::string(family) + " " + c10::toString(dtype);
+      auto got = run(cuda, dtype, false), again = run(cuda, dtype, true);
+      EXPECT_NEAR(got.first, ref.first, 0.02 * ref.first) << what;
+      EXPECT_TRUE(torch::isfinite(got.second).all().item<bool>()) << what;
+      const double rel = ((got.second - ref.second).norm() / ref.second.norm()).item<double>();
+      EXPECT_LT(rel, dtype == torch::kFloat32 ? 1e-3 : dtype == torch::kHalf ? 0.01 : 0.05) << what;
+      EXPECT_NEAR(again.first, got.first, 1e-6 * got.first) << what << " recompute";
+      EXPECT_LE((again.second - got.second).abs().max().item<double>(), 1e-5) << what << " recompute";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace aqswarm::pipeline
