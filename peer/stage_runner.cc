@@ -65,6 +65,7 @@ struct ProcessUsage {
   int64_t minor_faults = 0;
   int64_t ctx_switches = 0;        // voluntary: waits
   int64_t invol_ctx_switches = 0;  // preemptions
+  int64_t peak_rss_bytes = 0;      // ru_maxrss (KiB on Linux) * 1024
 };
 
 ProcessUsage Usage() {
@@ -76,6 +77,7 @@ ProcessUsage Usage() {
   r.minor_faults = u.ru_minflt;
   r.ctx_switches = u.ru_nvcsw;
   r.invol_ctx_switches = u.ru_nivcsw;
+  r.peak_rss_bytes = int64_t{u.ru_maxrss} * 1024;
   return r;
 }
 
@@ -394,6 +396,8 @@ class StageRunnerImpl final : public StageRunner {
     ev.set_minor_faults(use1.minor_faults - use0.minor_faults);
     ev.set_ctx_switches(use1.ctx_switches - use0.ctx_switches);
     ev.set_invol_ctx_switches(use1.invol_ctx_switches - use0.invol_ctx_switches);
+    ev.set_peak_rss_bytes(use1.peak_rss_bytes);
+    ev.set_num_parameters(worker_->num_parameters());
     ev.set_fw_bytes(down_ ? down_->bytes_sent() - fw0 : 0);
     ev.set_bw_bytes(up_ ? up_->bytes_sent() - bw0 : 0);
     ev.set_bandwidth_mbps(mbps);

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "common/row_format.h"
 #include "common/status_macros.h"
@@ -254,6 +255,137 @@ double LearningRateAt(const v1::OptimizerSpec& opt, int64_t step) {
   const double span = static_cast<double>(opt.total_steps() - opt.warmup_steps());
   const double frac = span <= 0 ? 1.0 : static_cast<double>(step - opt.warmup_steps()) / span;
   return lr + (opt.min_lr() - lr) * frac;
+}
+
+namespace {
+
+// The blocks of stage `stage` of `num_stages`: the split of StageRangeFor
+// (pipeline/stage_model.h), which this must match.
+int64_t StageBlocks(const v1::ModelSpec& spec, int stage, int num_stages) {
+  const int64_t n = spec.n_layer(), base = n / num_stages, extra = n % num_stages;
+  return base + (stage < extra ? 1 : 0);
+}
+
+int64_t KvDim(const v1::ModelSpec& s) {
+  const int64_t kv_heads = s.n_kv_head() == 0 ? s.n_head() : s.n_kv_head();
+  return kv_heads * (s.d_model() / s.n_head());
+}
+
+int64_t BlockParameterCount(const v1::ModelSpec& s) {
+  const int64_t d = s.d_model(), f = FeedForwardDim(s);
+  if (s.family() == "llama") {
+    // 2 RMSNorm weights, q [d, d], k and v [kv, d], o [d, d], gate/up/down.
+    return 2 * d + d * d + 2 * KvDim(s) * d + d * d + 3 * d * f;
+  }
+  // ln_1, c_attn (+bias), c_proj (+bias), ln_2, c_fc (+bias), mlp c_proj (+bias).
+  return 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (d * f + f) + (f * d + d);
+}
+
+// Values per token and block that autograd keeps for backward (see the header).
+int64_t KeptValuesPerTokenAndBlock(const v1::ModelSpec& s) {
+  const int64_t d = s.d_model(), attention = int64_t{s.n_head()} * s.seq_len();
+  if (s.family() == "llama") return 7 * d + 3 * KvDim(s) + 4 * FeedForwardDim(s) + attention;
+  return 17 * d + attention;
+}
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+constexpr int64_t kStageProcessBytes = 512 * kMiB;     // libtorch, gRPC, the store, the corpus
+constexpr int64_t kDefaultResidentBytes = 64 * kMiB;  // compression.resident_bytes unset
+// One micro-batch's float32 logits [B, T, V] are alive this many times at the
+// last stage's peak (logits, log-softmax, their gradients, the allocator's
+// slack): 5 to 7 measured on a 4-layer d 64 GPT (docs/MODELS.md).
+constexpr int64_t kLogitsCopies = 6;
+
+std::string GiB(int64_t bytes) { return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (kMiB * 1024.0)); }
+
+}  // namespace
+
+int64_t FeedForwardDim(const v1::ModelSpec& s) {
+  const int64_t d = s.d_model();
+  if (s.family() == "llama") {
+    if (s.d_ff() != 0) return s.d_ff();
+    return 256 * ((8 * d / 3 + 255) / 256);
+  }
+  return 4 * d;  // pipeline/gpt.h builds a 4 d MLP whatever model.d_ff says
+}
+
+int64_t StageParameterCount(const v1::ModelSpec& s, int stage, int num_stages) {
+  const int64_t d = s.d_model(), v = s.vocab_size();
+  const bool llama = s.family() == "llama";
+  int64_t n = StageBlocks(s, stage, num_stages) * BlockParameterCount(s);
+  if (stage == 0) n += v * d + (llama ? 0 : int64_t{s.seq_len()} * d);  // token (+ gpt2 position) embedding
+  if (stage == num_stages - 1) {
+    n += llama ? d : 2 * d;  // final norm
+    // The head: the embedding itself on one stage with tied embeddings,
+    // otherwise a matrix of its own (a copy when tied across stages).
+    if (!(s.tie_embeddings() && num_stages == 1)) n += v * d;
+  }
+  return n;
+}
+
+int64_t TotalParameterCount(const v1::ModelSpec& spec) { return StageParameterCount(spec, 0, 1); }
+
+int64_t EstimateStageBytes(const v1::JobSpec& job, int stage) {
+  const v1::ModelSpec& s = job.model();
+  const int num_stages = static_cast<int>(std::max<uint32_t>(1, job.stages()));
+  const int64_t params = StageParameterCount(s, stage, num_stages);
+  int64_t per_param = 16;                      // weights, gradients, AdamW m and v (float32)
+  if (job.precision() != "fp32") per_param += 2;  // compute copies of the weights
+  if (job.data_parallel() > 1 && job.dp().optimizer() == v1::DataParallelSpec::quantized_adam) per_param += 8;
+  if (job.data_parallel() > 1 && job.dp().delayed_update()) per_param += 8;
+  int64_t bytes = params * per_param + kStageProcessBytes;
+
+  const int64_t tokens = int64_t{job.micro_batch_size()} * s.seq_len();  // per micro-batch
+  const int64_t blocks = StageBlocks(s, stage, num_stages);
+  const int64_t elem = job.precision() == "fp32" ? 4 : 2;
+  const absl::StatusOr<StepSchedule> schedule = StepScheduleFromJob(job);
+  const int64_t in_flight =
+      schedule.ok() ? InFlightAt(*schedule, stage) : std::max<int64_t>(1, job.micro_batches_per_step());
+  const int64_t block_set = tokens * KeptValuesPerTokenAndBlock(s) * elem;  // one block, one micro-batch
+  if (s.recompute()) {
+    bytes += in_flight * tokens * blocks * s.d_model() * 4 + (blocks > 0 ? block_set : 0);
+  } else {
+    bytes += in_flight * blocks * block_set;
+  }
+  if (stage == num_stages - 1) bytes += kLogitsCopies * tokens * int64_t{s.vocab_size()} * 4;
+  if (job.compression().mode() == v1::LinkCompression::aqsgd) {
+    const int64_t resident = job.compression().has_resident_bytes()
+                                 ? static_cast<int64_t>(job.compression().resident_bytes())
+                                 : kDefaultResidentBytes;
+    bytes += resident * ((stage > 0 ? 1 : 0) + (stage < num_stages - 1 ? 1 : 0));
+  }
+  return bytes;
+}
+
+absl::StatusOr<int64_t> AvailableMemoryBytes() {
+  std::ifstream in("/proc/meminfo");
+  if (!in) return absl::UnavailableError("cannot read /proc/meminfo");
+  std::string key, unit;
+  int64_t value = 0;
+  while (in >> key >> value) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return value * 1024;  // kB
+  }
+  return absl::UnavailableError("/proc/meminfo has no MemAvailable");
+}
+
+absl::Status CheckStageMemory(const v1::JobSpec& job, int stage, int64_t available_bytes) {
+  const int64_t need = EstimateStageBytes(job, stage);
+  if (need <= available_bytes) return absl::OkStatus();
+  const int num_stages = static_cast<int>(std::max<uint32_t>(1, job.stages()));
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "stage ", stage, " of ", num_stages, " needs about ", GiB(need), " (",
+      StageParameterCount(job.model(), stage, num_stages), " parameters with their gradients and AdamW state, ",
+      "plus activations; pipeline/job_spec.h EstimateStageBytes) but this machine has ", GiB(available_bytes),
+      " available (MemAvailable); use more stages, a smaller micro_batch_size or seq_len, model.recompute, "
+      "or a machine with more memory"));
+}
+
+absl::Status CheckStageMemory(const v1::JobSpec& job, int stage) {
+  if (job.device() != "cpu") return absl::OkStatus();
+  const absl::StatusOr<int64_t> available = AvailableMemoryBytes();
+  if (!available.ok()) return absl::OkStatus();
+  return CheckStageMemory(job, stage, *available);
 }
 
 }  // namespace aqswarm::pipeline

@@ -1,5 +1,10 @@
 #include "pipeline/job_spec.h"
 
+#include <filesystem>
+#include <iostream>
+#include <string>
+
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "pipeline/quantized_adam.h"
 
@@ -126,6 +131,148 @@ TEST(JobSpecTest, LearningRateSchedule) {
   EXPECT_DOUBLE_EQ(LearningRateAt(o, 10), 1.0);
   EXPECT_NEAR(LearningRateAt(o, 60), 0.55, 1e-12);
   EXPECT_DOUBLE_EQ(LearningRateAt(o, 200), 0.1);
+}
+
+v1::ModelSpec Gpt2Small(bool tied) {
+  v1::ModelSpec m;
+  m.set_family("gpt2");
+  m.set_vocab_size(50257);
+  m.set_seq_len(1024);
+  m.set_d_model(768);
+  m.set_n_layer(12);
+  m.set_n_head(12);
+  m.set_tie_embeddings(tied);
+  return m;
+}
+
+TEST(ParameterCountTest, Gpt2SmallIsTheFamous124M) {
+  EXPECT_EQ(TotalParameterCount(Gpt2Small(true)), 124439808);
+  EXPECT_EQ(TotalParameterCount(Gpt2Small(false)), 124439808 + 50257 * 768);
+}
+
+TEST(ParameterCountTest, LlamaCountedByHand) {
+  v1::ModelSpec m;
+  m.set_family("llama");
+  m.set_vocab_size(32000);
+  m.set_seq_len(64);
+  m.set_d_model(64);
+  m.set_n_layer(2);
+  m.set_n_head(4);
+  m.set_n_kv_head(2);  // head_dim 16: k and v project to 32
+  // d_ff default: 256 * ceil(floor(8 * 64 / 3) / 256) = 256.
+  EXPECT_EQ(FeedForwardDim(m), 256);
+  // Per block: norms 2*64, q 64*64, k+v 2*32*64, o 64*64, gate/up/down 3*64*256
+  // = 128 + 4096 + 4096 + 4096 + 49152 = 61568.
+  // Embedding 32000*64 = 2048000, final norm 64, head 2048000 when untied.
+  EXPECT_EQ(TotalParameterCount(m), 2048000 + 2 * 61568 + 64 + 2048000);
+  m.set_tie_embeddings(true);
+  EXPECT_EQ(TotalParameterCount(m), 2048000 + 2 * 61568 + 64);
+  m.set_d_ff(100);
+  EXPECT_EQ(TotalParameterCount(m), 2048000 + 2 * (128 + 4096 + 4096 + 4096 + 3 * 64 * 100) + 64);
+  // Llama-7B's shape gives its known count: 6,738,415,616.
+  v1::ModelSpec l7;
+  l7.set_family("llama");
+  l7.set_vocab_size(32000);
+  l7.set_seq_len(4096);
+  l7.set_d_model(4096);
+  l7.set_n_layer(32);
+  l7.set_n_head(32);
+  EXPECT_EQ(FeedForwardDim(l7), 11008);
+  EXPECT_EQ(TotalParameterCount(l7), 6738415616);
+}
+
+TEST(ParameterCountTest, StagesSplitLikeStageRangeForAndCopyATiedHead) {
+  for (bool tied : {false, true}) {
+    v1::ModelSpec m = Gpt2Small(tied);
+    m.set_n_layer(7);  // 7 blocks over 3 stages: 3, 2, 2
+    const int64_t total = TotalParameterCount(m);
+    const int64_t block = 12 * 768 * 768 + 13 * 768;
+    const int64_t v_d = 50257 * 768;
+    EXPECT_EQ(StageParameterCount(m, 0, 3), v_d + 1024 * 768 + 3 * block);
+    EXPECT_EQ(StageParameterCount(m, 1, 3), 2 * block);
+    EXPECT_EQ(StageParameterCount(m, 2, 3), 2 * block + 2 * 768 + v_d);
+    int64_t sum = 0;
+    for (int s = 0; s < 3; ++s) sum += StageParameterCount(m, s, 3);
+    EXPECT_EQ(sum, total + (tied ? v_d : 0)) << tied;  // across stages the tied head is a copy
+    EXPECT_EQ(StageParameterCount(m, 0, 1), total);
+  }
+}
+
+v1::JobSpec Job(const std::string& json) {
+  auto job = ParseJobSpec(json);
+  EXPECT_TRUE(job.ok()) << job.status();
+  return job.ok() ? *job : v1::JobSpec();
+}
+
+TEST(StageMemoryTest, EstimateCountsStateActivationsAndLogits) {
+  v1::JobSpec job = Job(R"({"model":{"seqLen":32,"dModel":64,"nLayer":4,"nHead":4,"vocabSize":1000},
+      "microBatchSize":2,"microBatchesPerStep":4,"stages":2,"schedule":"gpipe"})");
+  const int64_t process = int64_t{512} << 20;
+  // Stage 0: 16 B/param + 4 in flight x 2 blocks x 64 tokens x (17*64 + 4*32) values x 4 B.
+  EXPECT_EQ(EstimateStageBytes(job, 0),
+            process + 16 * StageParameterCount(job.model(), 0, 2) + 4 * 2 * 64 * (17 * 64 + 4 * 32) * 4);
+  // The last stage adds 6 x one micro-batch's float32 logits.
+  EXPECT_EQ(EstimateStageBytes(job, 1), process + 16 * StageParameterCount(job.model(), 1, 2) +
+                                            4 * 2 * 64 * (17 * 64 + 4 * 32) * 4 + 6 * 64 * 1000 * 4);
+  // Recompute keeps each block's input per micro-batch plus one block's set.
+  job.mutable_model()->set_recompute(true);
+  EXPECT_EQ(EstimateStageBytes(job, 0),
+            process + 16 * StageParameterCount(job.model(), 0, 2) + 4 * 64 * 2 * 64 * 4 + 64 * (17 * 64 + 4 * 32) * 4);
+  // bf16 halves the activations and adds 2 B/param of compute copies.
+  job.mutable_model()->set_recompute(false);
+  job.set_precision("bf16");
+  EXPECT_EQ(EstimateStageBytes(job, 0),
+            process + 18 * StageParameterCount(job.model(), 0, 2) + 4 * 2 * 64 * (17 * 64 + 4 * 32) * 2);
+}
+
+TEST(StageMemoryTest, ASeventyBillionModelIsRefusedWithAClearMessage) {
+  v1::JobSpec job = Job(R"({"model":{"family":"llama","vocabSize":32000,"seqLen":4096,"dModel":8192,"nLayer":80,
+      "nHead":64,"nKvHead":8,"dFf":28672},"microBatchSize":1,"microBatchesPerStep":8})");
+  EXPECT_EQ(TotalParameterCount(job.model()), 68976648192);  // Llama-2-70B
+  const int64_t available = int64_t{64} << 30;
+  const absl::Status st = CheckStageMemory(job, 0, available);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  const std::string msg(st.message());
+  EXPECT_NE(msg.find("stage 0 of 1 needs about "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("68976648192 parameters"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("64.0 GiB available (MemAvailable)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("more stages"), std::string::npos) << msg;
+  // On 80 stages the last one (a block, the head, one micro-batch in flight)
+  // needs ~29 GB: it fits.
+  job.set_stages(80);
+  EXPECT_TRUE(CheckStageMemory(job, 79, available).ok()) << CheckStageMemory(job, 79, available);
+}
+
+TEST(StageMemoryTest, TinyJobFitsThisMachine) {
+  v1::JobSpec job = Job(R"({"model":{"seqLen":16,"dModel":32,"nLayer":2,"nHead":2}})");
+  auto available = AvailableMemoryBytes();
+  ASSERT_TRUE(available.ok()) << available.status();
+  EXPECT_GT(*available, 0);
+  EXPECT_TRUE(CheckStageMemory(job, 0).ok());
+  // GPU stages are not checked against host memory.
+  job.set_device("cuda:0");
+  EXPECT_TRUE(CheckStageMemory(job, 0, 0).code() == absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(CheckStageMemory(job, 0).ok());
+}
+
+// The example jobs parse and have the sizes examples/README.md states.
+TEST(ExampleJobsTest, ParseWithTheirStatedSizes) {
+  const std::filesystem::path dir = std::filesystem::path(__FILE__).parent_path().parent_path() / "examples";
+  struct Case {
+    const char* file;
+    int64_t parameters;
+  } cases[] = {{"gpt2_124m.json", 124439808}, {"llama_150m.json", 152711424}, {"llama_1b.json", 1076072448}};
+  for (const Case& c : cases) {
+    auto job = LoadJobSpec((dir / c.file).string());
+    ASSERT_TRUE(job.ok()) << job.status();
+    EXPECT_EQ(TotalParameterCount(job->model()), c.parameters) << c.file;
+    // The estimates docs/MODELS.md quotes (stated there in GiB, rounded).
+    std::string estimates;
+    for (int s = 0; s < static_cast<int>(job->stages()); ++s) {
+      estimates += absl::StrFormat(" %.1f", EstimateStageBytes(*job, s) / 1073741824.0);
+    }
+    std::cout << c.file << " stage estimates (GiB):" << estimates << "\n";
+  }
 }
 
 }  // namespace

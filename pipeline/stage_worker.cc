@@ -540,6 +540,8 @@ absl::StatusOr<std::unique_ptr<StageWorker>> StageWorker::Create(const v1::JobSp
   if (stage < 0 || stage >= static_cast<int>(job.stages())) {
     return absl::InvalidArgumentError(absl::StrCat("stage ", stage, " outside [0, ", job.stages(), ")"));
   }
+  // A stage that cannot fit in RAM fails here with the sizes, not by an OOM kill.
+  AQSWARM_RETURN_IF_ERROR(CheckStageMemory(job, stage));
   if (job.device() != "cpu") {
     try {
       torch::Device d(job.device());
