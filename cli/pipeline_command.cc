@@ -294,6 +294,12 @@ int RunPipeline(const std::vector<std::string>& args) {
       if (absl::Status st = RemoveTree(out / ("store-" + name(p, s))); !st.ok()) return Fail("pipeline", st);
     }
   }
+  // Pipeline 0's stages keep their final state for `aqswarm export`
+  // (<out_dir>/checkpoints/stage-<k>/state-<steps>.ckpt; replicas are
+  // identical). Without rollback here, a job that leaves
+  // checkpoint_every_steps at 0 (= every step) writes the first and the
+  // final state only.
+  if (job->checkpoint_every_steps() == 0) job->set_checkpoint_every_steps(1000000);
   std::string json;
   google::protobuf::util::JsonPrintOptions po;
   po.add_whitespace = true;
@@ -324,6 +330,10 @@ int RunPipeline(const std::vector<std::string>& args) {
     c.store_dir = (out / ("store-" + name(p, s))).string();
     c.link_timeout_s = absl::GetFlag(FLAGS_link_timeout_s);
     c.peers_on_stdin = true;
+    if (p == 0) {
+      c.checkpoint_dir = (out / "checkpoints" / absl::StrCat("stage-", s)).string();
+      c.keep_checkpoints = 1;
+    }
     if (absl::GetFlag(FLAGS_metrics_port_base) > 0) {
       c.metrics_listen = absl::StrCat("127.0.0.1:", absl::GetFlag(FLAGS_metrics_port_base) + i);
     }
@@ -514,7 +524,8 @@ std::vector<Command> PipelineCommands() {
       {"pipeline",
        "Train a job on K local stage processes joined by StageLink over 127.0.0.1.",
        "Prints per step: loss, tokens/s, MB sent per link (forward/backward); writes\n"
-       "<out_dir>/metrics.csv, <out_dir>/events.jsonl (every stage's JSON lines) and one log per stage.",
+       "<out_dir>/metrics.csv, <out_dir>/events.jsonl (every stage's JSON lines), one log per stage\n"
+       "and each stage's final state in <out_dir>/checkpoints/stage-<k>/ (`aqswarm export --run <out_dir>`).",
        {"job", "stages", "dp", "out_dir", "keep_stores", "link_timeout_s", "tls_dir", "name", "metrics_port_base"},
        RunPipeline},
       {"stage",

@@ -282,11 +282,12 @@ class StageRunnerImpl final : public StageRunner {
     return absl::OkStatus();
   }
 
-  // Writes the state after `steps` completed steps (see StageRunnerOptions).
-  absl::Status SaveState(int64_t steps) {
+  // Writes the state after `steps` completed steps (see StageRunnerOptions);
+  // the job's final state always (what `aqswarm export` reads).
+  absl::Status SaveState(int64_t steps, bool final = false) {
     if (o_.checkpoint_dir.empty()) return absl::OkStatus();
     const int64_t every = std::max<uint32_t>(1, job_.checkpoint_every_steps());
-    if (steps != o_.start_step && steps % every != 0) return absl::OkStatus();
+    if (steps != o_.start_step && steps % every != 0 && !final) return absl::OkStatus();
     namespace fs = std::filesystem;
     std::error_code ec;
     fs::create_directories(o_.checkpoint_dir, ec);
@@ -324,7 +325,7 @@ class StageRunnerImpl final : public StageRunner {
         const bool final_step = (max_steps > 0 && global + 1 == max_steps) ||
                                 (epoch + 1 == job_.epochs() && s + 1 == sched.num_steps());
         AQSWARM_ASSIGN_OR_RETURN(v1::StageEvent step_event, RunStep(sched, epoch, s, global, final_step));
-        AQSWARM_RETURN_IF_ERROR(SaveState(global + 1));
+        AQSWARM_RETURN_IF_ERROR(SaveState(global + 1, final_step));
         // After the state is on disk: whoever reads the step event (the peer
         // daemon reports the states it holds) sees that step's state too.
         Report(step_event);

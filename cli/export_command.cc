@@ -1,0 +1,77 @@
+// `aqswarm export`: a finished `aqswarm pipeline` run as a Hugging Face
+// directory (pipeline/hf_checkpoint.h ExportHfModel does the work).
+#include <filesystem>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "cli/command.h"
+#include "peer/stage_checkpoints.h"
+#include "pipeline/hf_checkpoint.h"
+#include "pipeline/job_spec.h"
+
+ABSL_FLAG(std::string, run, "", "Run directory of a finished `aqswarm pipeline` (its --out_dir).");
+ABSL_FLAG(std::string, out, "", "Directory to write (config.json, model.safetensors, tokenizer files).");
+
+namespace aqswarm::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+int Fail(const absl::Status& s) {
+  std::cerr << "aqswarm export: " << s.message() << "\n";
+  return 1;
+}
+
+// The run's job and each stage's newest state (all of the same step).
+absl::Status FindRun(const fs::path& run, pipeline::HfExportOptions* o, int64_t* step) {
+  absl::StatusOr<v1::JobSpec> job = pipeline::LoadJobSpec((run / "job.json").string());
+  if (!job.ok()) return absl::Status(job.status().code(), absl::StrCat(run.string(), ": ", job.status().message()));
+  o->job = *job;
+  *step = -1;
+  for (uint32_t k = 0; k < job->stages(); ++k) {
+    const fs::path dir = run / "checkpoints" / absl::StrCat("stage-", k);
+    const std::vector<int64_t> steps = peer::StageCheckpointSteps(dir.string());
+    if (steps.empty()) {
+      return absl::NotFoundError(absl::StrCat("no state of stage ", k, " in ", dir.string(),
+                                              " (did the run finish? runs before `aqswarm export` existed kept none)"));
+    }
+    if (*step >= 0 && steps.back() != *step) {
+      return absl::FailedPreconditionError(absl::StrCat("stage ", k, "'s newest state is of step ", steps.back(),
+                                                        ", stage 0's of step ", *step, ": not one model"));
+    }
+    *step = steps.back();
+    o->stage_checkpoints.push_back(peer::StageCheckpointPath(dir.string(), *step));
+  }
+  return absl::OkStatus();
+}
+
+int RunExport(const std::vector<std::string>& args) {
+  if (!args.empty()) return Fail(absl::InvalidArgumentError("unexpected argument " + args[0]));
+  if (absl::GetFlag(FLAGS_run).empty()) return Fail(absl::InvalidArgumentError("--run is required"));
+  if (absl::GetFlag(FLAGS_out).empty()) return Fail(absl::InvalidArgumentError("--out is required"));
+  pipeline::HfExportOptions o;
+  int64_t step = 0;
+  if (absl::Status s = FindRun(absl::GetFlag(FLAGS_run), &o, &step); !s.ok()) return Fail(s);
+  o.out_dir = absl::GetFlag(FLAGS_out);
+  if (absl::Status s = pipeline::ExportHfModel(o); !s.ok()) return Fail(s);
+  std::cout << "aqswarm export: " << o.job.model().family() << " model of " << o.stage_checkpoints.size()
+            << " stage(s) after " << step << " steps -> " << o.out_dir << " (config.json, model.safetensors"
+            << (o.job.data().tokenizer_dir().empty() ? "" : ", tokenizer") << ")\n";
+  return 0;
+}
+
+}  // namespace
+
+std::vector<Command> ExportCommands() {
+  return {{"export",
+           "Write a finished `aqswarm pipeline` run as a Hugging Face model directory.",
+           "Reads <run>/job.json and each stage's newest state in <run>/checkpoints/stage-<k>/; writes\n"
+           "config.json (GPT2LMHeadModel / LlamaForCausalLM, float32), model.safetensors (all stages merged,\n"
+           "Hugging Face names) and the job's tokenizer files. The result loads with transformers'\n"
+           "from_pretrained, as model.initFrom of another job, and in `aqswarm generate --model`.",
+           {"run", "out"},
+           RunExport}};
+}
+
+}  // namespace aqswarm::cli
