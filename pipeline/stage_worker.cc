@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <set>
 #include <thread>
@@ -19,6 +20,10 @@
 #include "pipeline/stage_io.h"
 
 namespace aqswarm::pipeline {
+
+// optimizer.lossScale "dynamic", or unset with precision fp16.
+bool DynamicLossScaling(const v1::JobSpec& job);
+
 namespace {
 
 // Converts torch exceptions (shape errors, OOM) into statuses at the boundary.
@@ -39,6 +44,9 @@ class StageWorkerImpl final : public StageWorker {
     model_->set_compute_dtype(ComputeDtypeFor(job.precision()));
     // AdamW holds references to the parameters moved above: rebuild it.
     opt_ = AdamW(model_->named_params(), job.optimizer());
+    if (DynamicLossScaling(job)) {
+      loss_scale_ = job.optimizer().initial_loss_scale() > 0 ? job.optimizer().initial_loss_scale() : 65536.0;
+    }
   }
 
   int stage() const override { return model_->range().stage; }
@@ -82,7 +90,7 @@ class StageWorkerImpl final : public StageWorker {
       if (!is_first()) x.requires_grad_(true);
       torch::Tensor l = NextTokenLoss(model_->forward(x), t);
       *loss = l.item<double>();
-      saved_[mb] = {x, l / static_cast<double>(job_.micro_batches_per_step())};
+      saved_[mb] = {x, l * (LossScale() / static_cast<double>(job_.micro_batches_per_step()))};
       return absl::OkStatus();
     });
   }
@@ -104,7 +112,16 @@ class StageWorkerImpl final : public StageWorker {
                               .to(device_, /*non_blocking=*/false, /*copy=*/true);
         y.backward(g);
       }
-      if (!is_first() && grad_in != nullptr) CopyOut(x.grad(), grad_in);
+      if (!is_first() && grad_in != nullptr) {
+        if (loss_scale_ > 0 && !torch::isfinite(x.grad()).all().item<bool>()) {
+          // An overflow: the step will be skipped everywhere (GradSquaredNorm
+          // is infinite), so upstream gets zeros rather than a refused message.
+          overflow_ = true;
+          grad_in->assign(x.grad().numel(), 0.0f);
+        } else {
+          CopyOut(x.grad(), grad_in);
+        }
+      }
       return absl::OkStatus();
     });
   }
@@ -131,14 +148,19 @@ class StageWorkerImpl final : public StageWorker {
   }
 
   double GradSquaredNorm() const override {
-    if (!holds_tied_copy() || is_first()) return opt_.GradSquaredNorm();
+    if (loss_scale_ == 0 && (!holds_tied_copy() || is_first())) return opt_.GradSquaredNorm();
+    if (overflow_) return std::numeric_limits<double>::infinity();
+    // The last stage leaves its tied copy out; with loss scaling the norm is
+    // of the unscaled gradients (infinite after an overflow).
     torch::NoGradGuard ng;
-    const torch::Tensor tied = model_->tied_embedding();
+    const torch::Tensor tied = is_first() ? torch::Tensor() : model_->tied_embedding();
     double sq = 0;
     for (const auto& [name, p] : model_->named_params()) {
-      if (p.grad().defined() && !p.is_same(tied)) sq += p.grad().pow(2).sum().item<double>();
+      if (!p.grad().defined() || (tied.defined() && p.is_same(tied))) continue;
+      const torch::Tensor g = loss_scale_ > 0 ? p.grad().mul(1.0 / loss_scale_) : p.grad();
+      sq += g.pow(2).sum().item<double>();
     }
-    return sq;
+    return std::isfinite(sq) ? sq : std::numeric_limits<double>::infinity();
   }
 
   bool holds_tied_copy() const override { return model_->tied_embedding().defined(); }
@@ -148,7 +170,11 @@ class StageWorkerImpl final : public StageWorker {
     if (!t.defined()) return absl::FailedPreconditionError("this stage holds no tied embedding copy");
     return Guard("tied gradient", [&] {
       torch::NoGradGuard ng;
-      const torch::Tensor g = t.grad().defined() ? t.grad() : torch::zeros_like(t);
+      torch::Tensor g = t.grad().defined() ? t.grad() : torch::zeros_like(t);
+      if (loss_scale_ > 0 && !torch::isfinite(g).all().item<bool>()) {
+        overflow_ = true;  // the step is skipped everywhere: send zeros
+        g = torch::zeros_like(t);
+      }
       rows->clear();
       if (!is_first()) {
         CopyOut(g, values);
@@ -219,6 +245,7 @@ class StageWorkerImpl final : public StageWorker {
     saved_.clear();
     step_tokens_.clear();
     return Guard("step", [&] {
+      if (loss_scale_ > 0 && !UnscaleOrSkip(total_grad_squared_norm)) return absl::OkStatus();
       opt_.Step(LearningRateAt(job_.optimizer(), step), total_grad_squared_norm);
       return absl::OkStatus();
     });
@@ -318,6 +345,11 @@ class StageWorkerImpl final : public StageWorker {
   // A delayed update's result is saved too ("delayed/params"), so a loader
   // applies it at its next step as this worker would.
   absl::Status SaveCheckpoint(const std::string& path) override {
+    if (dp_ == nullptr && loss_scale_ > 0) {
+      ExtraCheckpointState extra;
+      extra.metadata = {{kLossScale, absl::StrCat(loss_scale_)}, {kGoodSteps, absl::StrCat(good_steps_)}};
+      return SaveStageCheckpoint(path, *model_, opt_, job_.name(), &extra);
+    }
     if (dp_ == nullptr) return SaveStageCheckpoint(path, *model_, opt_, job_.name());
     AQSWARM_RETURN_IF_ERROR(JoinUpdate());
     ExtraCheckpointState extra;
@@ -337,6 +369,12 @@ class StageWorkerImpl final : public StageWorker {
     AQSWARM_RETURN_IF_ERROR(LoadStageCheckpoint(path, *model_, opt_, &extra));
     master_ = false;
     prev_params_.clear();
+    if (loss_scale_ > 0 && extra.metadata.count(kLossScale) > 0) {
+      if (!absl::SimpleAtod(extra.metadata[kLossScale], &loss_scale_) || !(loss_scale_ > 0) ||
+          !absl::SimpleAtoi(extra.metadata[kGoodSteps], &good_steps_)) {
+        return absl::DataLossError(absl::StrCat(path, ": bad loss scale"));
+      }
+    }
     if (extra.tensors.empty()) return absl::OkStatus();
     if (dp_ == nullptr) InitDataParallel();
     std::vector<std::pair<std::string, std::vector<float>>> state, tied_state;
@@ -513,6 +551,39 @@ class StageWorkerImpl final : public StageWorker {
   static constexpr char kDelayedParams[] = "delayed/params";
   static constexpr char kDelayedPrevParams[] = "delayed/prev_params";
   static constexpr char kTiedState[] = "dp_tied/";
+  static constexpr char kLossScale[] = "loss_scale";
+  static constexpr char kGoodSteps[] = "loss_scale_good_steps";
+
+  double LossScale() const { return loss_scale_ > 0 ? loss_scale_ : 1.0; }
+
+  // Dynamic loss scaling at the step: a non-finite whole-model norm skips
+  // the step (gradients dropped) and halves the scale; otherwise the
+  // gradients are divided by the scale (a power of two: exact) and every
+  // kGrowthInterval good steps it doubles. Returns whether to step.
+  bool UnscaleOrSkip(double total_grad_squared_norm) {
+    torch::NoGradGuard ng;
+    const bool skip = !std::isfinite(total_grad_squared_norm);
+    for (const auto& [name, p] : model_->named_params()) {
+      if (!p.grad().defined()) continue;
+      if (skip) {
+        p.mutable_grad().zero_();
+      } else {
+        p.mutable_grad().mul_(1.0 / loss_scale_);
+      }
+    }
+    overflow_ = false;
+    if (skip) {
+      loss_scale_ = std::max(loss_scale_ * 0.5, 1.0);
+      good_steps_ = 0;
+      return false;
+    }
+    if (++good_steps_ >= kGrowthInterval) {
+      loss_scale_ = std::min(loss_scale_ * 2, 1.0 * (int64_t{1} << 60));
+      good_steps_ = 0;
+    }
+    return true;
+  }
+  static constexpr int64_t kGrowthInterval = 2000;
 
   torch::Device device_;
   std::map<int, std::pair<torch::Tensor, torch::Tensor>> saved_;  // mb -> (input, output or scaled loss)
@@ -521,6 +592,11 @@ class StageWorkerImpl final : public StageWorker {
   std::unique_ptr<QuantizedAdam> dp_;
   std::unique_ptr<QuantizedAdam> dp_tied_;  // the tied-embedding copy's (first and last stage), or null
   int64_t tied_n_ = 0;                      // its elements, at the front of dp_params_
+  // Dynamic loss scaling (optimizer.lossScale): the scale (0 = off), good
+  // steps since it last changed, and whether this step overflowed here.
+  double loss_scale_ = 0;
+  int64_t good_steps_ = 0;
+  bool overflow_ = false;
   std::vector<torch::Tensor> dp_order_;
   std::vector<float> dp_params_, dp_grads_;
   AllReduceStats stats_;  // dp_'s, as of the last update this thread saw finish
@@ -535,6 +611,11 @@ class StageWorkerImpl final : public StageWorker {
 
 }  // namespace
 
+bool DynamicLossScaling(const v1::JobSpec& job) {
+  const std::string& mode = job.optimizer().loss_scale();
+  return mode == "dynamic" || (mode.empty() && job.precision() == "fp16");
+}
+
 absl::StatusOr<std::unique_ptr<StageWorker>> StageWorker::Create(const v1::JobSpec& job, int stage) {
   AQSWARM_RETURN_IF_ERROR(ValidateJobSpec(job));
   if (stage < 0 || stage >= static_cast<int>(job.stages())) {
@@ -542,6 +623,15 @@ absl::StatusOr<std::unique_ptr<StageWorker>> StageWorker::Create(const v1::JobSp
   }
   // A stage that cannot fit in RAM fails here with the sizes, not by an OOM kill.
   AQSWARM_RETURN_IF_ERROR(CheckStageMemory(job, stage));
+  const std::string& scaling = job.optimizer().loss_scale();
+  if (!scaling.empty() && scaling != "dynamic" && scaling != "off") {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer.lossScale '", scaling, "' is not dynamic or off"));
+  }
+  if (DynamicLossScaling(job) && job.data_parallel() > 1) {
+    return absl::UnimplementedError(
+        "dynamic loss scaling (precision fp16 or optimizer.lossScale dynamic) with data_parallel > 1 is not built: "
+        "replicas would have to agree on every skipped step; use precision bf16");
+  }
   if (job.device() != "cpu") {
     try {
       torch::Device d(job.device());

@@ -25,12 +25,12 @@ namespace {
 using ::aqswarm::testing::IsOk;
 using ::aqswarm::testing::StatusIs;
 
-v1::JobSpec Job(int stages, const std::string& dp = "") {
+v1::JobSpec Job(int stages, const std::string& dp = "", const std::string& optimizer = "",
+               const std::string& tie = "true") {
   auto job = ParseJobSpec(absl::StrCat(
-      R"({"seed":5,"model":{"vocabSize":67,"seqLen":8,"dModel":16,"nLayer":3,"nHead":2,"tieEmbeddings":true},
-      "optimizer":{"lr":0.01,"warmupSteps":1,"totalSteps":20,"weightDecay":0.01,"gradClip":1.0},
-      "microBatchSize":2,"microBatchesPerStep":2)",
-      dp, "}"));
+      R"({"seed":5,"model":{"vocabSize":67,"seqLen":8,"dModel":16,"nLayer":3,"nHead":2,"tieEmbeddings":)", tie,
+      R"(},"optimizer":{"lr":0.01,"warmupSteps":1,"totalSteps":20,"weightDecay":0.01,"gradClip":1.0)", optimizer,
+      R"(},"microBatchSize":2,"microBatchesPerStep":2)", dp, "}"));
   EXPECT_TRUE(job.ok()) << job.status();
   job->set_stages(stages);
   return *job;
@@ -83,7 +83,7 @@ struct Pipeline {
         g.swap(gin);
       }
     }
-    if (k > 1) {
+    if (k > 1 && job.model().tie_embeddings()) {
       // Both contributions are taken before either end adds the other's.
       std::vector<uint32_t> rows0, rows_last;
       std::vector<float> g0, g_last;
@@ -232,6 +232,105 @@ TEST(TiedEmbeddingTest, FourCopiesStayIdenticalUnderQuantizedAdamAndACheckpoint)
     }
   }
   run_steps(3);
+}
+
+// Steps `steps` steps of a K-stage pipeline; returns the losses and leaves
+// the last parameter hashes per stage in *hashes.
+std::vector<double> TrainJob(const v1::JobSpec& job, int steps, std::vector<uint64_t>* hashes,
+                             std::vector<double>* norms = nullptr) {
+  Pipeline p(job);
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    auto [loss, sq] = p.Run(job, step);
+    for (auto& x : p.w) EXPECT_THAT(x->Step(step, sq), IsOk());
+    losses.push_back(loss);
+    if (norms != nullptr) norms->push_back(sq);
+  }
+  hashes->clear();
+  for (auto& x : p.w) hashes->push_back(x->ParameterHash());
+  return losses;
+}
+
+TEST(LossScalingTest, ScalingByAPowerOfTwoChangesNothingInFp32) {
+  for (const char* tie : {"false", "true"}) {
+    std::vector<uint64_t> off, on;
+    std::vector<double> n_off, n_on;
+    const auto l_off = TrainJob(Job(2, "", "", tie), 5, &off, &n_off);
+    const auto l_on = TrainJob(Job(2, "", R"(,"lossScale":"dynamic","initialLossScale":1024)", tie), 5, &on, &n_on);
+    EXPECT_EQ(l_off, l_on) << "tie " << tie;
+    EXPECT_EQ(n_off, n_on) << "tie " << tie;  // the norm the pipeline sees is unscaled
+    EXPECT_EQ(off, on) << "tie " << tie;
+  }
+}
+
+TEST(LossScalingTest, AnOverflowSkipsTheStepOnEveryStageAndTheScaleComesDown) {
+  // A scale of 1e38 overflows the last stage's scaled loss: the step is
+  // skipped on both stages (stage 0 got zeros, not an error), the scale
+  // halves each time, and once it is small enough training goes on.
+  const v1::JobSpec job = Job(2, "", R"(,"lossScale":"dynamic","initialLossScale":1e38)", "true");
+  Pipeline p(job);
+  const uint64_t h0 = p.w[0]->ParameterHash(), h1 = p.w[1]->ParameterHash();
+  auto [loss, sq] = p.Run(job, 0);
+  EXPECT_TRUE(std::isfinite(loss));
+  EXPECT_TRUE(std::isinf(sq));
+  for (auto& x : p.w) ASSERT_THAT(x->Step(0, sq), IsOk());
+  EXPECT_EQ(p.w[0]->ParameterHash(), h0);
+  EXPECT_EQ(p.w[1]->ParameterHash(), h1);
+  EXPECT_EQ(p.w[0]->TiedEmbeddingHash(), p.w[1]->TiedEmbeddingHash());
+  int skipped = 1, step = 1;
+  for (; step < 40; ++step) {
+    auto [l, s] = p.Run(job, step);
+    for (auto& x : p.w) ASSERT_THAT(x->Step(step, s), IsOk());
+    if (std::isfinite(s)) break;
+    ++skipped;
+  }
+  EXPECT_GT(skipped, 1);
+  EXPECT_LT(step, 40) << "the scale never came down far enough";
+  EXPECT_NE(p.w[0]->ParameterHash(), h0);
+  EXPECT_NE(p.w[1]->ParameterHash(), h1);
+  EXPECT_EQ(p.w[0]->TiedEmbeddingHash(), p.w[1]->TiedEmbeddingHash());
+  // The scale is in the checkpoints: a restored pipeline takes the same next
+  // step (a fresh one would overflow again at 1e38 and skip it).
+  ::aqswarm::testing::ScratchDir dir;
+  Pipeline restored(job);
+  for (int s = 0; s < 2; ++s) {
+    const std::string ck = dir.path() + "/s" + std::to_string(s);
+    ASSERT_THAT(p.w[s]->SaveCheckpoint(ck), IsOk());
+    ASSERT_THAT(restored.w[s]->LoadCheckpoint(ck), IsOk());
+  }
+  ++step;
+  for (Pipeline* q : {&p, &restored}) {
+    auto [l, sq2] = q->Run(job, step);
+    EXPECT_TRUE(std::isfinite(sq2));
+    for (auto& x : q->w) ASSERT_THAT(x->Step(step, sq2), IsOk());
+  }
+  for (int s = 0; s < 2; ++s) EXPECT_EQ(restored.w[s]->ParameterHash(), p.w[s]->ParameterHash()) << s;
+}
+
+TEST(LossScalingTest, BadSettingsAreRefused) {
+  v1::JobSpec job = Job(2, "", R"(,"lossScale":"sometimes")");
+  EXPECT_THAT(StageWorker::Create(job, 0).status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  job = Job(2, R"(,"dataParallel":2)", R"(,"lossScale":"dynamic")");
+  EXPECT_THAT(StageWorker::Create(job, 0).status(), StatusIs(absl::StatusCode::kUnimplemented));
+  job = Job(2, R"(,"dataParallel":2,"precision":"fp16")");
+  EXPECT_THAT(StageWorker::Create(job, 0).status(), StatusIs(absl::StatusCode::kUnimplemented));
+}
+
+TEST(LossScalingTest, Fp16ScalesByDefaultAndTrainsAcrossStages) {
+  // fp16 compute (emulated on CPU: values rounded to fp16) with the default
+  // dynamic scale of 65536: no overflow at this size, the loss falls, and the
+  // tied copies stay identical.
+  const v1::JobSpec job = Job(2, R"(,"precision":"fp16")");
+  Pipeline p(job);
+  std::vector<double> losses;
+  for (int step = 0; step < 12; ++step) {
+    auto [loss, sq] = p.Run(job, step);
+    EXPECT_TRUE(std::isfinite(sq)) << step;
+    for (auto& x : p.w) ASSERT_THAT(x->Step(step, sq), IsOk());
+    losses.push_back(loss);
+  }
+  EXPECT_LT(losses.back(), losses.front() - 0.1);
+  EXPECT_EQ(p.w[0]->TiedEmbeddingHash(), p.w[1]->TiedEmbeddingHash());
 }
 
 }  // namespace
