@@ -42,6 +42,7 @@ std::vector<Command> AllreduceCommands();
 std::vector<Command> CoordinatorCommands();
 std::vector<Command> MetricsCommands();
 std::vector<Command> ExportCommands();    // cli/export_command.cc
+std::vector<Command> GenerateCommands();  // cli/generate_command.cc
 
 // The metrics endpoint named by --metrics_listen (cli/metrics_command.cc);
 // null when the flag is empty.

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "pipeline/generate.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/optimizer.h"
 #include "pipeline/safetensors.h"
@@ -338,6 +339,46 @@ TEST_F(HfCheckpointTest, ExportThenImportGivesIdenticalLogits) {
   EXPECT_TRUE(read->tie_embeddings());
 }
 
+TEST_F(HfCheckpointTest, LlamaExportThenImportGivesIdenticalLogits) {
+  for (bool tied : {false, true}) {
+    v1::ModelSpec spec = Gpt2Spec(8);
+    spec.set_family("llama");
+    spec.set_n_kv_head(1);
+    spec.set_d_ff(40);
+    spec.set_rope_theta(500000);
+    spec.set_tie_embeddings(tied);
+    std::vector<std::shared_ptr<StageModel>> stages;
+    HfExportOptions o;
+    *o.job.mutable_model() = spec;
+    const std::string tag = tied ? "tied" : "untied";
+    o.stage_checkpoints = WriteRunCheckpoints(spec, Dir("run-" + tag), &stages);
+    o.out_dir = Dir("export-" + tag).string();
+    absl::Status s = ExportHfModel(o);
+    ASSERT_TRUE(s.ok()) << s;
+    auto file = SafetensorsFile::Open((Dir("export-" + tag) / kHfWeightsFile).string());
+    ASSERT_TRUE(file.ok());
+    EXPECT_NE((*file)->Find("model.embed_tokens.weight"), nullptr);
+    EXPECT_NE((*file)->Find("model.layers.2.mlp.down_proj.weight"), nullptr);
+    EXPECT_EQ((*file)->Find("lm_head.weight") != nullptr, !tied);  // LlamaForCausalLM ties it itself
+    const auto config = nlohmann::json::parse(ReadAll(Dir("export-" + tag) / kHfConfigFile));
+    EXPECT_EQ(config["architectures"][0], "LlamaForCausalLM");
+    EXPECT_EQ(config["intermediate_size"], 40);
+    EXPECT_EQ(config["num_key_value_heads"], 1);
+
+    auto whole = Make(spec, 0, 1, 1);
+    s = LoadHfCheckpoint(o.out_dir, *whole);
+    ASSERT_TRUE(s.ok()) << s;
+    torch::NoGradGuard ng;
+    const torch::Tensor ids = Ids(2, 8, 50);
+    EXPECT_TRUE(torch::equal(whole->forward(ids), stages[1]->forward(stages[0]->forward(ids)))) << tag;
+    // And back into two stages (the tied head copied from the embedding).
+    auto s0 = Make(spec, 0, 2, 3), s1 = Make(spec, 1, 2, 3);
+    ASSERT_TRUE(LoadHfCheckpoint(o.out_dir, *s0).ok());
+    ASSERT_TRUE(LoadHfCheckpoint(o.out_dir, *s1).ok());
+    EXPECT_TRUE(torch::equal(s1->forward(s0->forward(ids)), whole->forward(ids))) << tag;
+  }
+}
+
 TEST_F(HfCheckpointTest, ExportRefusesCheckpointsOutOfOrder) {
   const v1::ModelSpec spec = Gpt2Spec(8);
   std::vector<std::shared_ptr<StageModel>> stages;
@@ -349,6 +390,85 @@ TEST_F(HfCheckpointTest, ExportRefusesCheckpointsOutOfOrder) {
   EXPECT_EQ(ExportHfModel(o).code(), absl::StatusCode::kFailedPrecondition);
   o.stage_checkpoints.resize(1);
   EXPECT_FALSE(ExportHfModel(o).ok());
+}
+
+class GenerateTest : public HfCheckpointTest {
+ protected:
+  void SetUp() override {
+    spec_ = Gpt2Spec(8);
+    model_ = Make(spec_, 0, 1, 21);
+    WriteHfDir(*model_, Dir("model"), 1, nullptr);
+  }
+  v1::ModelSpec spec_;
+  std::shared_ptr<StageModel> model_;
+};
+
+TEST_F(GenerateTest, GreedyIsTheArgmaxContinuation) {
+  GenerateOptions o{.model_dir = Dir("model").string(), .max_tokens = 10};  // past the window of 8
+  const std::vector<int32_t> prompt = {3, 14, 15};
+  auto got = GenerateIds(o, prompt);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 10u);
+  std::vector<int64_t> ids(prompt.begin(), prompt.end());
+  torch::NoGradGuard ng;
+  for (int t = 0; t < 10; ++t) {
+    const int64_t n = std::min<int64_t>(8, ids.size());
+    std::vector<int64_t> ctx(ids.end() - n, ids.end());
+    torch::Tensor logits = model_->forward(torch::tensor(ctx, torch::kLong).view({1, n}));
+    ids.push_back(logits[0][n - 1].argmax().item<int64_t>());
+    EXPECT_EQ((*got)[t], ids.back()) << "token " << t;
+  }
+  auto again = GenerateIds(o, prompt);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *got);
+  // Stops before the first occurrence of the stop id.
+  const int32_t stop = (*got)[got->size() - 1];
+  const size_t first = std::find(got->begin(), got->end(), stop) - got->begin();
+  auto stopped = GenerateIds(o, prompt, stop);
+  ASSERT_TRUE(stopped.ok());
+  EXPECT_EQ(*stopped, std::vector<int32_t>(got->begin(), got->begin() + first));
+}
+
+TEST_F(GenerateTest, SeededSamplingIsReproducible) {
+  GenerateOptions o{.model_dir = Dir("model").string(), .max_tokens = 12, .temperature = 1.5, .top_k = 20, .seed = 4};
+  auto a = GenerateIds(o, {1, 2});
+  auto b = GenerateIds(o, {1, 2});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*a, *b);
+  o.seed = 5;
+  auto c = GenerateIds(o, {1, 2});
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE(*a, *c);
+  o.top_k = 1;  // top-1 sampling is greedy
+  auto top1 = GenerateIds(o, {1, 2});
+  o.temperature = 0;
+  auto greedy = GenerateIds(o, {1, 2});
+  ASSERT_TRUE(top1.ok() && greedy.ok());
+  EXPECT_EQ(*top1, *greedy);
+  o.temperature = -1;
+  EXPECT_EQ(GenerateIds(o, {1, 2}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(GenerateTest, TextInTextOutWithTheExportedTokenizer) {
+  const fs::path tok = fs::path(AQSWARM_DATA_DIR) / "gpt2";
+  ASSERT_TRUE(fs::exists(tok / "encoder.json")) << "GPT-2 tokenizer files missing: run scripts/fetch_data.sh";
+  v1::ModelSpec spec = Gpt2Spec(16);
+  spec.set_vocab_size(50257);
+  std::vector<std::shared_ptr<StageModel>> stages;
+  HfExportOptions o;
+  *o.job.mutable_model() = spec;
+  o.job.mutable_data()->set_tokenizer_dir(tok.string());
+  o.stage_checkpoints = WriteRunCheckpoints(spec, Dir("run"), &stages);
+  o.out_dir = Dir("export").string();
+  ASSERT_TRUE(ExportHfModel(o).ok());
+  for (const char* f : {"encoder.json", "vocab.bpe", "vocab.json", "merges.txt"}) {
+    EXPECT_TRUE(fs::exists(Dir("export") / f)) << f;
+  }
+  auto r = Generate({.model_dir = o.out_dir, .prompt = "The state of the Union is", .max_tokens = 5});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->prompt_ids.size(), 6u);
+  EXPECT_LE(r->generated_ids.size(), 5u);
+  EXPECT_EQ(r->text.rfind("The state of the Union is", 0), 0u);
 }
 
 }  // namespace
