@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <sstream>
 #include <tuple>
 
@@ -201,6 +202,42 @@ TEST_F(HfCheckpointTest, AWrongShapeNameOrDtypeIsNamed) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(s.message()), HasSubstr("transformer.ln_f.bias"));
     EXPECT_THAT(std::string(s.message()), HasSubstr("I32"));
+  }
+}
+
+// A Hugging Face checkpoint stored in half precision: BF16 and F16 tensors
+// load as their float32 values.
+TEST_F(HfCheckpointTest, Bf16AndF16TensorsLoadAsFloat32) {
+  const v1::ModelSpec spec = Gpt2Spec(8);
+  auto src = Make(spec, 0, 1, 11);
+  WriteHfDir(*src, Dir("hf"), 1, nullptr);
+  // Rewrite model.safetensors: even tensors BF16 (truncated), odd ones F16.
+  nlohmann::json header = nlohmann::json::object();
+  std::string payload;
+  std::map<std::string, torch::Tensor> want;
+  int i = 0;
+  for (const auto& [name, p] : src->named_params()) {
+    if (name == "lm_head.weight") continue;
+    const torch::Tensor c = p.detach().contiguous();
+    const bool bf16 = (i++ % 2) == 0;
+    const torch::Tensor half = c.to(bf16 ? torch::kBFloat16 : torch::kFloat16).contiguous();
+    want[name] = half.to(torch::kFloat32);
+    const size_t bytes = half.numel() * 2;
+    header[HfFileName(spec, name)] = {{"dtype", bf16 ? "BF16" : "F16"},
+                                      {"shape", std::vector<int64_t>(c.sizes().begin(), c.sizes().end())},
+                                      {"data_offsets", {payload.size(), payload.size() + bytes}}};
+    payload.append(static_cast<const char*>(half.data_ptr()), bytes);
+  }
+  std::string h = header.dump();
+  std::string file(8, '\0');
+  for (int b = 0; b < 8; ++b) file[b] = static_cast<char>((h.size() >> (8 * b)) & 0xff);
+  file += h + payload;
+  std::ofstream(Dir("hf") / kHfWeightsFile, std::ios::binary | std::ios::trunc) << file;
+  auto dst = Make(spec, 0, 1, 5);
+  absl::Status s = LoadHfCheckpoint(Dir("hf").string(), *dst);
+  ASSERT_TRUE(s.ok()) << s;
+  for (const auto& [name, p] : dst->named_params()) {
+    EXPECT_TRUE(torch::equal(p, want.at(name))) << name;
   }
 }
 
