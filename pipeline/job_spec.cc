@@ -295,6 +295,14 @@ constexpr int64_t kDefaultResidentBytes = 64 * kMiB;  // compression.resident_by
 // last stage's peak (logits, log-softmax, their gradients, the allocator's
 // slack): 5 to 7 measured on a 4-layer d 64 GPT (docs/MODELS.md).
 constexpr int64_t kLogitsCopies = 6;
+// Writing a stage state (every checkpoint_every_steps): ~4 B/param more at
+// the peak, measured on GPT-2 small's stages (docs/MODELS.md).
+constexpr int64_t kCheckpointBytesPerParameter = 4;
+// With tie_embeddings across stages every stage holds the tied gradient
+// ([V, d] float32) in flight about this many times (the last stage sends it,
+// middle stages relay it, stage 0 receives it): ~500 MB measured for GPT-2
+// small's 154 MB on each stage.
+constexpr int64_t kTiedGradientCopies = 3;
 
 std::string GiB(int64_t bytes) { return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (kMiB * 1024.0)); }
 
@@ -329,7 +337,8 @@ int64_t EstimateStageBytes(const v1::JobSpec& job, int stage) {
   const v1::ModelSpec& s = job.model();
   const int num_stages = static_cast<int>(std::max<uint32_t>(1, job.stages()));
   const int64_t params = StageParameterCount(s, stage, num_stages);
-  int64_t per_param = 16;                      // weights, gradients, AdamW m and v (float32)
+  // Weights, gradients, AdamW m and v (float32), and writing a checkpoint.
+  int64_t per_param = 16 + kCheckpointBytesPerParameter;
   if (job.precision() != "fp32") per_param += 2;  // compute copies of the weights
   if (job.data_parallel() > 1 && job.dp().optimizer() == v1::DataParallelSpec::quantized_adam) per_param += 8;
   if (job.data_parallel() > 1 && job.dp().delayed_update()) per_param += 8;
@@ -346,6 +355,9 @@ int64_t EstimateStageBytes(const v1::JobSpec& job, int stage) {
     bytes += in_flight * tokens * blocks * s.d_model() * 4 + (blocks > 0 ? block_set : 0);
   } else {
     bytes += in_flight * blocks * block_set;
+  }
+  if (s.tie_embeddings() && num_stages > 1) {
+    bytes += kTiedGradientCopies * int64_t{s.vocab_size()} * s.d_model() * 4;
   }
   if (stage == num_stages - 1) bytes += kLogitsCopies * tokens * int64_t{s.vocab_size()} * 4;
   if (job.compression().mode() == v1::LinkCompression::aqsgd) {

@@ -58,6 +58,7 @@ int64_t StageParameterCount(const v1::ModelSpec& spec, int stage, int num_stages
 // Rough upper estimate of one stage process's peak memory in bytes, on the
 // device that computes (host RAM for "cpu"):
 //   16 B per parameter: float32 weights, gradients, AdamW's m and v;
+//   + 4 B per parameter while a state (checkpoint) is written (measured);
 //   + 2 B per parameter for the bf16/fp16 compute copies of the weights;
 //   + 8 B per parameter for quantized_adam's error-feedback buffers, and
 //     8 more for dp.delayed_update's copies of the parameters;
@@ -71,6 +72,8 @@ int64_t StageParameterCount(const v1::ModelSpec& spec, int stage, int num_stages
 //   + on the last stage, one micro-batch's float32 logits (B T V 4 B) six
 //     times (logits, log-softmax, their gradients, allocator slack: 5 to 7
 //     copies measured);
+//   + with tie_embeddings across stages, on every stage three copies of the
+//     tied gradient ([V, d] float32) in flight (sent, relayed, received);
 //   + each AQ-SGD link endpoint's resident m(xi) budget
 //     (compression.resident_bytes, 64 MiB unset);
 //   + 512 MiB for the process itself (libtorch, gRPC, the store, the corpus).

@@ -11,8 +11,10 @@
 #                                      # python3 torch, run the GPU tests
 #
 # `run` writes its logs to $OUT (default /tmp/cuda_check) and goes on after a
-# failing step, under a deadline (DEADLINE seconds, default 540). FULL=1 then
-# builds everything and runs ctest (CPU) on that libtorch too.
+# failing step, under a deadline (DEADLINE seconds, default 540). After the GPU
+# tests it runs scripts/model_sizes.sh --device cuda:0 (bf16, then fp32 if the
+# deadline allows; tables in $OUT/model_sizes/*/table.md for docs/MODELS.md).
+# FULL=1 then builds everything and runs ctest (CPU) on that libtorch too.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -76,8 +78,8 @@ cmake -S . -B $B -G Ninja -Wno-dev -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX
   { tail -40 "$OUT/configure.txt"; exit 1; }
 
 el build
-ninja -C $B -k 0 aqswarm peer_nccl_test pipeline_integration_test schedule_integration_test pipeline_model_test \
-  > "$OUT/build.txt" 2>&1
+ninja -C $B -k 0 aqswarm aqswarm_events_python peer_nccl_test pipeline_integration_test schedule_integration_test \
+  pipeline_model_test > "$OUT/build.txt" 2>&1
 rc=$?; grep -E "error|FAILED" "$OUT/build.txt" | head -40; el "build rc=$rc"
 $B/aqswarm version
 
@@ -107,7 +109,18 @@ timeout 120 cuda-gdb -q -batch -ex run -ex "bt 12" --args $B/aqswarm pipeline --
   --out_dir=/tmp/cuda_check_grid/run > "$OUT/grid_gdb.txt" 2>&1
 grep -E "^step|exited|SIGSEGV|^#" "$OUT/grid_gdb.txt" | head -30
 el "model tests (CPU) on this libtorch"
-gtest model $(( $(left) - 5 )) $B/pipeline/pipeline_model_test
+gtest model $(( $(left) / 2 )) $B/pipeline/pipeline_model_test
+# Per-stage memory and step time of GPT-2 small on 4 stage processes sharing
+# cuda:0 (docs/MODELS.md): bf16, then fp32 while the deadline allows; each
+# leaves its table in $OUT/model_sizes/PRECISION/table.md.
+for p in bf16 fp32; do
+  (( $(left) > 90 )) || { el "model sizes $p: skipped, $(left) s left"; continue; }
+  el "model sizes on cuda:0, $p"
+  AQSWARM_BIN=$B/aqswarm AQSWARM_BUILD=$B timeout $(( $(left) - 15 )) scripts/model_sizes.sh --device cuda:0 \
+    --precision $p --out "$OUT/model_sizes/$p" --no_doc > "$OUT/model_sizes_$p.txt" 2>&1
+  echo "exit $?"; grep -E "^\| |done in|FAILED" "$OUT/model_sizes_$p.txt"
+  rm -rf "$OUT/model_sizes/$p"/*/run/store-* "$OUT/model_sizes/$p"/*/run/checkpoints  # big, not needed back
+done
 
 if [[ ${FULL:-0} == 1 ]]; then
   el "build everything"
