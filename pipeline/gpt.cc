@@ -4,18 +4,12 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "pipeline/job_spec.h"
 
 namespace aqswarm::pipeline {
-int64_t GptParameterCount(const v1::ModelSpec& s) {
-  const int64_t d = s.d_model(), v = s.vocab_size(), t = s.seq_len();
-  const int64_t per_block = 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + 2 * d + (d * 4 * d + 4 * d) +
-                            (4 * d * d + d);
-  return v * d + t * d + s.n_layer() * per_block + 2 * d + (s.tie_embeddings() ? 0 : v * d);
-}
-
 GptStageImpl::GptStageImpl(const v1::ModelSpec& spec, StageRange range, uint64_t seed)
     : StageModel(spec, range, seed) {
-  const int64_t d = spec.d_model(), v = spec.vocab_size(), t = spec.seq_len();
+  const int64_t d = spec.d_model(), v = spec.vocab_size(), t = spec.seq_len(), f = FeedForwardDim(spec);
   const double std_proj = 0.02 / std::sqrt(2.0 * spec.n_layer());
   auto normal = [&](const std::string& name, std::vector<int64_t> shape, double sd) {
     return NormalParam(name, std::move(shape), sd);
@@ -35,9 +29,9 @@ GptStageImpl::GptStageImpl(const v1::ModelSpec& spec, StageRange range, uint64_t
     b.attn_proj_b = AddParam(p + "attn.c_proj.bias", torch::zeros({d}));
     b.ln2_w = AddParam(p + "ln_2.weight", torch::ones({d}));
     b.ln2_b = AddParam(p + "ln_2.bias", torch::zeros({d}));
-    b.fc_w = normal(p + "mlp.c_fc.weight", {d, 4 * d}, 0.02);
-    b.fc_b = AddParam(p + "mlp.c_fc.bias", torch::zeros({4 * d}));
-    b.proj_w = normal(p + "mlp.c_proj.weight", {4 * d, d}, std_proj);
+    b.fc_w = normal(p + "mlp.c_fc.weight", {d, f}, 0.02);
+    b.fc_b = AddParam(p + "mlp.c_fc.bias", torch::zeros({f}));
+    b.proj_w = normal(p + "mlp.c_proj.weight", {f, d}, std_proj);
     b.proj_b = AddParam(p + "mlp.c_proj.bias", torch::zeros({d}));
     blocks_.push_back(b);
   }

@@ -52,8 +52,6 @@ class GptStageImpl : public StageModel {
 };
 TORCH_MODULE(GptStage);
 
-// Parameters of a whole GPT-2 model.
-int64_t GptParameterCount(const v1::ModelSpec& spec);
 
 }  // namespace aqswarm::pipeline
 

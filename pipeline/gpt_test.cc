@@ -3,6 +3,7 @@
 #include <map>
 
 #include "gtest/gtest.h"
+#include "pipeline/job_spec.h"
 
 namespace aqswarm::pipeline {
 namespace {
@@ -97,7 +98,7 @@ TEST(GptStageTest, ParameterCountMatchesFormula) {
     GptStage whole(spec, StageRangeFor(spec, 0, 1), 1);
     int64_t n = 0;
     for (auto& [name, p] : whole->named_params()) n += p.numel();
-    EXPECT_EQ(n, ModelParameterCount(spec)) << tie;
+    EXPECT_EQ(n, TotalParameterCount(spec)) << tie;
   }
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "pipeline/job_spec.h"
 
 namespace aqswarm::pipeline {
 namespace {
@@ -13,23 +14,10 @@ int64_t KvHeads(const v1::ModelSpec& s) { return s.n_kv_head() == 0 ? s.n_head()
 
 }  // namespace
 
-int64_t LlamaFeedForwardDim(const v1::ModelSpec& s) {
-  if (s.d_ff() != 0) return s.d_ff();
-  const int64_t hidden = 8 * static_cast<int64_t>(s.d_model()) / 3;
-  return 256 * ((hidden + 255) / 256);
-}
-
-int64_t LlamaParameterCount(const v1::ModelSpec& s) {
-  const int64_t d = s.d_model(), v = s.vocab_size(), f = LlamaFeedForwardDim(s);
-  const int64_t kv = KvHeads(s) * (d / s.n_head());
-  const int64_t per_block = 2 * d + d * d + 2 * kv * d + d * d + 3 * d * f;
-  return v * d + s.n_layer() * per_block + d + (s.tie_embeddings() ? 0 : v * d);
-}
-
 LlamaStageImpl::LlamaStageImpl(const v1::ModelSpec& spec, StageRange range, uint64_t seed)
     : StageModel(spec, range, seed),
       n_kv_head_(KvHeads(spec)),
-      d_ff_(LlamaFeedForwardDim(spec)),
+      d_ff_(FeedForwardDim(spec)),
       rope_theta_(spec.rope_theta() == 0 ? 10000.0 : spec.rope_theta()),
       norm_eps_(spec.norm_eps() == 0 ? 1e-5 : spec.norm_eps()) {
   const int64_t d = spec.d_model(), v = spec.vocab_size();

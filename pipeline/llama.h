@@ -69,12 +69,6 @@ class LlamaStageImpl : public StageModel {
 };
 TORCH_MODULE(LlamaStage);
 
-// d_ff of a Llama spec (its d_ff, or the default rule above when 0).
-int64_t LlamaFeedForwardDim(const v1::ModelSpec& spec);
-
-// Parameters of a whole Llama model.
-int64_t LlamaParameterCount(const v1::ModelSpec& spec);
-
 }  // namespace aqswarm::pipeline
 
 #endif  // AQSWARM_PIPELINE_LLAMA_H_

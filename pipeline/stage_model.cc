@@ -120,8 +120,4 @@ torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& ta
                                               targets.reshape({-1}));
 }
 
-int64_t ModelParameterCount(const v1::ModelSpec& spec) {
-  return spec.family() == "llama" ? LlamaParameterCount(spec) : GptParameterCount(spec);
-}
-
 }  // namespace aqswarm::pipeline

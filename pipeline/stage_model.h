@@ -118,9 +118,6 @@ torch::Dtype ComputeDtypeFor(const std::string& precision);
 // Mean next-token cross-entropy of logits [B,T,V] against targets [B,T].
 torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& targets);
 
-// Number of parameters of the whole model described by `spec`.
-int64_t ModelParameterCount(const v1::ModelSpec& spec);
-
 }  // namespace aqswarm::pipeline
 
 #endif  // AQSWARM_PIPELINE_STAGE_MODEL_H_
