@@ -3,12 +3,16 @@
 #include <filesystem>
 #include <iostream>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "cli/command.h"
+#include "peer/assignment.h"  // StageCheckpointDir
 #include "peer/stage_checkpoints.h"
 #include "pipeline/hf_checkpoint.h"
 #include "pipeline/job_spec.h"
+
+ABSL_DECLARE_FLAG(std::string, job);  // cli/pipeline_command.cc
 
 ABSL_FLAG(std::string, run, "", "Run directory of a finished `aqswarm pipeline` (its --out_dir).");
 ABSL_FLAG(std::string, out, "", "Directory to write (config.json, model.safetensors, tokenizer files).");
@@ -25,12 +29,13 @@ int Fail(const absl::Status& s) {
 
 // The run's job and each stage's newest state (all of the same step).
 absl::Status FindRun(const fs::path& run, pipeline::HfExportOptions* o, int64_t* step) {
-  absl::StatusOr<v1::JobSpec> job = pipeline::LoadJobSpec((run / "job.json").string());
-  if (!job.ok()) return absl::Status(job.status().code(), absl::StrCat(run.string(), ": ", job.status().message()));
+  const std::string job_path = absl::GetFlag(FLAGS_job).empty() ? (run / "job.json").string() : absl::GetFlag(FLAGS_job);
+  absl::StatusOr<v1::JobSpec> job = pipeline::LoadJobSpec(job_path);
+  if (!job.ok()) return absl::Status(job.status().code(), absl::StrCat(job_path, ": ", job.status().message()));
   o->job = *job;
   *step = -1;
   for (uint32_t k = 0; k < job->stages(); ++k) {
-    const fs::path dir = run / "checkpoints" / absl::StrCat("stage-", k);
+    const fs::path dir = peer::StageCheckpointDir(run.string(), k);  // the peer daemon's layout too
     const std::vector<int64_t> steps = peer::StageCheckpointSteps(dir.string());
     if (steps.empty()) {
       return absl::NotFoundError(absl::StrCat("no state of stage ", k, " in ", dir.string(),
@@ -66,11 +71,12 @@ int RunExport(const std::vector<std::string>& args) {
 std::vector<Command> ExportCommands() {
   return {{"export",
            "Write a finished `aqswarm pipeline` run as a Hugging Face model directory.",
-           "Reads <run>/job.json and each stage's newest state in <run>/checkpoints/stage-<k>/; writes\n"
+           "Reads <run>/job.json (or --job) and each stage's newest state in <run>/checkpoints/stage-<k>/ (the\n"
+           "layout of an `aqswarm pipeline` out_dir and of an `aqswarm peer` work_dir); writes\n"
            "config.json (GPT2LMHeadModel / LlamaForCausalLM, float32), model.safetensors (all stages merged,\n"
            "Hugging Face names) and the job's tokenizer files. The result loads with transformers'\n"
            "from_pretrained, as model.initFrom of another job, and in `aqswarm generate --model`.",
-           {"run", "out"},
+           {"run", "out", "job"},
            RunExport}};
 }
 
