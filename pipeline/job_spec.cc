@@ -295,9 +295,11 @@ constexpr int64_t kDefaultResidentBytes = 64 * kMiB;  // compression.resident_by
 // last stage's peak (logits, log-softmax, their gradients, the allocator's
 // slack): 5 to 7 measured on a 4-layer d 64 GPT (docs/MODELS.md).
 constexpr int64_t kLogitsCopies = 6;
-// Writing a stage state (every checkpoint_every_steps): ~4 B/param more at
-// the peak, measured on GPT-2 small's stages (docs/MODELS.md).
-constexpr int64_t kCheckpointBytesPerParameter = 4;
+// Writing a stage state (every checkpoint_every_steps) serializes weights and
+// AdamW m and v (12 B/param) into one buffer while the gradients are still
+// held: up to ~11 B/param more at the peak, measured on GPT-2 small's stages
+// (docs/MODELS.md).
+constexpr int64_t kCheckpointBytesPerParameter = 12;
 // With tie_embeddings across stages every stage holds the tied gradient
 // ([V, d] float32) in flight about this many times (the last stage sends it,
 // middle stages relay it, stage 0 receives it): ~500 MB measured for GPT-2

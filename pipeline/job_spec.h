@@ -55,10 +55,11 @@ int64_t TotalParameterCount(const v1::ModelSpec& spec);
 // stages together hold V * d more than TotalParameterCount.
 int64_t StageParameterCount(const v1::ModelSpec& spec, int stage, int num_stages);
 
-// Rough upper estimate of one stage process's peak memory in bytes, on the
+// Rough estimate of one stage process's peak memory in bytes, on the
 // device that computes (host RAM for "cpu"):
 //   16 B per parameter: float32 weights, gradients, AdamW's m and v;
-//   + 4 B per parameter while a state (checkpoint) is written (measured);
+//   + 12 B per parameter while a state (checkpoint) is written: weights and
+//     m, v serialized into one buffer;
 //   + 2 B per parameter for the bf16/fp16 compute copies of the weights;
 //   + 8 B per parameter for quantized_adam's error-feedback buffers, and
 //     8 more for dp.delayed_update's copies of the parameters;

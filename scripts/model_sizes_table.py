@@ -102,7 +102,9 @@ def render(args, runs):
         f"({job['microBatchSize'] * job['microBatchesPerStep'] * model['seqLen']} tokens), "
         f"{job['maxSteps']} steps, {job.get('threads', 1)} intra-op thread(s) per stage, links "
         f"`{job.get('compression', {}).get('mode', 'fp32')}`, schedule {job.get('schedule', 'adaptive')}, "
-        f"stage states written every {job.get('checkpointEverySteps') or 1} step(s) and at the end.",
+        + (f"stage states written every {job['checkpointEverySteps']} steps and at the end."
+           if job.get("checkpointEverySteps") else
+           "stage states written at the start and the end only (aqswarm pipeline with checkpointEverySteps unset)."),
         "",
         f"Measured {'; '.join(when)} (start, wall time) on {args.machine}; build {args.build}; "
         f"load average {args.load} at the end.",
