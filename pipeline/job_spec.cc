@@ -312,11 +312,8 @@ std::string GiB(int64_t bytes) { return absl::StrFormat("%.1f GiB", static_cast<
 
 int64_t FeedForwardDim(const v1::ModelSpec& s) {
   const int64_t d = s.d_model();
-  if (s.family() == "llama") {
-    if (s.d_ff() != 0) return s.d_ff();
-    return 256 * ((8 * d / 3 + 255) / 256);
-  }
-  return 4 * d;  // pipeline/gpt.h builds a 4 d MLP whatever model.d_ff says
+  if (s.d_ff() != 0) return s.d_ff();
+  return s.family() == "llama" ? 256 * ((8 * d / 3 + 255) / 256) : 4 * d;
 }
 
 int64_t StageParameterCount(const v1::ModelSpec& s, int stage, int num_stages) {

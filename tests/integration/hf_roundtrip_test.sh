@@ -60,3 +60,15 @@ sed -i 's/"nHead":2,//' "$dir/wrong.json"
 if "$bin" pipeline --job="$dir/wrong.json" --out_dir="$dir/wrong" > "$dir/wrong.out" 2>&1; then fail "mismatched initFrom accepted"; fi
 grep -q "n_head" "$dir/wrong.out" || { cat "$dir/wrong.out"; fail "the mismatch does not name n_head"; }
 echo "ok   mismatched initFrom names n_head"
+
+# A 2-stage Llama (grouped-query attention, tied embeddings) computing in
+# bf16: it trains, exports as LlamaForCausalLM and generates from the export.
+job llama ",\"family\":\"llama\",\"nKvHead\":1"
+sed -i 's/"stages":2,/"stages":2,"precision":"bf16",/' "$dir/llama.json"
+"$bin" pipeline --job="$dir/llama.json" --out_dir="$dir/llama" > "$dir/llama.out" 2>&1 || { cat "$dir/llama.out"; fail "llama bf16 pipeline"; }
+grep -q "tied copies identical" "$dir/llama.out" || { cat "$dir/llama.out"; fail "llama: tied copies not reported identical"; }
+"$bin" export --run "$dir/llama" --out "$dir/llama-model" || fail "llama export"
+grep -q '"LlamaForCausalLM"' "$dir/llama-model/config.json" || fail "llama config.json architectures"
+gl=$("$bin" generate --model "$dir/llama-model" --prompt "$prompt" --max_tokens 8) || fail "llama generate"
+[[ "$gl" == "$prompt"* && "$gl" != "$prompt" ]] || fail "llama generate printed no continuation: $gl"
+echo "ok   llama bf16: pipeline + export + generate: $gl"
