@@ -30,7 +30,7 @@ ABSL_FLAG(std::string, link_stores, "resident,rocksdb,rocksdb_prefetch,rocksdb_s
           "Link bench: AQ-SGD stores to run (resident: rows kept in the endpoint, RocksDB behind; the others "
           "stream every micro-batch: rocksdb, rocksdb_prefetch, rocksdb_skiplist, memory).");
 ABSL_FLAG(std::string, sched_sizes, "8,16,64,256", "Scheduler bench: comma-separated peer counts.");
-ABSL_FLAG(uint64_t, seed, 1, "Scheduler bench: seed of the synthetic networks and the solver.");
+ABSL_FLAG(uint64_t, seed, 1, "Seed: of the scheduler bench's synthetic networks and solver; of generate's sampling.");
 ABSL_FLAG(std::string, slownet_bandwidths, "0,1000,500,300,100,10",
           "Slownet bench: link bandwidths in Mbit/s (0 = unshaped, always run).");
 ABSL_FLAG(std::string, slownet_modes, "fp32,directq:3:6,aqsgd:3:6,aqsgd:4:8",

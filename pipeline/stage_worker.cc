@@ -490,9 +490,16 @@ class StageWorkerImpl final : public StageWorker {
     dp_ = std::make_unique<QuantizedAdam>(n, nbig, std::move(decay), options, std::move(sizes));
     if (tied_n_ > 0) {
       // Stage 0's and the last stage's replica groups run this one with the
-      // same rounds, inputs and state: their copies stay bit-identical.
+      // same rounds, inputs and state: their copies stay bit-identical. Its
+      // state must not depend on the replica, since a replica that replaces
+      // a lost one takes another replica's state (and the other stage keeps
+      // its own): Global-QSGD's exchange keeps no error feedback (min-max's
+      // worker and server errors are the replica's own), so m and v, the
+      // same on every replica, are all there is.
       QuantizedAdamOptions to = options;
       to.first_round = 2;
+      to.compressed.codec.codec = v1::CODEC_GLOBAL_QSGD;
+      to.compressed.codec.bits = std::max(to.compressed.codec.bits, 2);
       dp_tied_ = std::make_unique<QuantizedAdam>(
           tied_n_, tied_n_ >= compression::kDefaultMinCompressElements ? tied_n_ : 0,
           std::vector<uint8_t>(tied_n_, 1), to, std::vector<int64_t>{tied_n_});
