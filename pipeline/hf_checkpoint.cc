@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
+#include "pipeline/job_spec.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/safetensors.h"
 
@@ -30,7 +31,6 @@ bool IsLlama(const v1::ModelSpec& spec) { return spec.family() == "llama"; }
 // The family defaults a 0 in the spec stands for (proto/job.proto).
 double NormEps(const v1::ModelSpec& spec) { return spec.norm_eps() > 0 ? spec.norm_eps() : 1e-5; }
 double RopeTheta(const v1::ModelSpec& spec) { return spec.rope_theta() > 0 ? spec.rope_theta() : 10000.0; }
-int64_t KvHeads(const v1::ModelSpec& spec) { return spec.n_kv_head() > 0 ? spec.n_kv_head() : spec.n_head(); }
 
 absl::Status Mismatch(const std::string& field, const std::string& have, const std::string& job_field,
                       const std::string& want) {
@@ -177,8 +177,8 @@ absl::Status CheckHfConfig(const std::string& config_json, const v1::ModelSpec& 
   AQSWARM_RETURN_IF_ERROR(ExpectInt(c, "num_hidden_layers", spec.n_layer(), "model.n_layer"));
   AQSWARM_RETURN_IF_ERROR(ExpectInt(c, "num_attention_heads", spec.n_head(), "model.n_head"));
   AQSWARM_ASSIGN_OR_RETURN(int64_t kv, IntField(c, "num_key_value_heads", spec.n_head(), false));
-  if (kv != KvHeads(spec)) return Mismatch("num_key_value_heads", std::to_string(kv), "model.n_kv_head",
-                                           std::to_string(KvHeads(spec)));
+  if (kv != KeyValueHeads(spec)) return Mismatch("num_key_value_heads", std::to_string(kv), "model.n_kv_head",
+                                           std::to_string(KeyValueHeads(spec)));
   // model.d_ff = 0 stands for the family's default width (pipeline/llama.h):
   // the tensors' shapes check it then.
   if (spec.d_ff() > 0) AQSWARM_RETURN_IF_ERROR(ExpectInt(c, "intermediate_size", spec.d_ff(), "model.d_ff"));
@@ -225,7 +225,7 @@ std::string HfConfigJson(const v1::ModelSpec& spec, int64_t max_positions, int64
     c["hidden_size"] = spec.d_model();
     c["num_hidden_layers"] = spec.n_layer();
     c["num_attention_heads"] = spec.n_head();
-    c["num_key_value_heads"] = KvHeads(spec);
+    c["num_key_value_heads"] = KeyValueHeads(spec);
     c["head_dim"] = spec.d_model() / spec.n_head();
     c["intermediate_size"] = d_ff;
     c["max_position_embeddings"] = max_positions;

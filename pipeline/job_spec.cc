@@ -267,8 +267,7 @@ int64_t StageBlocks(const v1::ModelSpec& spec, int stage, int num_stages) {
 }
 
 int64_t KvDim(const v1::ModelSpec& s) {
-  const int64_t kv_heads = s.n_kv_head() == 0 ? s.n_head() : s.n_kv_head();
-  return kv_heads * (s.d_model() / s.n_head());
+  return KeyValueHeads(s) * (s.d_model() / s.n_head());
 }
 
 int64_t BlockParameterCount(const v1::ModelSpec& s) {
@@ -309,6 +308,8 @@ constexpr int64_t kTiedGradientCopies = 3;
 std::string GiB(int64_t bytes) { return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (kMiB * 1024.0)); }
 
 }  // namespace
+
+int64_t KeyValueHeads(const v1::ModelSpec& s) { return s.n_kv_head() == 0 ? s.n_head() : s.n_kv_head(); }
 
 int64_t FeedForwardDim(const v1::ModelSpec& s) {
   const int64_t d = s.d_model();

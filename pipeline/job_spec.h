@@ -43,6 +43,10 @@ double LearningRateAt(const v1::OptimizerSpec& opt, int64_t step);
 // llama: 256 * ceil(floor(8 d / 3) / 256), pipeline/llama.h).
 int64_t FeedForwardDim(const v1::ModelSpec& spec);
 
+// Key/value heads of a model: n_kv_head, or n_head when 0 (gpt2 always has
+// n_head).
+int64_t KeyValueHeads(const v1::ModelSpec& spec);
+
 // Parameters of the whole model (a tied head counted once). Applies no
 // defaults: pass a spec after ApplyJobDefaults (or with every size set).
 // The same number as stage_model.h's ModelParameterCount, which builds

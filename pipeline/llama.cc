@@ -8,15 +8,10 @@
 #include "pipeline/job_spec.h"
 
 namespace aqswarm::pipeline {
-namespace {
-
-int64_t KvHeads(const v1::ModelSpec& s) { return s.n_kv_head() == 0 ? s.n_head() : s.n_kv_head(); }
-
-}  // namespace
 
 LlamaStageImpl::LlamaStageImpl(const v1::ModelSpec& spec, StageRange range, uint64_t seed)
     : StageModel(spec, range, seed),
-      n_kv_head_(KvHeads(spec)),
+      n_kv_head_(KeyValueHeads(spec)),
       d_ff_(FeedForwardDim(spec)),
       rope_theta_(spec.rope_theta() == 0 ? 10000.0 : spec.rope_theta()),
       norm_eps_(spec.norm_eps() == 0 ? 1e-5 : spec.norm_eps()) {
