@@ -79,7 +79,7 @@ cmake -S . -B $B -G Ninja -Wno-dev -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX
 
 el build
 ninja -C $B -k 0 aqswarm aqswarm_events_python peer_nccl_test pipeline_integration_test schedule_integration_test \
-  pipeline_model_test > "$OUT/build.txt" 2>&1
+  pipeline_model_test pipeline_training_test pipeline_hf_test > "$OUT/build.txt" 2>&1
 rc=$?; grep -E "error|FAILED" "$OUT/build.txt" | head -40; el "build rc=$rc"
 $B/aqswarm version
 
@@ -88,6 +88,7 @@ gtest() {  # name, timeout, binary...
   timeout "$t" "$@" > "$OUT/$name.txt" 2>&1
   grep -E "^\[ *(OK|FAILED|SKIPPED|PASSED) *\]|Failure|^rank " "$OUT/$name.txt"
 }
+if [[ ${SKIP_E2E:-0} != 1 ]]; then  # SKIP_E2E=1: build, model tests and the sizes table only
 el "NCCL transport"
 gtest nccl 120 $B/peer/peer_nccl_test
 el "pipeline end to end, stages on cuda:0"
@@ -108,8 +109,11 @@ EOF
 timeout 120 cuda-gdb -q -batch -ex run -ex "bt 12" --args $B/aqswarm pipeline --job=/tmp/cuda_check_grid/job.json \
   --out_dir=/tmp/cuda_check_grid/run > "$OUT/grid_gdb.txt" 2>&1
 grep -E "^step|exited|SIGSEGV|^#" "$OUT/grid_gdb.txt" | head -30
-el "model tests (CPU) on this libtorch"
+fi
+el "model tests (CPU, and the CUDA cases) on this libtorch"
 gtest model $(( $(left) / 2 )) $B/pipeline/pipeline_model_test
+gtest training 60 $B/pipeline/pipeline_training_test
+gtest hf 60 $B/pipeline/pipeline_hf_test
 # Per-stage memory and step time of GPT-2 small on 4 stage processes sharing
 # cuda:0 (docs/MODELS.md): bf16, then fp32 while the deadline allows; each
 # leaves its table in $OUT/model_sizes/PRECISION/table.md.
