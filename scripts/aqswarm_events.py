@@ -43,8 +43,13 @@ class EventError(ValueError):
 
 
 def _to_dict(msg):
-    return json_format.MessageToDict(msg, preserving_proto_field_name=True,
-                                     including_default_value_fields=True)
+    # protobuf 5 renamed including_default_value_fields (Debian 12 has 3.21).
+    try:
+        return json_format.MessageToDict(msg, preserving_proto_field_name=True,
+                                         including_default_value_fields=True)
+    except TypeError:
+        return json_format.MessageToDict(msg, preserving_proto_field_name=True,
+                                         always_print_fields_with_no_presence=True)
 
 
 def _numbers(msg, d):
