@@ -257,36 +257,6 @@ TEST(LlamaStageTest, GroupedQueryAttentionEqualsRepeatedKeyValueHeads) {
   EXPECT_LE(MaxDiff(a->forward(ids), b->forward(ids)), 1e-5);
 }
 
-TEST(LlamaStageTest, CausalNoFutureLeak) {
-  const v1::ModelSpec spec = SmallSpec(true);
-  LlamaStage m(spec, StageRangeFor(spec, 0, 1), 3);
-  torch::NoGradGuard no_grad;
-  torch::Tensor a = torch::randint(0, 97, {1, 16}, torch::kLong);
-  torch::Tensor b = a.clone();
-  b.index_put_({0, 15}, (a.index({0, 15}).item<int64_t>() + 1) % 97);
-  torch::Tensor la = m->forward(a), lb = m->forward(b);
-  EXPECT_TRUE(torch::equal(la.slice(1, 0, 15), lb.slice(1, 0, 15)));
-  EXPECT_FALSE(torch::equal(la.slice(1, 15, 16), lb.slice(1, 15, 16)));
-}
-
-TEST(LlamaStageTest, TrainsOnARepeatingSequence) {
-  const v1::ModelSpec spec = SmallSpec(true);
-  LlamaStage m(spec, StageRangeFor(spec, 0, 1), 5);
-  torch::optim::AdamW opt(m->parameters(), torch::optim::AdamWOptions(3e-3));
-  torch::Tensor seq = torch::arange(0, 17, torch::kLong).remainder(5).unsqueeze(0);
-  torch::Tensor ids = seq.slice(1, 0, 16), targets = seq.slice(1, 1, 17);
-  double first = 0, last = 0;
-  for (int i = 0; i < 60; ++i) {
-    opt.zero_grad();
-    torch::Tensor loss = NextTokenLoss(m->forward(ids), targets);
-    loss.backward();
-    opt.step();
-    if (i == 0) first = loss.item<double>();
-    last = loss.item<double>();
-  }
-  EXPECT_LT(last, first * 0.2);
-}
-
 // Compute precision and recompute, for both families.
 class StageModelFamilyTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -298,6 +268,43 @@ class StageModelFamilyTest : public ::testing::TestWithParam<std::string> {
 };
 
 bool AllFinite(const torch::Tensor& t) { return torch::isfinite(t).all().item<bool>(); }
+
+// Trains `m` on a repeating 5-token sequence for `steps` AdamW steps; returns
+// the first and the last loss.
+std::pair<double, double> TrainOnARepeatingSequence(StageModel& m, int steps) {
+  torch::optim::AdamW opt(m.parameters(), torch::optim::AdamWOptions(3e-3));
+  torch::Tensor seq = torch::arange(0, 17, torch::kLong).remainder(5).unsqueeze(0);
+  torch::Tensor ids = seq.slice(1, 0, 16), targets = seq.slice(1, 1, 17);
+  double first = 0, last = 0;
+  for (int i = 0; i < steps; ++i) {
+    opt.zero_grad();
+    torch::Tensor loss = NextTokenLoss(m.forward(ids), targets);
+    loss.backward();
+    opt.step();
+    if (i == 0) first = loss.item<double>();
+    last = loss.item<double>();
+  }
+  return {first, last};
+}
+
+TEST_P(StageModelFamilyTest, CausalNoFutureLeak) {
+  const v1::ModelSpec spec = Spec(true);
+  std::shared_ptr<StageModel> m = MakeStageModel(spec, StageRangeFor(spec, 0, 1), 3).value();
+  torch::NoGradGuard no_grad;
+  torch::Tensor a = torch::randint(0, 97, {1, 16}, torch::kLong);
+  torch::Tensor b = a.clone();
+  b.index_put_({0, 15}, (a.index({0, 15}).item<int64_t>() + 1) % 97);
+  torch::Tensor la = m->forward(a), lb = m->forward(b);
+  EXPECT_TRUE(torch::equal(la.slice(1, 0, 15), lb.slice(1, 0, 15)));
+  EXPECT_FALSE(torch::equal(la.slice(1, 15, 16), lb.slice(1, 15, 16)));
+}
+
+TEST_P(StageModelFamilyTest, TrainsOnARepeatingSequence) {
+  const v1::ModelSpec spec = Spec(true);
+  std::shared_ptr<StageModel> m = MakeStageModel(spec, StageRangeFor(spec, 0, 1), 5).value();
+  auto [first, last] = TrainOnARepeatingSequence(*m, 60);
+  EXPECT_LT(last, first * 0.2);
+}
 
 // Relative difference of the concatenated gradients.
 double GradRelDiff(const RunResult& a, const RunResult& b) {
@@ -341,18 +348,7 @@ TEST_P(StageModelFamilyTest, TrainsInBf16WithFp32Masters) {
   const v1::ModelSpec spec = Spec(true);
   std::shared_ptr<StageModel> m = MakeStageModel(spec, StageRangeFor(spec, 0, 1), 5).value();
   m->set_compute_dtype(torch::kBFloat16);
-  torch::optim::AdamW opt(m->parameters(), torch::optim::AdamWOptions(3e-3));
-  torch::Tensor seq = torch::arange(0, 17, torch::kLong).remainder(5).unsqueeze(0);
-  torch::Tensor ids = seq.slice(1, 0, 16), targets = seq.slice(1, 1, 17);
-  double first = 0, last = 0;
-  for (int i = 0; i < 30; ++i) {
-    opt.zero_grad();
-    torch::Tensor loss = NextTokenLoss(m->forward(ids), targets);
-    loss.backward();
-    opt.step();
-    if (i == 0) first = loss.item<double>();
-    last = loss.item<double>();
-  }
+  auto [first, last] = TrainOnARepeatingSequence(*m, 30);
   EXPECT_LT(last, first * 0.5);
   for (auto& [name, p] : m->named_params()) EXPECT_EQ(p.scalar_type(), torch::kFloat32) << name;
 }
