@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "compression/codec.h"
 #include "peer/in_process_stage_link.h"
 
 namespace aqswarm::peer {
@@ -325,6 +326,30 @@ TEST_F(StageZeroTest, AGradientOfTheWrongShapeIsRefusedAndCounted) {
   absl::StatusOr<StepOutcome> out = s0.Step(0, SampleIds(0));
   EXPECT_FALSE(out.ok());
   EXPECT_THAT(s0.rejected, ::testing::ElementsAre("gradient_invalid"));
+}
+
+TEST_F(StageZeroTest, ATiedGradientLargerThanTheMatrixIsRefusedAndCounted) {
+  Stage s0(0, pipeline::StepSchedule::kGpipe, nullptr, links_.first.get(), absl::Seconds(10), /*tie=*/true);
+  pipeline::GradientCodec codec(v1::LinkCompression::fp32, 8, kT, kD);
+  for (int mb = 0; mb < kM; ++mb) {
+    v1::LinkFrame g;
+    g.mutable_gradients()->set_step(0);
+    g.mutable_gradients()->set_micro_batch(mb);
+    ASSERT_TRUE(codec.Encode(std::vector<float>(kB * kT * kD, 1.0f), kB, 1, g.mutable_gradients()->mutable_grad()).ok());
+    if (mb + 1 == kM) {  // the head's gradient: one row more than the 3 x kD matrix
+      compression::CodecOptions raw;
+      raw.codec = v1::CODEC_RAW_F32;
+      const std::vector<float> values(4 * kD, 0.5f);
+      const int64_t shape[] = {4 * kD};
+      ASSERT_TRUE(compression::Encode(raw, values, shape, 0, g.mutable_gradients()->mutable_tied()->mutable_values()).ok());
+    }
+    ASSERT_TRUE(down_end().Send(g, absl::Seconds(1)).ok());
+  }
+  absl::StatusOr<StepOutcome> out = s0.Step(0, SampleIds(0));
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(std::string(out.status().message()), ::testing::HasSubstr("tied gradient"));
+  EXPECT_THAT(s0.rejected, ::testing::ElementsAre("gradient_invalid"));
+  EXPECT_TRUE(s0.compute.added_values.empty());  // nothing was added
 }
 
 }  // namespace
