@@ -346,6 +346,10 @@ absl::Status ExportHfModel(const HfExportOptions& o) {
     // The last stage's copy of a tied head: the file keeps the embedding only.
     if (name == "lm_head.weight" && spec.tie_embeddings()) continue;
     const auto& [file, entry] = it->second;
+    if (!entry->is_float()) {
+      return absl::DataLossError(absl::StrCat("stage checkpoint tensor ", name, " has dtype ", entry->dtype_name,
+                                              "; expected F32, BF16 or F16"));
+    }
     data.push_back(file->ToFloat32(*entry));
     tensors.push_back({HfFileName(spec, name), entry->shape, data.back()});
   }

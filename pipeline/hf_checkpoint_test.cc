@@ -429,6 +429,24 @@ TEST_F(HfCheckpointTest, ExportRefusesCheckpointsOutOfOrder) {
   EXPECT_FALSE(ExportHfModel(o).ok());
 }
 
+TEST_F(HfCheckpointTest, ExportRefusesAStageCheckpointWithAnIntegerTensor) {
+  const v1::ModelSpec spec = Gpt2Spec(8);
+  std::vector<std::shared_ptr<StageModel>> stages;
+  HfExportOptions o;
+  *o.job.mutable_model() = spec;
+  o.stage_checkpoints = WriteRunCheckpoints(spec, Dir("run"), &stages);
+  o.out_dir = Dir("export").string();
+  // The last stage's ln_f.bias relabelled I32 (same byte size): a damaged file.
+  std::string bytes = ReadAll(o.stage_checkpoints.back());
+  const size_t at = bytes.find(R"("F32")", bytes.find(R"("ln_f.bias":{)"));
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at + 1, 3, "I32");
+  std::ofstream(o.stage_checkpoints.back(), std::ios::binary | std::ios::trunc) << bytes;
+  const absl::Status s = ExportHfModel(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("ln_f.bias"));
+}
+
 class GenerateTest : public HfCheckpointTest {
  protected:
   void SetUp() override {
