@@ -6,6 +6,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "pipeline/worker_pipeline_test_util.h"
 #include "pipeline/gpt.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/safetensors.h"
@@ -400,51 +401,22 @@ TEST_P(StageModelFamilyTest, RecomputeKeepsOnlyTheBlockBoundaries) {
   EXPECT_EQ(m->forward(h).grad_fn(), nullptr);
 }
 
-// Step losses of K stage workers (GPipe order, one process) on `job_json`.
+// Step losses of K stage workers (one process) on `job_json`, on the same
+// learnable micro-batches every step.
 std::vector<double> TrainWorkers(const std::string& job_json, int k, int steps) {
   auto job = ParseJobSpec(job_json);
   EXPECT_TRUE(job.ok()) << job.status();
+  if (!job.ok()) return {};
   job->set_stages(k);
-  std::vector<std::unique_ptr<StageWorker>> w;
-  for (int s = 0; s < k; ++s) {
-    auto r = StageWorker::Create(*job, s);
-    EXPECT_TRUE(r.ok()) << r.status();
-    if (!r.ok()) return {};
-    w.push_back(std::move(*r));
-  }
-  const int m = job->micro_batches_per_step(), b = job->micro_batch_size(), t = job->model().seq_len();
-  auto tokens = [&](int mb, int step) {
-    std::vector<int32_t> v(b * t);
-    for (int i = 0; i < b * t; ++i) v[i] = (i * 7 + mb * 3 + step) % 5;  // learnable
-    return v;
-  };
-  std::vector<double> losses;
-  for (int step = 0; step < steps; ++step) {
-    double sum = 0;
-    for (int mb = 0; mb < m; ++mb) {
-      std::vector<float> act, next;
-      double loss = 0;
-      if (k == 1) {
-        EXPECT_TRUE(w[0]->ForwardLoss(mb, {}, tokens(mb, 0), tokens(mb, 1), b, &loss).ok());
-      } else {
-        EXPECT_TRUE(w[0]->ForwardTokens(mb, tokens(mb, 0), b, &act).ok());
-        EXPECT_TRUE(w[1]->ForwardLoss(mb, act, {}, tokens(mb, 1), b, &loss).ok());
-      }
-      sum += loss;
-    }
-    for (int mb = m - 1; mb >= 0; --mb) {
-      std::vector<float> g, gin;
-      for (int s = k - 1; s >= 0; --s) {
-        EXPECT_TRUE(w[s]->Backward(mb, g, s > 0 ? &gin : nullptr).ok());
-        g.swap(gin);
-      }
-    }
-    double sq = 0;
-    for (auto& x : w) sq += x->GradSquaredNorm();
-    for (auto& x : w) EXPECT_TRUE(x->Step(step, sq).ok());
-    losses.push_back(sum / m);
-  }
-  return losses;
+  testing::WorkerPipeline p(*job);
+  return p.Train(steps, [](int mb, int, int n) {
+    auto tokens = [&](int shift) {
+      std::vector<int32_t> v(n);
+      for (int i = 0; i < n; ++i) v[i] = (i * 7 + mb * 3 + shift) % 5;  // learnable
+      return v;
+    };
+    return testing::Batch{tokens(0), tokens(1)};
+  });
 }
 
 // The job fields reach the model through StageWorker: family, precision, recompute.

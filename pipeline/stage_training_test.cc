@@ -16,6 +16,7 @@
 #include "pipeline/dp_test_util.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/stage_worker.h"
+#include "pipeline/worker_pipeline_test_util.h"
 #include "tests/testing/scratch_dir.h"
 #include "tests/testing/status_matchers.h"
 
@@ -42,70 +43,24 @@ std::vector<int32_t> Tokens(int mb, int step, int n, int replica = 0) {
   return t;
 }
 
-// One pipeline of K workers, driven by hand as the step protocol drives them.
-struct Pipeline {
-  std::vector<std::unique_ptr<StageWorker>> w;
+using Pipeline = testing::WorkerPipeline;
 
-  explicit Pipeline(const v1::JobSpec& job) {
-    for (int s = 0; s < static_cast<int>(job.stages()); ++s) {
-      auto r = StageWorker::Create(job, s);
-      EXPECT_TRUE(r.ok()) << r.status();
-      w.push_back(std::move(*r));
-    }
-  }
-
-  // Forwards and backwards of one step; exchanges the tied gradients; returns
-  // the step loss and the whole model's squared gradient norm.
-  std::pair<double, double> Run(const v1::JobSpec& job, int step, int replica = 0) {
-    const int k = static_cast<int>(w.size()), m = job.micro_batches_per_step(), b = job.micro_batch_size(),
-              t = job.model().seq_len();
-    double sum = 0;
-    for (int mb = 0; mb < m; ++mb) {
-      std::vector<int32_t> tok = Tokens(mb, step, b * t, replica), tgt = Tokens(mb, step + 1, b * t, replica);
-      std::vector<float> act, next;
-      double loss = 0;
-      if (k == 1) {
-        EXPECT_THAT(w[0]->ForwardLoss(mb, {}, tok, tgt, b, &loss), IsOk());
-      } else {
-        EXPECT_THAT(w[0]->ForwardTokens(mb, tok, b, &act), IsOk());
-        for (int s = 1; s < k - 1; ++s) {
-          EXPECT_THAT(w[s]->ForwardHidden(mb, act, b, &next), IsOk());
-          act.swap(next);
-        }
-        EXPECT_THAT(w[k - 1]->ForwardLoss(mb, act, {}, tgt, b, &loss), IsOk());
-      }
-      sum += loss;
-    }
-    for (int mb = 0; mb < m; ++mb) {
-      std::vector<float> g, gin;
-      for (int s = k - 1; s >= 0; --s) {
-        EXPECT_THAT(w[s]->Backward(mb, g, s > 0 ? &gin : nullptr), IsOk());
-        g.swap(gin);
-      }
-    }
-    if (k > 1 && job.model().tie_embeddings()) {
-      // Both contributions are taken before either end adds the other's.
-      std::vector<uint32_t> rows0, rows_last;
-      std::vector<float> g0, g_last;
-      EXPECT_THAT(w[0]->TiedGradient(&rows0, &g0), IsOk());
-      EXPECT_THAT(w[k - 1]->TiedGradient(&rows_last, &g_last), IsOk());
-      EXPECT_TRUE(rows_last.empty());
-      EXPECT_LE(rows0.size(), 40u);
-      EXPECT_THAT(w[0]->AddTiedGradient(rows_last, g_last), IsOk());
-      EXPECT_THAT(w[k - 1]->AddTiedGradient(rows0, g0), IsOk());
-    }
-    double sq = 0;
-    for (auto& x : w) sq += x->GradSquaredNorm();
-    return {sum / m, sq};
-  }
-};
+// One step's forwards, backwards and tied exchange on `p` (replica `replica`'s
+// data); returns the step loss and the whole model's squared gradient norm.
+std::pair<double, double> RunStep(Pipeline& p, int step, int replica = 0) {
+  const testing::StepResult r = p.Run(step, [replica](int mb, int step, int n) {
+    return testing::Batch{Tokens(mb, step, n, replica), Tokens(mb, step + 1, n, replica)};
+  });
+  EXPECT_LE(r.tied_rows, 40u);
+  return {r.loss, r.grad_sq};
+}
 
 std::vector<double> TrainAdamW(int k, int steps, std::vector<double>* grad_norms = nullptr) {
   const v1::JobSpec job = Job(k);
   Pipeline p(job);
   std::vector<double> losses;
   for (int step = 0; step < steps; ++step) {
-    auto [loss, sq] = p.Run(job, step);
+    auto [loss, sq] = RunStep(p, step);
     for (auto& x : p.w) EXPECT_THAT(x->Step(step, sq), IsOk());
     if (k > 1) {
       EXPECT_TRUE(p.w[0]->holds_tied_copy());
@@ -154,7 +109,7 @@ TEST(TiedEmbeddingTest, WithoutTheExchangeTheCopiesDriftApart) {
 TEST(TiedEmbeddingTest, BadTiedGradientsAreRefusedAndChangeNothing) {
   const v1::JobSpec job = Job(2);
   Pipeline p(job);
-  p.Run(job, 0);  // leaves summed gradients in place
+  RunStep(p, 0);  // leaves summed gradients in place
   std::vector<uint32_t> rows;
   std::vector<float> before, after, dense;
   ASSERT_THAT(p.w[1]->TiedGradient(&rows, &before), IsOk());
@@ -197,7 +152,7 @@ TEST_P(FourCopiesTest, StayIdenticalUnderQuantizedAdamAndACheckpoint) {
   auto run_steps = [&](int n) {
     for (int i = 0; i < n; ++i, ++step) {
       std::vector<double> sq(2);
-      for (int r = 0; r < 2; ++r) sq[r] = pipes[r]->Run(job, step, r).second;
+      for (int r = 0; r < 2; ++r) sq[r] = RunStep(*pipes[r], step, r).second;
       for (int s = 0; s < 2; ++s) {
         testing::Hub hub;
         absl::Status st[2];
@@ -248,13 +203,9 @@ INSTANTIATE_TEST_SUITE_P(Sizes, FourCopiesTest, ::testing::Values(std::make_tupl
 std::vector<double> TrainJob(const v1::JobSpec& job, int steps, std::vector<uint64_t>* hashes,
                              std::vector<double>* norms = nullptr) {
   Pipeline p(job);
-  std::vector<double> losses;
-  for (int step = 0; step < steps; ++step) {
-    auto [loss, sq] = p.Run(job, step);
-    for (auto& x : p.w) EXPECT_THAT(x->Step(step, sq), IsOk());
-    losses.push_back(loss);
-    if (norms != nullptr) norms->push_back(sq);
-  }
+  const std::vector<double> losses = p.Train(steps, [](int mb, int step, int n) {
+    return testing::Batch{Tokens(mb, step, n), Tokens(mb, step + 1, n)};
+  }, norms);
   hashes->clear();
   for (auto& x : p.w) hashes->push_back(x->ParameterHash());
   return losses;
@@ -279,7 +230,7 @@ TEST(LossScalingTest, AnOverflowSkipsTheStepOnEveryStageAndTheScaleComesDown) {
   const v1::JobSpec job = Job(2, "", R"(,"lossScale":"dynamic","initialLossScale":1e38)", "true");
   Pipeline p(job);
   const uint64_t h0 = p.w[0]->ParameterHash(), h1 = p.w[1]->ParameterHash();
-  auto [loss, sq] = p.Run(job, 0);
+  auto [loss, sq] = RunStep(p, 0);
   EXPECT_TRUE(std::isfinite(loss));
   EXPECT_TRUE(std::isinf(sq));
   for (auto& x : p.w) ASSERT_THAT(x->Step(0, sq), IsOk());
@@ -288,7 +239,7 @@ TEST(LossScalingTest, AnOverflowSkipsTheStepOnEveryStageAndTheScaleComesDown) {
   EXPECT_EQ(p.w[0]->TiedEmbeddingHash(), p.w[1]->TiedEmbeddingHash());
   int skipped = 1, step = 1;
   for (; step < 40; ++step) {
-    auto [l, s] = p.Run(job, step);
+    auto [l, s] = RunStep(p, step);
     for (auto& x : p.w) ASSERT_THAT(x->Step(step, s), IsOk());
     if (std::isfinite(s)) break;
     ++skipped;
@@ -309,7 +260,7 @@ TEST(LossScalingTest, AnOverflowSkipsTheStepOnEveryStageAndTheScaleComesDown) {
   }
   ++step;
   for (Pipeline* q : {&p, &restored}) {
-    auto [l, sq2] = q->Run(job, step);
+    auto [l, sq2] = RunStep(*q, step);
     EXPECT_TRUE(std::isfinite(sq2));
     for (auto& x : q->w) ASSERT_THAT(x->Step(step, sq2), IsOk());
   }
@@ -333,7 +284,7 @@ TEST(LossScalingTest, Fp16ScalesByDefaultAndTrainsAcrossStages) {
   Pipeline p(job);
   std::vector<double> losses;
   for (int step = 0; step < 12; ++step) {
-    auto [loss, sq] = p.Run(job, step);
+    auto [loss, sq] = RunStep(p, step);
     EXPECT_TRUE(std::isfinite(sq)) << step;
     for (auto& x : p.w) ASSERT_THAT(x->Step(step, sq), IsOk());
     losses.push_back(loss);

@@ -7,6 +7,7 @@
 #include "pipeline/dp_test_util.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/safetensors.h"
+#include "pipeline/worker_pipeline_test_util.h"
 #include "tests/testing/scratch_dir.h"
 
 namespace aqswarm::pipeline {
@@ -27,48 +28,12 @@ std::vector<int32_t> Tokens(int mb, int step, int n) {
   return t;
 }
 
-// Runs `steps` GPipe steps over K workers in one process; returns step losses.
+// Runs `steps` steps over K workers in one process; returns step losses.
 std::vector<double> Train(int k, int steps) {
-  v1::JobSpec job = Job(k);
-  std::vector<std::unique_ptr<StageWorker>> w;
-  for (int s = 0; s < k; ++s) {
-    auto r = StageWorker::Create(job, s);
-    EXPECT_TRUE(r.ok()) << r.status();
-    w.push_back(std::move(*r));
-  }
-  const int m = job.micro_batches_per_step(), b = job.micro_batch_size(), t = job.model().seq_len();
-  std::vector<double> losses;
-  for (int step = 0; step < steps; ++step) {
-    double sum = 0;
-    for (int mb = 0; mb < m; ++mb) {
-      std::vector<int32_t> tok = Tokens(mb, step, b * t), tgt = Tokens(mb, step + 1, b * t);
-      std::vector<float> act, next;
-      double loss = 0;
-      if (k == 1) {
-        EXPECT_TRUE(w[0]->ForwardLoss(mb, {}, tok, tgt, b, &loss).ok());
-      } else {
-        EXPECT_TRUE(w[0]->ForwardTokens(mb, tok, b, &act).ok());
-        for (int s = 1; s < k - 1; ++s) {
-          EXPECT_TRUE(w[s]->ForwardHidden(mb, act, b, &next).ok());
-          act.swap(next);
-        }
-        EXPECT_TRUE(w[k - 1]->ForwardLoss(mb, act, {}, tgt, b, &loss).ok());
-      }
-      sum += loss;
-    }
-    for (int mb = m - 1; mb >= 0; --mb) {
-      std::vector<float> g, gin;
-      for (int s = k - 1; s >= 0; --s) {
-        EXPECT_TRUE(w[s]->Backward(mb, g, s > 0 ? &gin : nullptr).ok());
-        g.swap(gin);
-      }
-    }
-    double sq = 0;
-    for (auto& x : w) sq += x->GradSquaredNorm();
-    for (auto& x : w) EXPECT_TRUE(x->Step(step, sq).ok());
-    losses.push_back(sum / m);
-  }
-  return losses;
+  testing::WorkerPipeline p(Job(k));
+  return p.Train(steps, [](int mb, int step, int n) {
+    return testing::Batch{Tokens(mb, step, n), Tokens(mb, step + 1, n)};
+  });
 }
 
 TEST(StageWorkerTest, TwoStageWorkersTrainLikeOne) {
