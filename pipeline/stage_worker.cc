@@ -345,21 +345,21 @@ class StageWorkerImpl final : public StageWorker {
   // A delayed update's result is saved too ("delayed/params"), so a loader
   // applies it at its next step as this worker would.
   absl::Status SaveCheckpoint(const std::string& path) override {
-    if (dp_ == nullptr && loss_scale_ > 0) {
-      ExtraCheckpointState extra;
-      extra.metadata = {{kLossScale, absl::StrCat(loss_scale_)}, {kGoodSteps, absl::StrCat(good_steps_)}};
-      return SaveStageCheckpoint(path, *model_, opt_, job_.name(), &extra);
-    }
-    if (dp_ == nullptr) return SaveStageCheckpoint(path, *model_, opt_, job_.name());
-    AQSWARM_RETURN_IF_ERROR(JoinUpdate());
     ExtraCheckpointState extra;
-    for (const auto& [name, buf] : dp_->NamedState()) extra.tensors.emplace_back("dp/" + name, *buf);
-    if (dp_tied_ != nullptr) {
-      for (const auto& [name, buf] : dp_tied_->NamedState()) extra.tensors.emplace_back(kTiedState + name, *buf);
+    if (loss_scale_ > 0) {
+      extra.metadata = {{kLossScale, absl::StrCat(loss_scale_)}, {kGoodSteps, absl::StrCat(good_steps_)}};
     }
-    if (master_) extra.tensors.emplace_back(kDelayedParams, dp_params_);
-    if (master_ && !prev_params_.empty()) extra.tensors.emplace_back(kDelayedPrevParams, prev_params_);
-    extra.metadata = {{"dp_step", std::to_string(dp_->step())}, {"dp_frozen", dp_->frozen() ? "1" : "0"}};
+    if (dp_ != nullptr) {
+      AQSWARM_RETURN_IF_ERROR(JoinUpdate());
+      for (const auto& [name, buf] : dp_->NamedState()) extra.tensors.emplace_back("dp/" + name, *buf);
+      if (dp_tied_ != nullptr) {
+        for (const auto& [name, buf] : dp_tied_->NamedState()) extra.tensors.emplace_back(kTiedState + name, *buf);
+      }
+      if (master_) extra.tensors.emplace_back(kDelayedParams, dp_params_);
+      if (master_ && !prev_params_.empty()) extra.tensors.emplace_back(kDelayedPrevParams, prev_params_);
+      extra.metadata["dp_step"] = std::to_string(dp_->step());
+      extra.metadata["dp_frozen"] = dp_->frozen() ? "1" : "0";
+    }
     return SaveStageCheckpoint(path, *model_, opt_, job_.name(), &extra);
   }
   absl::Status LoadCheckpoint(const std::string& path) override {

@@ -83,10 +83,12 @@ class StageWorker {
   // XXH3 of this stage's copy of the tied matrix (0 without one).
   virtual uint64_t TiedEmbeddingHash() const = 0;
 
-  // Sum of squares of this stage's accumulated gradients. The last stage
-  // leaves out its tied copy (stage 0 counts the summed tied gradient once). Clipping is by the
-  // norm of the WHOLE model's gradient, so the pipeline adds these up across
-  // stages (one double per stage travels the links) before stepping.
+  // Sum of squares of this stage's accumulated gradients (with loss scaling,
+  // of the unscaled ones; infinite after an overflow). The last stage leaves
+  // out its tied copy: stage 0 counts the summed tied gradient once.
+  // Clipping is by the norm of the WHOLE model's gradient, so the pipeline
+  // adds these up across stages (one double per stage travels the links)
+  // before stepping.
   virtual double GradSquaredNorm() const = 0;
   // Clips by sqrt(total_grad_squared_norm), applies AdamW at the scheduled
   // learning rate for `step`, zeroes gradients, drops saved micro-batches.
