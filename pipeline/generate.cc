@@ -69,7 +69,9 @@ absl::StatusOr<std::vector<int32_t>> GenerateIds(const GenerateOptions& o, const
                                                  int32_t stop_id) {
   if (prompt.empty()) return absl::InvalidArgumentError("the prompt has no tokens");
   if (o.max_tokens < 0) return absl::InvalidArgumentError("max_tokens must be >= 0");
-  if (o.temperature < 0) return absl::InvalidArgumentError("temperature must be >= 0");
+  if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) {
+    return absl::InvalidArgumentError("temperature must be a finite number >= 0");
+  }
   if (o.top_k < 0) return absl::InvalidArgumentError("top_k must be >= 0");
   torch::Device device(torch::kCPU);
   AQSWARM_ASSIGN_OR_RETURN(std::shared_ptr<StageModel> model, LoadModel(o, &device));

@@ -2,6 +2,8 @@
 // from an exported directory.
 #include "pipeline/hf_checkpoint.h"
 
+#include <limits>
+#include <cmath>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -502,6 +504,10 @@ TEST_F(GenerateTest, SeededSamplingIsReproducible) {
   EXPECT_EQ(*top1, *greedy);
   o.temperature = -1;
   EXPECT_EQ(GenerateIds(o, {1, 2}).status().code(), absl::StatusCode::kInvalidArgument);
+  for (double bad : {std::nan(""), std::numeric_limits<double>::infinity()}) {
+    o.temperature = bad;
+    EXPECT_EQ(GenerateIds(o, {1, 2}).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
 }
 
 TEST_F(GenerateTest, TextInTextOutWithTheExportedTokenizer) {
