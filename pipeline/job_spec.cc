@@ -106,6 +106,18 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   if (job.precision() != "fp32" && job.precision() != "bf16" && job.precision() != "fp16") {
     return Invalid("precision", absl::StrCat("'", job.precision(), "' is not fp32, bf16 or fp16"));
   }
+  const std::string& scaling = job.optimizer().loss_scale();
+  if (!scaling.empty() && scaling != "dynamic" && scaling != "off") {
+    return Invalid("optimizer.loss_scale", absl::StrCat("'", scaling, "' is not dynamic or off"));
+  }
+  if (job.optimizer().initial_loss_scale() < 0 || !std::isfinite(job.optimizer().initial_loss_scale())) {
+    return Invalid("optimizer.initial_loss_scale", "must be a finite number >= 0");
+  }
+  if (DynamicLossScaling(job) && job.data_parallel() > 1) {
+    return absl::UnimplementedError(
+        "dynamic loss scaling (precision fp16 or optimizer.loss_scale dynamic) with data_parallel > 1 is not "
+        "built: replicas would have to agree on every skipped step; use precision bf16");
+  }
   if (job.stages() > m.n_layer()) {
     return Invalid("stages", absl::StrCat(job.stages(), " stages but only ", m.n_layer(), " layers"));
   }
@@ -308,6 +320,11 @@ constexpr int64_t kTiedGradientCopies = 3;
 std::string GiB(int64_t bytes) { return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (kMiB * 1024.0)); }
 
 }  // namespace
+
+bool DynamicLossScaling(const v1::JobSpec& job) {
+  const std::string& mode = job.optimizer().loss_scale();
+  return mode == "dynamic" || (mode.empty() && job.precision() == "fp16");
+}
 
 int64_t KeyValueHeads(const v1::ModelSpec& s) { return s.n_kv_head() == 0 ? s.n_head() : s.n_kv_head(); }
 

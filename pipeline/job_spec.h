@@ -26,6 +26,10 @@ absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path);
 void ApplyJobDefaults(v1::JobSpec* job);
 absl::Status ValidateJobSpec(const v1::JobSpec& job);
 
+// Whether the job scales its loss dynamically: optimizer.loss_scale
+// "dynamic", or unset with precision fp16.
+bool DynamicLossScaling(const v1::JobSpec& job);
+
 // Learning rate at `step` (0-based): linear warm-up, then linear decay to min_lr.
 double LearningRateAt(const v1::OptimizerSpec& opt, int64_t step);
 

@@ -268,12 +268,22 @@ TEST(LossScalingTest, AnOverflowSkipsTheStepOnEveryStageAndTheScaleComesDown) {
 }
 
 TEST(LossScalingTest, BadSettingsAreRefused) {
-  v1::JobSpec job = Job(2, "", R"(,"lossScale":"sometimes")");
+  // Set after parsing (ParseJobSpec validates too): the stage refuses them itself.
+  v1::JobSpec job = Job(2);
+  job.mutable_optimizer()->set_loss_scale("sometimes");
   EXPECT_THAT(StageWorker::Create(job, 0).status(), StatusIs(absl::StatusCode::kInvalidArgument));
-  job = Job(2, R"(,"dataParallel":2)", R"(,"lossScale":"dynamic")");
+  job = Job(2, R"(,"dataParallel":2)");
+  job.mutable_optimizer()->set_loss_scale("dynamic");
   EXPECT_THAT(StageWorker::Create(job, 0).status(), StatusIs(absl::StatusCode::kUnimplemented));
-  job = Job(2, R"(,"dataParallel":2,"precision":"fp16")");
+  job = Job(2, R"(,"dataParallel":2)");
+  job.set_precision("fp16");
   EXPECT_THAT(StageWorker::Create(job, 0).status(), StatusIs(absl::StatusCode::kUnimplemented));
+  job = Job(2);
+  job.mutable_optimizer()->set_initial_loss_scale(-1);
+  EXPECT_THAT(StageWorker::Create(job, 0).status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  // And the coordinator's check (ValidateJobSpec) names the field.
+  EXPECT_THAT(ParseJobSpec(R"({"optimizer":{"lossScale":"sometimes"}})").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("loss_scale")));
 }
 
 TEST(LossScalingTest, Fp16ScalesByDefaultAndTrainsAcrossStages) {

@@ -21,9 +21,6 @@
 
 namespace aqswarm::pipeline {
 
-// optimizer.lossScale "dynamic", or unset with precision fp16.
-bool DynamicLossScaling(const v1::JobSpec& job);
-
 namespace {
 
 // Converts torch exceptions (shape errors, OOM) into statuses at the boundary.
@@ -618,11 +615,6 @@ class StageWorkerImpl final : public StageWorker {
 
 }  // namespace
 
-bool DynamicLossScaling(const v1::JobSpec& job) {
-  const std::string& mode = job.optimizer().loss_scale();
-  return mode == "dynamic" || (mode.empty() && job.precision() == "fp16");
-}
-
 absl::StatusOr<std::unique_ptr<StageWorker>> StageWorker::Create(const v1::JobSpec& job, int stage) {
   AQSWARM_RETURN_IF_ERROR(ValidateJobSpec(job));
   if (stage < 0 || stage >= static_cast<int>(job.stages())) {
@@ -630,15 +622,6 @@ absl::StatusOr<std::unique_ptr<StageWorker>> StageWorker::Create(const v1::JobSp
   }
   // A stage that cannot fit in RAM fails here with the sizes, not by an OOM kill.
   AQSWARM_RETURN_IF_ERROR(CheckStageMemory(job, stage));
-  const std::string& scaling = job.optimizer().loss_scale();
-  if (!scaling.empty() && scaling != "dynamic" && scaling != "off") {
-    return absl::InvalidArgumentError(absl::StrCat("optimizer.lossScale '", scaling, "' is not dynamic or off"));
-  }
-  if (DynamicLossScaling(job) && job.data_parallel() > 1) {
-    return absl::UnimplementedError(
-        "dynamic loss scaling (precision fp16 or optimizer.lossScale dynamic) with data_parallel > 1 is not built: "
-        "replicas would have to agree on every skipped step; use precision bf16");
-  }
   if (job.device() != "cpu") {
     try {
       torch::Device d(job.device());
