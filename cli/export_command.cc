@@ -62,7 +62,7 @@ int RunExport(const std::vector<std::string>& args) {
   if (absl::Status s = pipeline::ExportHfModel(o); !s.ok()) return Fail(s);
   std::cout << "aqswarm export: " << o.job.model().family() << " model of " << o.stage_checkpoints.size()
             << " stage(s) after " << step << " steps -> " << o.out_dir << " (config.json, model.safetensors"
-            << (o.job.data().tokenizer_dir().empty() ? "" : ", tokenizer") << ")\n";
+            << (o.job.data().tokenizer().empty() ? "" : ", tokenizer") << ")\n";
   return 0;
 }
 

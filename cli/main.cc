@@ -23,7 +23,8 @@ namespace {
 std::vector<Command> AllCommands() {
   std::vector<Command> all;
   for (auto group : {VersionCommands, PipelineCommands, CertsCommands, BenchCommands, AllreduceCommands,
-                     CoordinatorCommands, MetricsCommands, PeerCommands, ExportCommands, GenerateCommands}) {
+                     CoordinatorCommands, MetricsCommands, PeerCommands, ExportCommands, GenerateCommands,
+                     TokenizeCommands, DataCommands}) {
     for (auto& c : group()) all.push_back(std::move(c));
   }
   return all;

@@ -35,7 +35,7 @@ using pipeline::ActivationReceiver;
 using pipeline::ActivationSender;
 
 // Loads the job's corpus: data.corpus (dir or file) tokenized with the GPT-2
-// files in data.tokenizer_dir, cached in data.cache_dir.
+// files in data.tokenizer, cached in data.cache_dir.
 absl::StatusOr<std::unique_ptr<pipeline::TokenCorpus>> LoadCorpus(const v1::JobSpec& job) {
   const v1::DataSpec& data = job.data();
   if (data.synthetic_tokens() > 0) {
@@ -46,7 +46,7 @@ absl::StatusOr<std::unique_ptr<pipeline::TokenCorpus>> LoadCorpus(const v1::JobS
     return pipeline::TokenCorpus::FromTokens(std::move(tokens));
   }
   const std::string corpus = data.corpus().empty() ? "data/sotu" : data.corpus();
-  const std::string tok_dir = data.tokenizer_dir().empty() ? "data/gpt2" : data.tokenizer_dir();
+  const std::string tok_dir = data.tokenizer().empty() ? "data/gpt2" : data.tokenizer();
   AQSWARM_ASSIGN_OR_RETURN(auto tokenizer,
                            pipeline::Tokenizer::Load(tok_dir + "/encoder.json", tok_dir + "/vocab.bpe"));
   pipeline::CorpusOptions o;

@@ -372,7 +372,7 @@ absl::Status ExportHfModel(const HfExportOptions& o) {
   AQSWARM_RETURN_IF_ERROR(WriteSafetensors((out / kHfWeightsFile).string(), tensors, {{"format", "pt"}}));
   AQSWARM_RETURN_IF_ERROR(
       WriteFileAtomically((out / kHfConfigFile).string(), HfConfigJson(spec, max_positions, d_ff), 0644));
-  const std::string tok_dir = o.job.data().tokenizer_dir();
+  const std::string tok_dir = o.job.data().tokenizer();
   if (tok_dir.empty()) return absl::OkStatus();  // synthetic data: no tokenizer
   const fs::path tok(tok_dir);
   // Ours (pipeline/tokenizer.h) and, under Hugging Face's names, GPT2Tokenizer's.

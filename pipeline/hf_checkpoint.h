@@ -76,7 +76,7 @@ absl::StatusOr<v1::ModelSpec> ModelSpecFromHfDir(const std::string& dir, int64_t
 absl::Status LoadHfCheckpoint(const std::string& dir, StageModel& stage);
 
 struct HfExportOptions {
-  // The run's job (model spec, data.tokenizer_dir, name).
+  // The run's job (model spec, data.tokenizer, name).
   v1::JobSpec job;
   // One stage checkpoint (pipeline/stage_io.h) per stage, in stage order.
   std::vector<std::string> stage_checkpoints;

@@ -518,7 +518,7 @@ TEST_F(GenerateTest, TextInTextOutWithTheExportedTokenizer) {
   std::vector<std::shared_ptr<StageModel>> stages;
   HfExportOptions o;
   *o.job.mutable_model() = spec;
-  o.job.mutable_data()->set_tokenizer_dir(tok.string());
+  o.job.mutable_data()->set_tokenizer(tok.string());
   o.stage_checkpoints = WriteRunCheckpoints(spec, Dir("run"), &stages);
   o.out_dir = Dir("export").string();
   ASSERT_TRUE(ExportHfModel(o).ok());

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <queue>
 #include <sstream>
@@ -391,6 +392,15 @@ std::string Tokenizer::Decode(absl::Span<const int32_t> ids) const {
     }
   }
   return text;
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Open(const std::string& path) {
+  const std::filesystem::path dir(path);
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return absl::NotFoundError(absl::StrCat("tokenizer ", path, ": not a directory"));
+  }
+  return Load((dir / "encoder.json").string(), (dir / "vocab.bpe").string());
 }
 
 }  // namespace aqswarm::pipeline

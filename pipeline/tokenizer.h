@@ -48,6 +48,9 @@ class Tokenizer {
   // not parse or is inconsistent (e.g. a merge whose result is not a token).
   static absl::StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& encoder_path,
                                                          const std::string& vocab_path);
+  // The tokenizer a job names (DataSpec.tokenizer): a directory holding
+  // GPT-2's encoder.json + vocab.bpe. NotFound names what is missing.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> Open(const std::string& path);
 
   ~Tokenizer();
   Tokenizer(const Tokenizer&) = delete;

@@ -62,7 +62,7 @@ if [[ "$study" == finetune ]]; then
   cat > "$out/pretrain.json" <<JSON
 {"name":"pretrain","seed":3,
  "model":{"seqLen":$SEQ,"dModel":$DMODEL,"nLayer":$LAYERS,"nHead":$HEADS,"tieEmbeddings":true},
- "data":{"corpus":"$out/pre-corpus","tokenizerDir":"data/gpt2","cacheDir":"$out/pre-cache"},
+ "data":{"corpus":"$out/pre-corpus","tokenizer":"data/gpt2","cacheDir":"$out/pre-cache"},
  "optimizer":{"lr":0.003,"minLr":0.0003,"warmupSteps":50,"totalSteps":$(( pre_spe * PRE_EPOCHS )),"weightDecay":0.01,"gradClip":1.0},
  "microBatchSize":$MB,"microBatchesPerStep":$M,"epochs":$PRE_EPOCHS,"stages":1,"threads":2,
  "evalEverySteps":$(( pre_spe > 0 ? pre_spe : 1 )),"evalBatches":16}
@@ -94,7 +94,7 @@ job() {  # job NAME MODE FW BW STAGES DP DPOPT [dpu]
   cat > "$out/$name.json" <<JSON
 {"name":"$name","seed":7,
  "model":{"seqLen":$SEQ,"dModel":$DMODEL,"nLayer":$LAYERS,"nHead":$HEADS$model_x},
- "data":{"corpus":"$out/corpus","tokenizerDir":"data/gpt2","cacheDir":"$out/cache"},
+ "data":{"corpus":"$out/corpus","tokenizer":"data/gpt2","cacheDir":"$out/cache"},
  "optimizer":{"lr":$LR,"minLr":0.0003,"warmupSteps":50,"totalSteps":STEPS,"weightDecay":0.01,"gradClip":1.0$betas},
  "microBatchSize":$MB,"microBatchesPerStep":$M,"epochs":$EPOCHS,
  "compression":{"mode":"$mode","fwBits":$fw,"bwBits":$bw,"warmupEpochs":$WARMUP_EPOCHS,"mPrecision":"fp16"},

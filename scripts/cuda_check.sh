@@ -100,7 +100,7 @@ speeches=(data/sotu/*.txt)  # a glob, not ls | sort | head (SIGPIPE under pipefa
 mkdir -p /tmp/cuda_check_grid/corpus && cp "${speeches[0]}" /tmp/cuda_check_grid/corpus/
 cat > /tmp/cuda_check_grid/job.json <<EOF
 {"name":"grid","seed":5,"model":{"seqLen":32,"dModel":32,"nLayer":3,"nHead":2},
- "data":{"corpus":"/tmp/cuda_check_grid/corpus","tokenizerDir":"$PWD/data/gpt2","cacheDir":"/tmp/cuda_check_grid/cache"},
+ "data":{"corpus":"/tmp/cuda_check_grid/corpus","tokenizer":"$PWD/data/gpt2","cacheDir":"/tmp/cuda_check_grid/cache"},
  "optimizer":{"lr":0.003,"warmupSteps":2,"gradClip":1.0},"microBatchSize":4,"microBatchesPerStep":2,
  "epochs":10,"maxSteps":4,"compression":{"mode":"aqsgd","fwBits":3,"bwBits":6,"warmupEpochs":0},
  "stages":2,"evalEverySteps":0,"evalBatches":1,"device":"cuda:0","dataParallel":2,

@@ -17,7 +17,7 @@ job() {  # job NAME EXTRA_MODEL_FIELDS
   cat > "$dir/$1.json" <<JSON
 {"name":"$1","seed":5,
  "model":{"seqLen":32,"dModel":32,"nLayer":3,"nHead":2,"tieEmbeddings":true$2},
- "data":{"corpus":"$dir/corpus","tokenizerDir":"$data/gpt2","cacheDir":"$dir/cache"},
+ "data":{"corpus":"$dir/corpus","tokenizer":"$data/gpt2","cacheDir":"$dir/cache"},
  "optimizer":{"lr":0.003,"warmupSteps":2,"gradClip":1.0},
  "microBatchSize":4,"microBatchesPerStep":2,"epochs":1,"maxSteps":5,
  "compression":{"mode":"fp32"},"stages":2,"evalEverySteps":0,"evalBatches":1,

@@ -61,7 +61,7 @@ class PipelineTest : public ::testing::Test {
                        int fw_bits = 3, const std::string& extra = "", const std::string& store = "rocksdb") {
     const std::string json = absl::StrCat(R"({"name":")", name, R"(","seed":5,
       "model":{"seqLen":32,"dModel":32,"nLayer":3,"nHead":2},
-      "data":{"corpus":")", (dir_ / "corpus").string(), R"(","tokenizerDir":")", kDataDir, R"(/gpt2",
+      "data":{"corpus":")", (dir_ / "corpus").string(), R"(","tokenizer":")", kDataDir, R"(/gpt2",
               "cacheDir":")", (dir_ / "cache").string(), R"("},
       "optimizer":{"lr":0.003,"warmupSteps":2,"gradClip":1.0},
       "microBatchSize":4,"microBatchesPerStep":2,"epochs":)", epochs, R"(,"maxSteps":)", max_steps, R"(,

@@ -134,7 +134,7 @@ class PrometheusTest : public ::testing::Test {
     // Runs until stopped: 2 stages x 2 pipelines, AQ-SGD links, QuantizedAdam.
     const std::string json = absl::StrCat(R"({"name":"prom-e2e","seed":5,
       "model":{"seqLen":32,"dModel":32,"nLayer":2,"nHead":2},
-      "data":{"corpus":")", (dir_ / "corpus").string(), R"(","tokenizerDir":")", kDataDir, R"(/gpt2",
+      "data":{"corpus":")", (dir_ / "corpus").string(), R"(","tokenizer":")", kDataDir, R"(/gpt2",
               "cacheDir":")", (dir_ / "cache").string(), R"("},
       "optimizer":{"lr":0.003,"warmupSteps":2,"gradClip":1.0},
       "microBatchSize":2,"microBatchesPerStep":2,"epochs":100000,"maxSteps":0,

@@ -67,7 +67,7 @@ class SwarmTest : public ::testing::Test {
   void WriteJob(int seed, const std::string& grid) {
     std::ofstream(job_) << R"({"name":"swarm-it","seed":)" << seed << R"(,
       "model":{"seqLen":32,"dModel":32,"nLayer":2,"nHead":2)" << model_extra_ << R"(},
-      "data":{"corpus":")" << corpus_ << R"(","tokenizerDir":")" << kData << R"(/gpt2"},
+      "data":{"corpus":")" << corpus_ << R"(","tokenizer":")" << kData << R"(/gpt2"},
       "optimizer":{"lr":0.005,"minLr":0.001,"warmupSteps":2,"totalSteps":400,"weightDecay":0.0,"gradClip":1.0},
       "microBatchSize":2,"microBatchesPerStep":2,"epochs":1,"maxSteps":400,
       "compression":{"mode":"aqsgd","fwBits":3,"bwBits":6,"warmupEpochs":0,"mPrecision":"fp16"},
@@ -346,7 +346,7 @@ TEST_F(SwarmTest, AnExportedModelIsFineTunedThroughTheSwarmOnAnotherText) {
   const std::string pre_job = (dir_ / "pretrain.json").string();
   std::ofstream(pre_job) << R"({"name":"pretrain","seed":4,
       "model":{"seqLen":32,"dModel":32,"nLayer":2,"nHead":2,"tieEmbeddings":true},
-      "data":{"corpus":")" << pre_corpus.string() << R"(","tokenizerDir":")" << kData << R"(/gpt2"},
+      "data":{"corpus":")" << pre_corpus.string() << R"(","tokenizer":")" << kData << R"(/gpt2"},
       "optimizer":{"lr":0.01,"minLr":0.002,"warmupSteps":5,"totalSteps":150,"gradClip":1.0},
       "microBatchSize":8,"microBatchesPerStep":2,"epochs":1,"maxSteps":150,"stages":1,"threads":1})";
   RunToCompletion(dir_, "pretrain.log", {"pipeline", "--job=" + pre_job, "--out_dir=" + (dir_ / "pre").string()});
