@@ -1,8 +1,5 @@
 #include "pipeline/tokenizer.h"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/checksum.h"
 #include "nlohmann/json.hpp"
+#include "pipeline/tokenizer_internal.h"
 
 namespace aqswarm::pipeline {
 namespace {
@@ -31,7 +29,9 @@ constexpr size_t kMaxCacheEntries = 1 << 18;
 // Pieces longer than this are not cached (rare, and would bloat the cache).
 constexpr size_t kMaxCachedPieceBytes = 64;
 
-constexpr char kReplacementChar[] = "\xEF\xBF\xBD";  // U+FFFD
+}  // namespace
+
+namespace tokenizer_internal {
 
 // GPT-2's bytes_to_unicode(): printable Latin-1 bytes map to themselves, the
 // other 68 bytes to U+0100.. in byte order, so every token is printable text.
@@ -93,6 +93,43 @@ bool TokenToBytes(std::string_view token, const absl::flat_hash_map<uint32_t, ui
   return true;
 }
 
+uint64_t PairKey(int32_t left, int32_t right) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+}
+
+absl::StatusOr<pcre2_code*> CompileRegex(const std::string& pattern, const std::string& what) {
+  int error_code = 0;
+  PCRE2_SIZE error_offset = 0;
+  // MATCH_INVALID_UTF: arbitrary bytes are a valid subject; invalid sequences
+  // simply never match, and Encode turns the gaps into pieces of their own.
+  // DOLLAR_ENDONLY: `$` is the end of the text, as in JavaScript and Rust.
+  pcre2_code* regex = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                    PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF |
+                                        PCRE2_DOLLAR_ENDONLY,
+                                    &error_code, &error_offset, nullptr);
+  if (regex == nullptr) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(error_code, message, sizeof(message));
+    return absl::InvalidArgumentError(absl::StrCat("cannot compile ", what, " /", pattern,
+                                                   "/ at offset ", error_offset, ": ",
+                                                   reinterpret_cast<char*>(message)));
+  }
+  // JIT is ~5x faster; without it (unsupported CPU) matching still works.
+  pcre2_jit_compile(regex, PCRE2_JIT_COMPLETE);
+  return regex;
+}
+
+}  // namespace tokenizer_internal
+
+namespace {
+
+using tokenizer_internal::AppendUtf8;
+using tokenizer_internal::ByteToCodePoint;
+using tokenizer_internal::PairKey;
+using tokenizer_internal::TokenToBytes;
+
+constexpr char kReplacementChar[] = "\xEF\xBF\xBD";  // U+FFFD
+
 absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
@@ -105,35 +142,7 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) 
   return ss.str();
 }
 
-// Debian's Abseil is built with its own string_view type, not an alias of
-// std::string_view, so convert explicitly at the Abseil calls.
-absl::string_view AsAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-
-uint64_t PairKey(int32_t left, int32_t right) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
-}
-
 }  // namespace
-
-struct Tokenizer::Impl {
-  struct Merge {
-    int32_t rank;
-    int32_t result;
-  };
-
-  std::vector<std::string> id_to_bytes;  // raw bytes of each token
-  int32_t byte_to_id[256] = {};
-  absl::flat_hash_map<uint64_t, Merge> merges;  // PairKey(left, right) -> merge
-
-  pcre2_code* regex = nullptr;
-
-  mutable absl::Mutex mu;
-  mutable absl::flat_hash_map<std::string, std::vector<int32_t>> cache ABSL_GUARDED_BY(mu);
-
-  ~Impl() {
-    if (regex != nullptr) pcre2_code_free(regex);
-  }
-};
 
 Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Tokenizer::~Tokenizer() = default;
@@ -237,22 +246,15 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& en
     return absl::DataLossError(absl::StrCat("'", vocab_path, "' has no merges"));
   }
 
-  // --- The pre-tokenizer.
-  int error_code = 0;
-  PCRE2_SIZE error_offset = 0;
-  // MATCH_INVALID_UTF: arbitrary bytes are a valid subject; invalid sequences
-  // simply never match, and Encode turns the gaps into pieces of their own.
-  impl->regex = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kGpt2Pattern), PCRE2_ZERO_TERMINATED,
-                              PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error_code,
-                              &error_offset, nullptr);
-  if (impl->regex == nullptr) {
-    PCRE2_UCHAR message[256];
-    pcre2_get_error_message(error_code, message, sizeof(message));
-    return absl::InternalError(
-        absl::StrCat("PCRE2 cannot compile GPT-2's pattern: ", reinterpret_cast<char*>(message)));
-  }
-  // JIT is ~5x faster; without it (unsupported CPU) matching still works.
-  pcre2_jit_compile(impl->regex, PCRE2_JIT_COMPLETE);
+  // --- The pre-tokenizer: GPT-2's regex; gaps (invalid UTF-8) byte by byte.
+  absl::StatusOr<pcre2_code*> regex =
+      tokenizer_internal::CompileRegex(kGpt2Pattern, "GPT-2's pre-tokenizer pattern");
+  if (!regex.ok()) return absl::InternalError(regex.status().message());
+  PreTokenizeStep step;
+  step.regex = *regex;
+  step.gap_is_one_piece = false;
+  impl->steps.push_back(std::move(step));
+  impl->id_valid.assign(n, true);
 
   // --- Identity: canonical vocabulary + merges, independent of file layout.
   Checksummer sum(/*seed=*/0x61717377746f6bull);  // "aqswtok"
@@ -281,6 +283,13 @@ void Tokenizer::EncodePiece(std::string_view piece, std::vector<int32_t>* out) c
     out->push_back(impl_->byte_to_id[static_cast<uint8_t>(piece[0])]);
     return;
   }
+  if (impl_->ignore_merges) {
+    auto it = impl_->piece_to_id.find(AsAbsl(piece));
+    if (it != impl_->piece_to_id.end()) {
+      out->push_back(it->second);
+      return;
+    }
+  }
   const bool cacheable = piece.size() <= kMaxCachedPieceBytes;
   if (cacheable) {
     absl::MutexLock lock(&impl_->mu);
@@ -292,10 +301,13 @@ void Tokenizer::EncodePiece(std::string_view piece, std::vector<int32_t>* out) c
   }
 
   // BPE over a linked list of symbols with a min-heap of candidate pairs
-  // ordered by (rank, position): O(n log n), so a megabyte of spaces is no
-  // problem. Because every merge only uses earlier-ranked results (checked in
-  // Load), this equals GPT-2's "merge all occurrences of the best pair, left
-  // to right, repeat" loop. Stale heap entries are skipped on pop.
+  // ordered by (rank, position of the left symbol's first byte): O(n log n),
+  // so a megabyte of spaces is no problem. This is exactly the order of
+  // tokenizers' and transformers.js's BPE (transformers.js scores a pair
+  // rank + position / length). For GPT-2's files every merge only uses
+  // earlier-ranked results (checked in Load), so it also equals GPT-2's
+  // "merge all occurrences of the best pair, left to right, repeat" loop.
+  // Stale heap entries are skipped on pop.
   const int n = static_cast<int>(piece.size());
   std::vector<int32_t> id(n), prev(n), next(n);
   for (int i = 0; i < n; ++i) {
@@ -345,34 +357,93 @@ void Tokenizer::EncodePiece(std::string_view piece, std::vector<int32_t>* out) c
   }
 }
 
-void Tokenizer::EncodeAppend(std::string_view text, std::vector<int32_t>* out) const {
+void Tokenizer::PreTokenizeAndEncode(size_t step_index, std::string_view text,
+                                     std::vector<int32_t>* out) const {
+  if (text.empty()) return;
+  if (step_index == impl_->steps.size()) {
+    EncodePiece(text, out);
+    return;
+  }
+  const PreTokenizeStep& step = impl_->steps[step_index];
+  if (step.kind == PreTokenizeStep::Kind::kPrefixSpace) {
+    if (text.front() == ' ') {
+      PreTokenizeAndEncode(step_index + 1, text, out);
+    } else {
+      std::string spaced;
+      spaced.reserve(text.size() + 1);
+      spaced.push_back(' ');
+      spaced.append(text);
+      PreTokenizeAndEncode(step_index + 1, spaced, out);
+    }
+    return;
+  }
+  auto emit_gap = [&](size_t from, size_t to) {
+    if (from >= to) return;
+    if (step.gap_is_one_piece) {
+      PreTokenizeAndEncode(step_index + 1, text.substr(from, to - from), out);
+    } else {
+      for (size_t b = from; b < to; ++b) PreTokenizeAndEncode(step_index + 1, text.substr(b, 1), out);
+    }
+  };
   std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> match_data(
-      pcre2_match_data_create_from_pattern(impl_->regex, nullptr), &pcre2_match_data_free);
+      pcre2_match_data_create_from_pattern(step.regex, nullptr), &pcre2_match_data_free);
   pcre2_match_data* match = match_data.get();
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  size_t pos = 0;
-  while (pos < text.size()) {
-    const int rc = pcre2_match(impl_->regex, subject, text.size(), pos, 0, match, nullptr);
+  size_t pos = 0;     // start of text not yet emitted
+  size_t search = 0;  // where the next match may start
+  while (search < text.size()) {
+    const int rc = pcre2_match(step.regex, subject, text.size(), search, 0, match, nullptr);
     if (rc < 0) {
-      // PCRE2_ERROR_NOMATCH: only unmatchable (invalid UTF-8) bytes remain.
-      // Any other error (resource limits on pathological input): degrade to
-      // byte pieces rather than lose text.
-      for (; pos < text.size(); ++pos) EncodePiece(text.substr(pos, 1), out);
+      // PCRE2_ERROR_NOMATCH: the rest is a gap (for GPT-2's pattern: only
+      // invalid UTF-8). Any other error (resource limits on pathological
+      // input): keep the text as a gap rather than lose it.
       break;
     }
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match);
     const size_t begin = ovector[0], end = ovector[1];
-    // Bytes skipped over are invalid UTF-8: each becomes its own piece, so
-    // they round-trip (GPT-2 would never see them).
-    for (; pos < begin; ++pos) EncodePiece(text.substr(pos, 1), out);
-    if (end == begin) {  // cannot happen with this pattern; guard the loop anyway
-      EncodePiece(text.substr(pos, 1), out);
-      ++pos;
+    if (end == begin) {
+      // An empty match (possible only with a tokenizer.json pattern): no
+      // piece; search again one character on, as JavaScript's matchAll does.
+      search = begin + 1;
+      while (search < text.size() && (static_cast<uint8_t>(text[search]) & 0xC0) == 0x80) ++search;
       continue;
     }
-    EncodePiece(text.substr(begin, end - begin), out);
-    pos = end;
+    // Bytes skipped over are a gap: GPT-2's files: invalid UTF-8, each byte
+    // its own piece (so they round-trip; GPT-2 would never see them).
+    emit_gap(pos, begin);
+    PreTokenizeAndEncode(step_index + 1, text.substr(begin, end - begin), out);
+    pos = search = end;
   }
+  emit_gap(pos, text.size());
+}
+
+void Tokenizer::EncodeText(std::string_view text, std::vector<int32_t>* out) const {
+  if (impl_->normalizers.empty()) {
+    PreTokenizeAndEncode(0, text, out);
+    return;
+  }
+  // ASCII is invariant under every normalization form: skip the copy.
+  bool ascii = true;
+  for (const char c : text) {
+    if (static_cast<uint8_t>(c) >= 0x80) {
+      ascii = false;
+      break;
+    }
+  }
+  if (ascii) {
+    PreTokenizeAndEncode(0, text, out);
+    return;
+  }
+  std::string normalized(text), next;
+  for (const NormalizationForm form : impl_->normalizers) {
+    tokenizer_internal::NormalizeUnicode(form, normalized, &next);
+    normalized.swap(next);
+  }
+  PreTokenizeAndEncode(0, normalized, out);
+}
+
+void Tokenizer::EncodeAppend(std::string_view text, std::vector<int32_t>* out) const {
+  EncodeText(text, out);
 }
 
 std::vector<int32_t> Tokenizer::Encode(std::string_view text) const {
@@ -382,10 +453,118 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text) const {
   return ids;
 }
 
+namespace {
+
+// JavaScript's String.prototype.trimStart/trimEnd whitespace (what
+// transformers.js strips next to an lstrip/rstrip added token).
+bool IsJsWhitespace(uint32_t cp) {
+  switch (cp) {
+    case 0x09: case 0x0A: case 0x0B: case 0x0C: case 0x0D: case 0x20: case 0xA0: case 0x1680:
+    case 0x2028: case 0x2029: case 0x202F: case 0x205F: case 0x3000: case 0xFEFF:
+      return true;
+    default:
+      return cp >= 0x2000 && cp <= 0x200A;
+  }
+}
+
+// Decodes the UTF-8 character starting at text[i] (0 and length 1 if invalid).
+uint32_t DecodeAt(std::string_view text, size_t i, size_t* len) {
+  const auto c = static_cast<uint8_t>(text[i]);
+  size_t n = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+  if (n == 0 || i + n > text.size()) {
+    *len = 1;
+    return 0;
+  }
+  uint32_t cp = n == 1 ? c : c & (0x7F >> n);
+  for (size_t k = 1; k < n; ++k) {
+    const auto cc = static_cast<uint8_t>(text[i + k]);
+    if ((cc & 0xC0) != 0x80) {
+      *len = 1;
+      return 0;
+    }
+    cp = (cp << 6) | (cc & 0x3F);
+  }
+  *len = n;
+  return cp;
+}
+
+std::string_view TrimJsWhitespaceStart(std::string_view s) {
+  size_t len = 0;
+  while (!s.empty() && IsJsWhitespace(DecodeAt(s, 0, &len))) s.remove_prefix(len);
+  return s;
+}
+
+std::string_view TrimJsWhitespaceEnd(std::string_view s) {
+  while (!s.empty()) {
+    size_t start = s.size() - 1;
+    while (start > 0 && (static_cast<uint8_t>(s[start]) & 0xC0) == 0x80 && s.size() - start < 4) --start;
+    size_t len = 0;
+    const uint32_t cp = DecodeAt(s, start, &len);
+    if (start + len != s.size() || !IsJsWhitespace(cp)) break;
+    s.remove_suffix(len);
+  }
+  return s;
+}
+
+}  // namespace
+
+std::vector<int32_t> Tokenizer::EncodeWithAddedTokens(std::string_view text) const {
+  std::vector<int32_t> ids;
+  if (impl_->added_tokens.empty()) {
+    EncodeAppend(text, &ids);
+    return ids;
+  }
+  // Split into text and added tokens (leftmost, longest first: the order of
+  // impl_->added_tokens), as transformers.js's DictionarySplitter does.
+  struct Section {
+    std::string_view text;
+    const Impl::AddedToken* token;  // null for text
+  };
+  std::vector<Section> sections;
+  size_t start = 0, i = 0;
+  while (i < text.size()) {
+    const Impl::AddedToken* found = nullptr;
+    if (impl_->added_first_byte[static_cast<uint8_t>(text[i])]) {
+      for (const Impl::AddedToken& token : impl_->added_tokens) {
+        if (text.compare(i, token.content.size(), token.content) == 0) {
+          found = &token;
+          break;
+        }
+      }
+    }
+    if (found == nullptr) {
+      ++i;
+      continue;
+    }
+    if (i > start) sections.push_back({text.substr(start, i - start), nullptr});
+    sections.push_back({text.substr(i, found->content.size()), found});
+    i += found->content.size();
+    start = i;
+  }
+  if (start < text.size()) sections.push_back({text.substr(start), nullptr});
+  for (size_t k = 0; k < sections.size(); ++k) {
+    if (sections[k].token == nullptr) continue;
+    if (sections[k].token->lstrip && k > 0 && sections[k - 1].token == nullptr) {
+      sections[k - 1].text = TrimJsWhitespaceEnd(sections[k - 1].text);
+    }
+    if (sections[k].token->rstrip && k + 1 < sections.size() && sections[k + 1].token == nullptr) {
+      sections[k + 1].text = TrimJsWhitespaceStart(sections[k + 1].text);
+    }
+  }
+  for (const Section& section : sections) {
+    if (section.token != nullptr) {
+      ids.push_back(section.token->id);
+    } else {
+      EncodeText(section.text, &ids);
+    }
+  }
+  return ids;
+}
+
 std::string Tokenizer::Decode(absl::Span<const int32_t> ids) const {
   std::string text;
   for (const int32_t id : ids) {
-    if (id >= 0 && id < vocab_size()) {
+    if (id >= 0 && id < vocab_size() && impl_->id_valid[id]) {
       text += impl_->id_to_bytes[id];
     } else {
       text += kReplacementChar;
@@ -395,12 +574,23 @@ std::string Tokenizer::Decode(absl::Span<const int32_t> ids) const {
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Open(const std::string& path) {
-  const std::filesystem::path dir(path);
+  const std::filesystem::path p(path);
   std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) {
-    return absl::NotFoundError(absl::StrCat("tokenizer ", path, ": not a directory"));
+  if (std::filesystem::is_regular_file(p, ec)) return LoadHuggingFace(path);
+  if (!std::filesystem::is_directory(p, ec)) {
+    return absl::NotFoundError(absl::StrCat(
+        "tokenizer ", path, ": no such file or directory (expected a tokenizer.json, a directory "
+        "holding one, or a directory holding GPT-2's encoder.json + vocab.bpe)"));
   }
-  return Load((dir / "encoder.json").string(), (dir / "vocab.bpe").string());
+  if (std::filesystem::exists(p / "tokenizer.json", ec)) {
+    return LoadHuggingFace((p / "tokenizer.json").string());
+  }
+  if (!std::filesystem::exists(p / "encoder.json", ec) && !std::filesystem::exists(p / "vocab.bpe", ec)) {
+    return absl::NotFoundError(absl::StrCat("tokenizer directory ", path,
+                                            " holds neither tokenizer.json nor GPT-2's encoder.json + "
+                                            "vocab.bpe (run scripts/fetch_data.sh to fetch them)"));
+  }
+  return Load((p / "encoder.json").string(), (p / "vocab.bpe").string());
 }
 
 }  // namespace aqswarm::pipeline
