@@ -6,6 +6,7 @@
 //   [9906,11,1917,0]
 //   echo '[9906,11,1917,0]' | aqswarm tokenize --tokenizer data/llama3 --decode
 //   Hello, world!
+#include <chrono>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -27,6 +28,9 @@ ABSL_FLAG(bool, added_tokens, false,
           "Encode added tokens written in the text (\"<|endoftext|>\", \"<|begin_of_text|>\", ...) as their "
           "ids, as transformers.js's encode(text, {add_special_tokens: false}) does. Default: they are "
           "ordinary text.");
+ABSL_FLAG(bool, stats, false,
+          "At the end, print texts, bytes, tokens and the encoding time and rate (tokens/second, encoding "
+          "alone: no loading, parsing or printing) to stderr (scripts/bench_tokenizer.sh).");
 
 namespace aqswarm::cli {
 namespace {
@@ -54,6 +58,9 @@ int RunTokenize(const std::vector<std::string>& args) {
   const bool decode = absl::GetFlag(FLAGS_decode);
   const bool json = absl::GetFlag(FLAGS_jsonl);
   const bool added = absl::GetFlag(FLAGS_added_tokens);
+  const bool stats = absl::GetFlag(FLAGS_stats);
+  int64_t total_bytes = 0, total_tokens = 0;
+  std::chrono::steady_clock::duration encode_time{};
 
   std::ios::sync_with_stdio(false);
   std::string line, out;
@@ -84,7 +91,11 @@ int RunTokenize(const std::vector<std::string>& args) {
           return Fail(line_no, "with --jsonl, expected a JSON string or an object with a \"text\" string");
         }
       }
+      const auto start = std::chrono::steady_clock::now();
       ids = added ? (*tok)->EncodeWithAddedTokens(text) : (*tok)->Encode(text);
+      encode_time += std::chrono::steady_clock::now() - start;
+      total_bytes += static_cast<int64_t>(text.size());
+      total_tokens += static_cast<int64_t>(ids.size());
       out.push_back('[');
       for (size_t i = 0; i < ids.size(); ++i) {
         if (i > 0) out.push_back(',');
@@ -100,6 +111,12 @@ int RunTokenize(const std::vector<std::string>& args) {
     std::cerr << "aqswarm tokenize: cannot write to stdout\n";
     return 1;
   }
+  if (stats && !decode) {
+    const double seconds = std::chrono::duration<double>(encode_time).count();
+    std::cerr << "texts=" << line_no << " bytes=" << total_bytes << " tokens=" << total_tokens
+              << " seconds=" << seconds << " tokens_per_second="
+              << static_cast<int64_t>(seconds > 0 ? static_cast<double>(total_tokens) / seconds : 0) << "\n";
+  }
   return 0;
 }
 
@@ -112,7 +129,7 @@ std::vector<Command> TokenizeCommands() {
            "BOS/EOS is added, and added tokens such as <|endoftext|> written in the text are ordinary text\n"
            "unless --added_tokens. With --jsonl, input lines are JSON strings (or {\"text\": ...} objects,\n"
            "e.g. a .jsonl corpus), so texts can hold newlines.",
-           {"tokenizer", "decode", "jsonl", "added_tokens"},
+           {"tokenizer", "decode", "jsonl", "added_tokens", "stats"},
            RunTokenize}};
 }
 

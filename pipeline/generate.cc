@@ -98,14 +98,16 @@ absl::StatusOr<std::vector<int32_t>> GenerateIds(const GenerateOptions& o, const
 
 absl::StatusOr<GenerateResult> Generate(const GenerateOptions& o) {
   const fs::path dir(o.model_dir);
+  // The model directory's tokenizer: tokenizer.json or GPT-2's files under
+  // our names (Tokenizer::Open), or under Hugging Face's GPT2Tokenizer names.
   std::unique_ptr<Tokenizer> tok;
-  if (fs::exists(dir / "encoder.json")) {
-    AQSWARM_ASSIGN_OR_RETURN(tok, Tokenizer::Load((dir / "encoder.json").string(), (dir / "vocab.bpe").string()));
+  if (fs::exists(dir / "tokenizer.json") || fs::exists(dir / "encoder.json")) {
+    AQSWARM_ASSIGN_OR_RETURN(tok, Tokenizer::Open(dir.string()));
   } else if (fs::exists(dir / "vocab.json")) {
     AQSWARM_ASSIGN_OR_RETURN(tok, Tokenizer::Load((dir / "vocab.json").string(), (dir / "merges.txt").string()));
   } else {
-    return absl::NotFoundError(absl::StrCat(o.model_dir, " has no GPT-2 tokenizer (encoder.json + vocab.bpe, or "
-                                            "vocab.json + merges.txt)"));
+    return absl::NotFoundError(absl::StrCat(o.model_dir, " has no tokenizer (tokenizer.json, encoder.json + "
+                                            "vocab.bpe, or vocab.json + merges.txt)"));
   }
   GenerateResult r;
   r.prompt_ids = tok->Encode(o.prompt);

@@ -3,14 +3,15 @@
 //
 // The directory (what `aqswarm export` writes, or a Hugging Face GPT-2 /
 // Llama directory with GPT-2's BPE files) is loaded into one single-stage
-// model (pipeline/hf_checkpoint.h), the prompt tokenized with the GPT-2
-// tokenizer found there (encoder.json + vocab.bpe, or vocab.json +
-// merges.txt), and tokens sampled one at a time from the last position's
+// model (pipeline/hf_checkpoint.h), the prompt tokenized with the tokenizer
+// found there (tokenizer.json, else GPT-2's encoder.json + vocab.bpe, or
+// vocab.json + merges.txt; pipeline/tokenizer.h), and tokens sampled one at a time from the last position's
 // logits over a window of the newest seq_len tokens (no KV cache: each token
 // costs a full forward of the window). temperature 0 is greedy (argmax,
 // lowest id on ties); otherwise softmax(logits / temperature) over the top_k
 // largest (all when 0), drawn with a generator seeded by `seed`, so a run is
-// reproducible. Generation stops after max_tokens or at <|endoftext|>.
+// reproducible. Generation stops after max_tokens or at the tokenizer's
+// eot_id() (<|endoftext|>; Llama-3: <|end_of_text|>).
 //
 //   GenerateOptions o{.model_dir = "out/model", .prompt = "The Union is", .max_tokens = 20};
 //   AQSWARM_ASSIGN_OR_RETURN(GenerateResult r, Generate(o));

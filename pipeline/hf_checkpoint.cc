@@ -372,9 +372,21 @@ absl::Status ExportHfModel(const HfExportOptions& o) {
   AQSWARM_RETURN_IF_ERROR(WriteSafetensors((out / kHfWeightsFile).string(), tensors, {{"format", "pt"}}));
   AQSWARM_RETURN_IF_ERROR(
       WriteFileAtomically((out / kHfConfigFile).string(), HfConfigJson(spec, max_positions, d_ff), 0644));
-  const std::string tok_dir = o.job.data().tokenizer();
-  if (tok_dir.empty()) return absl::OkStatus();  // synthetic data: no tokenizer
-  const fs::path tok(tok_dir);
+  const std::string tok_path = o.job.data().tokenizer();
+  if (tok_path.empty()) return absl::OkStatus();  // synthetic data: no tokenizer
+  const fs::path tok(tok_path);
+  // A Hugging Face tokenizer.json (the file, or a directory holding it): it
+  // and the configs beside it, which name the special tokens.
+  if (fs::is_regular_file(tok) || fs::exists(tok / "tokenizer.json")) {
+    const fs::path json_file = fs::is_regular_file(tok) ? tok : tok / "tokenizer.json";
+    AQSWARM_RETURN_IF_ERROR(CopyFile(json_file, out / "tokenizer.json"));
+    for (const char* optional : {"tokenizer_config.json", "special_tokens_map.json"}) {
+      const fs::path from = json_file.parent_path() / optional;
+      if (fs::exists(from)) AQSWARM_RETURN_IF_ERROR(CopyFile(from, out / optional));
+    }
+    // A directory that also has GPT-2's files exports them too (below).
+    if (!fs::exists(tok / "encoder.json") || !fs::exists(tok / "vocab.bpe")) return absl::OkStatus();
+  }
   // Ours (pipeline/tokenizer.h) and, under Hugging Face's names, GPT2Tokenizer's.
   for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
            {"encoder.json", "encoder.json"}, {"vocab.bpe", "vocab.bpe"},

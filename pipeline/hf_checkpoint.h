@@ -26,8 +26,11 @@
 // Export (ExportHfModel): merges the stages' checkpoints of a finished run
 // into one model.safetensors with the names GPT2LMHeadModel /
 // LlamaForCausalLM load, writes config.json (torch_dtype float32) and copies
-// the tokenizer files (encoder.json and vocab.bpe, also as HF's vocab.json
-// and merges.txt; tokenizer.json and tokenizer_config.json when present).
+// the job's tokenizer files: a tokenizer.json (data.tokenizer names the file
+// or a directory holding it) with the tokenizer_config.json and
+// special_tokens_map.json beside it when present; GPT-2's encoder.json and
+// vocab.bpe, also as HF's vocab.json and merges.txt, when the directory has
+// them.
 //
 //   AQSWARM_RETURN_IF_ERROR(LoadHfCheckpoint("models/gpt2", *stage));
 //   AQSWARM_RETURN_IF_ERROR(ExportHfModel({.job = job, .stage_checkpoints = paths, .out_dir = "out"}));
