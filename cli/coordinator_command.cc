@@ -178,6 +178,14 @@ int RunStatus(const std::vector<std::string>& args) {
                                st.grid_complete() ? "complete" : "INCOMPLETE", st.assignment_version());
   std::cout << absl::StrFormat("step %d  loss %.4f  tokens/s %.1f  checkpoint step %d  peers %d\n", st.step(),
                                st.loss(), st.tokens_per_second(), st.checkpoint_step(), st.peers_size());
+  const v1::DataSpec& data = st.job().data();
+  if (data.synthetic_tokens() > 0) {
+    std::cout << "data: " << data.synthetic_tokens() << " synthetic tokens\n";
+  } else {
+    std::cout << "data: " << data.corpus() << " (dataset "
+              << (data.dataset_hash().empty() ? "not fixed yet" : data.dataset_hash()) << ", tokenizer "
+              << (data.tokenizer_hash().empty() ? "not fixed yet" : data.tokenizer_hash()) << ")\n";
+  }
   std::cout << absl::StrFormat("%6s  %-20s %-8s %5s %8s %7s %6s  %s\n", "id", "name", "state", "stage", "pipeline",
                                "lease_s", "step", "links (measured from this peer)");
   for (const v1::PeerStatus& p : st.peers()) {

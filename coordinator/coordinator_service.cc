@@ -67,6 +67,7 @@ grpc::Status CoordinatorGrpcService::Join(grpc::ServerContext*, const v1::JoinRe
   if (!held.ok()) return ToGrpcStatus(held.status());
   p.held = *std::move(held);
   p.held_job_name = req->held_job_name();
+  p.data = {req->dataset_hash(), req->tokenizer_hash()};
   // Shape first, so a malformed request is INVALID_ARGUMENT whatever its token.
   if (absl::Status s = ValidateJoinParams(p); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<JoinResult> r = coordinator_->Join(p);

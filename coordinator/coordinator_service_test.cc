@@ -237,8 +237,15 @@ TEST_F(CoordinatorServiceTest, WatchWithAWrongSessionIsRefused) {
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
 }
 
-TEST_F(CoordinatorServiceTest, StatusListsThePeersWithoutAddresses) {
-  v1::JoinResponse a = MustJoin("a", 5000);
+TEST_F(CoordinatorServiceTest, StatusListsThePeersWithOnlyTheirStateAddresses) {
+  v1::JoinRequest with_state = JoinRequestFor("a", 5000);
+  with_state.set_state_transfer_address("10.9.8.7:7003");
+  v1::StageCheckpoints* held = with_state.add_held();
+  held->set_stage(1);
+  held->add_steps(4);
+  with_state.set_held_job_name("test-job");
+  v1::JoinResponse a;
+  ASSERT_TRUE(Join(with_state, &a).ok());
   v1::JoinResponse b = MustJoin("b", 6000);
   v1::JoinResponse s = MustJoin("s", 7000);
   v1::LinkProbeReport probe;
@@ -278,7 +285,33 @@ TEST_F(CoordinatorServiceTest, StatusListsThePeersWithoutAddresses) {
   EXPECT_EQ(st.peers(2).stage(), -1);
   ASSERT_EQ(st.peers(0).links_size(), 1);
   EXPECT_EQ(st.peers(0).links(0).rtt_seconds(), 0.02);
-  EXPECT_EQ(st.DebugString().find("127.0.0.1"), std::string::npos) << "Status must not reveal addresses";
+  EXPECT_EQ(st.DebugString().find("127.0.0.1"), std::string::npos) << "Status must not reveal link addresses";
+  EXPECT_EQ(st.peers(0).state_transfer_address(), "10.9.8.7:7003");
+  ASSERT_EQ(st.peers(0).held_size(), 1);
+  EXPECT_EQ(st.peers(0).held(0).stage(), 1u);
+  EXPECT_THAT(st.peers(0).held(0).steps(), ::testing::ElementsAre(4));
+  EXPECT_EQ(st.job().name(), "test-job");
+  EXPECT_EQ(st.job().stages(), 2u);
+}
+
+TEST_F(CoordinatorServiceTest, JoinWithMalformedOrDifferentDataHashesIsRefused) {
+  v1::JoinRequest bad = JoinRequestFor("a");
+  bad.set_dataset_hash("zz");
+  v1::JoinResponse resp;
+  grpc::Status s = Join(bad, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("dataset_hash"));
+
+  v1::JoinRequest first = JoinRequestFor("a");
+  first.set_dataset_hash("0123456789abcdef");
+  first.set_tokenizer_hash("fedcba9876543210");
+  ASSERT_TRUE(Join(first, &resp).ok());
+  v1::JoinRequest second = JoinRequestFor("b", 6000);
+  second.set_dataset_hash("0123456789abcdee");
+  second.set_tokenizer_hash("fedcba9876543210");
+  s = Join(second, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("dataset hash 0123456789abcdee differs from the job's 0123456789abcdef"));
 }
 
 }  // namespace

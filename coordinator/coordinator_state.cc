@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "proto/coordinator.pb.h"
 
@@ -22,6 +23,7 @@ const StateKey<int64_t> kStep("progress/step");
 const StateKey<int64_t> kCheckpointStep("progress/checkpoint_step");
 const StateKey<double> kLoss("progress/loss");
 const StateKey<double> kTokensPerSecond("progress/tokens_per_second");
+const StateKey<std::string> kDataIdentity("data_identity");
 constexpr char kMembersPrefix[] = "members/";
 constexpr char kLinksPrefix[] = "links/";
 
@@ -101,6 +103,10 @@ void CoordinatorState::Change::PutProgress(const SwarmProgress& p) {
   batch_.Put(kCheckpointStep, p.checkpoint_step);
 }
 
+void CoordinatorState::Change::PutDataIdentity(const DataIdentity& d) {
+  batch_.Put(kDataIdentity, absl::StrCat(d.dataset_hash, "/", d.tokenizer_hash));
+}
+
 absl::StatusOr<std::unique_ptr<CoordinatorState>> CoordinatorState::Open(const Options& options) {
   if (options.dir.empty()) return absl::InvalidArgumentError("coordinator state dir is required");
   AQSWARM_ASSIGN_OR_RETURN(auto store, StateStore::Open({options.dir, options.sync}));
@@ -129,6 +135,15 @@ absl::StatusOr<PersistedState> CoordinatorState::Load() const {
   AQSWARM_ASSIGN_OR_RETURN(s.progress.progress.loss, GetOr(*store_, kLoss, 0.0));
   AQSWARM_ASSIGN_OR_RETURN(s.progress.progress.tokens_per_second, GetOr(*store_, kTokensPerSecond, 0.0));
   AQSWARM_ASSIGN_OR_RETURN(s.progress.checkpoint_step, GetOr(*store_, kCheckpointStep, int64_t{0}));
+  AQSWARM_ASSIGN_OR_RETURN(std::string identity, GetOr(*store_, kDataIdentity, std::string()));
+  if (!identity.empty()) {
+    const std::vector<std::string> parts = absl::StrSplit(identity, '/');
+    if (parts.size() != 2 || !ValidateHashHex(parts[0], "dataset").ok() ||
+        !ValidateHashHex(parts[1], "tokenizer").ok()) {
+      return absl::DataLossError("coordinator state: key 'data_identity' is corrupt");
+    }
+    s.data_identity = DataIdentity{parts[0], parts[1]};
+  }
 
   AQSWARM_ASSIGN_OR_RETURN(auto members, store_->Scan(kMembersPrefix));
   for (const auto& [key, tagged] : members) {

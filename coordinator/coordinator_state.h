@@ -19,6 +19,7 @@
 //   links/<from id>/<to id>          string   serialized v1::LinkRecord (measured links)
 //   progress/step, progress/checkpoint_step   int64
 //   progress/loss, progress/tokens_per_second double
+//   data_identity                    string   "<dataset hash>/<tokenizer hash>" fixed by the first peer
 // Lease expiries are stored as of the last membership change, not per
 // heartbeat (that would be an fsync per heartbeat); a restarted coordinator
 // extends every lease by a grace period instead (SwarmCoordinator).
@@ -66,6 +67,7 @@ struct PersistedState {
   std::optional<Grid> grid;
   SwarmProgress progress;
   std::vector<LinkRow> links;      // between members only
+  std::optional<DataIdentity> data_identity;  // fixed by the first peer with data
 };
 
 class CoordinatorState {
@@ -87,6 +89,7 @@ class CoordinatorState {
     void PutLink(uint64_t from, uint64_t to, const LinkEstimate& estimate);
     void PutGrid(const Grid& grid);
     void PutProgress(const SwarmProgress& progress);
+    void PutDataIdentity(const DataIdentity& identity);
     bool empty() const { return batch_.empty(); }
 
    private:

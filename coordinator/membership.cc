@@ -101,6 +101,8 @@ absl::Status ValidateJoinParams(const JoinParams& params) {
     return absl::InvalidArgumentError(absl::StrCat("seconds_per_layer ", params.seconds_per_layer,
                                                    " is outside [0, ", kMaxSecondsPerLayer, "]"));
   }
+  AQSWARM_RETURN_IF_ERROR(ValidateHashHex(params.data.dataset_hash, "dataset_hash"));
+  AQSWARM_RETURN_IF_ERROR(ValidateHashHex(params.data.tokenizer_hash, "tokenizer_hash"));
   if (params.memory_bytes > kMaxMemoryBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("memory_bytes ", params.memory_bytes, " is above ", kMaxMemoryBytes, " (1 PiB)"));

@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/data_identity.h"
 #include "rpc/clock.h"
 
 namespace aqswarm::coordinator {
@@ -57,6 +58,7 @@ struct JoinParams {
   uint64_t memory_bytes = 0;              // 0 = unknown (unlimited)
   HeldStates held;                        // states it already holds (a restarted peer)
   std::string held_job_name;              // the job `held` belongs to
+  DataIdentity data;                      // hashes of its local copy of the job's data
 };
 
 struct Member {

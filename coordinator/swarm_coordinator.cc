@@ -66,7 +66,8 @@ SwarmCoordinator::SwarmCoordinator(SwarmCoordinatorOptions options, std::unique_
       state_(std::move(state)),
       membership_(MakeMembershipOptions(options_), clock_),
       links_(options_.link_guess),
-      grid_(Grid::Empty(planner_.num_stages(), planner_.num_pipelines())) {}
+      grid_(Grid::Empty(planner_.num_stages(), planner_.num_pipelines())),
+      data_identity_{options_.job.data().dataset_hash(), options_.job.data().tokenizer_hash()} {}
 
 absl::StatusOr<std::unique_ptr<SwarmCoordinator>> SwarmCoordinator::Create(SwarmCoordinatorOptions options) {
   const v1::JobSpec& job = options.job;
@@ -82,6 +83,8 @@ absl::StatusOr<std::unique_ptr<SwarmCoordinator>> SwarmCoordinator::Create(Swarm
   if (options.join_secret.empty()) return absl::InvalidArgumentError("join secret is required");
   if (options.lease <= absl::ZeroDuration()) return absl::InvalidArgumentError("lease must be positive");
   if (options.restart_grace <= absl::ZeroDuration()) options.restart_grace = options.lease;
+  AQSWARM_RETURN_IF_ERROR(ValidateHashHex(job.data().dataset_hash(), "data.datasetHash"));
+  AQSWARM_RETURN_IF_ERROR(ValidateHashHex(job.data().tokenizer_hash(), "data.tokenizerHash"));
   AQSWARM_RETURN_IF_ERROR(
       ValidateLinkEstimate(options.link_guess.bandwidth_bytes_per_second, options.link_guess.rtt_seconds));
   AQSWARM_ASSIGN_OR_RETURN(auto state, CoordinatorState::Open(options.state));
@@ -110,6 +113,7 @@ absl::Status SwarmCoordinator::Restore(const PersistedState& persisted) {
   }
   counters_ = persisted.counters;
   progress_ = persisted.progress;
+  if (data_identity_.empty() && persisted.data_identity.has_value()) data_identity_ = *persisted.data_identity;
   if (persisted.grid.has_value()) {
     if (persisted.grid->num_stages != planner_.num_stages() ||
         persisted.grid->num_pipelines != planner_.num_pipelines()) {
@@ -234,6 +238,18 @@ absl::StatusOr<JoinResult> SwarmCoordinator::Join(const JoinParams& given) {
   AQSWARM_RETURN_IF_ERROR(ValidateHeldStates(params.held, planner_.num_stages()));
   absl::MutexLock lock(&mu_);
   AQSWARM_ASSIGN_OR_RETURN(Member m, membership_.Admit(params, counters_.next_peer_id));
+  if (options_.job.data().synthetic_tokens() == 0) {
+    AQSWARM_RETURN_IF_ERROR(CheckDataIdentity(data_identity_, params.data, absl::StrCat("peer '", m.name, "'")));
+    if (data_identity_.empty() && !params.data.empty()) {
+      // The first peer with data fixes the job's identity for everyone after it.
+      CoordinatorState::Change change;
+      change.PutDataIdentity(params.data);
+      AQSWARM_RETURN_IF_ERROR(state_->Commit(change));
+      data_identity_ = params.data;
+      AQSWARM_LOG(INFO) << "data identity fixed by peer '" << m.name << "': dataset " << params.data.dataset_hash
+                        << ", tokenizer " << params.data.tokenizer_hash;
+    }
+  }
   std::vector<uint64_t> removed;
   if (const Member* old = membership_.FindByName(m.name)) {
     // The same peer again (it restarted): its old incarnation is gone.
@@ -483,6 +499,9 @@ v1::StatusResponse SwarmCoordinator::GetStatus() const {
   s.set_loss(progress_.progress.loss);
   s.set_tokens_per_second(SwarmTokensPerSecondLocked());
   s.set_checkpoint_step(progress_.checkpoint_step);
+  *s.mutable_job() = options_.job;
+  s.mutable_job()->mutable_data()->set_dataset_hash(data_identity_.dataset_hash);
+  s.mutable_job()->mutable_data()->set_tokenizer_hash(data_identity_.tokenizer_hash);
   std::unordered_map<uint64_t, std::pair<int, int>> position;
   for (int j = 0; j < grid_.num_stages; ++j) {
     for (int p = 0; p < grid_.num_pipelines; ++p) {
@@ -516,8 +535,19 @@ v1::StatusResponse SwarmCoordinator::GetStatus() const {
     ps->mutable_progress()->set_tokens_per_second(m.progress.tokens_per_second);
     ps->set_seconds_per_layer(m.seconds_per_layer);
     ps->set_memory_bytes(m.memory_bytes);
+    ps->set_state_transfer_address(m.state_transfer_address);
+    for (const auto& [stage, steps] : m.held) {
+      v1::StageCheckpoints* h = ps->add_held();
+      h->set_stage(stage);
+      for (int64_t step : steps) h->add_steps(step);
+    }
   }
   return s;
+}
+
+DataIdentity SwarmCoordinator::data_identity() const {
+  absl::MutexLock lock(&mu_);
+  return data_identity_;
 }
 
 uint64_t SwarmCoordinator::assignment_version() const {

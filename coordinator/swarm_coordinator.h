@@ -23,8 +23,16 @@
 //     job must be equal: FAILED_PRECONDITION otherwise) with the same members,
 //     session tokens, grid, generations and assignment version; every lease
 //     is extended to at least now + restart_grace so peers can reconnect.
-//   - Only authenticated peers (peer id + session token) see addresses
-//     (GetAssignment); GetStatus() carries none.
+//   - Only authenticated peers (peer id + session token) see link and
+//     exchange addresses (GetAssignment). GetStatus() carries only each
+//     peer's StateTransfer address and the states it serves there (a
+//     read-only service behind the same mTLS as the coordinator), which is
+//     what `aqswarm export --coordinator` fetches a live model from.
+//   - Data identity: a peer whose data hashes (JoinParams::data) differ from
+//     the job's is refused with FAILED_PRECONDITION naming the hashes. The
+//     job's hashes are DataSpec.dataset_hash / tokenizer_hash; when the job
+//     names none, the first admitted peer that reports hashes fixes them for
+//     the job (persisted). Jobs on synthetic data skip the check.
 //
 // Thread-safety: thread-safe; one mutex. Re-planning (a bounded solve over at
 // most PlannerOptions::max_candidates peers) runs under it.
@@ -136,6 +144,8 @@ class SwarmCoordinator {
   Grid grid() const;
   size_t num_members() const;
   const v1::JobSpec& job() const { return options_.job; }
+  // The data identity peers are checked against (empty: not known yet).
+  DataIdentity data_identity() const;
   const SwarmCoordinatorOptions& options() const { return options_; }
 
  private:
@@ -165,6 +175,7 @@ class SwarmCoordinator {
   Grid grid_ ABSL_GUARDED_BY(mu_);
   Counters counters_ ABSL_GUARDED_BY(mu_);
   SwarmProgress progress_ ABSL_GUARDED_BY(mu_);
+  DataIdentity data_identity_ ABSL_GUARDED_BY(mu_);
   // When a peer was last asked to probe a link (from, to): not persisted.
   std::map<std::pair<uint64_t, uint64_t>, absl::Time> probe_asked_ ABSL_GUARDED_BY(mu_);
   // Per peer: the member id its last probe scan stopped at.

@@ -247,6 +247,67 @@ TEST_F(SwarmCoordinatorTest, ADifferentJobOnTheSameStateDirIsRefused) {
   EXPECT_TRUE(absl::IsFailedPrecondition(other.status())) << other.status();
 }
 
+TEST_F(SwarmCoordinatorTest, TheFirstPeerWithDataFixesItsIdentityAndADifferentCopyIsRefused) {
+  const DataIdentity ours{"00000000000000a1", "00000000000000b1"};
+  {
+    auto c = Make(2, 1);
+    JoinParams first = JoinAs(clock_, "a");
+    first.data = ours;
+    ASSERT_TRUE(c->Join(first).ok());
+    EXPECT_EQ(c->data_identity(), ours);
+    EXPECT_EQ(c->GetStatus().job().data().dataset_hash(), ours.dataset_hash);
+
+    JoinParams other = JoinAs(clock_, "b", 6000);
+    other.data = {"00000000000000a2", ours.tokenizer_hash};
+    auto refused = c->Join(other);
+    EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+    EXPECT_THAT(refused.status().message(), HasSubstr("peer 'b'"));
+    EXPECT_THAT(refused.status().message(), HasSubstr("dataset hash 00000000000000a2 differs from the job's "
+                                                      "00000000000000a1"));
+    EXPECT_EQ(c->num_members(), 1u) << "a refused peer is not a member";
+
+    JoinParams silent = JoinAs(clock_, "c", 7000);  // reports no hashes at all
+    EXPECT_TRUE(absl::IsFailedPrecondition(c->Join(silent).status()));
+  }
+  // The identity survives a coordinator restart.
+  auto c = Make(2, 1);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->data_identity(), ours);
+  JoinParams again = JoinAs(clock_, "b", 6000);
+  again.data = ours;
+  EXPECT_TRUE(c->Join(again).ok());
+}
+
+TEST_F(SwarmCoordinatorTest, AJobThatNamesItsDataHashesRefusesOtherCopiesFromTheFirstPeer) {
+  SwarmCoordinatorOptions o = TestOptions(&clock_, dir_.Sub("state"), 2, 1);
+  o.job.mutable_data()->set_tokenizer_hash("00000000000000b1");
+  auto c = SwarmCoordinator::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  JoinParams p = JoinAs(clock_, "a");
+  p.data = {"00000000000000a1", "00000000000000b2"};
+  auto refused = (*c)->Join(p);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("tokenizer hash 00000000000000b2 differs"));
+  p.data.tokenizer_hash = "00000000000000b1";
+  EXPECT_TRUE((*c)->Join(p).ok());
+
+  o.job.mutable_data()->set_tokenizer_hash("not-hex");
+  o.state.dir = dir_.Sub("state2");
+  EXPECT_TRUE(absl::IsInvalidArgument(SwarmCoordinator::Create(o).status()));
+}
+
+TEST_F(SwarmCoordinatorTest, JobsOnSyntheticDataSkipTheDataCheck) {
+  SwarmCoordinatorOptions o = TestOptions(&clock_, dir_.Sub("state"), 2, 1);
+  o.job.mutable_data()->set_synthetic_tokens(100000);
+  auto c = SwarmCoordinator::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  JoinParams a = JoinAs(clock_, "a");
+  a.data = {"00000000000000a1", "00000000000000b1"};
+  ASSERT_TRUE((*c)->Join(a).ok());
+  EXPECT_TRUE((*c)->data_identity().empty());
+  EXPECT_TRUE((*c)->Join(JoinAs(clock_, "b", 6000)).ok());
+}
+
 TEST_F(SwarmCoordinatorTest, ProbesAndProgressShowInStatus) {
   auto c = Make(2, 1);
   JoinResult a = MustJoin(*c, "a");

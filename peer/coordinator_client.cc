@@ -31,6 +31,16 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     return resp;
   }
 
+  absl::StatusOr<v1::StatusResponse> Status() override {
+    grpc::ClientContext ctx;
+    SetTimeout(&ctx, absl::Seconds(10));
+    ctx.set_wait_for_ready(true);
+    v1::StatusResponse resp;
+    AQSWARM_RETURN_IF_ERROR(
+        rpc::FromGrpc(stub_->Status(&ctx, v1::StatusRequest(), &resp), absl::StrCat("status ", address_)));
+    return resp;
+  }
+
   absl::Status Leave(const v1::LeaveRequest& request) override {
     grpc::ClientContext ctx;
     SetTimeout(&ctx, absl::Seconds(5));

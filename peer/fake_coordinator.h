@@ -11,6 +11,7 @@
 #define AQSWARM_PEER_FAKE_COORDINATOR_H_
 
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -43,12 +44,14 @@ class FakeCoordinator final : public CoordinatorClient {
   // Read under WaitFor's lock or after the peer stopped.
   int joins() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return joins_; }
   int leaves() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return leaves_; }
+  const v1::JoinRequest& last_join() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return last_join_; }
   const std::vector<v1::ProgressReport>& progress() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return progress_; }
 
   // ---- CoordinatorClient
   absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest& request) override {
     absl::MutexLock l(&mu_);
     ++joins_;
+    last_join_ = request;
     forgotten_ = false;
     delivered_ = 0;  // a new session's watch sees every assignment again
     v1::JoinResponse r;
@@ -58,6 +61,21 @@ class FakeCoordinator final : public CoordinatorClient {
     *r.mutable_job() = job_;
     return r;
   }
+  // What Status() answers from now on (default: the job and nothing else).
+  void SetStatus(v1::StatusResponse status) {
+    absl::MutexLock l(&mu_);
+    status_ = std::move(status);
+  }
+  absl::StatusOr<v1::StatusResponse> Status() override {
+    absl::MutexLock l(&mu_);
+    ++status_calls_;
+    if (status_.has_value()) return *status_;
+    v1::StatusResponse r;
+    r.set_job_name(job_.name());
+    *r.mutable_job() = job_;
+    return r;
+  }
+  int status_calls() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return status_calls_; }
   absl::Status Leave(const v1::LeaveRequest&) override {
     absl::MutexLock l(&mu_);
     ++leaves_;
@@ -108,6 +126,9 @@ class FakeCoordinator final : public CoordinatorClient {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool forgotten_ ABSL_GUARDED_BY(mu_) = false;
   int joins_ ABSL_GUARDED_BY(mu_) = 0;
+  int status_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  v1::JoinRequest last_join_ ABSL_GUARDED_BY(mu_);
+  std::optional<v1::StatusResponse> status_ ABSL_GUARDED_BY(mu_);
   int leaves_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<v1::ProgressReport> progress_ ABSL_GUARDED_BY(mu_);
 };

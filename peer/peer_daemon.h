@@ -70,8 +70,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/data_identity.h"
 #include "rpc/tls.h"
 #include "proto/events.pb.h"
+#include "proto/job.pb.h"
 
 namespace aqswarm::peer {
 
@@ -125,6 +127,11 @@ struct PeerDaemonOptions {
   // The coordinator's client. Default: gRPC to `coordinator`
   // (peer/coordinator_client.h; tests pass a fake).
   std::shared_ptr<CoordinatorClient> coordinator_client;
+  // Hashes this machine's copy of the job's data (corpus, tokenizer), which
+  // the daemon reports at join; the coordinator refuses a copy that differs
+  // from the swarm's. Default: pipeline/dataset.h IdentifyData (reads it
+  // all once per job; tests pass a fake).
+  std::function<absl::StatusOr<DataIdentity>(const v1::DataSpec&)> identify_data;
   // Starts the stage child. Default: `executable stage ...` as a process
   // logging to <work_dir>/stage.log (peer/stage_child.h; tests pass a fake).
   std::shared_ptr<StageLauncher> launcher;

@@ -98,6 +98,10 @@ class PeerDaemonImpl final : public PeerDaemon {
 
   absl::Status Join();
 
+  // Sets the request's data hashes from the job the coordinator's Status
+  // names (none for synthetic data); hashes each DataSpec once.
+  absl::Status AddDataIdentity(v1::JoinRequest* req);
+
   absl::Status LeaveQuietly();
 
   // The job of this work dir's last run (job.json), if any and readable.
@@ -144,6 +148,8 @@ class PeerDaemonImpl final : public PeerDaemon {
   std::optional<RunKey> started_for_;  // the place of the last child started
 
   absl::Mutex report_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one ReportProgress at a time
+  // (the DataSpec it was computed for, serialized; its hashes): Join's thread only.
+  std::optional<std::pair<std::string, DataIdentity>> identified_;
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool rejoin_ ABSL_GUARDED_BY(mu_) = false;

@@ -20,7 +20,8 @@ absl::Status PeerDaemonImpl::Join() {
     for (v1::StageCheckpoints& h : keeper_->Held()) *req.add_held() = std::move(h);
   }
   while (true) {
-    absl::StatusOr<v1::JoinResponse> joined = client_->Join(req);
+    const absl::Status identified = AddDataIdentity(&req);
+    absl::StatusOr<v1::JoinResponse> joined = identified.ok() ? client_->Join(req) : identified;
     absl::Status s = joined.status();
     if (s.ok()) {
       const v1::JoinResponse& resp = *joined;
@@ -56,6 +57,29 @@ absl::Status PeerDaemonImpl::Join() {
     if (mu_.AwaitWithTimeout(absl::Condition(&stop_), backoff)) return absl::CancelledError("stopped");
     backoff = std::min(backoff * 2, absl::Seconds(2));
   }
+}
+
+absl::Status PeerDaemonImpl::AddDataIdentity(v1::JoinRequest* req) {
+  AQSWARM_ASSIGN_OR_RETURN(const v1::StatusResponse status, client_->Status());
+  req->clear_dataset_hash();
+  req->clear_tokenizer_hash();
+  v1::DataSpec data = status.job().data();
+  if (data.synthetic_tokens() > 0) return absl::OkStatus();
+  data.clear_dataset_hash();
+  data.clear_tokenizer_hash();
+  const std::string key = data.SerializeAsString();
+  if (!identified_.has_value() || identified_->first != key) {
+    absl::StatusOr<DataIdentity> id = o_.identify_data(data);
+    if (!id.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot read this machine's copy of the job's data (data.corpus '", data.corpus(),
+                       "', data.tokenizer '", data.tokenizer(), "'): ", id.status().message()));
+    }
+    identified_.emplace(key, *id);
+  }
+  req->set_dataset_hash(identified_->second.dataset_hash);
+  req->set_tokenizer_hash(identified_->second.tokenizer_hash);
+  return absl::OkStatus();
 }
 
 absl::Status PeerDaemonImpl::LeaveQuietly() {

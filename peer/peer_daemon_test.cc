@@ -122,6 +122,7 @@ class PeerDaemonTest : public ::testing::Test {
     o.replan_wait = absl::Seconds(60);
     o.coordinator_client = coordinator_;
     o.launcher = launcher_;
+    o.identify_data = [](const v1::DataSpec&) { return DataIdentity{"00000000000000d1", "00000000000000d2"}; };
     o.report = [this](const v1::PeerEvent& e) {
       absl::MutexLock l(&mu_);
       events_.push_back(e);
@@ -272,6 +273,68 @@ TEST_F(PeerDaemonTest, APeerTheCoordinatorForgotJoinsAgain) {
   ASSERT_TRUE(coordinator_->WaitFor([](const FakeCoordinator& f) { return f.joins() == 2; }));
   coordinator_->Push(Stage0(1, 1));
   ASSERT_TRUE(launcher_->WaitForLaunches(1));
+}
+
+// The data hashes a peer reports at join come from its own copy of the
+// job's data (hashed once per job); a peer that cannot read the data does
+// not join and says why.
+class PeerDaemonDataTest : public ::testing::Test {
+ protected:
+  absl::Status RunUntil(std::function<absl::StatusOr<DataIdentity>(const v1::DataSpec&)> identify,
+                        const std::function<bool(const FakeCoordinator&)>& joined) {
+    v1::JobSpec job = Job();
+    job.mutable_data()->set_corpus("their/corpus");
+    job.mutable_data()->set_tokenizer("their/tokenizer.json");
+    coordinator_ = std::make_shared<FakeCoordinator>(job);
+    PeerDaemonOptions o;
+    o.coordinator = "fake-coordinator:7000";
+    o.join_token = "token";
+    o.name = "p1";
+    o.listen = absl::StrCat("127.0.0.1:", testing::UniqueLoopbackPort());
+    o.exchange_listen = absl::StrCat("127.0.0.1:", testing::UniqueLoopbackPort());
+    o.work_dir = dir_.Sub("work");
+    o.probe_bytes = 0;
+    o.coordinator_client = coordinator_;
+    o.launcher = std::make_shared<FakeLauncher>();
+    o.identify_data = std::move(identify);
+    auto d = PeerDaemon::Create(o);
+    if (!d.ok()) return d.status();
+    absl::Status status;
+    std::thread runner([&] { status = (*d)->Run(); });
+    const bool ok = coordinator_->WaitFor(joined);
+    (*d)->Stop();
+    runner.join();
+    EXPECT_TRUE(ok) << "the join the test waited for did not happen";
+    return status;
+  }
+
+  testing::ScratchDir dir_;
+  std::shared_ptr<FakeCoordinator> coordinator_;
+};
+
+TEST_F(PeerDaemonDataTest, ReportsTheHashesOfItsCopyOfTheJobsData) {
+  std::vector<v1::DataSpec> asked;
+  absl::Status s = RunUntil(
+      [&](const v1::DataSpec& d) {
+        asked.push_back(d);
+        return DataIdentity{"00000000000000d1", "00000000000000d2"};
+      },
+      [](const FakeCoordinator& f) { return f.joins() >= 1; });
+  EXPECT_TRUE(s.ok()) << s;
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(asked[0].corpus(), "their/corpus");
+  EXPECT_EQ(coordinator_->last_join().dataset_hash(), "00000000000000d1");
+  EXPECT_EQ(coordinator_->last_join().tokenizer_hash(), "00000000000000d2");
+}
+
+TEST_F(PeerDaemonDataTest, APeerThatCannotReadTheDataDoesNotJoinAndSaysWhy) {
+  absl::Status s = RunUntil([](const v1::DataSpec&) -> absl::StatusOr<DataIdentity> {
+    return absl::NotFoundError("their/corpus: no such file or directory");
+  }, [](const FakeCoordinator& f) { return f.status_calls() >= 1; });
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("data.corpus 'their/corpus'"));
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("no such file"));
+  EXPECT_EQ(coordinator_->joins(), 0);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "common/data_identity.h"
 #include "common/row_format.h"
 #include "common/status_macros.h"
 #include "compression/global_qsgd.h"
@@ -127,6 +128,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   if (d.validation_fraction() < 0 || d.validation_fraction() >= 1) {
     return Invalid("data.validation_fraction", "must be in [0, 1)");
   }
+  AQSWARM_RETURN_IF_ERROR(ValidateHashHex(d.dataset_hash(), "data.datasetHash"));
+  AQSWARM_RETURN_IF_ERROR(ValidateHashHex(d.tokenizer_hash(), "data.tokenizerHash"));
   const auto& o = job.optimizer();
   if (!(o.lr() > 0) || o.lr() > 10) return Invalid("optimizer.lr", "must be in (0, 10]");
   if (o.min_lr() < 0 || o.min_lr() > o.lr()) return Invalid("optimizer.min_lr", "must be in [0, lr]");
