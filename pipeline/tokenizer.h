@@ -13,8 +13,9 @@
 //     cases of gpt-tokenizer's TestPlans.txt pass; tokenizer_test.cc).
 //   * tokenizer.json: transformers.js (@lenml/tokenizers 3.7.2), i.e.
 //     `tok.encode(text, {add_special_tokens: false})`, on the committed texts
-//     of tests/data/tokenizer/ (tokenizer_json_test.cc). Where Python's
-//     `tokenizers` and transformers.js differ, this follows transformers.js:
+//     of tests/data/tokenizer/ (tokenizer_json_test.cc) and on the whole
+//     SOTU corpus (docs/DATA.md). Where Python's `tokenizers` and
+//     transformers.js differ, this follows transformers.js:
 //     regex `\s` is JavaScript's (it has U+FEFF, not U+0085), `\d` is [0-9],
 //     and the `(?i:'s|'t|...)` contraction group matches ASCII case only.
 //
@@ -46,7 +47,8 @@
 // for every byte string x that normalization does not change (for GPT-2 and
 // Llama-3: every x; for Qwen: every NFC x).
 //
-// Unsupported tokenizer.json content fails Load with Unimplemented naming it:
+// Unsupported tokenizer.json content fails LoadHuggingFace (and Open) with
+// Unimplemented naming it:
 // model types other than BPE (WordPiece, Unigram, WordLevel), BPE that is not
 // byte-level (no ByteLevel pre-tokenizer, byte_fallback, subword affixes,
 // dropout), and normalizers, pre-tokenizers, Split behaviors and decoders
