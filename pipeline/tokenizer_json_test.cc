@@ -10,6 +10,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -179,6 +180,37 @@ TEST_P(HfTokenizerTest, InvalidUtf8IsKeptByteForByte) {
   const std::vector<int32_t> ids = tok_->Encode(text);
   EXPECT_EQ(tok_->Decode(ids), text);
   EXPECT_EQ(tok_->Decode(tok_->Encode(std::string_view("\xff", 1))), std::string("\xff", 1));
+}
+
+TEST_P(HfTokenizerTest, LongRunsRoundTrip) {
+  // PCRE2's JIT stack and the O(n log n) BPE on 100 k-character runs (the
+  // same inputs gave transformers.js's ids when checked by hand).
+  for (const std::string& text : {"a" + std::string(100000, ' ') + "b", std::string(100000, '\n'),
+                                  std::string(100000, 'a'), std::string(100000, '7'),
+                                  std::string(50000, '\t') + "end"}) {
+    const std::vector<int32_t> ids = tok_->Encode(text);
+    EXPECT_LE(ids.size(), text.size());  // Qwen: one token per digit
+    EXPECT_EQ(tok_->Decode(ids), text) << text.substr(0, 3);
+  }
+}
+
+TEST_P(HfTokenizerTest, ConcurrentEncodeAgreesWithSerial) {
+  std::vector<std::vector<int32_t>> serial;
+  for (const ReferenceCase& c : cases_) serial.push_back(c.ids_ordinary);
+  std::vector<std::thread> threads;
+  std::vector<int> mismatches(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 5; ++round) {
+        for (size_t i = 0; i < cases_.size(); ++i) {
+          const size_t k = (i * 7 + t + round) % cases_.size();
+          if (tok_->Encode(cases_[k].text) != serial[k]) ++mismatches[t];
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(mismatches[t], 0) << "thread " << t;
 }
 
 TEST_P(HfTokenizerTest, ChecksumIsStableAcrossLoads) {
