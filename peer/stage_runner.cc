@@ -48,7 +48,7 @@ absl::StatusOr<std::unique_ptr<pipeline::TokenCorpus>> LoadCorpus(const v1::JobS
   const std::string corpus = data.corpus().empty() ? "data/sotu" : data.corpus();
   const std::string tok_dir = data.tokenizer().empty() ? "data/gpt2" : data.tokenizer();
   AQSWARM_ASSIGN_OR_RETURN(auto tokenizer,
-                           pipeline::Tokenizer::Load(tok_dir + "/encoder.json", tok_dir + "/vocab.bpe"));
+                           pipeline::Tokenizer::Open(tok_dir));
   pipeline::CorpusOptions o;
   o.source_path = corpus;
   o.cache_dir = data.cache_dir().empty()

@@ -19,6 +19,7 @@
 #include "pipeline/job_spec.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/safetensors.h"
+#include "pipeline/tokenizer.h"
 
 namespace aqswarm::pipeline {
 namespace {
@@ -212,13 +213,15 @@ absl::Status CheckHfConfig(const std::string& config_json, const v1::ModelSpec& 
   return absl::OkStatus();
 }
 
-std::string HfConfigJson(const v1::ModelSpec& spec, int64_t max_positions, int64_t d_ff) {
+std::string HfConfigJson(const v1::ModelSpec& spec, int64_t max_positions, int64_t d_ff, int64_t eos_id) {
   json c;
   c["vocab_size"] = spec.vocab_size();
   c["tie_word_embeddings"] = spec.tie_embeddings();
   c["torch_dtype"] = "float32";
-  c["bos_token_id"] = 50256;  // GPT-2's <|endoftext|>: the tokenizer the runs use
-  c["eos_token_id"] = 50256;
+  if (eos_id >= 0) {  // documents are joined with it, so it both ends and starts one
+    c["bos_token_id"] = eos_id;
+    c["eos_token_id"] = eos_id;
+  }
   if (IsLlama(spec)) {
     c["architectures"] = {"LlamaForCausalLM"};
     c["model_type"] = "llama";
@@ -370,9 +373,14 @@ absl::Status ExportHfModel(const HfExportOptions& o) {
   fs::create_directories(out, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", out.string(), ": ", ec.message()));
   AQSWARM_RETURN_IF_ERROR(WriteSafetensors((out / kHfWeightsFile).string(), tensors, {{"format", "pt"}}));
-  AQSWARM_RETURN_IF_ERROR(
-      WriteFileAtomically((out / kHfConfigFile).string(), HfConfigJson(spec, max_positions, d_ff), 0644));
   const std::string tok_path = o.job.data().tokenizer();
+  int64_t eos_id = -1;
+  if (!tok_path.empty()) {
+    AQSWARM_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, Tokenizer::Open(tok_path));
+    eos_id = tokenizer->eot_id();
+  }
+  AQSWARM_RETURN_IF_ERROR(WriteFileAtomically((out / kHfConfigFile).string(),
+                                              HfConfigJson(spec, max_positions, d_ff, eos_id), 0644));
   if (tok_path.empty()) return absl::OkStatus();  // synthetic data: no tokenizer
   const fs::path tok(tok_path);
   // A Hugging Face tokenizer.json (the file, or a directory holding it): it

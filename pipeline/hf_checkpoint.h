@@ -68,8 +68,10 @@ std::string HfFileName(const v1::ModelSpec& spec, const std::string& name);
 absl::Status CheckHfConfig(const std::string& config_json, const v1::ModelSpec& spec);
 
 // config.json for `spec`: `max_positions` (GPT-2's n_positions, Llama's
-// max_position_embeddings) and `d_ff` (the MLP width) as the weights have them.
-std::string HfConfigJson(const v1::ModelSpec& spec, int64_t max_positions, int64_t d_ff);
+// max_position_embeddings) and `d_ff` (the MLP width) as the weights have them;
+// bos_token_id and eos_token_id are `eos_id` (the tokenizer's document
+// separator, Tokenizer::eot_id(); omitted when < 0).
+std::string HfConfigJson(const v1::ModelSpec& spec, int64_t max_positions, int64_t d_ff, int64_t eos_id = 50256);
 
 // The ModelSpec a Hugging Face directory's config.json describes; seq_len is
 // its context length, capped at `max_seq_len`.

@@ -532,5 +532,41 @@ TEST_F(GenerateTest, TextInTextOutWithTheExportedTokenizer) {
   EXPECT_EQ(r->text.rfind("The state of the Union is", 0), 0u);
 }
 
+// A Llama model trained with Llama-3's tokenizer.json exports that file and
+// names its document separator (<|end_of_text|>, 128001) in config.json;
+// generate reads text through it.
+TEST_F(GenerateTest, ALlama3TokenizerIsExportedWithItsEndOfTextId) {
+  const fs::path tok = fs::path(AQSWARM_DATA_DIR) / "llama3";
+  ASSERT_TRUE(fs::exists(tok / "tokenizer.json")) << "Llama-3 tokenizer missing: run scripts/fetch_data.sh";
+  v1::ModelSpec spec = Gpt2Spec(16);
+  spec.set_family("llama");
+  spec.set_n_kv_head(1);
+  spec.set_d_ff(40);
+  spec.set_vocab_size(128256);
+  spec.set_tie_embeddings(true);
+  std::vector<std::shared_ptr<StageModel>> stages;
+  HfExportOptions o;
+  *o.job.mutable_model() = spec;
+  o.job.mutable_data()->set_tokenizer(tok.string());
+  o.stage_checkpoints = WriteRunCheckpoints(spec, Dir("run"), &stages);
+  o.out_dir = Dir("export").string();
+  absl::Status s = ExportHfModel(o);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(fs::exists(Dir("export") / "tokenizer.json"));
+  EXPECT_FALSE(fs::exists(Dir("export") / "vocab.json"));
+  const auto config = nlohmann::json::parse(ReadAll(Dir("export") / kHfConfigFile));
+  EXPECT_EQ(config["eos_token_id"], 128001);
+  EXPECT_EQ(config["bos_token_id"], 128001);
+  auto r = Generate({.model_dir = o.out_dir, .prompt = "Hello, world!", .max_tokens = 3});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->prompt_ids, (std::vector<int32_t>{9906, 11, 1917, 0}));
+
+  // Without data (synthetic tokens) there is no tokenizer, and no special ids.
+  o.job.mutable_data()->clear_tokenizer();
+  o.out_dir = Dir("export-synthetic").string();
+  ASSERT_TRUE(ExportHfModel(o).ok());
+  EXPECT_FALSE(nlohmann::json::parse(ReadAll(Dir("export-synthetic") / kHfConfigFile)).contains("eos_token_id"));
+}
+
 }  // namespace
 }  // namespace aqswarm::pipeline
