@@ -106,23 +106,31 @@ v1::JobSpec Job() {
   return job;
 }
 
+// A daemon "p1" on loopback ports in <dir>/work, driven by `coordinator`
+// and `launcher`, that never probes and reports fixed data hashes.
+PeerDaemonOptions TestOptions(const testing::ScratchDir& dir, std::shared_ptr<FakeCoordinator> coordinator,
+                              std::shared_ptr<StageLauncher> launcher) {
+  PeerDaemonOptions o;
+  o.coordinator = "fake-coordinator:7000";
+  o.join_token = "token";
+  o.name = "p1";
+  o.listen = absl::StrCat("127.0.0.1:", testing::UniqueLoopbackPort());
+  o.exchange_listen = absl::StrCat("127.0.0.1:", testing::UniqueLoopbackPort());
+  o.work_dir = dir.Sub("work");
+  o.probe_bytes = 0;
+  o.coordinator_client = std::move(coordinator);
+  o.launcher = std::move(launcher);
+  o.identify_data = [](const v1::DataSpec&) { return DataIdentity{"00000000000000d1", "00000000000000d2"}; };
+  return o;
+}
+
 class PeerDaemonTest : public ::testing::Test {
  protected:
   void SetUp() override {
     coordinator_ = std::make_shared<FakeCoordinator>(Job());
     launcher_ = std::make_shared<FakeLauncher>();
-    PeerDaemonOptions o;
-    o.coordinator = "fake-coordinator:7000";
-    o.join_token = "token";
-    o.name = "p1";
-    o.listen = absl::StrCat("127.0.0.1:", testing::UniqueLoopbackPort());
-    o.exchange_listen = absl::StrCat("127.0.0.1:", testing::UniqueLoopbackPort());
-    o.work_dir = dir_.Sub("work");
-    o.probe_bytes = 0;
+    PeerDaemonOptions o = TestOptions(dir_, coordinator_, launcher_);
     o.replan_wait = absl::Seconds(60);
-    o.coordinator_client = coordinator_;
-    o.launcher = launcher_;
-    o.identify_data = [](const v1::DataSpec&) { return DataIdentity{"00000000000000d1", "00000000000000d2"}; };
     o.report = [this](const v1::PeerEvent& e) {
       absl::MutexLock l(&mu_);
       events_.push_back(e);
@@ -286,16 +294,7 @@ class PeerDaemonDataTest : public ::testing::Test {
     job.mutable_data()->set_corpus("their/corpus");
     job.mutable_data()->set_tokenizer("their/tokenizer.json");
     coordinator_ = std::make_shared<FakeCoordinator>(job);
-    PeerDaemonOptions o;
-    o.coordinator = "fake-coordinator:7000";
-    o.join_token = "token";
-    o.name = "p1";
-    o.listen = absl::StrCat("127.0.0.1:", testing::UniqueLoopbackPort());
-    o.exchange_listen = absl::StrCat("127.0.0.1:", testing::UniqueLoopbackPort());
-    o.work_dir = dir_.Sub("work");
-    o.probe_bytes = 0;
-    o.coordinator_client = coordinator_;
-    o.launcher = std::make_shared<FakeLauncher>();
+    PeerDaemonOptions o = TestOptions(dir_, coordinator_, std::make_shared<FakeLauncher>());
     o.identify_data = std::move(identify);
     auto d = PeerDaemon::Create(o);
     if (!d.ok()) return d.status();
