@@ -1,6 +1,6 @@
 #include "peer/peer_daemon_impl.h"
-#include "pipeline/corpus.h"
-#include "pipeline/tokenizer.h"
+#include "pipeline/dataset.h"
+#include "pipeline/job_spec.h"
 
 namespace aqswarm::peer {
 namespace {
@@ -14,21 +14,6 @@ bool HasFixedPort(const std::string& address) {
 }
 
 std::string Host(const std::string& address) { return address.substr(0, address.rfind(':')); }
-
-// The hashes of this machine's copy of the job's data (the corpus's source
-// checksum: file names and bytes; the tokenizer's checksum).
-absl::StatusOr<DataIdentity> IdentifyJobData(const v1::DataSpec& data) {
-  const std::string corpus = data.corpus().empty() ? "data/sotu" : data.corpus();
-  AQSWARM_ASSIGN_OR_RETURN(auto tokenizer,
-                           pipeline::Tokenizer::Open(data.tokenizer().empty() ? "data/gpt2" : data.tokenizer()));
-  pipeline::CorpusOptions o;
-  o.source_path = corpus;
-  o.cache_dir = data.cache_dir().empty()
-                    ? (std::filesystem::path(corpus).lexically_normal().parent_path() / "cache").string()
-                    : data.cache_dir();
-  AQSWARM_ASSIGN_OR_RETURN(auto opened, pipeline::TokenCorpus::Open(o, *tokenizer));
-  return DataIdentity{HashHex(opened->source_checksum()), HashHex(tokenizer->checksum())};
-}
 
 }  // namespace
 
@@ -63,7 +48,9 @@ absl::Status PeerDaemonImpl::Init() {
   if (client_ == nullptr) {
     AQSWARM_ASSIGN_OR_RETURN(client_, ConnectCoordinator(o_.coordinator, o_.tls));
   }
-  if (!o_.identify_data) o_.identify_data = IdentifyJobData;
+  if (!o_.identify_data) {
+    o_.identify_data = [](const v1::DataSpec& d) { return pipeline::IdentifyData(pipeline::DataSourceFor(d)); };
+  }
   launcher_ = o_.launcher;
   if (launcher_ == nullptr) launcher_ = ProcessStageLauncher(o_.executable, (fs::path(o_.work_dir) / "stage.log").string());
   return absl::OkStatus();

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/data_identity.h"
 #include "common/file_util.h"
 #include "common/random.h"
 #include "common/status_macros.h"
@@ -20,11 +21,11 @@
 #include "peer/peer_metrics.h"
 #include "peer/step_protocol.h"
 #include "pipeline/corpus.h"
+#include "pipeline/dataset.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/link_endpoint.h"
 #include "pipeline/stage_worker.h"
 #include "pipeline/step_schedule.h"
-#include "pipeline/tokenizer.h"
 #include "storage/memory_message_store.h"
 #include "storage/rocksdb_message_store.h"
 
@@ -34,8 +35,9 @@ namespace {
 using pipeline::ActivationReceiver;
 using pipeline::ActivationSender;
 
-// Loads the job's corpus: data.corpus (dir or file) tokenized with the GPT-2
-// files in data.tokenizer, cached in data.cache_dir.
+// Loads the job's corpus (pipeline/dataset.h), or synthetic tokens. A job
+// that names its data's hashes must find them here; a tokenizer with more
+// ids than the model's vocabulary is refused.
 absl::StatusOr<std::unique_ptr<pipeline::TokenCorpus>> LoadCorpus(const v1::JobSpec& job) {
   const v1::DataSpec& data = job.data();
   if (data.synthetic_tokens() > 0) {
@@ -45,16 +47,14 @@ absl::StatusOr<std::unique_ptr<pipeline::TokenCorpus>> LoadCorpus(const v1::JobS
     for (auto& t : tokens) t = static_cast<int32_t>(rng.Uniform(job.model().vocab_size()));
     return pipeline::TokenCorpus::FromTokens(std::move(tokens));
   }
-  const std::string corpus = data.corpus().empty() ? "data/sotu" : data.corpus();
-  const std::string tok_dir = data.tokenizer().empty() ? "data/gpt2" : data.tokenizer();
-  AQSWARM_ASSIGN_OR_RETURN(auto tokenizer,
-                           pipeline::Tokenizer::Open(tok_dir));
-  pipeline::CorpusOptions o;
-  o.source_path = corpus;
-  o.cache_dir = data.cache_dir().empty()
-                    ? (std::filesystem::path(corpus).lexically_normal().parent_path() / "cache").string()
-                    : data.cache_dir();
-  return pipeline::TokenCorpus::Open(o, *tokenizer);
+  AQSWARM_ASSIGN_OR_RETURN(pipeline::OpenedData opened, pipeline::OpenData(pipeline::DataSourceFor(data)));
+  AQSWARM_RETURN_IF_ERROR(CheckDataIdentity({data.dataset_hash(), data.tokenizer_hash()}, opened.identity,
+                                            "this machine's data"));
+  if (opened.tokenizer->vocab_size() > static_cast<int64_t>(job.model().vocab_size())) {
+    return absl::FailedPreconditionError(absl::StrCat("the tokenizer has ", opened.tokenizer->vocab_size(),
+                                                      " ids but model.vocabSize is ", job.model().vocab_size()));
+  }
+  return std::move(opened.corpus);
 }
 
 // This process's resource use so far (all its threads: compute, link writers
@@ -146,6 +146,7 @@ class StageRunnerImpl final : public StageRunner {
     po.num_shards = static_cast<int32_t>(job_.data_parallel());
     po.micro_batch_size = static_cast<int32_t>(job_.micro_batch_size());
     po.micro_batches_per_step = static_cast<int32_t>(job_.micro_batches_per_step());
+    po.train_tokens = corpus_->train_tokens();
     AQSWARM_ASSIGN_OR_RETURN(plan_, pipeline::SamplePlan::Create(corpus_->num_tokens(), po));
     if (plan_->steps_per_epoch() == 0) {
       return absl::FailedPreconditionError(absl::StrCat("the corpus holds ", plan_->num_train_samples(),

@@ -1,5 +1,6 @@
 #include "pipeline/corpus.h"
 
+#include <glob.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,10 +14,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
+#include "common/data_identity.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/random.h"
 #include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "pipeline/token_shards.h"
 
 namespace aqswarm::pipeline {
 namespace {
@@ -60,48 +64,32 @@ absl::StatusOr<std::string> ReadWholeFile(const fs::path& path) {
   return ss.str();
 }
 
-// Reads the documents in their contractual order and fingerprints them (file
-// names included, so renaming or reordering files invalidates the cache).
-absl::StatusOr<Source> ReadSource(const std::string& source_path) {
-  std::error_code ec;
-  const fs::path root(source_path);
-  const fs::file_status status = fs::status(root, ec);
-  if (ec || !fs::exists(status)) {
-    return absl::NotFoundError(
-        absl::StrCat("corpus source '", source_path,
-                     "' does not exist (for the SOTU corpus run scripts/fetch_data.sh)"));
-  }
-  std::vector<fs::path> files;
-  if (fs::is_directory(status)) {
-    for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
-      if (entry.is_regular_file() && entry.path().extension() == ".txt") {
-        files.push_back(entry.path());
-      }
-    }
-    if (ec) return absl::InternalError(absl::StrCat("cannot list '", source_path, "': ", ec.message()));
-    // Byte-wise name order: locale-independent, the same on every machine.
-    std::sort(files.begin(), files.end(), [](const fs::path& a, const fs::path& b) {
-      return a.filename().string() < b.filename().string();
-    });
-    if (files.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("corpus directory '", source_path, "' has no .txt files"));
-    }
-  } else {
-    files.push_back(root);
-  }
+bool IsGlob(const std::string& path) { return path.find_first_of("*?[") != std::string::npos; }
 
+// Reads the documents in their contractual order and fingerprints them (file
+// names included, so renaming or reordering files invalidates the cache;
+// the text field too when a .jsonl file is read).
+absl::StatusOr<Source> ReadSource(const std::string& source_path, const std::string& text_field) {
+  AQSWARM_ASSIGN_OR_RETURN(std::vector<std::string> files, ListTextSource(source_path));
   Source source;
   Checksummer sum(kSourceChecksumSeed);
-  for (const fs::path& file : files) {
-    AQSWARM_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(file));
-    Document doc{file.filename().string(), std::move(text)};
-    const uint64_t lengths[2] = {doc.name.size(), doc.text.size()};
+  bool jsonl = false;
+  for (const std::string& file : files) {
+    AQSWARM_ASSIGN_OR_RETURN(std::string content, ReadWholeFile(file));
+    const std::string name = fs::path(file).filename().string();
+    const uint64_t lengths[2] = {name.size(), content.size()};
     sum.Update(lengths, sizeof(lengths));
-    sum.Update(doc.name.data(), doc.name.size());
-    sum.Update(doc.text.data(), doc.text.size());
-    source.bytes += doc.text.size();
-    source.documents.push_back(std::move(doc));
+    sum.Update(name.data(), name.size());
+    sum.Update(content.data(), content.size());
+    source.bytes += content.size();
+    jsonl |= fs::path(file).extension() == ".jsonl";
+    AQSWARM_ASSIGN_OR_RETURN(std::vector<std::string> docs, SplitDocuments(file, content, text_field));
+    for (std::string& d : docs) source.documents.push_back(Document{name, std::move(d)});
+  }
+  if (jsonl) {
+    const uint64_t length = text_field.size();
+    sum.Update(&length, sizeof(length));
+    sum.Update(text_field.data(), text_field.size());
   }
   source.checksum = sum.Digest();
   return source;
@@ -184,6 +172,81 @@ absl::Status WriteCache(const std::string& path, uint64_t tokenizer_checksum, co
 
 }  // namespace
 
+absl::StatusOr<std::vector<std::string>> ListTextSource(const std::string& source_path) {
+  std::vector<std::string> files;
+  if (IsGlob(source_path)) {
+    glob_t g;
+    const int rc = glob(source_path.c_str(), 0, nullptr, &g);
+    if (rc == 0) {
+      for (size_t i = 0; i < g.gl_pathc; ++i) {
+        std::error_code ec;
+        if (fs::is_regular_file(g.gl_pathv[i], ec)) files.emplace_back(g.gl_pathv[i]);
+      }
+    }
+    globfree(&g);
+    if (files.empty()) return absl::NotFoundError(absl::StrCat("corpus glob '", source_path, "' matches no file"));
+    std::sort(files.begin(), files.end());
+    return files;
+  }
+  std::error_code ec;
+  const fs::path root(source_path);
+  const fs::file_status status = fs::status(root, ec);
+  if (ec || !fs::exists(status)) {
+    return absl::NotFoundError(
+        absl::StrCat("corpus source '", source_path,
+                     "' does not exist (for the SOTU corpus run scripts/fetch_data.sh)"));
+  }
+  if (!fs::is_directory(status)) return std::vector<std::string>{source_path};
+  std::vector<fs::path> paths;
+  for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
+    const fs::path ext = entry.path().extension();
+    if (entry.is_regular_file() && (ext == ".txt" || ext == ".jsonl")) paths.push_back(entry.path());
+  }
+  if (ec) return absl::InternalError(absl::StrCat("cannot list '", source_path, "': ", ec.message()));
+  // Byte-wise name order: locale-independent, the same on every machine.
+  std::sort(paths.begin(), paths.end(), [](const fs::path& a, const fs::path& b) {
+    return a.filename().string() < b.filename().string();
+  });
+  if (paths.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("corpus directory '", source_path, "' has no .txt files (nor .jsonl)"));
+  }
+  for (const fs::path& p : paths) files.push_back(p.string());
+  return files;
+}
+
+absl::StatusOr<std::vector<std::string>> SplitDocuments(const std::string& file, const std::string& content,
+                                                        const std::string& text_field) {
+  std::vector<std::string> docs;
+  if (fs::path(file).extension() != ".jsonl") {
+    if (!content.empty()) docs.push_back(content);
+    return docs;
+  }
+  const std::string field = text_field.empty() ? "text" : text_field;
+  size_t start = 0;
+  for (int64_t line = 1; start < content.size(); ++line) {
+    size_t end = content.find('\n', start);
+    if (end == std::string::npos) end = content.size();
+    std::string_view text(content.data() + start, end - start);
+    start = end + 1;
+    if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
+    if (text.find_first_not_of(" \t") == std::string_view::npos) continue;  // blank line
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) {
+      return absl::DataLossError(absl::StrCat(file, ":", line, ": not a JSON value (or not UTF-8)"));
+    }
+    if (!j.is_object() || !j.contains(field)) {
+      return absl::DataLossError(absl::StrCat(file, ":", line, ": no field '", field, "' (data.textField)"));
+    }
+    if (!j[field].is_string()) {
+      return absl::DataLossError(absl::StrCat(file, ":", line, ": field '", field, "' is ", j[field].type_name(),
+                                              ", not a string"));
+    }
+    std::string doc = j[field].get<std::string>();
+    if (!doc.empty()) docs.push_back(std::move(doc));
+  }
+  return docs;
+}
+
 // ---------------------------------------------------------------- TokenCorpus
 
 absl::StatusOr<std::unique_ptr<TokenCorpus>> TokenCorpus::Open(const CorpusOptions& options,
@@ -191,7 +254,22 @@ absl::StatusOr<std::unique_ptr<TokenCorpus>> TokenCorpus::Open(const CorpusOptio
   if (options.source_path.empty()) {
     return absl::InvalidArgumentError("CorpusOptions.source_path is required");
   }
-  AQSWARM_ASSIGN_OR_RETURN(Source source, ReadSource(options.source_path));
+  if (IsPreparedDataset(options.source_path)) {
+    std::string manifest_bytes;
+    AQSWARM_ASSIGN_OR_RETURN(ShardManifest m, ReadShardManifest(options.source_path, &manifest_bytes));
+    if (m.tokenizer_hash != HashHex(tokenizer.checksum())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "prepared dataset ", options.source_path, " was tokenized by tokenizer ", m.tokenizer_hash,
+          ", not by the given one (", HashHex(tokenizer.checksum()), "): name the tokenizer it was prepared with"));
+    }
+    auto corpus = std::unique_ptr<TokenCorpus>(new TokenCorpus());
+    AQSWARM_ASSIGN_OR_RETURN(corpus->shards_, MappedShards::Open(options.source_path));
+    corpus->num_documents_ = m.documents;
+    corpus->train_tokens_ = m.train_tokens < m.tokens ? m.train_tokens : -1;
+    corpus->source_checksum_ = Checksum64(manifest_bytes.data(), manifest_bytes.size());
+    return corpus;
+  }
+  AQSWARM_ASSIGN_OR_RETURN(Source source, ReadSource(options.source_path, options.text_field));
 
   auto corpus = std::unique_ptr<TokenCorpus>(new TokenCorpus());
   corpus->num_documents_ = static_cast<int64_t>(source.documents.size());
@@ -238,6 +316,12 @@ absl::StatusOr<std::unique_ptr<TokenCorpus>> TokenCorpus::Open(const CorpusOptio
   return corpus;
 }
 
+TokenCorpus::~TokenCorpus() = default;
+
+int64_t TokenCorpus::num_tokens() const {
+  return shards_ != nullptr ? shards_->num_tokens() : static_cast<int64_t>(tokens_.size());
+}
+
 std::unique_ptr<TokenCorpus> TokenCorpus::FromTokens(std::vector<int32_t> tokens) {
   auto corpus = std::unique_ptr<TokenCorpus>(new TokenCorpus());
   corpus->tokens_ = std::move(tokens);
@@ -254,6 +338,7 @@ int64_t TokenCorpus::NumSamples(int64_t seq_len) const {
 absl::Span<const int32_t> TokenCorpus::Sample(int64_t id, int64_t seq_len) const {
   AQSWARM_CHECK(id >= 0 && id < NumSamples(seq_len))
       << "sample " << id << " out of range for " << num_tokens() << " tokens, seq_len " << seq_len;
+  AQSWARM_CHECK(shards_ == nullptr) << "Sample() of a prepared dataset: use GatherBatch";
   return absl::MakeConstSpan(tokens_).subspan(id * seq_len, seq_len + 1);
 }
 
@@ -261,6 +346,17 @@ void TokenCorpus::GatherBatch(absl::Span<const int64_t> ids, int64_t seq_len,
                               std::vector<int32_t>* inputs, std::vector<int32_t>* targets) const {
   inputs->resize(ids.size() * seq_len);
   targets->resize(ids.size() * seq_len);
+  if (shards_ != nullptr) {
+    std::vector<int32_t> w(seq_len + 1);
+    for (size_t b = 0; b < ids.size(); ++b) {
+      AQSWARM_CHECK(ids[b] >= 0 && ids[b] < NumSamples(seq_len))
+          << "sample " << ids[b] << " out of range for " << num_tokens() << " tokens, seq_len " << seq_len;
+      shards_->Copy(ids[b] * seq_len, seq_len + 1, w.data());
+      std::copy(w.begin(), w.end() - 1, inputs->begin() + b * seq_len);
+      std::copy(w.begin() + 1, w.end(), targets->begin() + b * seq_len);
+    }
+    return;
+  }
   for (size_t b = 0; b < ids.size(); ++b) {
     absl::Span<const int32_t> w = Sample(ids[b], seq_len);
     std::copy(w.begin(), w.end() - 1, inputs->begin() + b * seq_len);
@@ -302,10 +398,19 @@ absl::StatusOr<SamplePlan> SamplePlan::Create(int64_t num_tokens, const SamplePl
   SamplePlan plan;
   plan.options_ = options;
   plan.num_samples_ = num_tokens < 1 ? 0 : (num_tokens - 1) / options.seq_len;
-  // IEEE double arithmetic: the same result on every conforming machine.
-  const auto num_validation = static_cast<int64_t>(
-      std::ceil(options.validation_fraction * static_cast<double>(plan.num_samples_)));
-  plan.num_train_ = plan.num_samples_ - num_validation;
+  if (options.train_tokens >= 0) {
+    if (options.train_tokens > num_tokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("train_tokens ", options.train_tokens, " is beyond the corpus's ", num_tokens, " tokens"));
+    }
+    plan.num_train_ = std::min(plan.num_samples_,
+                               options.train_tokens < 1 ? 0 : (options.train_tokens - 1) / options.seq_len);
+  } else {
+    // IEEE double arithmetic: the same result on every conforming machine.
+    const auto num_validation = static_cast<int64_t>(
+        std::ceil(options.validation_fraction * static_cast<double>(plan.num_samples_)));
+    plan.num_train_ = plan.num_samples_ - num_validation;
+  }
   const int64_t per_step = int64_t{options.micro_batch_size} * options.micro_batches_per_step;
   if (plan.num_train_ / options.num_shards < per_step) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -28,14 +28,24 @@
 //
 // Contracts (changing any of them changes sample ids or order: bump the cache
 // version / job format, never silently):
-//   * Corpus tokens: the .txt files of a directory in byte-wise sorted name
-//     order (or one file), each tokenized on its own, joined with the
-//     tokenizer's <|endoftext|> id (50256) between documents.
+//   * Documents: a directory's .txt and .jsonl files in byte-wise sorted name
+//     order, a glob's matches in sorted path order, or one file. A .txt file
+//     is one document; a .jsonl file one per line (the string field
+//     `text_field`; blank lines skipped). Empty documents are skipped.
+//     Text is bytes: invalid UTF-8 in a .txt file is kept (the tokenizer
+//     takes any bytes); a .jsonl line that is not valid JSON (which must be
+//     UTF-8) is an error naming FILE:LINE.
+//   * Corpus tokens: the documents in order, each tokenized on its own,
+//     joined with the tokenizer's eot_id() (GPT-2: <|endoftext|>, 50256).
+//     A prepared directory (pipeline/token_shards.h) holds this stream
+//     already, memory-mapped instead of read into memory.
 //   * Sample i is the window tokens[i*seq_len, i*seq_len + seq_len + 1):
 //     seq_len inputs plus the next-token target. num_samples =
 //     (num_tokens - 1) / seq_len. No random cropping.
 //   * Validation = the last ceil(validation_fraction * num_samples) ids;
-//     train = the ids before them.
+//     train = the ids before them. A prepared dataset with a validation
+//     split sets SamplePlanOptions::train_tokens instead: train = the ids
+//     whose windows end inside the first train_tokens tokens.
 //   * Epoch e's order = Fisher-Yates shuffle of the train ids with
 //     Rng(EpochSeed(seed, e)) (common/random.h): same on every machine.
 //   * Shard p of D is FIXED for the whole job (AQ-SGD keeps every sample's
@@ -64,9 +74,12 @@
 namespace aqswarm::pipeline {
 
 struct CorpusOptions {
-  // A directory (its *.txt files, non-recursive, sorted by name) or one
-  // plain-text file. Required.
+  // A directory (its .txt and .jsonl files, non-recursive, sorted by name),
+  // a glob of such files, one .txt or .jsonl file, or a prepared dataset
+  // (a directory holding manifest.json). Required.
   std::string source_path;
+  // .jsonl documents: the string field holding the text. Default: "text".
+  std::string text_field = "text";
   // Where the token cache lives; created if missing. Empty: no cache
   // (tokenize every time). Default: empty.
   std::string cache_dir;
@@ -75,8 +88,23 @@ struct CorpusOptions {
   std::string cache_name;
 };
 
-// A tokenized corpus held in memory (int32 ids; ~4 bytes per token, 8.5 MB
-// for the SOTU corpus). Immutable after Open; thread-safe to read.
+class MappedShards;
+
+// The files a text source names, in contract order: a directory's .txt and
+// .jsonl files by name, a glob's matches (sorted), or the one file.
+// NotFound for a missing source or a glob matching nothing;
+// InvalidArgument for a directory without such files.
+absl::StatusOr<std::vector<std::string>> ListTextSource(const std::string& source_path);
+
+// The documents of one file's `content` (see the contract above); `file`
+// names it in errors: DataLoss "FILE:LINE: ..." for a .jsonl line that is not
+// a JSON object with a string `text_field`.
+absl::StatusOr<std::vector<std::string>> SplitDocuments(const std::string& file, const std::string& content,
+                                                        const std::string& text_field);
+
+// A tokenized corpus: ids in memory (int32; ~4 bytes per token, 8.5 MB for
+// the SOTU corpus), or a prepared dataset's shards memory-mapped.
+// Immutable after Open; thread-safe to read.
 class TokenCorpus {
  public:
   // Loads the token cache if it is valid for this source and tokenizer;
@@ -88,9 +116,14 @@ class TokenCorpus {
                                                            const Tokenizer& tokenizer);
   // A corpus from given ids (tests, synthetic data). No cache.
   static std::unique_ptr<TokenCorpus> FromTokens(std::vector<int32_t> tokens);
+  ~TokenCorpus();
 
+  // The ids when held in memory (empty for a prepared dataset).
   absl::Span<const int32_t> tokens() const { return tokens_; }
-  int64_t num_tokens() const { return static_cast<int64_t>(tokens_.size()); }
+  int64_t num_tokens() const;
+  // A prepared dataset's validation split: tokens before its validation
+  // documents (SamplePlanOptions::train_tokens); -1 for other sources.
+  int64_t train_tokens() const { return train_tokens_; }
   // Number of documents joined (files; 0 for FromTokens).
   int64_t num_documents() const { return num_documents_; }
   // XXH3 over the source's file names and bytes (the cache's staleness key).
@@ -102,8 +135,9 @@ class TokenCorpus {
 
   // Number of windows of seq_len + 1 tokens: (num_tokens - 1) / seq_len.
   int64_t NumSamples(int64_t seq_len) const;
-  // The seq_len + 1 tokens of sample `id`. Aborts if id is out of range
-  // (ids come from a SamplePlan made for this corpus: a bad id is a bug).
+  // The seq_len + 1 tokens of sample `id` of an in-memory corpus. Aborts if
+  // id is out of range (ids come from a SamplePlan made for this corpus: a
+  // bad id is a bug) or the corpus is a prepared dataset (use GatherBatch).
   absl::Span<const int32_t> Sample(int64_t id, int64_t seq_len) const;
   // Gathers a batch row-major: inputs[b*seq_len + t] = Sample(ids[b])[t],
   // targets[b*seq_len + t] = Sample(ids[b])[t + 1]. Resizes both.
@@ -114,6 +148,8 @@ class TokenCorpus {
   TokenCorpus() = default;
 
   std::vector<int32_t> tokens_;
+  std::unique_ptr<MappedShards> shards_;  // a prepared dataset instead of tokens_
+  int64_t train_tokens_ = -1;
   int64_t num_documents_ = 0;
   uint64_t source_checksum_ = 0;
   bool loaded_from_cache_ = false;
@@ -129,7 +165,7 @@ class TokenCorpus {
 //   uint64   token count
 //   uint64   XXH3 of the token payload
 //   int32    tokens[count]
-inline constexpr uint32_t kTokenCacheVersion = 1;
+inline constexpr uint32_t kTokenCacheVersion = 2;
 
 struct SamplePlanOptions {
   // Input tokens per sample (a sample holds seq_len + 1). Required, > 0.
@@ -145,6 +181,11 @@ struct SamplePlanOptions {
   int32_t micro_batch_size = 1;
   // Micro-batches per optimizer step (M). Default: 1.
   int32_t micro_batches_per_step = 1;
+  // >= 0: the split is fixed by the data (TokenCorpus::train_tokens()):
+  // train = ids whose window [i*T, i*T+T+1) ends within the first
+  // train_tokens tokens, validation = the ids after them, and
+  // validation_fraction is not used. Default: -1.
+  int64_t train_tokens = -1;
 };
 
 // The sample order of one (epoch, shard): what a pipeline trains on, in order.

@@ -85,6 +85,10 @@ void ApplyJobDefaults(v1::JobSpec* job) {
 // Slowest link rate a job may shape to, in Mbit/s (1 kbit/s).
 constexpr double kMinBandwidthMbps = 0.001;
 
+DataSource DataSourceFor(const v1::DataSpec& data) {
+  return DataSource{data.corpus(), data.tokenizer(), data.text_field(), data.cache_dir()};
+}
+
 absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   const auto& m = job.model();
   if (m.vocab_size() < 2) return Invalid("model.vocab_size", "must be >= 2");

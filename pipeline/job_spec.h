@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "pipeline/dataset.h"
 #include "proto/job.pb.h"
 
 namespace aqswarm::pipeline {
@@ -25,6 +26,10 @@ absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path);
 // Fills zero/empty fields with documented defaults (see proto/job.proto).
 void ApplyJobDefaults(v1::JobSpec* job);
 absl::Status ValidateJobSpec(const v1::JobSpec& job);
+
+// The data a job names (data.corpus, tokenizer, textField, cacheDir), for
+// pipeline/dataset.h's OpenData and IdentifyData.
+DataSource DataSourceFor(const v1::DataSpec& data);
 
 // Whether the job scales its loss dynamically: optimizer.loss_scale
 // "dynamic", or unset with precision fp16.
