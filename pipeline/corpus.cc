@@ -247,6 +247,11 @@ absl::StatusOr<std::vector<std::string>> SplitDocuments(const std::string& file,
   return docs;
 }
 
+absl::StatusOr<uint64_t> TextSourceChecksum(const std::string& source_path, const std::string& text_field) {
+  AQSWARM_ASSIGN_OR_RETURN(Source source, ReadSource(source_path, text_field));
+  return source.checksum;
+}
+
 // ---------------------------------------------------------------- TokenCorpus
 
 absl::StatusOr<std::unique_ptr<TokenCorpus>> TokenCorpus::Open(const CorpusOptions& options,

@@ -102,6 +102,10 @@ absl::StatusOr<std::vector<std::string>> ListTextSource(const std::string& sourc
 absl::StatusOr<std::vector<std::string>> SplitDocuments(const std::string& file, const std::string& content,
                                                         const std::string& text_field);
 
+// What TokenCorpus::source_checksum() is for a text source, without
+// tokenizing: reads every file and checks its documents (the errors of Open).
+absl::StatusOr<uint64_t> TextSourceChecksum(const std::string& source_path, const std::string& text_field);
+
 // A tokenized corpus: ids in memory (int32; ~4 bytes per token, 8.5 MB for
 // the SOTU corpus), or a prepared dataset's shards memory-mapped.
 // Immutable after Open; thread-safe to read.

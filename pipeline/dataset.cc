@@ -53,10 +53,10 @@ absl::StatusOr<DataIdentity> IdentifyData(const DataSource& given) {
     }
     return DataIdentity{HashHex(Checksum64(bytes.data(), bytes.size())), tokenizer_hash};
   }
-  // A text source's checksum is what TokenCorpus computes; with the cache it
-  // costs a read of the files, tokenizing only the first time.
-  AQSWARM_ASSIGN_OR_RETURN(auto corpus, TokenCorpus::Open(CorpusOptionsFor(s), *tokenizer));
-  return DataIdentity{HashHex(corpus->source_checksum()), tokenizer_hash};
+  // A text source: one read of its files (parsing .jsonl lines, so a bad
+  // line fails here as it would in training), no tokenizing.
+  AQSWARM_ASSIGN_OR_RETURN(uint64_t checksum, TextSourceChecksum(s.corpus, s.text_field));
+  return DataIdentity{HashHex(checksum), tokenizer_hash};
 }
 
 }  // namespace aqswarm::pipeline

@@ -248,5 +248,167 @@ TEST_F(DatasetTest, ATruncatedCorruptForeignOrMissingShardIsRefusedNamingIt) {
   refused(dir, absl::StatusCode::kDataLoss, "missing or mistyped field");
 }
 
+TEST_F(DatasetTest, ASourceWithoutTextIsAnErrorButAnEmptyFileBesideTextIsSkipped) {
+  const std::string dir = MakeTempDir("empty");
+  WriteFile(dir + "/a.txt", "");
+  WriteFile(dir + "/b.jsonl", "\n  \n{\"text\": \"\"}\n");
+  auto none = TokenCorpus::Open({.source_path = dir}, *gpt2_);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument) << none.status();
+  EXPECT_THAT(none.status().message(), HasSubstr("has no text"));
+  PrepareOptions p;
+  p.inputs = {dir};
+  p.out_dir = MakeTempDir("empty-out");
+  EXPECT_EQ(PrepareShards(p, *gpt2_).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(IsPreparedDataset(p.out_dir)) << "no manifest for nothing";
+
+  WriteFile(dir + "/c.txt", "Words.");
+  auto some = TokenCorpus::Open({.source_path = dir}, *gpt2_);
+  ASSERT_TRUE(some.ok()) << some.status();
+  EXPECT_EQ(std::vector<int32_t>((*some)->tokens().begin(), (*some)->tokens().end()), gpt2_->Encode("Words."));
+
+  const std::string nothing = MakeTempDir("no-text-files");
+  WriteFile(nothing + "/readme.md", "not a corpus file");
+  EXPECT_EQ(TokenCorpus::Open({.source_path = nothing}, *gpt2_).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(TokenCorpus::Open({.source_path = nothing + "/missing.jsonl"}, *gpt2_).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(DatasetTest, ASingleJsonlFileReadsItsTextFieldAndItIsPartOfTheIdentity) {
+  const std::string dir = MakeTempDir("single");
+  WriteFile(dir + "/c.jsonl", "{\"body\": \"One.\", \"text\": \"ignored\"}\n{\"body\": \"Two.\"}");  // no final newline
+  auto corpus = TokenCorpus::Open({.source_path = dir + "/c.jsonl", .text_field = "body"}, *gpt2_);
+  ASSERT_TRUE(corpus.ok()) << corpus.status();
+  std::vector<int32_t> want = gpt2_->Encode("One.");
+  want.push_back(gpt2_->eot_id());
+  gpt2_->EncodeAppend("Two.", &want);
+  EXPECT_EQ(std::vector<int32_t>((*corpus)->tokens().begin(), (*corpus)->tokens().end()), want);
+
+  auto body = IdentifyData({.corpus = dir + "/c.jsonl", .tokenizer = DataDir() + "/gpt2", .text_field = "body"});
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_EQ(body->dataset_hash, HashHex((*corpus)->source_checksum())) << "identify = what training reads";
+  WriteFile(dir + "/d.jsonl", "{\"body\": \"One.\", \"text\": \"One.\"}\n");
+  auto as_body = IdentifyData({.corpus = dir + "/d.jsonl", .tokenizer = DataDir() + "/gpt2", .text_field = "body"});
+  auto as_text = IdentifyData({.corpus = dir + "/d.jsonl", .tokenizer = DataDir() + "/gpt2"});
+  ASSERT_TRUE(as_body.ok() && as_text.ok());
+  EXPECT_NE(as_body->dataset_hash, as_text->dataset_hash) << "the same bytes read through another field";
+}
+
+// Sample i is tokens [i*T, i*T+T+1) of the stream whatever the shard size:
+// windows spanning one, two or many shards come out the same.
+TEST_F(DatasetTest, WindowsAreTheSameForAnyShardSizeAndPreparingAgainWritesTheSameBytes) {
+  const std::string src = MakeTempDir("small");
+  WriteFile(src + "/a.txt", "The quick brown fox jumps over the lazy dog.");
+  WriteFile(src + "/b.jsonl", "{\"text\": \"Pack my box with five dozen liquor jugs.\"}\n{\"text\": \"Sphinx of black quartz.\"}\n");
+  auto text = TokenCorpus::Open({.source_path = src}, *gpt2_);
+  ASSERT_TRUE(text.ok()) << text.status();
+  ASSERT_GT((*text)->num_tokens(), 20);
+  const std::string out = MakeTempDir("resharded");
+  for (int64_t shard_tokens : {1, 3, 7, 1000, 3}) {
+    PrepareOptions p;
+    p.inputs = {src};
+    p.out_dir = out;  // the same directory each time: older shards must go
+    p.shard_tokens = shard_tokens;
+    auto m = PrepareShards(p, *gpt2_);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(static_cast<int64_t>(m->shards.size()), ((*text)->num_tokens() + shard_tokens - 1) / shard_tokens);
+    int64_t files = 0;
+    for (const auto& e : fs::directory_iterator(out)) files += e.path().extension() == ".bin";
+    EXPECT_EQ(files, static_cast<int64_t>(m->shards.size())) << "stale shards left behind";
+    auto shards = TokenCorpus::Open({.source_path = out}, *gpt2_);
+    ASSERT_TRUE(shards.ok()) << shards.status();
+    for (int64_t seq_len : {1, 4, 9}) {
+      EXPECT_EQ(Windows(**shards, seq_len), Windows(**text, seq_len)) << shard_tokens << " tokens per shard, T " << seq_len;
+    }
+  }
+  // The last two runs had the same inputs and options: the same bytes.
+  const std::string again = MakeTempDir("again");
+  PrepareOptions p;
+  p.inputs = {src};
+  p.out_dir = again;
+  p.shard_tokens = 3;
+  ASSERT_TRUE(PrepareShards(p, *gpt2_).ok());
+  for (const auto& e : fs::directory_iterator(out)) {
+    EXPECT_EQ(ReadFile(e.path().string()), ReadFile(again + "/" + e.path().filename().string())) << e.path();
+  }
+}
+
+TEST_F(DatasetTest, TheValidationSplitHoldsOutWholeLastDocumentsAndThePlanTrainsOnlyBeforeIt) {
+  const std::string src = MakeTempDir("split");
+  std::string jsonl;
+  std::vector<int64_t> starts;
+  int64_t at = 0;
+  for (int i = 0; i < 10; ++i) {
+    const std::string doc = absl::StrCat("Document ", i, " has a few words in it, number ", i, ".");
+    jsonl += absl::StrCat("{\"text\": \"", doc, "\"}\n");
+    if (i > 0) ++at;
+    starts.push_back(at);
+    at += static_cast<int64_t>(gpt2_->Encode(doc).size());
+  }
+  WriteFile(src + "/d.jsonl", jsonl);
+  PrepareOptions p;
+  p.inputs = {src};
+  p.out_dir = MakeTempDir("split-out");
+  p.val_fraction = 0.25;  // ceil(2.5) = the last 3 documents
+  auto m = PrepareShards(p, *gpt2_);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->tokens, at);
+  EXPECT_EQ(m->train_tokens, starts[7]);
+  auto opened = OpenData({.corpus = p.out_dir, .tokenizer = DataDir() + "/gpt2"});
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  ASSERT_EQ(opened->corpus->train_tokens(), starts[7]);
+  SamplePlanOptions po;
+  po.seq_len = 5;
+  po.validation_fraction = 0.5;  // not used: the data fixes the split
+  po.train_tokens = opened->corpus->train_tokens();
+  auto plan = SamplePlan::Create(opened->corpus->num_tokens(), po);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const int64_t last_train = plan->num_train_samples() - 1;
+  EXPECT_LE(plan->SampleOffset(last_train) + po.seq_len + 1, starts[7]) << "a train window reads validation text";
+  EXPECT_GT(plan->SampleOffset(last_train + 1) + po.seq_len + 1, starts[7]) << "a train window was dropped";
+  EXPECT_EQ(plan->num_samples(), (at - 1) / 5);
+
+  // No split in the data (val_fraction 0): the job's validation_fraction applies as for text.
+  p.val_fraction = 0;
+  p.out_dir = MakeTempDir("nosplit-out");
+  ASSERT_TRUE(PrepareShards(p, *gpt2_).ok());
+  auto whole = TokenCorpus::Open({.source_path = p.out_dir}, *gpt2_);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ((*whole)->train_tokens(), -1);
+  p.val_fraction = 1;
+  EXPECT_EQ(PrepareShards(p, *gpt2_).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(DatasetTest, AManifestThatDisagreesWithItsShardsIsRefused) {
+  const std::string src = MakeTempDir("src");
+  WriteFile(src + "/x.txt", "Some words for a few tokens, and then some more words.");
+  PrepareOptions p;
+  p.inputs = {src};
+  p.shard_tokens = 5;
+  p.out_dir = MakeTempDir("m");
+  ASSERT_TRUE(PrepareShards(p, *gpt2_).ok());
+  const std::string good = ReadFile(p.out_dir + "/manifest.json");
+  auto refused_with = [&](const std::string& from, const std::string& to, const std::string& want) {
+    const size_t at = good.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    std::string edited = good;
+    edited.replace(at, from.size(), to);
+    WriteFile(p.out_dir + "/manifest.json", edited);
+    auto corpus = TokenCorpus::Open({.source_path = p.out_dir}, *gpt2_);
+    EXPECT_EQ(corpus.status().code(), absl::StatusCode::kDataLoss) << from << " -> " << to;
+    EXPECT_THAT(corpus.status().message(), HasSubstr(want)) << from << " -> " << to;
+  };
+  const auto m = ReadShardManifest(p.out_dir);
+  ASSERT_TRUE(m.ok());
+  refused_with(m->shards[1].xxh3, "0123456789abcdef", "shard-00001.bin: XXH3");
+  refused_with("\"version\": 1", "\"version\": 9", "format version 9");
+  refused_with("\"dtype\": \"uint16\"", "\"dtype\": \"uint32\"", "shard-00000.bin: 2 bytes per id");
+  refused_with("\"dtype\": \"uint16\"", "\"dtype\": \"int8\"", "dtype 'int8'");
+  refused_with("\"file\": \"shard-00000.bin\"", "\"file\": \"../x.bin\"", "must be a plain name");
+  refused_with(absl::StrCat("\"tokens\": ", m->tokens), absl::StrCat("\"tokens\": ", m->tokens + 1),
+               absl::StrCat("the shards hold ", m->tokens, " tokens"));
+  WriteFile(p.out_dir + "/manifest.json", good);
+  EXPECT_TRUE(TokenCorpus::Open({.source_path = p.out_dir}, *gpt2_).ok());
+}
+
 }  // namespace
 }  // namespace aqswarm::pipeline
