@@ -58,9 +58,9 @@ int RunPrepare(const std::vector<std::string>& args) {
     if (!tty && now - last < absl::Seconds(10)) return;
     last = now;
     const double s = std::max(1e-3, absl::ToDoubleSeconds(now - start));
-    std::cerr << absl::StrFormat("%sprepare: %d documents, %d tokens, %.1f MB read (%.1f MB/s, %.0f tokens/s)%s",
-                                 tty ? "\r" : "", docs, tokens, bytes / 1e6, bytes / 1e6 / s, tokens / s,
-                                 tty ? "" : "\n");
+    std::cerr << absl::StrFormat(
+        "%sprepare: %d documents, %d tokens, %.1f MB read (%.0f documents/s, %.0f tokens/s, %.1f MB/s)%s",
+        tty ? "\r" : "", docs, tokens, bytes / 1e6, docs / s, tokens / s, bytes / 1e6 / s, tty ? "\x1b[K" : "\n");
   };
   absl::StatusOr<pipeline::ShardManifest> m = pipeline::PrepareShards(o, **tok);
   if (tty) std::cerr << "\n";

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -407,6 +408,32 @@ TEST_F(DatasetTest, AManifestThatDisagreesWithItsShardsIsRefused) {
   refused_with(absl::StrCat("\"tokens\": ", m->tokens), absl::StrCat("\"tokens\": ", m->tokens + 1),
                absl::StrCat("the shards hold ", m->tokens, " tokens"));
   WriteFile(p.out_dir + "/manifest.json", good);
+  EXPECT_TRUE(TokenCorpus::Open({.source_path = p.out_dir}, *gpt2_).ok());
+}
+
+TEST_F(DatasetTest, AFailedPrepareLeavesThePreviousDatasetAsItWas) {
+  const std::string src = MakeTempDir("src");
+  WriteFile(src + "/a.jsonl", "{\"text\": \"A first document with some words.\"}\n");
+  PrepareOptions p;
+  p.inputs = {src};
+  p.out_dir = MakeTempDir("kept");
+  p.shard_tokens = 2;
+  ASSERT_TRUE(PrepareShards(p, *gpt2_).ok());
+  std::map<std::string, std::string> before;
+  for (const auto& e : fs::directory_iterator(p.out_dir)) before[e.path().filename().string()] = ReadFile(e.path());
+
+  // Enough documents for shards to be written before b.jsonl's bad line is read.
+  std::string many;
+  for (int i = 0; i < 5000; ++i) many += absl::StrCat("{\"text\": \"Document ", i, ".\"}\n");
+  WriteFile(src + "/a.jsonl", many);
+  WriteFile(src + "/b.jsonl", "{\"text\": \"fine\"}\n{\"text\": null}\n");
+  p.shard_tokens = 1000;
+  auto failed = PrepareShards(p, *gpt2_);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(failed.status().message(), HasSubstr("b.jsonl:2: field 'text' is null"));
+  std::map<std::string, std::string> after;
+  for (const auto& e : fs::directory_iterator(p.out_dir)) after[e.path().filename().string()] = ReadFile(e.path());
+  EXPECT_EQ(after, before) << "a failed prepare changed (or left staged files in) the directory";
   EXPECT_TRUE(TokenCorpus::Open({.source_path = p.out_dir}, *gpt2_).ok());
 }
 

@@ -6,15 +6,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/types/span.h"
 #include "common/checksum.h"
 #include "common/data_identity.h"
 #include "common/file_util.h"
@@ -69,13 +72,22 @@ std::string ManifestJson(const ShardManifest& m) {
   return j.dump(1) + "\n";
 }
 
-// Buffers ids and writes them out one shard file at a time.
+constexpr char kStagedSuffix[] = ".partial";
+
+// Buffers ids and writes them out one shard file at a time, each under a
+// staged name (<shard>.partial) that Publish() renames into place once
+// everything is written: a prepare that fails half-way leaves the previous
+// dataset as it was (its manifest still names its own shards).
 class ShardWriter {
  public:
   ShardWriter(fs::path dir, int32_t bytes_per_id, int64_t shard_tokens)
       : dir_(std::move(dir)), bytes_per_id_(bytes_per_id), shard_tokens_(shard_tokens) {}
+  ~ShardWriter() {
+    std::error_code ec;
+    for (const ShardEntry& s : shards_) fs::remove(dir_ / (s.file + kStagedSuffix), ec);  // unpublished
+  }
 
-  absl::Status Append(const std::vector<int32_t>& ids) {
+  absl::Status Append(absl::Span<const int32_t> ids) {
     for (int32_t id : ids) {
       if (bytes_per_id_ == 2) {
         const auto v = static_cast<uint16_t>(id);
@@ -96,17 +108,33 @@ class ShardWriter {
     h.version = kShardFormatVersion;
     h.bytes_per_id = static_cast<uint32_t>(bytes_per_id_);
     h.num_tokens = static_cast<uint64_t>(in_buffer_);
-    std::string file(reinterpret_cast<const char*>(&h), sizeof(h));
-    file += buffer_;
     const std::string name = ShardName(shards_.size());
-    AQSWARM_RETURN_IF_ERROR(WriteFileAtomically((dir_ / name).string(), file, 0644));
-    shards_.push_back({name, in_buffer_, HashHex(Checksum64(file.data(), file.size()))});
+    const std::string staged = (dir_ / (name + kStagedSuffix)).string();
+    shards_.push_back({name, in_buffer_, ""});
+    Checksummer sum;
+    sum.Update(&h, sizeof(h));
+    sum.Update(buffer_.data(), buffer_.size());
+    shards_.back().xxh3 = HashHex(sum.Digest());
+    std::ofstream out(staged, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(&h), sizeof(h));
+    out.write(buffer_.data(), static_cast<std::streamsize>(buffer_.size()));
+    out.close();
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", staged));
     buffer_.clear();
     in_buffer_ = 0;
     return absl::OkStatus();
   }
 
-  std::vector<ShardEntry> shards() const { return shards_; }
+  // Renames every staged shard into place (fsync, rename, fsync of the directory).
+  absl::Status Publish() {
+    for (const ShardEntry& s : shards_) {
+      AQSWARM_RETURN_IF_ERROR(
+          PublishFileAtomically((dir_ / (s.file + kStagedSuffix)).string(), (dir_ / s.file).string()));
+    }
+    return absl::OkStatus();
+  }
+
+  const std::vector<ShardEntry>& shards() const { return shards_; }
 
  private:
   const fs::path dir_;
@@ -117,16 +145,19 @@ class ShardWriter {
   std::vector<ShardEntry> shards_;
 };
 
-// Encodes `docs` on `threads` threads; ids[i] are docs[i]'s.
+// Encodes `docs` on up to `threads` threads (each takes the next document
+// not yet taken); ids[i] are docs[i]'s, so the result does not depend on the
+// thread count.
 std::vector<std::vector<int32_t>> EncodeAll(const std::vector<std::string>& docs, const Tokenizer& tok, int threads) {
   std::vector<std::vector<int32_t>> ids(docs.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < docs.size(); i = next++) tok.EncodeAppend(docs[i], &ids[i]);
+  };
   const int n = std::max(1, std::min<int>(threads, static_cast<int>(docs.size())));
   std::vector<std::thread> pool;
-  for (int t = 0; t < n; ++t) {
-    pool.emplace_back([&, t] {
-      for (size_t i = t; i < docs.size(); i += n) tok.EncodeAppend(docs[i], &ids[i]);
-    });
-  }
+  for (int t = 1; t < n; ++t) pool.emplace_back(work);
+  work();
   for (auto& th : pool) th.join();
   return ids;
 }
@@ -276,12 +307,6 @@ absl::StatusOr<ShardManifest> PrepareShards(const PrepareOptions& o, const Token
   std::error_code ec;
   fs::create_directories(o.out_dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", o.out_dir, ": ", ec.message()));
-  // Shards of an earlier run of this directory must not survive beside the new ones.
-  for (const auto& entry : fs::directory_iterator(o.out_dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("shard-", 0) == 0 && entry.path().extension() == ".bin") fs::remove(entry.path(), ec);
-  }
-  fs::remove(fs::path(o.out_dir) / kShardManifestFile, ec);
 
   ShardManifest m;
   m.vocab_size = tokenizer.vocab_size();
@@ -289,33 +314,46 @@ absl::StatusOr<ShardManifest> PrepareShards(const PrepareOptions& o, const Token
   m.bytes_per_id = m.vocab_size <= 65536 ? 2 : 4;
   m.tokenizer_hash = HashHex(tokenizer.checksum());
   m.text_field = o.text_field.empty() ? "text" : o.text_field;
-  const int threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ShardWriter writer(o.out_dir, m.bytes_per_id, o.shard_tokens);
   std::vector<int64_t> doc_starts;  // stream offset of each document's first token
   int64_t bytes_read = 0;
+  // Documents are encoded in batches (across files: a directory of many small
+  // files keeps every thread busy) and written in document order.
+  constexpr size_t kBatchDocs = 4096;
+  constexpr size_t kBatchBytes = size_t{64} << 20;
+  std::vector<std::string> batch;
+  size_t batch_bytes = 0;
+  auto encode_batch = [&]() -> absl::Status {
+    std::vector<std::vector<int32_t>> ids = EncodeAll(batch, tokenizer, threads);
+    for (const std::vector<int32_t>& d : ids) {
+      if (!doc_starts.empty()) {
+        const int32_t eot = tokenizer.eot_id();
+        AQSWARM_RETURN_IF_ERROR(writer.Append(absl::MakeConstSpan(&eot, 1)));
+        ++m.tokens;
+      }
+      doc_starts.push_back(m.tokens);
+      AQSWARM_RETURN_IF_ERROR(writer.Append(d));
+      m.tokens += static_cast<int64_t>(d.size());
+    }
+    batch.clear();
+    batch_bytes = 0;
+    if (o.progress) o.progress(static_cast<int64_t>(doc_starts.size()), m.tokens, bytes_read);
+    return absl::OkStatus();
+  };
   for (const std::string& file : files) {
     AQSWARM_ASSIGN_OR_RETURN(std::string content, ReadFile(file));
     bytes_read += static_cast<int64_t>(content.size());
     AQSWARM_ASSIGN_OR_RETURN(std::vector<std::string> docs, SplitDocuments(file, content, m.text_field));
-    content.clear();
+    content = std::string();
     m.sources.push_back(fs::path(file).filename().string());
-    // Batches bound the memory of the ids in flight.
-    constexpr size_t kBatch = 4096;
-    for (size_t at = 0; at < docs.size(); at += kBatch) {
-      const std::vector<std::string> batch(docs.begin() + at, docs.begin() + std::min(docs.size(), at + kBatch));
-      std::vector<std::vector<int32_t>> ids = EncodeAll(batch, tokenizer, threads);
-      for (std::vector<int32_t>& d : ids) {
-        if (!doc_starts.empty()) {
-          AQSWARM_RETURN_IF_ERROR(writer.Append({tokenizer.eot_id()}));
-          ++m.tokens;
-        }
-        doc_starts.push_back(m.tokens);
-        AQSWARM_RETURN_IF_ERROR(writer.Append(d));
-        m.tokens += static_cast<int64_t>(d.size());
-      }
-      if (o.progress) o.progress(static_cast<int64_t>(doc_starts.size()), m.tokens, bytes_read);
+    for (std::string& d : docs) {
+      batch_bytes += d.size();
+      batch.push_back(std::move(d));
+      if (batch.size() >= kBatchDocs || batch_bytes >= kBatchBytes) AQSWARM_RETURN_IF_ERROR(encode_batch());
     }
   }
+  if (!batch.empty()) AQSWARM_RETURN_IF_ERROR(encode_batch());
   AQSWARM_RETURN_IF_ERROR(writer.Flush());
   m.documents = static_cast<int64_t>(doc_starts.size());
   if (m.tokens == 0) return absl::InvalidArgumentError("the inputs hold no text");
@@ -323,8 +361,23 @@ absl::StatusOr<ShardManifest> PrepareShards(const PrepareOptions& o, const Token
   const auto held_out = static_cast<int64_t>(std::ceil(o.val_fraction * static_cast<double>(m.documents)));
   m.train_tokens = held_out == 0 ? m.tokens : doc_starts[m.documents - held_out];
   m.shards = writer.shards();
-  AQSWARM_RETURN_IF_ERROR(
-      WriteFileAtomically((fs::path(o.out_dir) / kShardManifestFile).string(), ManifestJson(m), 0644));
+
+  // Replace the previous dataset: its manifest goes first (a directory
+  // without one is no dataset), then the new shards take their names, then
+  // any older shard beyond them goes, then the new manifest appears.
+  const fs::path manifest_path = fs::path(o.out_dir) / kShardManifestFile;
+  fs::remove(manifest_path, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot remove ", manifest_path.string(), ": ", ec.message()));
+  AQSWARM_RETURN_IF_ERROR(writer.Publish());
+  std::set<std::string> ours;
+  for (const ShardEntry& s : m.shards) ours.insert(s.file);
+  for (const auto& entry : fs::directory_iterator(o.out_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool shard_like = name.rfind("shard-", 0) == 0 &&
+                            (entry.path().extension() == ".bin" || entry.path().extension() == kStagedSuffix);
+    if (shard_like && ours.count(name) == 0) fs::remove(entry.path(), ec);
+  }
+  AQSWARM_RETURN_IF_ERROR(WriteFileAtomically(manifest_path.string(), ManifestJson(m), 0644));
   return m;
 }
 
