@@ -221,30 +221,35 @@ absl::StatusOr<std::vector<std::string>> SplitDocuments(const std::string& file,
     if (!content.empty()) docs.push_back(content);
     return docs;
   }
-  const std::string field = text_field.empty() ? "text" : text_field;
   size_t start = 0;
   for (int64_t line = 1; start < content.size(); ++line) {
     size_t end = content.find('\n', start);
     if (end == std::string::npos) end = content.size();
-    std::string_view text(content.data() + start, end - start);
+    AQSWARM_ASSIGN_OR_RETURN(std::string doc,
+                             ParseJsonlLine(file, line, std::string_view(content).substr(start, end - start), text_field));
     start = end + 1;
-    if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
-    if (text.find_first_not_of(" \t") == std::string_view::npos) continue;  // blank line
-    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) {
-      return absl::DataLossError(absl::StrCat(file, ":", line, ": not a JSON value (or not UTF-8)"));
-    }
-    if (!j.is_object() || !j.contains(field)) {
-      return absl::DataLossError(absl::StrCat(file, ":", line, ": no field '", field, "' (data.textField)"));
-    }
-    if (!j[field].is_string()) {
-      return absl::DataLossError(absl::StrCat(file, ":", line, ": field '", field, "' is ", j[field].type_name(),
-                                              ", not a string"));
-    }
-    std::string doc = j[field].get<std::string>();
     if (!doc.empty()) docs.push_back(std::move(doc));
   }
   return docs;
+}
+
+absl::StatusOr<std::string> ParseJsonlLine(const std::string& file, int64_t line, std::string_view text,
+                                           const std::string& text_field) {
+  const std::string field = text_field.empty() ? "text" : text_field;
+  if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
+  if (text.find_first_not_of(" \t") == std::string_view::npos) return std::string();  // blank line
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return absl::DataLossError(absl::StrCat(file, ":", line, ": not a JSON value (or not UTF-8)"));
+  }
+  if (!j.is_object() || !j.contains(field)) {
+    return absl::DataLossError(absl::StrCat(file, ":", line, ": no field '", field, "' (data.textField)"));
+  }
+  if (!j[field].is_string()) {
+    return absl::DataLossError(
+        absl::StrCat(file, ":", line, ": field '", field, "' is ", j[field].type_name(), ", not a string"));
+  }
+  return j[field].get<std::string>();
 }
 
 absl::StatusOr<uint64_t> TextSourceChecksum(const std::string& source_path, const std::string& text_field) {

@@ -65,6 +65,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -101,6 +102,12 @@ absl::StatusOr<std::vector<std::string>> ListTextSource(const std::string& sourc
 // a JSON object with a string `text_field`.
 absl::StatusOr<std::vector<std::string>> SplitDocuments(const std::string& file, const std::string& content,
                                                         const std::string& text_field);
+
+// Line `line` (1-based) of .jsonl file `file`: its document ("" for a blank
+// line or an empty text), or DataLoss "FILE:LINE: ..." (SplitDocuments, line
+// by line, for readers that stream a file).
+absl::StatusOr<std::string> ParseJsonlLine(const std::string& file, int64_t line, std::string_view text,
+                                           const std::string& text_field);
 
 // What TokenCorpus::source_checksum() is for a text source, without
 // tokenizing: reads every file and checks its documents (the errors of Open).

@@ -60,6 +60,17 @@ TEST_F(DatasetTest, ADirectoryOfTxtAndJsonlFilesIsItsDocumentsInNameOrder) {
   EXPECT_EQ(std::vector<int32_t>((*corpus)->tokens().begin(), (*corpus)->tokens().end()), want);
   EXPECT_EQ((*corpus)->num_documents(), 3);
   EXPECT_EQ((*corpus)->train_tokens(), -1);
+  // prepare streams .jsonl lines (CRLF, blank lines, empty texts) to the same stream.
+  PrepareOptions p;
+  p.inputs = {dir};
+  p.out_dir = MakeTempDir("src-prepared");
+  auto m = PrepareShards(p, *gpt2_);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->documents, 3);
+  EXPECT_EQ(m->sources, (std::vector<std::string>{"a.txt", "b.jsonl", "c.txt"}));
+  auto prepared = TokenCorpus::Open({.source_path = p.out_dir}, *gpt2_);
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  EXPECT_EQ(Windows(**prepared, 1), want);
 
   // A glob takes only what it matches; another text field reads other text.
   WriteFile(dir + "/d.jsonl", "{\"body\": \"Fourth.\"}\n");

@@ -341,17 +341,31 @@ absl::StatusOr<ShardManifest> PrepareShards(const PrepareOptions& o, const Token
     if (o.progress) o.progress(static_cast<int64_t>(doc_starts.size()), m.tokens, bytes_read);
     return absl::OkStatus();
   };
+  auto add = [&](std::string doc) -> absl::Status {
+    if (doc.empty()) return absl::OkStatus();
+    batch_bytes += doc.size();
+    batch.push_back(std::move(doc));
+    if (batch.size() >= kBatchDocs || batch_bytes >= kBatchBytes) return encode_batch();
+    return absl::OkStatus();
+  };
   for (const std::string& file : files) {
-    AQSWARM_ASSIGN_OR_RETURN(std::string content, ReadFile(file));
-    bytes_read += static_cast<int64_t>(content.size());
-    AQSWARM_ASSIGN_OR_RETURN(std::vector<std::string> docs, SplitDocuments(file, content, m.text_field));
-    content = std::string();
     m.sources.push_back(fs::path(file).filename().string());
-    for (std::string& d : docs) {
-      batch_bytes += d.size();
-      batch.push_back(std::move(d));
-      if (batch.size() >= kBatchDocs || batch_bytes >= kBatchBytes) AQSWARM_RETURN_IF_ERROR(encode_batch());
+    if (fs::path(file).extension() != ".jsonl") {  // one document: read whole
+      AQSWARM_ASSIGN_OR_RETURN(std::string content, ReadFile(file));
+      bytes_read += static_cast<int64_t>(content.size());
+      AQSWARM_RETURN_IF_ERROR(add(std::move(content)));
+      continue;
     }
+    // A .jsonl file streams line by line: it may be larger than memory.
+    std::ifstream in(file, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", file, "'"));
+    std::string line;
+    for (int64_t n = 1; std::getline(in, line); ++n) {
+      bytes_read += static_cast<int64_t>(line.size()) + 1;
+      AQSWARM_ASSIGN_OR_RETURN(std::string doc, ParseJsonlLine(file, n, line, m.text_field));
+      AQSWARM_RETURN_IF_ERROR(add(std::move(doc)));
+    }
+    if (in.bad()) return absl::DataLossError(absl::StrCat("error reading '", file, "'"));
   }
   if (!batch.empty()) AQSWARM_RETURN_IF_ERROR(encode_batch());
   AQSWARM_RETURN_IF_ERROR(writer.Flush());

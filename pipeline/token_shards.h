@@ -119,9 +119,11 @@ struct PrepareOptions {
   std::function<void(int64_t, int64_t, int64_t)> progress;
 };
 
-// Tokenizes the inputs (one input file in memory at a time) and writes the
-// shards and the manifest. Re-running with the same inputs and tokenizer
-// writes byte-identical files.
+// Tokenizes the inputs and writes the shards and the manifest. Memory: one
+// .txt file (a document) or a batch of .jsonl lines (streamed) plus one
+// shard's ids at a time. Re-running with the same inputs and tokenizer
+// writes byte-identical files; a run that fails leaves the directory as it
+// was (new shards are staged as <shard>.partial until every input was read).
 absl::StatusOr<ShardManifest> PrepareShards(const PrepareOptions& options, const Tokenizer& tokenizer);
 
 }  // namespace aqswarm::pipeline
