@@ -36,7 +36,8 @@ struct DataSource {
 
 struct OpenedData {
   std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<TokenCorpus> corpus;
+  std::unique_ptr<TokenCorpus> corpus;  // corpus->train_tokens() >= 0: the data fixes
+                                        // the split (SamplePlanOptions::train_tokens)
   DataIdentity identity;
 };
 
