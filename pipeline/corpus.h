@@ -4,11 +4,12 @@
 // stores can prefetch exactly the rows the next micro-batches need (see
 // docs/design/ARCHITECTURE.md, "Data identity").
 //
-//   AQSWARM_ASSIGN_OR_RETURN(auto tok, Tokenizer::Load(enc_path, bpe_path));
+//   AQSWARM_ASSIGN_OR_RETURN(auto tok, Tokenizer::Open("data/gpt2"));
 //   CorpusOptions copts;
-//   copts.source_path = "data/sotu";         // directory of .txt, or one file
+//   copts.source_path = "data/sotu";         // see CorpusOptions::source_path
 //   copts.cache_dir = "data/cache";          // data/cache/sotu.tokens
 //   AQSWARM_ASSIGN_OR_RETURN(auto corpus, TokenCorpus::Open(copts, *tok));
+//   // (a job's data: pipeline/dataset.h OpenData, which does the above)
 //
 //   SamplePlanOptions popts;
 //   popts.seq_len = 256;
@@ -16,15 +17,15 @@
 //   popts.num_shards = 4;                    // data-parallel pipelines
 //   popts.micro_batch_size = 8;
 //   popts.micro_batches_per_step = 4;
+//   popts.train_tokens = corpus->train_tokens();  // a prepared split, or -1
 //   AQSWARM_ASSIGN_OR_RETURN(SamplePlan plan,
 //                            SamplePlan::Create(corpus->num_tokens(), popts));
 //   ShardSchedule sched = plan.Schedule(/*epoch=*/0, /*shard=*/my_pipeline);
 //   for (int64_t step = 0; step < sched.num_steps(); ++step)
-//     for (int m = 0; m < plan.micro_batches_per_step(); ++m)
-//       for (int64_t id : sched.MicroBatch(step, m)) {
-//         absl::Span<const int32_t> w = corpus->Sample(id, plan.seq_len());
-//         // inputs w[0..seq_len), targets w[1..seq_len]
-//       }
+//     for (int m = 0; m < plan.micro_batches_per_step(); ++m) {
+//       corpus->GatherBatch(sched.MicroBatch(step, m), plan.seq_len(), &inputs, &targets);
+//       // row b: inputs = window[0..seq_len), targets = window[1..seq_len]
+//     }
 //
 // Contracts (changing any of them changes sample ids or order: bump the cache
 // version / job format, never silently):
