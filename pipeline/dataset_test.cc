@@ -413,12 +413,29 @@ TEST_F(DatasetTest, AManifestThatDisagreesWithItsShardsIsRefused) {
   ASSERT_TRUE(m.ok());
   refused_with(m->shards[1].xxh3, "0123456789abcdef", "shard-00001.bin: XXH3");
   refused_with("\"version\": 1", "\"version\": 9", "format version 9");
+  refused_with("\"version\": 1", "\"version\": \"1\"", "format version \"1\"");
+  refused_with("\"format\": \"aqswarm-token-shards\"", "\"format\": 7", "not an aqswarm manifest");
+  refused_with(absl::StrCat("\"documents\": ", m->documents), "\"documents\": \"many\"", "missing or mistyped field");
   refused_with("\"dtype\": \"uint16\"", "\"dtype\": \"uint32\"", "shard-00000.bin: 2 bytes per id");
   refused_with("\"dtype\": \"uint16\"", "\"dtype\": \"int8\"", "dtype 'int8'");
   refused_with("\"file\": \"shard-00000.bin\"", "\"file\": \"../x.bin\"", "must be a plain name");
   refused_with(absl::StrCat("\"tokens\": ", m->tokens), absl::StrCat("\"tokens\": ", m->tokens + 1),
                absl::StrCat("the shards hold ", m->tokens, " tokens"));
   WriteFile(p.out_dir + "/manifest.json", good);
+  EXPECT_TRUE(TokenCorpus::Open({.source_path = p.out_dir}, *gpt2_).ok());
+}
+
+TEST_F(DatasetTest, AFileNameThatIsNotUtf8IsPreparedAndTheManifestStaysJson) {
+  const std::string src = MakeTempDir("latin1");
+  WriteFile(src + "/caf\xE9.txt", "Some text.");
+  PrepareOptions p;
+  p.inputs = {src};
+  p.out_dir = MakeTempDir("latin1-out");
+  auto m = PrepareShards(p, *gpt2_);
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto read = ReadShardManifest(p.out_dir);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->sources, std::vector<std::string>{"caf\xEF\xBF\xBD.txt"});  // U+FFFD
   EXPECT_TRUE(TokenCorpus::Open({.source_path = p.out_dir}, *gpt2_).ok());
 }
 

@@ -69,7 +69,8 @@ std::string ManifestJson(const ShardManifest& m) {
   j["sources"] = m.sources;
   j["shards"] = json::array();
   for (const ShardEntry& s : m.shards) j["shards"].push_back({{"file", s.file}, {"tokens", s.tokens}, {"xxh3", s.xxh3}});
-  return j.dump(1) + "\n";
+  // File names need not be UTF-8: invalid bytes become U+FFFD rather than an exception.
+  return j.dump(1, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
 constexpr char kStagedSuffix[] = ".partial";
@@ -175,9 +176,12 @@ absl::StatusOr<ShardManifest> ReadShardManifest(const std::string& dir, std::str
   auto bad = [&](const std::string& why) { return absl::DataLossError(absl::StrCat(path.string(), ": ", why)); };
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return bad("not JSON");
-  if (j.value("format", "") != kManifestFormat) return bad(absl::StrCat("not an aqswarm manifest (format is not '", kManifestFormat, "')"));
-  if (j.value("version", 0u) != kShardFormatVersion) {
-    return bad(absl::StrCat("format version ", j.value("version", 0u), ", this build reads ", kShardFormatVersion));
+  if (!j.contains("format") || j["format"] != kManifestFormat) {
+    return bad(absl::StrCat("not an aqswarm manifest (format is not '", kManifestFormat, "')"));
+  }
+  if (!j.contains("version") || j["version"] != kShardFormatVersion) {
+    return bad(absl::StrCat("format version ", j.contains("version") ? j["version"].dump() : "(none)",
+                            ", this build reads ", kShardFormatVersion));
   }
   ShardManifest m;
   try {
