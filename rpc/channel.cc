@@ -1,5 +1,7 @@
 #include "rpc/channel.h"
 
+#include <algorithm>
+
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 
@@ -9,12 +11,16 @@ ChannelPreset ControlChannel() {
   ChannelPreset p;
   p.initial_reconnect_backoff_ms = 200;
   p.max_reconnect_backoff_ms = 2000;
+  p.keepalive_ms = 20000;
+  p.keepalive_timeout_ms = 10000;
   return p;
 }
 
 ChannelPreset BulkChannel() {
   ChannelPreset p;
   p.max_receive_bytes = 64 << 20;
+  p.keepalive_ms = 20000;
+  p.keepalive_timeout_ms = 10000;
   return p;
 }
 
@@ -23,6 +29,7 @@ ChannelPreset LinkChannel() {
   p.max_receive_bytes = kMaxFrameBytes;
   p.max_send_bytes = kMaxFrameBytes;
   p.keepalive_ms = 10000;
+  p.keepalive_timeout_ms = 10000;
   p.own_connection = true;
   return p;
 }
@@ -39,7 +46,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ta
   if (preset.max_reconnect_backoff_ms > 0) args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, preset.max_reconnect_backoff_ms);
   if (preset.keepalive_ms > 0) {
     args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, preset.keepalive_ms);
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, preset.keepalive_ms);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, std::max(1, preset.keepalive_timeout_ms));
     args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   }
   if (preset.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);

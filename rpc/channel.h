@@ -22,17 +22,22 @@ struct ChannelPreset {
   int initial_reconnect_backoff_ms = 0;
   int max_reconnect_backoff_ms = 0;
   // Ping an idle connection every keepalive_ms and drop it when a ping goes
-  // unanswered for as long (0: no keepalive).
+  // unanswered for keepalive_timeout_ms (0: no keepalive). Every preset
+  // keeps connections alive, so a half-open connection (a vanished peer,
+  // a NAT that dropped the mapping) fails its streams within
+  // keepalive_ms + keepalive_timeout_ms instead of hiding for minutes.
   int keepalive_ms = 0;
+  int keepalive_timeout_ms = 10000;
   // A TCP connection of its own instead of one shared with other channels
   // to the same address (links are shaped per connection).
   bool own_connection = false;
 };
 
 // The coordinator's clients: small messages; reconnect within 2 s once the
-// coordinator is back.
+// coordinator is back; keepalive every 20 s (timeout 10 s), so an assignment
+// watch on a dead connection ends within ~30 s.
 ChannelPreset ControlChannel();
-// State transfer: checkpoints in chunks of up to 64 MiB.
+// State transfer: checkpoints in chunks of up to 64 MiB; keepalive 20 s / 10 s.
 ChannelPreset BulkChannel();
 // Stage links and the gradient exchange: frames up to kMaxFrameBytes, a
 // connection of their own, a vanished peer found within ~20 s.

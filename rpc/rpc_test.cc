@@ -25,6 +25,35 @@ TEST(StatusTest, CodesAndMessagesCrossBothWays) {
   EXPECT_EQ(g.error_message(), "mailbox full");
 }
 
+TEST(ListenSecurityTest, LoopbackAddressesAreRecognised) {
+  for (const char* a : {"127.0.0.1:7000", "127.1.2.3:1", "localhost:80", "[::1]:7000", "[::ffff:127.0.0.1]:5",
+                        "unix:/tmp/sock"}) {
+    EXPECT_TRUE(IsLoopbackAddress(a)) << a;
+  }
+  for (const char* a : {"0.0.0.0:7000", "[::]:7000", ":7000", "10.0.0.1:7000", "example.org:1", "128.0.0.1:2",
+                        "[::2]:3", "localhost.evil.org:1", ""}) {
+    EXPECT_FALSE(IsLoopbackAddress(a)) << a;
+  }
+}
+
+TEST(ListenSecurityTest, PlaintextOffLoopbackIsRefusedUnlessInsecure) {
+  EXPECT_TRUE(CheckListenSecurity("127.0.0.1:0", /*tls=*/false, /*insecure=*/false).ok());
+  EXPECT_TRUE(CheckListenSecurity("0.0.0.0:0", /*tls=*/true, /*insecure=*/false).ok());
+  EXPECT_TRUE(CheckListenSecurity("0.0.0.0:0", /*tls=*/false, /*insecure=*/true).ok());
+  const absl::Status s = CheckListenSecurity("0.0.0.0:7000", /*tls=*/false, /*insecure=*/false);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find("--insecure"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("0.0.0.0:7000"), absl::string_view::npos) << s;
+}
+
+TEST(ChannelTest, EveryPresetKeepsItsConnectionAlive) {
+  for (const ChannelPreset& p : {ControlChannel(), BulkChannel(), LinkChannel()}) {
+    EXPECT_GT(p.keepalive_ms, 0);
+    EXPECT_LE(p.keepalive_ms, 20000);
+    EXPECT_GT(p.keepalive_timeout_ms, 0);
+  }
+}
+
 class Echo final : public v1::StateTransfer::Service {
   grpc::Status Probe(grpc::ServerContext*, const v1::ProbeRequest* req, v1::ProbeResponse* resp) override {
     resp->set_received_bytes(req->payload().size());

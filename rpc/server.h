@@ -12,6 +12,7 @@
 
 #include <memory>
 #include <string>
+#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -33,12 +34,42 @@ struct ServerOptions {
   // default out.
   int max_receive_bytes = 1 << 20;
   int max_send_bytes = -1;
-  // Accept clients' keepalive pings on idle connections (every 5 s at most):
-  // long-lived streams whose clients detect a vanished server. Default: off.
-  bool accept_keepalive = false;
+  // Accept clients' keepalive pings on idle connections (every 5 s at most;
+  // every channel preset pings, rpc/channel.h). Default: on.
+  bool accept_keepalive = true;
   // Synchronous server completion queues (0: gRPC's default).
   int num_completion_queues = 0;
+  // The server pings a client connection idle for keepalive_ms and closes it
+  // when a ping goes unanswered for keepalive_timeout_ms, so a vanished
+  // client's streams and threads are freed. Default: 30 s / 10 s; 0: off.
+  int keepalive_ms = 30000;
+  int keepalive_timeout_ms = 10000;
+  // A connection older than this is asked to go away (GOAWAY); its streams
+  // get max_connection_age_grace_ms to finish before they are cancelled.
+  // Only for servers whose clients re-open streams (the coordinator), never
+  // for stage links. Default: 0 = no limit.
+  int max_connection_age_ms = 0;
+  int max_connection_age_grace_ms = 60000;
+  // At most this many concurrent streams per client connection (0: gRPC's default).
+  int max_concurrent_streams = 0;
+  // At most this many threads serve calls (grpc::ResourceQuota); a call
+  // beyond them is refused with RESOURCE_EXHAUSTED. Default: 0 = unlimited.
+  int max_threads = 0;
 };
+
+// Whether `address` (HOST:PORT, [V6]:PORT or unix:PATH) can only be
+// reached from this machine: 127.0.0.0/8, ::1, "localhost" or a unix
+// socket. "0.0.0.0", "[::]", an empty host and any other host are not.
+bool IsLoopbackAddress(absl::string_view address);
+
+// The rule for every server that listens: plaintext only on loopback.
+// OK when `tls` is on, when `address` is loopback (IsLoopbackAddress) or
+// when `insecure` (the operator's explicit --insecure); otherwise
+// FAILED_PRECONDITION naming the address and the two ways out (--tls_dir or
+// --insecure). Call it with the listen flag before starting the server:
+//
+//   AQSWARM_RETURN_IF_ERROR(rpc::CheckListenSecurity(listen, tls.enabled(), insecure));
+absl::Status CheckListenSecurity(absl::string_view address, bool tls, bool insecure);
 
 struct StartedServer {
   std::unique_ptr<grpc::Server> server;
