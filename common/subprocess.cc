@@ -63,7 +63,22 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const std::vector<
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  const int rc = posix_spawn(&p->pid_, args[0], &actions, nullptr, args.data(), environ);
+  // The child starts with no signal blocked and every signal at its default
+  // action: a daemon blocks SIGTERM/SIGINT in its threads to take them with
+  // sigwait, and a stage child that inherited that mask would ignore the
+  // SIGTERM it is stopped with.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  sigdelset(&all, SIGKILL);
+  sigdelset(&all, SIGSTOP);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  const int rc = posix_spawn(&p->pid_, args[0], &actions, &attr, args.data(), environ);
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&actions);
   if (pipefd[1] >= 0) ::close(pipefd[1]);
   if (inpipe[0] >= 0) ::close(inpipe[0]);
