@@ -102,15 +102,21 @@ absl::StatusOr<ReceiveResult> AqsgdLinkCodec::DecodeRow(const v1::AqsgdRow& msg,
       if (options_.mode != LinkMode::kAqsgd) break;
       scratch_.resize(n);
       AQSWARM_RETURN_IF_ERROR(Decode(msg.tensor(), absl::MakeSpan(scratch_), options_.limits));
+      // Rounding to the stored precision may overflow (fp16): check the new m.
+      RoundRowInPlace(options_.stored, rows, cols, absl::MakeSpan(scratch_));
+      AQSWARM_RETURN_IF_ERROR(CheckReceivedFinite(scratch_, "AQ-SGD FULL row (stored precision)"));
       std::copy(scratch_.begin(), scratch_.end(), m.begin());
-      RoundRowInPlace(options_.stored, rows, cols, m);
       return ReceiveResult::kApplied;
     case v1::AqsgdRow::KIND_DELTA:
       if (options_.mode != LinkMode::kAqsgd) break;
       if (Checksum(rows, cols, m, m_checksum) != msg.base_checksum()) return ReceiveResult::kResendNeeded;
       scratch_.resize(n);
       AQSWARM_RETURN_IF_ERROR(Decode(msg.tensor(), absl::MakeSpan(scratch_), options_.limits));
-      AddRowInPlace(options_.stored, rows, cols, m, scratch_);
+      // m + delta may overflow: the sum is checked before it replaces m.
+      next_m_.assign(m.begin(), m.end());
+      AddRowInPlace(options_.stored, rows, cols, absl::MakeSpan(next_m_), scratch_);
+      AQSWARM_RETURN_IF_ERROR(CheckReceivedFinite(next_m_, "AQ-SGD DELTA row (m + delta)"));
+      std::copy(next_m_.begin(), next_m_.end(), m.begin());
       return ReceiveResult::kApplied;
     default:
       break;

@@ -102,7 +102,10 @@ class AqsgdLinkCodec {
 
   // Applies `msg` to the receiver's m (or writes the decoded row for
   // stateless modes). Errors (malformed message, wrong precision or size)
-  // leave m unchanged; so does kResendNeeded.
+  // leave m unchanged; so does kResendNeeded. A row whose values, or whose
+  // new m (FULL rounded to the stored precision, m + DELTA), would hold a
+  // NaN or an infinity is refused with a non-finite error (codec.h
+  // IsNonFiniteError) and m stays as it was.
   // `m_checksum`: RowChecksum(m) if the caller knows it (see RowContext).
   absl::StatusOr<ReceiveResult> DecodeRow(const v1::AqsgdRow& msg, int64_t rows, int64_t cols,
                                           absl::Span<float> m,
@@ -128,6 +131,7 @@ class AqsgdLinkCodec {
 
   const AqsgdLinkOptions options_;
   std::vector<float> scratch_;
+  std::vector<float> next_m_;  // DecodeRow: the new m, checked before it replaces m
 };
 
 }  // namespace aqswarm::compression

@@ -170,5 +170,53 @@ TEST(AqsgdErrorsTest, MalformedOrMismatchedMessagesLeaveMUntouched) {
   EXPECT_TRUE(SameBits(ms, ms_before));
 }
 
+// A hostile upstream's NaN FULL row, an fp16-overflowing FULL row and a
+// DELTA that overflows m are refused as non-finite; m stays as it was.
+TEST(AqsgdErrorsTest, NonFiniteRowsAreRefusedAndLeaveMUntouched) {
+  AqsgdLinkOptions o;
+  o.warmup_epochs = 0;
+  o.stored = RowPrecision::kFloat16;
+  auto codec = AqsgdLinkCodec::Create(o);
+  ASSERT_TRUE(codec.ok());
+  std::vector<float> a(kN, 30000.0f), ms(kN), mr(kN);
+  v1::AqsgdRow full;
+  ASSERT_TRUE((*codec)->EncodeRow({false, 0}, a, kRows, kCols, absl::MakeSpan(ms), 0, &full).ok());
+  ASSERT_TRUE((*codec)->DecodeRow(full, kRows, kCols, absl::MakeSpan(mr)).ok());
+  const std::vector<float> before = mr;
+  // FULL rows sent as raw float32 by a hostile sender: a NaN, and 1e6
+  // (finite in float32, infinite once stored as fp16).
+  for (float bad : {NAN, 1e6f}) {
+    v1::AqsgdRow row = full;
+    CodecOptions raw;
+    raw.codec = v1::CODEC_RAW_F32;
+    std::vector<float> x(kN, 0.25f);
+    if (std::isnan(bad)) {
+      ASSERT_TRUE(Encode(raw, x, {kRows, kCols}, 0, row.mutable_tensor()).ok());
+      std::memcpy(row.mutable_tensor()->mutable_payload()->data() + 4 * 17, &bad, 4);
+    } else {
+      x[17] = bad;
+      ASSERT_TRUE(Encode(raw, x, {kRows, kCols}, 0, row.mutable_tensor()).ok());
+    }
+    const auto r = (*codec)->DecodeRow(row, kRows, kCols, absl::MakeSpan(mr));
+    EXPECT_TRUE(IsNonFiniteError(r.status())) << bad << " " << r.status();
+    EXPECT_TRUE(SameBits(mr, before)) << bad;
+  }
+  // A DELTA whose values are finite but whose sum with m is not.
+  a.assign(kN, 30001.0f);
+  v1::AqsgdRow delta;
+  ASSERT_TRUE((*codec)->EncodeRow({true, 1}, a, kRows, kCols, absl::MakeSpan(ms), 1, &delta).ok());
+  ASSERT_EQ(delta.kind(), v1::AqsgdRow::KIND_DELTA);
+  // Fixed point decodes (q - 8) * scale / 8: the largest fp16 scale (65504)
+  // and code 15 give 57316, which added to m = 30000 exceeds fp16.
+  for (size_t i = 0; i < delta.tensor().scales().size(); i += 2) {
+    const uint16_t max_half = 0x7bff;
+    std::memcpy(delta.mutable_tensor()->mutable_scales()->data() + i, &max_half, 2);
+  }
+  std::memset(delta.mutable_tensor()->mutable_payload()->data(), 0xff, delta.tensor().payload().size());
+  const auto r = (*codec)->DecodeRow(delta, kRows, kCols, absl::MakeSpan(mr));
+  EXPECT_TRUE(IsNonFiniteError(r.status())) << r.status();
+  EXPECT_TRUE(SameBits(mr, before));
+}
+
 }  // namespace
 }  // namespace aqswarm::compression

@@ -1,8 +1,12 @@
 #include "compression/codec.h"
 #include "compression/max_abs.h"
 
+#include <cmath>
 #include <cstring>
+#include <string_view>
 #include <vector>
+
+#include "absl/strings/cord.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/half.h"
@@ -44,6 +48,42 @@ absl::Status CheckShape(absl::Span<const float> values, absl::Span<const int64_t
 absl::Status CheckFinite(absl::Span<const float> values) {
   if (MaxAbsBits(values.data(), values.size()) < 0x7f800000u) return absl::OkStatus();
   return ValidateFinite(values);
+}
+
+constexpr absl::string_view kNonFinitePayload = "type.aqswarm.dev/aqswarm.NonFiniteValue";
+
+// Index of the first binary16 NaN/Inf of a raw_f16 payload of n halves, or n.
+size_t FirstNonFiniteHalf(const uint8_t* payload, size_t n) {
+  uint32_t any = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, payload + 2 * i, 2);
+    any |= static_cast<uint32_t>((h & 0x7c00u) == 0x7c00u);
+  }
+  if (!any) return n;
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, payload + 2 * i, 2);
+    if ((h & 0x7c00u) == 0x7c00u) return i;
+  }
+  return n;
+}
+
+// Index of the first float32 NaN/Inf of a raw_f32 payload of n floats, or n.
+size_t FirstNonFiniteFloat(const uint8_t* payload, size_t n) {
+  uint32_t any = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, payload + 4 * i, 4);
+    any |= static_cast<uint32_t>((u & 0x7f800000u) == 0x7f800000u);
+  }
+  if (!any) return n;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, payload + 4 * i, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return i;
+  }
+  return n;
 }
 
 class CodecCompressor final : public Compressor {
@@ -222,6 +262,27 @@ absl::Status Encode(const CodecOptions& o, absl::Span<const float> values,
   return absl::OkStatus();
 }
 
+absl::Status NonFiniteError(absl::string_view message) {
+  absl::Status s = absl::DataLossError(message);
+  s.SetPayload(kNonFinitePayload, absl::Cord("1"));
+  return s;
+}
+
+bool IsNonFiniteError(const absl::Status& status) {
+  return !status.ok() && status.GetPayload(kNonFinitePayload).has_value();
+}
+
+absl::Status CheckReceivedFinite(absl::Span<const float> values, absl::string_view what) {
+  if (MaxAbsBits(values.data(), values.size()) < 0x7f800000u) return absl::OkStatus();
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i])) {
+      return NonFiniteError(absl::StrCat(what, ": non-finite value ", values[i], " at index ", i, " of ",
+                                         values.size(), " refused"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Decode(const v1::EncodedTensor& msg, absl::Span<float> out, const WireLimits& limits) {
   AQSWARM_RETURN_IF_ERROR(ValidateEncodedTensor(msg, limits));
   const size_t n = msg.num_elements();
@@ -231,11 +292,26 @@ absl::Status Decode(const v1::EncodedTensor& msg, absl::Span<float> out, const W
   }
   const uint8_t* payload = reinterpret_cast<const uint8_t*>(msg.payload().data());
   const int bits = static_cast<int>(msg.bits());
+  // Raw payloads are checked before anything is written; the quantized
+  // codecs' values are finite codes times finite scales (ValidateEncodedTensor)
+  // but may still overflow, so their output is checked after decoding.
   switch (msg.codec()) {
     case v1::CODEC_RAW_F32:
+      if (const size_t bad = FirstNonFiniteFloat(payload, n); bad < n) {
+        float f;
+        std::memcpy(&f, payload + 4 * bad, 4);
+        return NonFiniteError(absl::StrCat("EncodedTensor raw_f32: non-finite value ", f, " at index ", bad,
+                                           " of ", n, " refused"));
+      }
       if (n > 0) std::memcpy(out.data(), payload, 4 * n);
-      break;
+      return absl::OkStatus();
     case v1::CODEC_RAW_F16: {
+      if (const size_t bad = FirstNonFiniteHalf(payload, n); bad < n) {
+        uint16_t h;
+        std::memcpy(&h, payload + 2 * bad, 2);
+        return NonFiniteError(absl::StrCat("EncodedTensor raw_f16: non-finite value ", HalfToFloat(h),
+                                           " at index ", bad, " of ", n, " refused"));
+      }
       if (reinterpret_cast<uintptr_t>(payload) % alignof(uint16_t) == 0) {
         HalfToFloat(absl::MakeConstSpan(reinterpret_cast<const uint16_t*>(payload), n), out.data());
         break;
@@ -273,7 +349,8 @@ absl::Status Decode(const v1::EncodedTensor& msg, absl::Span<float> out, const W
     default:
       return absl::InternalError("validated codec not handled");
   }
-  return absl::OkStatus();
+  if (msg.codec() == v1::CODEC_RAW_F16) return absl::OkStatus();  // checked above
+  return CheckReceivedFinite(out, absl::StrCat("EncodedTensor ", CodecName(msg.codec()), " (decoded)"));
 }
 
 absl::StatusOr<std::unique_ptr<Compressor>> CreateCompressor(const CodecOptions& options,

@@ -38,6 +38,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "compression/wire.h"
 #include "proto/tensor.pb.h"
@@ -76,9 +77,22 @@ absl::Status Encode(const CodecOptions& options, absl::Span<const float> values,
                     absl::Span<const int64_t> shape, uint32_t rng_key, v1::EncodedTensor* out);
 
 // Validates `msg` against `limits` (wire.h), then decodes into `out`, whose
-// size must equal num_elements. On error `out` is left untouched.
+// size must equal num_elements. Every decoded value is finite: a raw payload
+// holding NaN/Inf, or a quantized message whose scales make a value overflow,
+// is a non-finite error (NonFiniteError below, DATA_LOSS naming the first bad
+// index). On error `out` is left untouched, except after such an overflow of
+// a quantized codec (its values are only known once decoded).
 absl::Status Decode(const v1::EncodedTensor& msg, absl::Span<float> out,
                     const WireLimits& limits = WireLimits());
+
+// A received value that is NaN or infinite: DATA_LOSS with `message`, marked
+// so that IsNonFiniteError() tells it from other malformed input (receivers
+// count the two apart: a non-finite value is a poisoned message, not a bug).
+absl::Status NonFiniteError(absl::string_view message);
+bool IsNonFiniteError(const absl::Status& status);
+// NonFiniteError naming `what` and the first bad index when `values` holds a
+// NaN or an infinity; OK otherwise.
+absl::Status CheckReceivedFinite(absl::Span<const float> values, absl::string_view what);
 
 // Bytes on the wire that matter for compression ratios: scales + payload.
 inline uint64_t EncodedBytes(const v1::EncodedTensor& msg) {

@@ -103,6 +103,44 @@ TEST(CodecTest, NonFiniteInputIsInvalidArgumentForEveryCodec) {
   }
 }
 
+// A hostile sender writes NaN/Inf straight into a raw payload, or scales
+// that make a quantized value overflow: Decode refuses it as non-finite.
+TEST(CodecTest, DecodeRefusesNonFiniteValuesOfEveryRawCodecAndOverflow) {
+  const int64_t shape[1] = {2000};
+  for (v1::Codec c : {v1::CODEC_RAW_F32, v1::CODEC_RAW_F16}) {
+    for (float bad : {NAN, INFINITY, -INFINITY}) {
+      v1::EncodedTensor m;
+      ASSERT_TRUE(Encode(Opts(c), Random(2000, 5), shape, 0, &m).ok());
+      char* p = m.mutable_payload()->data();
+      if (c == v1::CODEC_RAW_F32) {
+        std::memcpy(p + 4 * 1234, &bad, 4);
+      } else {
+        const uint16_t h = std::isnan(bad) ? 0x7e00 : (bad > 0 ? 0x7c00 : 0xfc00);
+        std::memcpy(p + 2 * 1234, &h, 2);
+      }
+      std::vector<float> out(2000, 7.0f);
+      const absl::Status s = Decode(m, absl::MakeSpan(out));
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << CodecName(c) << " " << bad;
+      EXPECT_TRUE(IsNonFiniteError(s)) << s;
+      EXPECT_NE(s.message().find("index 1234"), std::string::npos) << s;
+      EXPECT_EQ(out, std::vector<float>(2000, 7.0f)) << "output written before the refusal";
+    }
+  }
+  // Min-max: finite (min, unit) whose codes overflow float32.
+  v1::EncodedTensor m;
+  ASSERT_TRUE(Encode(Opts(v1::CODEC_MINMAX, 8), Random(2000, 6), shape, 0, &m).ok());
+  const float huge[2] = {3e38f, 3e38f};
+  std::memcpy(m.mutable_scales()->data(), huge, sizeof(huge));
+  std::memset(m.mutable_payload()->data(), 0xff, 4);
+  std::vector<float> out(2000);
+  const absl::Status s = Decode(m, absl::MakeSpan(out));
+  EXPECT_TRUE(IsNonFiniteError(s)) << s;
+  // Other malformed input is not reported as non-finite.
+  m.mutable_payload()->resize(3);
+  EXPECT_FALSE(IsNonFiniteError(Decode(m, absl::MakeSpan(out))));
+  EXPECT_TRUE(CheckReceivedFinite(Random(100, 1), "x").ok());
+}
+
 TEST(CodecTest, ZeroConstantAndEmptyInputs) {
   for (v1::Codec c : kAll) {
     for (float value : {0.0f, 0.3f, -2.0f}) {
