@@ -1,6 +1,7 @@
 #include "peer/step_protocol.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -46,6 +47,7 @@ struct StepProtocol::StepState {
   double loss_sum = 0;  // last stage: sum of the micro-batch losses
   double below_sq = 0;  // from downstream: squared gradient norm of the stages below
   double loss = 0;      // from downstream: the step's loss
+  double sent_sq = 0;   // the partial squared norm sent upstream (the commit's total includes it)
   v1::TiedGradient tied;  // from downstream, with tied embeddings: the head's gradient
 };
 
@@ -65,6 +67,24 @@ StepProtocol::~StepProtocol() {
 absl::Status StepProtocol::Rejected(absl::string_view reason, absl::Status s) {
   if (!s.ok() && o_.rejected) o_.rejected(reason);
   return s;
+}
+
+absl::Status StepProtocol::RejectedValues(absl::string_view reason, absl::string_view where, absl::Status s) {
+  if (s.ok()) return s;
+  const bool nonfinite = compression::IsNonFiniteError(s);
+  absl::Status out(s.code(), absl::StrCat("stage ", o_.stage, ": ", where, ": ", s.message()));
+  s.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  return Rejected(absl::StrCat(reason, nonfinite ? "_nonfinite" : "_invalid"), out);
+}
+
+absl::Status StepProtocol::CheckNorm(absl::string_view what, int64_t step, double sq) {
+  const bool overflow = o_.loss_scaling && std::isinf(sq) && sq > 0;
+  if ((std::isfinite(sq) && sq >= 0) || overflow) return absl::OkStatus();
+  return Rejected("norm_invalid",
+                  absl::InvalidArgumentError(absl::StrCat("stage ", o_.stage, ": step ", step, ": ", what, " ", sq,
+                                                          " refused: a squared gradient norm must be finite",
+                                                          o_.loss_scaling ? " (or +inf, an overflow)" : "",
+                                                          " and >= 0")));
 }
 
 absl::StatusOr<v1::LinkFrame> StepProtocol::FromUp(const StageLink::Match& m) {
@@ -126,7 +146,8 @@ absl::Status StepProtocol::AddTied(const v1::TiedGradient& tied) {
                                                             v1::Codec_Name(tied.values().codec()), ")")));
   }
   std::vector<float> values(tied.values().num_elements());
-  AQSWARM_RETURN_IF_ERROR(Rejected("gradient_invalid", compression::Decode(tied.values(), absl::MakeSpan(values))));
+  AQSWARM_RETURN_IF_ERROR(
+      RejectedValues("gradient", "tied gradient", compression::Decode(tied.values(), absl::MakeSpan(values))));
   return Rejected("gradient_invalid",
                   compute_->AddTiedGradient(absl::MakeConstSpan(tied.rows().data(), tied.rows().size()), values));
 }
@@ -148,6 +169,16 @@ absl::StatusOr<double> StepProtocol::Commit(int64_t step, StepState& st) {
                                return x.has_commit() && x.commit().step() == static_cast<uint64_t>(step);
                              }));
     total_sq = f.commit().total_grad_sq_norm();
+    AQSWARM_RETURN_IF_ERROR(CheckNorm("committed total_grad_sq_norm", step, total_sq));
+    // The total sums every stage's norm, this one's partial included (sums of
+    // non-negative doubles only grow; the tolerance is for a differently
+    // ordered sum).
+    if (total_sq < st.sent_sq * (1 - 1e-9)) {
+      return Rejected("norm_invalid",
+                      absl::InvalidArgumentError(absl::StrCat(
+                          "stage ", o_.stage, ": step ", step, ": committed total_grad_sq_norm ", total_sq,
+                          " is below the partial norm ", st.sent_sq, " this stage sent up: refused")));
+    }
     if (o_.tie_embeddings && last()) {
       AQSWARM_RETURN_IF_ERROR(AddTied(f.commit().tied()));
     } else if (o_.tie_embeddings) {
@@ -250,9 +281,11 @@ absl::Status StepProtocol::Backward(StepState& st, int mb, pipeline::GradientCod
       AQSWARM_RETURN_IF_ERROR(ServeResend(st, f.resend()));
       continue;
     }
-    AQSWARM_RETURN_IF_ERROR(
-        Rejected("gradient_invalid", grads.Decode(f.gradients().grad(), o_.micro_batch_size, &g)));
+    AQSWARM_RETURN_IF_ERROR(RejectedValues("gradient", absl::StrCat("step ", gs, " micro-batch ", mb, " gradient"),
+                                           grads.Decode(f.gradients().grad(), o_.micro_batch_size, &g)));
     if (final_backward) {
+      AQSWARM_RETURN_IF_ERROR(CheckNorm("partial_grad_sq_norm from downstream", gs,
+                                        f.gradients().partial_grad_sq_norm()));
       st.below_sq = f.gradients().partial_grad_sq_norm();
       st.loss = f.gradients().loss();
       if (o_.tie_embeddings) st.tied = std::move(*f.mutable_gradients()->mutable_tied());
@@ -271,7 +304,8 @@ absl::Status StepProtocol::Backward(StepState& st, int mb, pipeline::GradientCod
   gb->set_micro_batch(mb);
   AQSWARM_RETURN_IF_ERROR(grads.Encode(gin, o_.micro_batch_size, StreamKey(gs, mb), gb->mutable_grad()));
   if (final_backward) {  // every backward of this stage is done: its gradient norm is complete
-    gb->set_partial_grad_sq_norm(st.below_sq + compute_->GradSquaredNorm());
+    st.sent_sq = st.below_sq + compute_->GradSquaredNorm();
+    gb->set_partial_grad_sq_norm(st.sent_sq);
     gb->set_loss(last() ? st.loss_sum / o_.micro_batches : st.loss);
     if (o_.tie_embeddings && last()) {
       AQSWARM_RETURN_IF_ERROR(OwnTied(gb->mutable_tied()));
@@ -292,7 +326,8 @@ absl::Status StepProtocol::ReceiveActivations(int64_t gs, int mb, const std::vec
   std::vector<uint64_t> missing;
   {
     Timer tm(&compute_s_);
-    AQSWARM_RETURN_IF_ERROR(Rejected("activation_invalid", links_.receiver->Apply(f.activations(), &missing)));
+    AQSWARM_RETURN_IF_ERROR(RejectedValues("activation", absl::StrCat("step ", gs, " micro-batch ", mb, " activations"),
+                                           links_.receiver->Apply(f.activations(), &missing)));
   }
   for (int tries = 0; !missing.empty(); ++tries) {
     if (tries == 3) return absl::DataLossError("resent rows still do not match after 3 tries");
@@ -305,7 +340,9 @@ absl::Status StepProtocol::ReceiveActivations(int64_t gs, int mb, const std::vec
     AQSWARM_RETURN_IF_ERROR(links_.up->Send(std::move(req), o_.link_timeout));
     AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame r, FromUp(is_batch(true)));
     Timer tm(&compute_s_);
-    AQSWARM_RETURN_IF_ERROR(Rejected("activation_invalid", links_.receiver->Apply(r.activations(), &missing)));
+    AQSWARM_RETURN_IF_ERROR(RejectedValues("activation",
+                                           absl::StrCat("step ", gs, " micro-batch ", mb, " resent activations"),
+                                           links_.receiver->Apply(r.activations(), &missing)));
   }
   Timer tm(&compute_s_);
   return links_.receiver->Take(in);
@@ -337,8 +374,8 @@ absl::StatusOr<double> StepProtocol::RunEval(int64_t gs, const std::vector<absl:
                                         x.activations().step() == static_cast<uint64_t>(gs) &&
                                         x.activations().micro_batch() == static_cast<uint32_t>(e);
                                }));
-      AQSWARM_RETURN_IF_ERROR(Rejected("activation_invalid",
-                                       links_.receiver->ApplyEval(f.activations(), o_.micro_batch_size, &in)));
+      AQSWARM_RETURN_IF_ERROR(RejectedValues("activation", absl::StrCat("evaluation at step ", gs, " batch ", e),
+                                             links_.receiver->ApplyEval(f.activations(), o_.micro_batch_size, &in)));
     }
     double loss = 0;
     AQSWARM_RETURN_IF_ERROR(compute_->Eval(batches[e], in, &out, &loss));

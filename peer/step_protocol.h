@@ -19,6 +19,14 @@
 // Every wait on a neighbour is bounded by `link_timeout`; a vanished
 // neighbour is an Unavailable error naming the link.
 //
+// What a neighbour sends is checked before it is used: decoded activations
+// and gradients must be finite (a NaN or infinity fails the step with
+// DATA_LOSS naming the step and micro-batch, before any m(xi) row or
+// gradient takes it); the squared norms of the commit and of the last
+// backward must be finite (or +infinity with loss scaling: an overflow),
+// >= 0, and the committed total at least the partial norm this stage sent up
+// (INVALID_ARGUMENT otherwise). Each refusal is reported to `rejected`.
+//
 //   StepProtocol p(options, &compute, {up, down, sender, receiver});
 //   AQSWARM_ASSIGN_OR_RETURN(StepOutcome out, p.RunStep({step, epoch, ids_of_micro_batch}));
 //   worker->Step(step, out.total_grad_sq);
@@ -90,8 +98,14 @@ struct StepProtocolOptions {
   bool tie_embeddings = false;
   int64_t tied_elements = 0;  // vocab x d_model: the largest tied gradient accepted
   absl::Duration link_timeout = absl::Seconds(120);
+  // Dynamic loss scaling (pipeline/job_spec.h DynamicLossScaling): a squared
+  // gradient norm of +infinity is an overflow somewhere in the pipeline and
+  // every stage skips the step, so a neighbour may send one. Otherwise every
+  // norm received must be finite. Default: false.
+  bool loss_scaling = false;
   // Told of every message refused as invalid (peer/peer_metrics.h reasons:
-  // activation_invalid, gradient_invalid, resend_invalid). Default: none.
+  // activation_invalid, activation_nonfinite, gradient_invalid,
+  // gradient_nonfinite, norm_invalid, resend_invalid). Default: none.
   std::function<void(absl::string_view reason)> rejected;
 };
 
@@ -149,6 +163,12 @@ class StepProtocol {
   absl::StatusOr<v1::LinkFrame> FromUp(const StageLink::Match& m);
   absl::StatusOr<v1::LinkFrame> FromDown(const StageLink::Match& m);
   absl::Status Rejected(absl::string_view reason, absl::Status s);
+  // Rejected() with `reason` + "_nonfinite" for a non-finite value
+  // (compression::IsNonFiniteError) and `reason` + "_invalid" otherwise, the
+  // message prefixed with `where`.
+  absl::Status RejectedValues(absl::string_view reason, absl::string_view where, absl::Status s);
+  // A received squared norm: finite (or +inf with loss scaling) and >= 0.
+  absl::Status CheckNorm(absl::string_view what, int64_t step, double sq);
 
   const StepProtocolOptions o_;
   StageCompute* const compute_;

@@ -3,6 +3,8 @@
 // test needs a neighbour that misbehaves, the test plays that neighbour.
 #include "peer/step_protocol.h"
 
+#include <cmath>
+#include <cstring>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -350,6 +352,112 @@ TEST_F(StageZeroTest, ATiedGradientLargerThanTheMatrixIsRefusedAndCounted) {
   EXPECT_THAT(std::string(out.status().message()), ::testing::HasSubstr("tied gradient"));
   EXPECT_THAT(s0.rejected, ::testing::ElementsAre("gradient_invalid"));
   EXPECT_TRUE(s0.compute.added_values.empty());  // nothing was added
+}
+
+// The last backward's partial norm from a hostile downstream: NaN,
+// negative or infinite (without loss scaling) is refused and counted before
+// stage 0 commits anything; +inf is an overflow's signal with loss scaling.
+TEST_F(StageZeroTest, APartialNormThatIsNotFiniteOrNegativeIsRefusedAndCounted) {
+  for (double bad : {std::nan(""), -1.0, HUGE_VAL}) {
+    auto links = InProcessStageLink::Pair("link 0");
+    Stage s0(0, pipeline::StepSchedule::kGpipe, nullptr, links.first.get());
+    pipeline::GradientCodec codec(v1::LinkCompression::fp32, 8, kT, kD);
+    for (int mb = 0; mb < kM; ++mb) {
+      v1::LinkFrame g;
+      g.mutable_gradients()->set_step(0);
+      g.mutable_gradients()->set_micro_batch(mb);
+      ASSERT_TRUE(codec.Encode(std::vector<float>(kB * kT * kD, 0.25f), kB, 1, g.mutable_gradients()->mutable_grad()).ok());
+      if (mb + 1 == kM) g.mutable_gradients()->set_partial_grad_sq_norm(bad);
+      ASSERT_TRUE(links.second->Send(g, absl::Seconds(1)).ok());
+    }
+    absl::StatusOr<StepOutcome> out = s0.Step(0, SampleIds(0));
+    EXPECT_TRUE(absl::IsInvalidArgument(out.status())) << bad << ": " << out.status();
+    EXPECT_THAT(std::string(out.status().message()), ::testing::HasSubstr("partial_grad_sq_norm")) << bad;
+    EXPECT_THAT(s0.rejected, ::testing::ElementsAre("norm_invalid")) << bad;
+    // No commit went down.
+    EXPECT_FALSE(*links.second->Has([](const v1::LinkFrame& f) { return f.has_commit(); }));
+  }
+}
+
+// A NaN in a gradient from downstream (raw float32 on an fp32 link) fails
+// the step naming the step and micro-batch, before the backward runs.
+TEST_F(StageZeroTest, ANonFiniteGradientIsRefusedNamingTheMicroBatch) {
+  Stage s0(0, pipeline::StepSchedule::kGpipe, nullptr, links_.first.get());
+  pipeline::GradientCodec codec(v1::LinkCompression::fp32, 8, kT, kD);
+  v1::LinkFrame g;
+  g.mutable_gradients()->set_step(0);
+  g.mutable_gradients()->set_micro_batch(0);
+  ASSERT_TRUE(codec.Encode(std::vector<float>(kB * kT * kD, 0.25f), kB, 1, g.mutable_gradients()->mutable_grad()).ok());
+  const float nan = NAN;
+  std::memcpy(g.mutable_gradients()->mutable_grad()->mutable_payload()->data() + 8, &nan, 4);
+  ASSERT_TRUE(down_end().Send(g, absl::Seconds(1)).ok());
+  absl::StatusOr<StepOutcome> out = s0.Step(0, SampleIds(0));
+  EXPECT_TRUE(absl::IsDataLoss(out.status())) << out.status();
+  EXPECT_THAT(std::string(out.status().message()), ::testing::HasSubstr("step 0 micro-batch 0 gradient"));
+  EXPECT_THAT(s0.rejected, ::testing::ElementsAre("gradient_nonfinite"));
+  EXPECT_TRUE(s0.compute.backwards.empty());
+}
+
+// The test plays stage 1 against a real last stage (of 3).
+class LastStageTest : public ::testing::Test {
+ protected:
+  LastStageTest() : links_(InProcessStageLink::Pair("link 1")) {}
+  StageLink& up_end() { return *links_.first; }
+  // Sends micro-batch mb's activations of step 0 as stage 1 would.
+  void SendActivations(pipeline::ActivationSender& sender, int mb, float poison_at_9 = 0) {
+    const std::vector<int64_t> ids = SampleIds(0);
+    std::vector<uint64_t> s(ids.begin() + mb * kB, ids.begin() + (mb + 1) * kB);
+    std::vector<float> acts(kB * kT * kD, 0.5f);
+    v1::LinkFrame f;
+    ASSERT_TRUE(sender.Encode(0, mb, 0, s, acts, f.mutable_activations()).ok());
+    if (poison_at_9 != 0) {
+      std::memcpy(f.mutable_activations()->mutable_rows(1)->mutable_tensor()->mutable_payload()->data() + 4 * 9,
+                  &poison_at_9, 4);
+    }
+    ASSERT_TRUE(up_end().Send(f, absl::Seconds(1)).ok());
+  }
+  std::pair<std::unique_ptr<InProcessStageLink>, std::unique_ptr<InProcessStageLink>> links_;
+};
+
+TEST_F(LastStageTest, NonFiniteActivationsAreRefusedBeforeTheForward) {
+  for (float bad : {NAN, INFINITY}) {
+    auto links = InProcessStageLink::Pair("link 1");
+    links_ = std::move(links);
+    Stage s2(2, pipeline::StepSchedule::kGpipe, links_.second.get(), nullptr);
+    auto sender = *pipeline::ActivationSender::Create(nullptr, *pipeline::LinkOptionsFromJob(Job(), 0, 1, 1));
+    SendActivations(*sender, 0, bad);
+    absl::StatusOr<StepOutcome> out = s2.Step(0, SampleIds(0));
+    EXPECT_TRUE(absl::IsDataLoss(out.status())) << out.status();
+    EXPECT_TRUE(compression::IsNonFiniteError(out.status())) << out.status();
+    EXPECT_THAT(std::string(out.status().message()), ::testing::HasSubstr("step 0 micro-batch 0 activations"));
+    EXPECT_THAT(s2.rejected, ::testing::ElementsAre("activation_nonfinite"));
+    EXPECT_TRUE(s2.compute.forwards.empty()) << "the poisoned input reached the model";
+  }
+}
+
+// The committed total from a hostile upstream: NaN, negative, or below the
+// partial norm the last stage sent up (3) is refused; an honest one is used.
+TEST_F(LastStageTest, ACommittedTotalBelowThePartialOrNotFiniteIsRefused) {
+  for (double total : {std::nan(""), -4.0, 2.0, 9.0}) {
+    links_ = InProcessStageLink::Pair("link 1");
+    Stage s2(2, pipeline::StepSchedule::kGpipe, links_.second.get(), nullptr);
+    auto sender = *pipeline::ActivationSender::Create(nullptr, *pipeline::LinkOptionsFromJob(Job(), 0, 1, 1));
+    for (int mb = 0; mb < kM; ++mb) SendActivations(*sender, mb);
+    v1::LinkFrame c;
+    c.mutable_commit()->set_step(0);
+    c.mutable_commit()->set_total_grad_sq_norm(total);
+    ASSERT_TRUE(up_end().Send(c, absl::Seconds(1)).ok());
+    absl::StatusOr<StepOutcome> out = s2.Step(0, SampleIds(0));
+    if (total == 9.0) {
+      ASSERT_TRUE(out.ok()) << out.status();
+      EXPECT_EQ(out->total_grad_sq, 9.0);
+      EXPECT_TRUE(s2.rejected.empty());
+      continue;
+    }
+    EXPECT_TRUE(absl::IsInvalidArgument(out.status())) << total << ": " << out.status();
+    EXPECT_THAT(std::string(out.status().message()), ::testing::HasSubstr("total_grad_sq_norm")) << total;
+    EXPECT_THAT(s2.rejected, ::testing::ElementsAre("norm_invalid")) << total;
+  }
 }
 
 }  // namespace

@@ -490,8 +490,18 @@ absl::Status ActivationReceiver::Apply(const v1::ActivationBatch& batch, std::ve
     if (!delta || reads_[i].status.ok()) {  // a DELTA with no m here (unseen, corrupt) needs a RESEND
       std::optional<uint64_t> m_checksum;  // the store's, for a DELTA: no hashing here
       if (delta) m_checksum = reads_[i].payload_checksum;
-      AQSWARM_ASSIGN_OR_RETURN(res, codec_->DecodeRow(batch.rows(r), options_.link.rows, options_.link.cols,
-                                                      Row(i), m_checksum));
+      absl::StatusOr<compression::ReceiveResult> decoded =
+          codec_->DecodeRow(batch.rows(r), options_.link.rows, options_.link.cols, Row(i), m_checksum);
+      if (!decoded.ok()) {
+        // The row's m is unchanged (DecodeRow); rows before it were applied.
+        absl::Status s(decoded.status().code(),
+                       absl::StrCat("row of sample ", batch.rows(r).sample_id(), " (",
+                                    v1::AqsgdRow::Kind_Name(batch.rows(r).kind()), "): ", decoded.status().message()));
+        decoded.status().ForEachPayload(
+            [&](absl::string_view url, const absl::Cord& payload) { s.SetPayload(url, payload); });
+        return s;
+      }
+      res = *decoded;
     }
     CountRow(batch.rows(r), options_.link.num_values(), &stats_);
     if (res == compression::ReceiveResult::kApplied) {

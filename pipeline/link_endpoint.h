@@ -199,7 +199,11 @@ class ActivationReceiver {
   // Applies a batch (the first one, or a resend) for the current micro-batch.
   // Every row is validated (sample belongs to the micro-batch, kind allowed
   // for the mode, shape, checksum). `missing` gets the samples that still need
-  // a FULL resend (DELTA against a different m, or not yet received).
+  // a FULL resend (DELTA against a different m, or not yet received). A row
+  // with a NaN or infinity (in its values or in the m it would make) is
+  // refused with compression::NonFiniteError naming its sample; its m row
+  // stays as it was (the sender's differs from then on, so its next DELTA
+  // asks for a FULL resend).
   absl::Status Apply(const v1::ActivationBatch& batch, std::vector<uint64_t>* missing);
   // Moves the assembled stage input [samples, rows, cols] out; requires that
   // no sample is missing. Stores the updated m rows.

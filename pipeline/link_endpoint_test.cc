@@ -5,6 +5,7 @@
 #include <cstring>
 #include <tuple>
 
+#include "absl/strings/str_cat.h"
 #include "common/random.h"
 #include "gtest/gtest.h"
 #include "storage/memory_message_store.h"
@@ -438,6 +439,51 @@ TEST(LinkValidationTest, MalformedAndOutOfOrderBatchesAreRejected) {
   EXPECT_TRUE(missing.empty());
   std::vector<float> got;
   EXPECT_TRUE(h.receiver->Take(&got).ok());
+}
+
+// A hostile upstream puts NaN (raw) into a DELTA row and a FULL row: each
+// is refused as non-finite naming the sample, m(xi) does not take it, and
+// the honest batches that follow apply without a resend, both stores equal.
+TEST(LinkValidationTest, NonFiniteRowsAreRefusedAndMStaysBitIdentical) {
+  for (bool resident : {true, false}) {
+    LinkEndpointOptions o = Options(compression::LinkMode::kAqsgd);
+    o.codec.warmup_epochs = 0;
+    if (!resident) o.resident_bytes = 0;
+    Harness h(o);
+    const std::vector<uint64_t> s0 = {5, 1, 8}, s1 = {2, 7, 3};
+    ASSERT_TRUE(h.sender->StartEpoch(Order(0)).ok());
+    ASSERT_TRUE(h.receiver->StartEpoch(Order(0)).ok());
+    h.Transfer(0, 0, 0, s0);
+    h.Transfer(1, 1, 0, s1);
+    ASSERT_TRUE(h.sender->StartEpoch(Order(0)).ok());
+    ASSERT_TRUE(h.receiver->StartEpoch(Order(0)).ok());
+    for (uint32_t mb = 0; mb < 2; ++mb) {
+      const std::vector<uint64_t>& s = mb == 0 ? s0 : s1;
+      const std::vector<float> acts = Acts(s, 1);
+      v1::ActivationBatch good;
+      ASSERT_TRUE(h.sender->Encode(2 + mb, mb, 1, s, acts, &good).ok());
+      ASSERT_EQ(good.rows(0).kind(), v1::AqsgdRow::KIND_DELTA);
+      v1::ActivationBatch bad = good;
+      compression::CodecOptions raw;
+      raw.codec = v1::CODEC_RAW_F32;
+      std::vector<float> poison(kRows * kCols, 0.01f);
+      ASSERT_TRUE(compression::Encode(raw, poison, {kRows, kCols}, 0, bad.mutable_rows(0)->mutable_tensor()).ok());
+      const float nan = NAN;
+      std::memcpy(bad.mutable_rows(0)->mutable_tensor()->mutable_payload()->data() + 4 * 9, &nan, 4);
+      if (mb == 1) bad.mutable_rows(0)->set_kind(v1::AqsgdRow::KIND_FULL);
+      ASSERT_TRUE(h.receiver->Begin(2 + mb, mb, s).ok());
+      std::vector<uint64_t> missing;
+      const absl::Status st = h.receiver->Apply(bad, &missing);
+      EXPECT_TRUE(compression::IsNonFiniteError(st)) << st;
+      EXPECT_NE(st.message().find(absl::StrCat("sample ", s[0])), std::string::npos) << st;
+      ASSERT_TRUE(h.receiver->Apply(good, &missing).ok());
+      EXPECT_TRUE(missing.empty()) << "the refused row changed m(xi): its DELTA no longer matches";
+      std::vector<float> got;
+      ASSERT_TRUE(h.receiver->Take(&got).ok());
+      for (float v : got) ASSERT_TRUE(std::isfinite(v));
+    }
+    ExpectStoresIdentical(h, o);
+  }
 }
 
 TEST(GradientCodecTest, ShapeAndCodecAreChecked) {
