@@ -87,6 +87,14 @@ absl::Status StepProtocol::CheckNorm(absl::string_view what, int64_t step, doubl
                                                           " and >= 0")));
 }
 
+absl::StatusOr<double> StepProtocol::OwnNorm(int64_t step) const {
+  const double sq = compute_->GradSquaredNorm();
+  if (std::isfinite(sq) || (o_.loss_scaling && std::isinf(sq) && sq > 0)) return sq;
+  return absl::FailedPreconditionError(absl::StrCat("stage ", o_.stage, ": step ", step,
+                                                    ": this stage's own gradient is not finite (squared norm ", sq,
+                                                    "): the step stops before its norm is sent"));
+}
+
 absl::StatusOr<v1::LinkFrame> StepProtocol::FromUp(const StageLink::Match& m) {
   Timer t(&wait_s_);
   return links_.up->Receive(m, o_.link_timeout);
@@ -163,7 +171,8 @@ absl::StatusOr<double> StepProtocol::Commit(int64_t step, StepState& st) {
       AQSWARM_RETURN_IF_ERROR(OwnTied(commit->mutable_tied()));
       AQSWARM_RETURN_IF_ERROR(AddTied(st.tied));
     }
-    total_sq = st.below_sq + compute_->GradSquaredNorm();
+    AQSWARM_ASSIGN_OR_RETURN(const double own, OwnNorm(step));
+    total_sq = st.below_sq + own;
   } else {
     AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame f, FromUp([&](const v1::LinkFrame& x) {
                                return x.has_commit() && x.commit().step() == static_cast<uint64_t>(step);
@@ -304,7 +313,8 @@ absl::Status StepProtocol::Backward(StepState& st, int mb, pipeline::GradientCod
   gb->set_micro_batch(mb);
   AQSWARM_RETURN_IF_ERROR(grads.Encode(gin, o_.micro_batch_size, StreamKey(gs, mb), gb->mutable_grad()));
   if (final_backward) {  // every backward of this stage is done: its gradient norm is complete
-    st.sent_sq = st.below_sq + compute_->GradSquaredNorm();
+    AQSWARM_ASSIGN_OR_RETURN(const double own, OwnNorm(gs));
+    st.sent_sq = st.below_sq + own;
     gb->set_partial_grad_sq_norm(st.sent_sq);
     gb->set_loss(last() ? st.loss_sum / o_.micro_batches : st.loss);
     if (o_.tie_embeddings && last()) {

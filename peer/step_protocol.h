@@ -25,7 +25,9 @@
 // gradient takes it); the squared norms of the commit and of the last
 // backward must be finite (or +infinity with loss scaling: an overflow),
 // >= 0, and the committed total at least the partial norm this stage sent up
-// (INVALID_ARGUMENT otherwise). Each refusal is reported to `rejected`.
+// (INVALID_ARGUMENT otherwise). Each refusal is reported to `rejected`. A
+// stage whose own gradient norm is not finite fails the step
+// (FAILED_PRECONDITION naming it) instead of sending that norm on.
 //
 //   StepProtocol p(options, &compute, {up, down, sender, receiver});
 //   AQSWARM_ASSIGN_OR_RETURN(StepOutcome out, p.RunStep({step, epoch, ids_of_micro_batch}));
@@ -167,6 +169,9 @@ class StepProtocol {
   // (compression::IsNonFiniteError) and `reason` + "_invalid" otherwise, the
   // message prefixed with `where`.
   absl::Status RejectedValues(absl::string_view reason, absl::string_view where, absl::Status s);
+  // This stage's squared gradient norm; FailedPrecondition naming the step
+  // when it is NaN or infinite (an overflow's +inf is fine with loss scaling).
+  absl::StatusOr<double> OwnNorm(int64_t step) const;
   // A received squared norm: finite (or +inf with loss scaling) and >= 0.
   absl::Status CheckNorm(absl::string_view what, int64_t step, double sq);
 

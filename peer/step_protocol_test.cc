@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -55,7 +56,7 @@ class FakeCompute final : public StageCompute {
     }
     return absl::OkStatus();
   }
-  double GradSquaredNorm() const override { return stage_ + 1 + tied_added; }
+  double GradSquaredNorm() const override { return own_sq_override ? *own_sq_override : stage_ + 1 + tied_added; }
   // Tied embeddings (a 3 x kD matrix): stage 0 contributes rows {0, 2}, the
   // last stage a dense matrix; what each end adds is recorded, and counts in
   // its norm from then on.
@@ -83,6 +84,7 @@ class FakeCompute final : public StageCompute {
   std::vector<uint32_t> added_rows;
   std::vector<float> added_values;
   double tied_added = 0;
+  std::optional<double> own_sq_override;  // a diverged stage's norm
 
  private:
   const int stage_;
@@ -396,6 +398,27 @@ TEST_F(StageZeroTest, ANonFiniteGradientIsRefusedNamingTheMicroBatch) {
   EXPECT_THAT(std::string(out.status().message()), ::testing::HasSubstr("step 0 micro-batch 0 gradient"));
   EXPECT_THAT(s0.rejected, ::testing::ElementsAre("gradient_nonfinite"));
   EXPECT_TRUE(s0.compute.backwards.empty());
+}
+
+// A stage whose own gradient diverged stops the step with an error naming
+// it rather than sending a NaN norm up (which its neighbour would refuse).
+TEST_F(StageZeroTest, AStageWhoseOwnGradientIsNotFiniteStopsTheStepWithoutCommitting) {
+  Stage s0(0, pipeline::StepSchedule::kGpipe, nullptr, links_.first.get());
+  s0.compute.own_sq_override = std::nan("");
+  pipeline::GradientCodec codec(v1::LinkCompression::fp32, 8, kT, kD);
+  for (int mb = 0; mb < kM; ++mb) {
+    v1::LinkFrame g;
+    g.mutable_gradients()->set_step(0);
+    g.mutable_gradients()->set_micro_batch(mb);
+    ASSERT_TRUE(codec.Encode(std::vector<float>(kB * kT * kD, 0.25f), kB, 1, g.mutable_gradients()->mutable_grad()).ok());
+    if (mb + 1 == kM) g.mutable_gradients()->set_partial_grad_sq_norm(5);
+    ASSERT_TRUE(down_end().Send(g, absl::Seconds(1)).ok());
+  }
+  absl::StatusOr<StepOutcome> out = s0.Step(0, SampleIds(0));
+  EXPECT_TRUE(absl::IsFailedPrecondition(out.status())) << out.status();
+  EXPECT_THAT(std::string(out.status().message()), ::testing::HasSubstr("own gradient is not finite"));
+  EXPECT_TRUE(s0.rejected.empty());
+  EXPECT_FALSE(*down_end().Has([](const v1::LinkFrame& f) { return f.has_commit(); }));
 }
 
 // The test plays stage 1 against a real last stage (of 3).
