@@ -172,6 +172,14 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
       AQSWARM_RETURN_IF_ERROR(GlobalQsgdAllReduceMean(ex, go, s, options_.first_round, x.subspan(0, num_compressed_),
                                                       mean.subspan(0, num_compressed_), &stats_));
     } else {
+      // Error buffers of another replica (or of unknown owner) are not ours
+      // to feed back: start from zero buffers of our own sizes (see the header).
+      const std::vector<float> me = {static_cast<float>(ex.rank()), static_cast<float>(ex.size())};
+      if (error_owner_ != me) {
+        worker_error_.clear();
+        server_error_.clear();
+        error_owner_ = me;
+      }
       AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, options_.compressed, s, options_.first_round, x.subspan(0, num_compressed_),
                                             mean.subspan(0, num_compressed_), &worker_error_, &server_error_,
                                             &stats_));
@@ -198,26 +206,67 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
 }
 
 std::vector<std::pair<std::string, std::vector<float>*>> QuantizedAdam::NamedState() {
-  return {{"m", &m_}, {"v", &v_}, {"worker_error", &worker_error_}, {"server_error", &server_error_}};
+  return {{"m", &m_},
+          {"v", &v_},
+          {"worker_error", &worker_error_},
+          {"server_error", &server_error_},
+          {"error_owner", &error_owner_}};
 }
 
 std::vector<std::pair<std::string, const std::vector<float>*>> QuantizedAdam::NamedState() const {
-  return {{"m", &m_}, {"v", &v_}, {"worker_error", &worker_error_}, {"server_error", &server_error_}};
+  return {{"m", &m_},
+          {"v", &v_},
+          {"worker_error", &worker_error_},
+          {"server_error", &server_error_},
+          {"error_owner", &error_owner_}};
 }
 
 absl::Status QuantizedAdam::LoadState(const std::vector<std::pair<std::string, std::vector<float>>>& state,
                                       int64_t step, bool frozen) {
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("optimizer state: step ", step, " is negative"));
+  std::vector<std::pair<std::vector<float>*, const std::vector<float>*>> loads;
   for (auto& [name, buf] : NamedState()) {
-    bool found = false;
+    const std::vector<float>* found = nullptr;
     for (const auto& [k, v] : state) {
-      if (k != name) continue;
-      const bool sized = name == "server_error" || name == "worker_error" ? true : v.size() == static_cast<size_t>(n_);
-      if (!sized) return absl::InvalidArgumentError(absl::StrCat("optimizer state ", name, " has the wrong size"));
-      *buf = v;
-      found = true;
+      if (k == name) found = &v;
     }
-    if (!found) return absl::NotFoundError(absl::StrCat("optimizer state lacks ", name));
+    if (found == nullptr) {
+      if (name == "error_owner") {  // older states: the owner is unknown
+        loads.emplace_back(buf, nullptr);
+        continue;
+      }
+      return absl::NotFoundError(absl::StrCat("optimizer state lacks ", name));
+    }
+    const size_t size = found->size(), n = static_cast<size_t>(n_), nc = static_cast<size_t>(num_compressed_);
+    std::string want;
+    if (name == "m" || name == "v") {
+      if (size != n) want = absl::StrCat(n);
+    } else if (name == "worker_error") {
+      if (size != 0 && size != nc) want = absl::StrCat("0 or ", nc);
+    } else if (name == "server_error") {
+      if (size > nc) want = absl::StrCat("at most ", nc);
+    } else if (name == "error_owner") {
+      if (size != 0 && (size != 2 || !((*found)[1] >= 1 && (*found)[0] >= 0 && (*found)[0] < (*found)[1] &&
+                                       (*found)[1] <= 65536 && (*found)[0] == std::floor((*found)[0]) &&
+                                       (*found)[1] == std::floor((*found)[1])))) {
+        want = "0 or 2 ({rank, replicas} with 0 <= rank < replicas)";
+      }
+    }
+    if (!want.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer state ", name, " holds ", size, " values, expected ", want));
+    }
+    loads.emplace_back(buf, found);
   }
+  for (auto& [buf, from] : loads) {
+    if (from == nullptr) {
+      buf->clear();
+    } else {
+      *buf = *from;
+    }
+  }
+  // Error buffers without an owner are of unknown origin: the next
+  // compressed step starts them from zero (see the header).
   step_ = step;
   frozen_ = frozen;
   return absl::OkStatus();

@@ -49,8 +49,18 @@
 // stay bit-identical.
 //
 // State (checkpointed and handed to a joining replica): m, v, worker error,
-// server error, step, frozen flag (NamedState / LoadState). After the freeze
-// the error buffers are in units of m / s.
+// server error, error owner, step, frozen flag (NamedState / LoadState).
+// After the freeze the error buffers are in units of m / s. m and v are the
+// same on every replica; the error buffers are not: they hold one replica's
+// quantization residues (the server error over the chunks its rank owns), and
+// "error_owner" = {rank, replicas} says whose. A replica whose state was
+// another rank's (a joiner given a live replica's state, a peer moved to
+// another pipeline) or of unknown owner starts its error feedback from zero
+// buffers of its own sizes at its next compressed step, instead of counting
+// the other replica's residues a second time on the wrong coordinates; its
+// steps then equal those of an undisturbed group whose replica of that rank
+// had its error buffers reset (the variance refresh resets everyone's).
+
 //
 // Not thread-safe.
 #ifndef AQSWARM_PIPELINE_QUANTIZED_ADAM_H_
@@ -133,9 +143,15 @@ class QuantizedAdam {
   int64_t step() const { return step_; }
   bool frozen() const { return frozen_; }
   const AllReduceStats& stats() const { return stats_; }
-  // Named flat buffers: "m", "v", "worker_error", "server_error".
+  // Named flat buffers: "m", "v", "worker_error", "server_error",
+  // "error_owner" ({rank, replicas} of the error buffers; empty: none yet).
   std::vector<std::pair<std::string, std::vector<float>*>> NamedState();
   std::vector<std::pair<std::string, const std::vector<float>*>> NamedState() const;
+  // m and v must hold n values; the error buffers none or at most
+  // num_compressed (worker_error exactly num_compressed); "error_owner"
+  // (optional: older states lack it) none or {rank, replicas} with
+  // 0 <= rank < replicas. Anything else is InvalidArgument naming the buffer
+  // and both sizes, and nothing is changed.
   absl::Status LoadState(const std::vector<std::pair<std::string, std::vector<float>>>& state, int64_t step,
                          bool frozen);
 
@@ -145,6 +161,7 @@ class QuantizedAdam {
   const std::vector<int64_t> tensor_sizes_;
   const QuantizedAdamOptions options_;
   std::vector<float> m_, v_, worker_error_, server_error_, g_, scratch_;
+  std::vector<float> error_owner_;  // {rank, replicas} whose residues the error buffers hold; empty: unknown
   int64_t step_ = 0;
   bool frozen_ = false;
   AllReduceStats stats_;
