@@ -1,5 +1,6 @@
 #include "common/half.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 namespace aqswarm {
@@ -27,7 +28,12 @@ __attribute__((target("f16c,avx"))) void HalfToFloatF16c(const uint16_t* in, siz
 }
 
 bool HasF16c() {
-  static const bool has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  // F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports
+  // does not know "f16c".
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0 && __builtin_cpu_supports("avx");
+  }();
   return has;
 }
 

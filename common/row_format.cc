@@ -101,6 +101,7 @@ absl::Status DecodeRow(RowPrecision p, int64_t rows, int64_t cols, std::string_v
                                             want, " bytes, got ", bytes.size()));
   }
   const size_t n = out.size();
+  if (n == 0) return absl::OkStatus();  // an empty row: no bytes (and null data() pointers) to copy
   switch (p) {
     case RowPrecision::kFloat32:
       std::memcpy(out.data(), bytes.data(), n * 4);

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -111,7 +112,12 @@ constexpr size_t kEncodeChunk = 4096;
 
 #if defined(__x86_64__)
 bool HasF16c() {
-  static const bool has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  // F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports
+  // does not know "f16c".
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0 && __builtin_cpu_supports("avx");
+  }();
   return has;
 }
 

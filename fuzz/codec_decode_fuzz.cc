@@ -1,6 +1,8 @@
-// libFuzzer target: any byte string parsed as an EncodedTensor must decode
-// to an error status or to values, never crash or allocate beyond limits.
-// Built only with -DAQSWARM_FUZZ=ON and clang.
+// libFuzzer target: the gradient codec (compression/codec.h). Any byte string
+// parsed as an EncodedTensor must validate to an error or decode to values,
+// never crash, read out of bounds or allocate beyond WireLimits; a
+// Global-QSGD message is also combined with itself (the owner's integer sum).
+// Input: a serialized v1::EncodedTensor. Seeds: fuzz/corpus/codec_decode.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
