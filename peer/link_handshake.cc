@@ -1,6 +1,7 @@
 #include "peer/link_handshake.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -39,14 +40,82 @@ v1::LinkHello LinkHelloFor(const v1::JobSpec& job, int pipeline, int boundary, u
   return h;
 }
 
+LinkLimits LinkLimitsFor(const v1::JobSpec& job, uint64_t first_step) {
+  const uint64_t b = job.micro_batch_size(), t = job.model().seq_len(), d = job.model().d_model();
+  const uint64_t m = job.micro_batches_per_step();
+  const uint64_t batch = b * t * d * 4;
+  uint64_t largest = batch;
+  if (job.model().tie_embeddings()) {  // rows (4 bytes) and their values, at most a step's tokens
+    const uint64_t rows = std::min<uint64_t>(job.model().vocab_size(), m * b * t);
+    largest = std::max(largest, rows * (d * 4 + 4));
+  }
+  // Headroom: headers, row metadata, ids, a resend's ids.
+  const uint64_t frame = largest + largest / 4 + (1 << 20);
+  LinkLimits l;
+  l.max_frame_bytes = static_cast<int>(std::min<uint64_t>(frame, std::numeric_limits<int>::max()));
+  // Two steps of micro-batches (a neighbour runs at most a step ahead), the
+  // evaluation batches, and their resends and commits.
+  const uint64_t frames = 4 * (m + job.eval_batches()) + 64;
+  l.max_queued_frames = frames;
+  l.max_queued_bytes = std::max<uint64_t>(64ull << 20, (2 * m + 8) * static_cast<uint64_t>(l.max_frame_bytes));
+  l.step_window = kLinkStepWindow;
+  l.first_step = first_step;
+  return l;
+}
+
+v1::LinkHelloAck CheckHello(const v1::LinkHello& got, const v1::LinkHello& want) {
+  v1::LinkHelloAck ack;
+  if (got.plan() < want.plan()) {  // a stale dialer, about to be stopped
+    CountRejectedMessage("link_plan_older");
+    ack.set_reason("the dialer's plan is older than this stage's");
+    return ack;
+  }
+  if (got.plan() > want.plan()) {  // this end is stale: its daemon restarts it on the new plan
+    CountRejectedMessage("link_plan_newer");
+    ack.set_retry(true);
+    ack.set_reason("this stage does not run that plan yet");
+    return ack;
+  }
+  if (got.SerializeAsString() != want.SerializeAsString()) {
+    CountRejectedMessage("link_hello_mismatch");
+    ack.set_reason("link parameters differ");
+    return ack;
+  }
+  ack.set_accepted(true);
+  return ack;
+}
+
+LinkServerOptions UpstreamServerOptions(const v1::LinkHello& want, const std::string& expected_peer,
+                                        const rpc::ShapingOptions& shaping, const rpc::TlsOptions& tls,
+                                        const LinkLimits& limits) {
+  LinkServerOptions o;
+  o.shaping = shaping;
+  o.tls = tls;
+  o.limits = limits;
+  o.expected_peer = expected_peer;
+  o.check_hello = [want](const v1::LinkHello& got) { return CheckHello(got, want); };
+  return o;
+}
+
 absl::StatusOr<std::unique_ptr<LinkConnection>> DialNext(const std::string& address, const v1::LinkHello& hello,
                                                          const rpc::ShapingOptions& shaping, const rpc::TlsOptions& tls,
-                                                         absl::Duration timeout) {
+                                                         absl::Duration timeout, const std::string& expected_peer,
+                                                         const LinkLimits& limits) {
+  rpc::TlsOptions checked = tls;
+  // The downstream's certificate must carry the name the assignment gives
+  // it (certificates name their process in a DNS subjectAltName).
+  if (tls.enabled() && !expected_peer.empty()) checked.target_name_override = expected_peer;
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration backoff = absl::Milliseconds(50);
   while (true) {
     const absl::Duration left = deadline - absl::Now();
-    AQSWARM_ASSIGN_OR_RETURN(std::unique_ptr<LinkConnection> down, LinkConnection::Dial(address, shaping, left, tls));
+    absl::StatusOr<std::unique_ptr<LinkConnection>> dialed = LinkConnection::Dial(address, shaping, left, checked, limits);
+    if (!dialed.ok() && !checked.target_name_override.empty()) {
+      return absl::Status(dialed.status().code(),
+                          absl::StrCat(dialed.status().message(), " (or its certificate does not name '",
+                                       expected_peer, "', the peer the assignment names)"));
+    }
+    AQSWARM_ASSIGN_OR_RETURN(std::unique_ptr<LinkConnection> down, std::move(dialed));
     v1::LinkFrame f;
     *f.mutable_hello() = hello;
     const absl::Status sent = down->Send(std::move(f));
@@ -75,48 +144,8 @@ absl::StatusOr<std::unique_ptr<LinkConnection>> DialNext(const std::string& addr
   }
 }
 
-absl::StatusOr<LinkConnection*> AcceptPrevious(StageLinkServer& server, const v1::LinkHello& want,
-                                               absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  const uint64_t plan = want.plan();
-  const uint32_t stage = want.boundary() + 1;
-  while (true) {
-    const absl::Duration left = deadline - absl::Now();
-    AQSWARM_ASSIGN_OR_RETURN(LinkConnection * up, server.Accept(left));
-    absl::StatusOr<v1::LinkFrame> first = up->Receive([](auto& x) { return x.has_hello(); }, left);
-    if (absl::IsUnavailable(first.status())) {  // a dialer that died before its hello (a stale incarnation)
-      server.Release(up);
-      continue;
-    }
-    AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame hello, std::move(first));
-    v1::LinkFrame ack;
-    const v1::LinkHello& got = hello.hello();
-    if (got.plan() < plan) {  // a stale dialer: not for us; keep waiting
-      ack.mutable_hello_ack()->set_reason(absl::StrCat("plan ", got.plan(), " is older than this stage's ", plan));
-      (void)up->Send(ack);
-      server.Release(up);
-      continue;
-    }
-    if (got.plan() > plan) {  // we are the stale end: the dialer should retry
-      ack.mutable_hello_ack()->set_retry(true);
-      ack.mutable_hello_ack()->set_reason(absl::StrCat("this stage runs plan ", plan, ", older than ", got.plan()));
-      (void)up->Send(ack);
-      return absl::AbortedError(absl::StrCat("stage ", stage - 1, " runs a newer plan (", got.plan(), " > ", plan,
-                                             "): this incarnation is stale"));
-    }
-    const bool same = got.SerializeAsString() == want.SerializeAsString();
-    ack.mutable_hello_ack()->set_accepted(same);
-    if (!same) {
-      ack.mutable_hello_ack()->set_reason(absl::StrCat("link parameters differ: got {", got.ShortDebugString(),
-                                                       "}, expected {", want.ShortDebugString(), "}"));
-    }
-    AQSWARM_RETURN_IF_ERROR(up->Send(ack));
-    if (!same) {
-      CountRejectedMessage("link_hello_mismatch");
-      return absl::FailedPreconditionError(ack.hello_ack().reason());
-    }
-    return up;
-  }
+absl::StatusOr<LinkConnection*> AcceptPrevious(StageLinkServer& server, absl::Duration timeout) {
+  return server.Accept(timeout);
 }
 
 }  // namespace aqswarm::peer

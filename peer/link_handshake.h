@@ -1,14 +1,23 @@
 // Opening a stage link: the upstream stage dials and sends a LinkHello, the
-// downstream stage accepts and answers a LinkHelloAck. The two hellos must
-// be equal: same job, pipeline, boundary, AQ-SGD generation, shapes, codec
-// and plan. Ends of different swarm plans are different incarnations: a
-// dialer of an older plan is refused and the acceptor keeps waiting; an
-// acceptor of an older plan tells the dialer to retry and ends itself (it
-// is about to be stopped).
+// downstream stage's StageLinkServer vets it and answers a LinkHelloAck. The
+// two hellos must be equal: same job, pipeline, boundary, AQ-SGD generation,
+// shapes, codec and plan. Only the upstream the assignment names may open
+// the link: under mutual TLS the server refuses any other certificate name
+// (LinkServerOptions::expected_peer) and the dialer checks the downstream's
+// certificate (DialNext's `expected_peer`). A connection that is not that
+// peer, says nothing within the hello deadline, or sends a hello that does
+// not match is answered in a few words (never the expected hello), dropped
+// and counted, while the stage keeps waiting for its upstream until
+// link_timeout. Plans: a dialer of an older plan is refused for good (it is
+// about to be stopped); a dialer of a newer plan is refused with `retry`
+// (this end is the stale one: its daemon learns the new plan from the
+// coordinator and restarts it, and the dialer gets the new incarnation).
 //
 //   v1::LinkHello h = LinkHelloFor(job, pipeline, /*boundary=*/stage, generation, plan);
-//   upstream:   AQSWARM_ASSIGN_OR_RETURN(auto down, DialNext(next_address, h, shaping, tls, timeout));
-//   downstream: AQSWARM_ASSIGN_OR_RETURN(LinkConnection* up, AcceptPrevious(server, h, timeout));
+//   upstream:   AQSWARM_ASSIGN_OR_RETURN(auto down, DialNext(next_address, h, shaping, tls, timeout, "peer-b"));
+//   downstream: LinkServerOptions so = UpstreamServerOptions(h, "peer-a", shaping, tls, LinkLimitsFor(job, 0));
+//               AQSWARM_ASSIGN_OR_RETURN(auto server, StageLinkServer::StartWith(listen, so));
+//               AQSWARM_ASSIGN_OR_RETURN(LinkConnection* up, AcceptPrevious(*server, timeout));
 #ifndef AQSWARM_PEER_LINK_HANDSHAKE_H_
 #define AQSWARM_PEER_LINK_HANDSHAKE_H_
 
@@ -28,19 +37,38 @@ inline constexpr uint32_t kLinkProtocol = 2;
 // The hello of the link between stages `boundary` and `boundary` + 1.
 v1::LinkHello LinkHelloFor(const v1::JobSpec& job, int pipeline, int boundary, uint64_t generation, uint64_t plan);
 
+// The bounds of a link of `job` (peer/link_transport.h LinkLimits): the
+// largest frame is an activation or gradient batch as float32
+// (micro_batch_size x seq_len x d_model x 4 bytes), or a tied-embedding
+// gradient, plus headroom; queues hold a few steps of frames; frames more
+// than kLinkStepWindow steps ahead of `first_step` (then of SetStep) are
+// refused.
+inline constexpr uint64_t kLinkStepWindow = 4;
+LinkLimits LinkLimitsFor(const v1::JobSpec& job, uint64_t first_step);
+
+// The answer to a dialer's hello when this end expects `want`; refusals are
+// counted by reason (link_plan_older, link_plan_newer, link_hello_mismatch).
+v1::LinkHelloAck CheckHello(const v1::LinkHello& got, const v1::LinkHello& want);
+
+// A StageLinkServer's options for a stage that expects the upstream `want`
+// from the peer named `expected_peer` (its certificate name; "" = any).
+LinkServerOptions UpstreamServerOptions(const v1::LinkHello& want, const std::string& expected_peer,
+                                        const rpc::ShapingOptions& shaping, const rpc::TlsOptions& tls,
+                                        const LinkLimits& limits);
+
 // Dials `address` and exchanges hellos; an acceptor of an older plan (or a
 // stream that broke before its answer) is dialed again, backing off, until
-// `timeout`. A refusal for any other reason is final.
+// `timeout`. A refusal for any other reason is final. Under mutual TLS a
+// non-empty `expected_peer` is the certificate name the downstream must
+// present (checked against its certificate's DNS names).
 absl::StatusOr<std::unique_ptr<LinkConnection>> DialNext(const std::string& address, const v1::LinkHello& hello,
                                                          const rpc::ShapingOptions& shaping, const rpc::TlsOptions& tls,
-                                                         absl::Duration timeout);
+                                                         absl::Duration timeout, const std::string& expected_peer = "",
+                                                         const LinkLimits& limits = {});
 
-// Accepts the upstream stage's connection whose hello equals `want`; dialers
-// of an older plan (and ones that die before their hello) are refused and
-// it keeps waiting. Errors: Aborted when the dialer runs a newer plan (this
-// end is stale), FailedPrecondition when the parameters differ.
-absl::StatusOr<LinkConnection*> AcceptPrevious(StageLinkServer& server, const v1::LinkHello& want,
-                                               absl::Duration timeout);
+// Waits until the server (started with UpstreamServerOptions) has accepted
+// its upstream, at most `timeout`; refused connections do not end the wait.
+absl::StatusOr<LinkConnection*> AcceptPrevious(StageLinkServer& server, absl::Duration timeout);
 
 }  // namespace aqswarm::peer
 

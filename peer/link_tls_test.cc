@@ -10,6 +10,8 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "common/metrics.h"
+#include "peer/link_handshake.h"
 #include "peer/link_transport.h"
 #include "tests/testing/scratch_dir.h"
 #include "tests/testing/status_matchers.h"
@@ -28,7 +30,20 @@ v1::LinkFrame Commit(uint64_t step) {
   return f;
 }
 
-// A swarm CA dir with certificates "server" and "client" for 127.0.0.1, and a
+// aqswarm_peer_rejected_messages_total{reason}, 0 when never counted.
+double Rejected(const std::string& reason) {
+  for (const auto& family : MetricsRegistry().Collect()) {
+    if (family.name != "aqswarm_peer_rejected_messages_total") continue;
+    for (const auto& m : family.metric) {
+      for (const auto& l : m.label) {
+        if (l.name == "reason" && l.value == reason) return m.counter.value;
+      }
+    }
+  }
+  return 0;
+}
+
+// A swarm CA dir with certificates "server", "client" and "intruder" for 127.0.0.1, and a
 // second, unrelated swarm ("other") with its own CA and "client" cert.
 class TlsTest : public ::testing::Test {
  protected:
@@ -38,7 +53,7 @@ class TlsTest : public ::testing::Test {
     for (const char* swarm : {"swarm", "other"}) {
       const std::string dir = *root_ + "/" + std::string(swarm);
       ASSERT_THAT(InitCaDir(dir, {}), IsOk());
-      for (const char* name : {"server", "client"}) {
+      for (const char* name : {"server", "client", "intruder"}) {
         LeafOptions leaf;
         leaf.name = name;
         leaf.ip_addresses = {"127.0.0.1"};
@@ -184,6 +199,47 @@ TEST_F(TlsTest, MisconfiguredTlsFailsAtStartWithTheFileName) {
   EXPECT_EQ(no_name.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(no_name.status().message(), HasSubstr("no certificate name"));
   EXPECT_EQ(rpc::DescribeTls({}), "plaintext");
+}
+
+TEST_F(TlsTest, OnlyTheUpstreamTheAssignmentNamesGetsTheLink) {
+  v1::JobSpec job;
+  job.set_name("tls-job");
+  const v1::LinkHello want = LinkHelloFor(job, 0, 0, 1, 1);
+  auto server = StageLinkServer::StartWith("127.0.0.1:0", UpstreamServerOptions(want, "client", {}, Swarm("server"), {}));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
+  const double wrong0 = Rejected("link_wrong_peer");
+  // Another member of the swarm, with the right hello: refused by name.
+  auto intruder = DialNext(address, want, {}, Swarm("intruder"), absl::Seconds(10));
+  EXPECT_EQ(intruder.status().code(), absl::StatusCode::kPermissionDenied) << intruder.status();
+  EXPECT_THAT(intruder.status().message(), HasSubstr("not the upstream"));
+  EXPECT_EQ(Rejected("link_wrong_peer"), wrong0 + 1);
+  // The named upstream gets the link.
+  auto real = DialNext(address, want, {}, Swarm("client"), absl::Seconds(10));
+  ASSERT_TRUE(real.ok()) << real.status();
+  auto up = AcceptPrevious(**server, absl::Seconds(10));
+  ASSERT_TRUE(up.ok()) << up.status();
+  ASSERT_TRUE((*real)->Send(Commit(3)).ok());
+  EXPECT_TRUE((*up)->Receive([](auto& f) { return f.has_commit(); }, absl::Seconds(10)).ok());
+  (*up)->CloseSend();
+}
+
+TEST_F(TlsTest, TheDialerReachesOnlyTheDownstreamTheAssignmentNames) {
+  v1::JobSpec job;
+  job.set_name("tls-job");
+  const v1::LinkHello want = LinkHelloFor(job, 0, 0, 1, 1);
+  auto server = StageLinkServer::StartWith("127.0.0.1:0", UpstreamServerOptions(want, "client", {}, Swarm("server"), {}));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
+  // The stage listening there is "server", not the "intruder" the dialer expects.
+  auto wrong = DialNext(address, want, {}, Swarm("client"), absl::Seconds(2), "intruder");
+  EXPECT_FALSE(wrong.ok());
+  EXPECT_THAT(wrong.status().message(), HasSubstr("intruder"));
+  auto right = DialNext(address, want, {}, Swarm("client"), absl::Seconds(10), "server");
+  ASSERT_TRUE(right.ok()) << right.status();
+  auto up = AcceptPrevious(**server, absl::Seconds(10));
+  ASSERT_TRUE(up.ok()) << up.status();
+  (*up)->CloseSend();
 }
 
 }  // namespace

@@ -13,17 +13,34 @@
 #include "grpcpp/grpcpp.h"
 
 namespace aqswarm::peer {
-namespace {
 
+uint64_t FrameStep(const v1::LinkFrame& f) {
+  switch (f.body_case()) {
+    case v1::LinkFrame::kActivations: return f.activations().step();
+    case v1::LinkFrame::kGradients: return f.gradients().step();
+    case v1::LinkFrame::kResend: return f.resend().step();
+    case v1::LinkFrame::kCommit: return f.commit().step();
+    case v1::LinkFrame::kEvalResult: return f.eval_result().step();
+    default: return 0;
+  }
+}
 
-
-
-}  // namespace
+std::string CallerCertificateName(const grpc::ServerContext& ctx) {
+  const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return "";
+  const std::vector<grpc::string_ref> cn = auth->FindPropertyValues("x509_common_name");
+  return cn.empty() ? "" : std::string(cn.front().data(), cn.front().size());
+}
 
 // ------------------------------------------------------------ LinkConnection
 
-LinkConnection::LinkConnection(std::string name, const rpc::ShapingOptions& shaping)
-    : name_(std::move(name)), shaping_(shaping), clock_(shaping.clock_or_real()), bandwidth_mbps_(shaping.bandwidth_mbps) {}
+LinkConnection::LinkConnection(std::string name, const rpc::ShapingOptions& shaping, const LinkLimits& limits)
+    : name_(std::move(name)),
+      shaping_(shaping),
+      clock_(shaping.clock_or_real()),
+      limits_(limits),
+      current_step_(limits.first_step),
+      bandwidth_mbps_(shaping.bandwidth_mbps) {}
 
 LinkConnection::~LinkConnection() = default;
 
@@ -39,6 +56,33 @@ void LinkConnection::StopThreads() {
 void LinkConnection::MarkBroken(const absl::Status& s) {
   absl::MutexLock l(&mu_);
   if (broken_.ok()) broken_ = s;
+}
+
+absl::Status LinkConnection::broken() {
+  absl::MutexLock l(&mu_);
+  return broken_;
+}
+
+absl::Status LinkConnection::Admit(const v1::LinkFrame& frame, size_t bytes) {
+  const uint64_t step = FrameStep(frame);
+  const uint64_t current = current_step_.load();
+  if (limits_.step_window > 0 && step > current && step - current > limits_.step_window) {
+    CountRejectedMessage("link_step_out_of_window");
+    return absl::ResourceExhaustedError(absl::StrCat("link ", name_, ": a frame of step ", step,
+                                                     " is more than ", limits_.step_window,
+                                                     " steps ahead of this stage's step ", current));
+  }
+  if (limits_.max_queued_frames > 0 && inbound_.size() >= limits_.max_queued_frames) {
+    CountRejectedMessage("link_frames_over_cap");
+    return absl::ResourceExhaustedError(absl::StrCat("link ", name_, ": more than ", limits_.max_queued_frames,
+                                                     " frames queued and not yet taken"));
+  }
+  if (limits_.max_queued_bytes > 0 && inbound_bytes_ + bytes > limits_.max_queued_bytes) {
+    CountRejectedMessage("link_bytes_over_cap");
+    return absl::ResourceExhaustedError(absl::StrCat("link ", name_, ": more than ", limits_.max_queued_bytes,
+                                                     " bytes queued and not yet taken"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LinkConnection::Send(v1::LinkFrame frame, absl::Duration timeout) {
@@ -80,6 +124,7 @@ absl::StatusOr<v1::LinkFrame> LinkConnection::Receive(const std::function<bool(c
     absl::Time held_until;
     if (auto it = FindDue(match, now, &held_until); it != inbound_.end()) {
       v1::LinkFrame f = std::move(it->frame);
+      inbound_bytes_ -= std::min<uint64_t>(inbound_bytes_, it->bytes);
       inbound_.erase(it);
       return f;
     }
@@ -142,6 +187,12 @@ void LinkConnection::WaitWriterDone() {
   mu_.Await(absl::Condition(&done));
 }
 
+bool LinkConnection::WaitWriterDone(absl::Duration timeout) {
+  absl::MutexLock l(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return writer_done_; };
+  return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+}
+
 void LinkConnection::WriterLoop() {
   rpc::EmulatedWire wire(clock_);
   absl::Time last_done = absl::InfinitePast();
@@ -188,21 +239,38 @@ void LinkConnection::WriterLoop() {
 void LinkConnection::ReaderLoop() {
   v1::LinkFrame frame;
   while (ReadFrame(&frame)) {
-    bytes_received_ += frame.ByteSizeLong();
+    const size_t bytes = frame.ByteSizeLong();
+    bytes_received_ += bytes;
     // Held for the rest of its wire time (bounded like the latency below: a
     // corrupt hold must not park a frame for ever).
     const absl::Time due = clock_->Now() + absl::Microseconds(std::clamp<int64_t>(frame.hold_micros(), 0, 60'000'000));
     if (shaping_.latency_ms > 0) {
-      const int64_t at = frame.sent_unix_micros() + static_cast<int64_t>(shaping_.latency_ms * 1000);
+        // The sender's clock is trusted no further than its (bounded) hold
+      // plus the configured latency.
+      const int64_t latency_us = static_cast<int64_t>(shaping_.latency_ms * 1000);
+      const int64_t at = frame.sent_unix_micros() + latency_us;
       const int64_t wait = at - absl::ToUnixMicros(clock_->Now());
-      if (wait > 0) clock_->SleepFor(absl::Microseconds(std::min<int64_t>(wait, 60'000'000)));
+      const int64_t most = std::clamp<int64_t>(frame.hold_micros(), 0, 60'000'000) + latency_us;
+      if (wait > 0) clock_->SleepFor(absl::Microseconds(std::min<int64_t>(wait, most)));
     }
+    bool refused = false;
     {
       // Notified under the lock: once NotifyArrivals(nullptr) returns, no
       // notification of the counter it replaced is under way.
       absl::MutexLock l(&mu_);
-      inbound_.push_back({std::move(frame), due});
-      if (arrivals_ != nullptr) arrivals_->Notify();
+      if (absl::Status admitted = Admit(frame, bytes); !admitted.ok()) {
+        if (broken_.ok()) broken_ = admitted;
+        refused = true;
+      } else {
+        inbound_.push_back({std::move(frame), due, bytes});
+        inbound_bytes_ += bytes;
+        if (arrivals_ != nullptr) arrivals_->Notify();
+      }
+    }
+    if (refused) {
+      // Not read any further: the stream ends with the refusal.
+      StopOnRefusal();
+      break;
     }
     frame = v1::LinkFrame();
   }
@@ -219,8 +287,8 @@ namespace {
 
 class ClientLink final : public LinkConnection {
  public:
-  ClientLink(const std::string& target, const rpc::ShapingOptions& shaping)
-      : LinkConnection(absl::StrCat("to ", target), shaping) {}
+  ClientLink(const std::string& target, const rpc::ShapingOptions& shaping, const LinkLimits& limits)
+      : LinkConnection(absl::StrCat("to ", target), shaping, limits), max_frame_bytes_(limits.max_frame_bytes) {}
 
   ~ClientLink() override {
     CloseSend();
@@ -233,7 +301,9 @@ class ClientLink final : public LinkConnection {
   absl::Status Connect(const std::string& target, absl::Duration timeout, const rpc::TlsOptions& tls) {
     // Its own TCP connection (the shaping is per link); a vanished
     // neighbour on an idle link is found within ~20 s (keepalive).
-    auto channel = rpc::MakeChannel(target, tls, rpc::LinkChannel());
+    rpc::ChannelPreset preset = rpc::LinkChannel();
+    if (max_frame_bytes_ > 0) preset.max_receive_bytes = max_frame_bytes_;
+    auto channel = rpc::MakeChannel(target, tls, preset);
     if (!channel.ok()) return channel.status();
     channel_ = *std::move(channel);
     const auto deadline = std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout);
@@ -258,8 +328,10 @@ class ClientLink final : public LinkConnection {
   bool ReadFrame(v1::LinkFrame* f) override { return stream_->Read(f); }
   void FinishWrites() override { stream_->WritesDone(); }
   absl::Status FinalStatus() override { return rpc::FromGrpc(stream_->Finish(), absl::StrCat("link ", name_)); }
+  void Cancel() override { context_.TryCancel(); }
 
  private:
+  const int max_frame_bytes_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::StageLink::Stub> stub_;
   grpc::ClientContext context_;
@@ -272,8 +344,9 @@ class ClientLink final : public LinkConnection {
 absl::StatusOr<std::unique_ptr<LinkConnection>> LinkConnection::Dial(const std::string& target,
                                                                      const rpc::ShapingOptions& shaping,
                                                                      absl::Duration timeout,
-                                                                     const rpc::TlsOptions& tls) {
-  auto link = std::make_unique<ClientLink>(target, shaping);
+                                                                     const rpc::TlsOptions& tls,
+                                                                     const LinkLimits& limits) {
+  auto link = std::make_unique<ClientLink>(target, shaping, limits);
   absl::Status s = link->Connect(target, timeout, tls);
   if (!s.ok()) return s;
   return std::unique_ptr<LinkConnection>(std::move(link));
@@ -286,20 +359,27 @@ namespace {
 class ServerLink final : public LinkConnection {
  public:
   ServerLink(grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::LinkFrame, v1::LinkFrame>* stream,
-             const rpc::ShapingOptions& shaping)
-      : LinkConnection(absl::StrCat("from ", ctx->peer()), shaping), ctx_(ctx), stream_(stream) {}
+             const rpc::ShapingOptions& shaping, const LinkLimits& limits)
+      : LinkConnection(absl::StrCat("from ", ctx->peer()), shaping, limits), ctx_(ctx), stream_(stream) {}
   ~ServerLink() override { StopThreads(); }
 
-
   // Runs on the gRPC handler thread for the life of the stream: reads until
-  // the upstream half-closes or vanishes, then waits until this stage has
-  // closed its own sends and the writer drained (the stream must stay valid
-  // meanwhile).
-  void Serve() {
+  // the upstream half-closes or vanishes (or a frame is refused, or
+  // Release/Shutdown cancels it), then waits until this stage has closed its
+  // own sends and the writer drained (the stream must stay valid meanwhile).
+  // Returns the status the dialer gets: the refusal of its frames, else OK.
+  grpc::Status Serve() {
     StartWriter();
     ReaderLoop();
+    const absl::Status b = broken();
+    const bool refused = absl::IsResourceExhausted(b) || absl::IsInvalidArgument(b);
+    // A refused dialer that does not read our last frames is not waited for.
+    if (refused && !WaitWriterDone(absl::Seconds(2))) Cancel();
     WaitWriterDone();
+    return refused ? rpc::ToGrpc(b) : grpc::Status::OK;
   }
+
+  void Cancel() override { ctx_->TryCancel(); }
 
  protected:
   bool WriteFrame(const v1::LinkFrame& f) override { return stream_->Write(f); }
@@ -309,32 +389,92 @@ class ServerLink final : public LinkConnection {
     if (ctx_->IsCancelled()) return absl::UnavailableError(absl::StrCat("link ", name_, " was cancelled (peer gone)"));
     return absl::OkStatus();
   }
+  void StopOnRefusal() override {}  // Serve returns the refusal
 
  private:
   grpc::ServerContext* ctx_;
   grpc::ServerReaderWriter<v1::LinkFrame, v1::LinkFrame>* stream_;
 };
 
+// Cancels `ctx` unless Disarm() comes within `timeout`: bounds a read on the
+// handler thread.
+class Watchdog {
+ public:
+  // `on_fire` runs just before the cancel.
+  Watchdog(grpc::ServerContext* ctx, absl::Duration timeout, std::function<void()> on_fire)
+      : thread_([this, ctx, timeout, on_fire = std::move(on_fire)] {
+          absl::MutexLock l(&mu_);
+          auto disarmed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return disarmed_; };
+          if (!mu_.AwaitWithTimeout(absl::Condition(&disarmed), timeout)) {
+            fired_ = true;
+            on_fire();
+            ctx->TryCancel();
+          }
+        }) {}
+  ~Watchdog() { Disarm(); }
+  // Returns whether it fired first.
+  bool Disarm() {
+    {
+      absl::MutexLock l(&mu_);
+      disarmed_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+    absl::MutexLock l(&mu_);
+    return fired_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool disarmed_ ABSL_GUARDED_BY(mu_) = false;
+  bool fired_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
 }  // namespace
 
 class StageLinkServer::Service final : public v1::StageLink::Service {
  public:
-  explicit Service(const rpc::ShapingOptions& shaping) : shaping_(shaping) {}
+  explicit Service(const LinkServerOptions& options) : o_(options) {}
 
   grpc::Status Connect(grpc::ServerContext* ctx,
                        grpc::ServerReaderWriter<v1::LinkFrame, v1::LinkFrame>* stream) override {
-    auto link = std::make_shared<ServerLink>(ctx, stream, shaping_);
+    if (!o_.expected_peer.empty() && o_.tls.enabled()) {
+      const std::string caller = CallerCertificateName(*ctx);
+      if (caller != o_.expected_peer) {
+        CountRejectedMessage("link_wrong_peer");
+        AQSWARM_LOG(WARNING) << "StageLink: refused a connection from " << ctx->peer() << " (certificate '" << caller
+                             << "'): not the upstream this stage expects";
+        return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "not the upstream peer this stage expects");
+      }
+    }
+    if (grpc::Status s = Admit(); !s.ok()) return s;
+    grpc::Status vetted = Vet(ctx, stream);
+    std::shared_ptr<ServerLink> link;
     {
       absl::MutexLock l(&mu_);
-      if (link_ != nullptr || shutdown_) {
-        if (link_ != nullptr) CountRejectedMessage("second_upstream");
-        return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                            "this stage already has an upstream neighbour (or is shutting down)");
+      --candidates_;
+      if (vetted.ok() && link_ == nullptr && !shutdown_) {
+        link = std::make_shared<ServerLink>(ctx, stream, o_.shaping, o_.limits);
+        link_ = link;
+      } else if (vetted.ok()) {  // another dialer took the link meanwhile
+        CountRejectedMessage("second_upstream");
+        vetted = grpc::Status(grpc::StatusCode::ALREADY_EXISTS, "this stage already has an upstream neighbour");
       }
-      link_ = link;
     }
-    link->Serve();
-    return grpc::Status::OK;
+    if (link == nullptr) {
+      if (o_.check_hello && vetted.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+        v1::LinkFrame ack;
+        ack.mutable_hello_ack()->set_reason("this stage already has an upstream neighbour");
+        stream->Write(ack);
+      }
+      return vetted;
+    }
+    if (o_.check_hello) {
+      v1::LinkFrame ack;
+      ack.mutable_hello_ack()->set_accepted(true);
+      (void)link->Send(ack);  // queued first; a failure breaks the link, which the stage's next call reports
+    }
+    return link->Serve();
   }
 
   absl::StatusOr<LinkConnection*> Accept(absl::Duration timeout) {
@@ -355,6 +495,7 @@ class StageLinkServer::Service final : public v1::StageLink::Service {
       link.swap(link_);
     }
     link->CloseSend();
+    link->Cancel();  // not read any more
   }
 
   void Shutdown() {
@@ -368,28 +509,84 @@ class StageLinkServer::Service final : public v1::StageLink::Service {
   }
 
  private:
-  const rpc::ShapingOptions shaping_;
+  // Counts a connection being vetted; refuses one over the caps.
+  grpc::Status Admit() {
+    absl::MutexLock l(&mu_);
+    if (shutdown_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "this stage is shutting down");
+    if (link_ != nullptr) {
+      CountRejectedMessage("second_upstream");
+      return grpc::Status(grpc::StatusCode::ALREADY_EXISTS, "this stage already has an upstream neighbour");
+    }
+    if (candidates_ >= std::max(1, o_.max_candidates)) {
+      CountRejectedMessage("link_too_many_candidates");
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "too many connections waiting to be vetted");
+    }
+    ++candidates_;
+    return grpc::Status::OK;
+  }
+
+  // With a hello check, on the handler thread: the first frame must be a
+  // hello, within hello_timeout, that the check accepts. A refused hello is
+  // answered (a few words, and whether to retry) before the refusal ends
+  // the stream.
+  grpc::Status Vet(grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::LinkFrame, v1::LinkFrame>* stream) {
+    if (!o_.check_hello) return grpc::Status::OK;
+    v1::LinkFrame first;
+    bool read;
+    {
+      const std::string who = ctx->peer();
+      Watchdog watchdog(ctx, o_.hello_timeout, [this, who] {
+        CountRejectedMessage("link_hello_silent");
+        AQSWARM_LOG(WARNING) << "StageLink: " << who << " sent no hello within "
+                             << absl::FormatDuration(o_.hello_timeout) << "; dropped";
+      });
+      read = stream->Read(&first);
+      if (watchdog.Disarm()) return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "no hello in time");
+    }
+    if (!read) return grpc::Status(grpc::StatusCode::CANCELLED, "the dialer went away before its hello");
+    if (!first.has_hello()) {
+      CountRejectedMessage("link_not_hello");
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the first frame must be a hello");
+    }
+    v1::LinkFrame ack;
+    *ack.mutable_hello_ack() = o_.check_hello(first.hello());
+    if (ack.hello_ack().accepted()) return grpc::Status::OK;
+    AQSWARM_LOG(WARNING) << "StageLink: refused " << ctx->peer() << ": " << ack.hello_ack().reason();
+    stream->Write(ack);
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, ack.hello_ack().reason());
+  }
+
+  const LinkServerOptions o_;
   absl::Mutex mu_;
   std::shared_ptr<ServerLink> link_ ABSL_GUARDED_BY(mu_);
+  int candidates_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 absl::StatusOr<std::unique_ptr<StageLinkServer>> StageLinkServer::Start(const std::string& listen,
                                                                         const rpc::ShapingOptions& shaping,
                                                                         const rpc::TlsOptions& tls) {
+  LinkServerOptions o;
+  o.shaping = shaping;
+  o.tls = tls;
+  return StartWith(listen, o);
+}
+
+absl::StatusOr<std::unique_ptr<StageLinkServer>> StageLinkServer::StartWith(const std::string& listen,
+                                                                            const LinkServerOptions& options) {
   std::unique_ptr<StageLinkServer> s(new StageLinkServer());
-  s->service_ = std::make_unique<Service>(shaping);
+  s->service_ = std::make_unique<Service>(options);
   rpc::ServerOptions o;
   o.listen = listen;
-  o.tls = tls;
-  o.max_receive_bytes = o.max_send_bytes = rpc::kMaxFrameBytes;
+  o.tls = options.tls;
+  o.max_receive_bytes = options.limits.max_frame_bytes > 0 ? options.limits.max_frame_bytes : rpc::kMaxFrameBytes;
+  o.max_send_bytes = rpc::kMaxFrameBytes;
   o.accept_keepalive = true;
   AQSWARM_ASSIGN_OR_RETURN(rpc::StartedServer started, rpc::StartServer(o, {s->service_.get()}));
   s->server_ = std::move(started.server);
   s->port_ = started.port;
   return s;
 }
-
 absl::StatusOr<LinkConnection*> StageLinkServer::Accept(absl::Duration timeout) { return service_->Accept(timeout); }
 
 void StageLinkServer::Release(LinkConnection* connection) { service_->Release(connection); }

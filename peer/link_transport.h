@@ -25,6 +25,23 @@
 // Mutual TLS: pass rpc::TlsOptions (rpc/tls.h) to Dial and Start; both ends
 // need certificates from the same swarm CA. Default: plaintext.
 //
+// Bounds on what the far end can make this end hold (LinkLimits): the
+// largest frame (gRPC refuses a bigger one with RESOURCE_EXHAUSTED), the
+// frames and bytes queued and not yet received, and a step window (a frame
+// of a step past the current one + `step_window` is refused). A frame over
+// a bound ends the link: it breaks with RESOURCE_EXHAUSTED naming the bound,
+// the stream stops being read and is cancelled (a server returns that
+// status to the dialer), and the refusal is counted
+// (aqswarm_peer_rejected_messages_total{reason=link_*}).
+//
+// Who may become the upstream (LinkServerOptions): with `check_hello` set,
+// every connection must send a LinkHello as its first frame within
+// `hello_timeout`; the check's LinkHelloAck is sent back and only an
+// accepted connection becomes the link; the others are answered, cancelled
+// and counted while the server keeps waiting. With `expected_peer` set under
+// mutual TLS, a client whose certificate's subject CN is not that name is
+// refused with PERMISSION_DENIED before it can send anything.
+//
 // Thread-safety: Send and Receive may be called from different threads.
 #ifndef AQSWARM_PEER_LINK_TRANSPORT_H_
 #define AQSWARM_PEER_LINK_TRANSPORT_H_
@@ -41,19 +58,42 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "peer/stage_link.h"
+#include "rpc/channel.h"
 #include "rpc/link_shaping.h"
 #include "rpc/tls.h"
 #include "proto/link.grpc.pb.h"
 
 namespace aqswarm::peer {
 
+// What one end of a link lets the far end make it hold. 0 = unbounded.
+struct LinkLimits {
+  // Largest serialized frame accepted. Default: rpc::kMaxFrameBytes.
+  int max_frame_bytes = rpc::kMaxFrameBytes;
+  // Frames / serialized bytes that have arrived and were not yet received.
+  size_t max_queued_frames = 0;
+  uint64_t max_queued_bytes = 0;
+  // A frame of a step greater than the current step (first_step, then
+  // SetStep) + step_window is refused; hellos and acks carry no step.
+  uint64_t step_window = 0;
+  uint64_t first_step = 0;
+};
+
+// The step a frame belongs to (0 for a hello or an ack).
+uint64_t FrameStep(const v1::LinkFrame& frame);
+
+// Under mutual TLS, the subject CN of the certificate the client of `ctx`
+// presented; empty under plaintext (or when it has none).
+std::string CallerCertificateName(const grpc::ServerContext& ctx);
+
 class LinkConnection : public StageLink {
  public:
   ~LinkConnection() override;
 
   // Connects to a StageLinkServer, retrying until `timeout`.
+  // `limits` bound what the far end's frames can make this end hold.
   static absl::StatusOr<std::unique_ptr<LinkConnection>> Dial(const std::string& target, const rpc::ShapingOptions& shaping,
-                                                              absl::Duration timeout, const rpc::TlsOptions& tls = {});
+                                                              absl::Duration timeout, const rpc::TlsOptions& tls = {},
+                                                              const LinkLimits& limits = {});
 
   // Queues a frame. Blocks while `max_queued_frames` are waiting (flow
   // control) up to `timeout`. Fails once the link is broken or closed. The
@@ -107,9 +147,12 @@ class LinkConnection : public StageLink {
   double busy_seconds() const { return busy_micros_.load() * 1e-6; }
   uint64_t bytes_received() const { return bytes_received_.load(); }
   const std::string& name() const { return name_; }
+  // The step this end works on: frames of later steps than it +
+  // LinkLimits::step_window are refused (see LinkLimits).
+  void SetStep(uint64_t step) { current_step_ = step; }
 
  protected:
-  LinkConnection(std::string name, const rpc::ShapingOptions& shaping);
+  LinkConnection(std::string name, const rpc::ShapingOptions& shaping, const LinkLimits& limits = {});
   // Transport hooks (client or server stream).
   virtual bool WriteFrame(const v1::LinkFrame& frame) = 0;
   virtual bool ReadFrame(v1::LinkFrame* frame) = 0;
@@ -118,12 +161,21 @@ class LinkConnection : public StageLink {
   // `final_status()`.
   void ReaderLoop();
   virtual absl::Status FinalStatus() = 0;
+  // Stops the stream (the reader's pending read returns). Thread-safe.
+  virtual void Cancel() = 0;
+  // After the reader refused a frame (LinkLimits) and stopped reading: a
+  // client cancels its stream; a server returns the refusal from its handler.
+  virtual void StopOnRefusal() { Cancel(); }
   void StartWriter();
   // Blocks until the writer thread has exited (sends closed and drained, or
   // the stream broke).
   void WaitWriterDone();
+  // The same, at most `timeout`; false if the writer still runs.
+  bool WaitWriterDone(absl::Duration timeout);
   void StopThreads();
   void MarkBroken(const absl::Status& s);
+  // The first failure (OK while none). A server returns it to the dialer.
+  absl::Status broken();
 
   const std::string name_;
 
@@ -142,13 +194,20 @@ class LinkConnection : public StageLink {
   struct Inbound {
     v1::LinkFrame frame;
     absl::Time due;  // arrival + its hold: Has/Receive see it from then on
+    size_t bytes = 0;
   };
   std::deque<Inbound> inbound_ ABSL_GUARDED_BY(mu_);
+  uint64_t inbound_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // serialized bytes of inbound_
+  const LinkLimits limits_;
+  std::atomic<uint64_t> current_step_;
   // The first due frame that matches (inbound_.end() if none); *held_until:
   // when the earliest matching frame still held comes due (InfiniteFuture:
   // none).
   std::deque<Inbound>::iterator FindDue(const std::function<bool(const v1::LinkFrame&)>& match, absl::Time now,
                                         absl::Time* held_until) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks a frame that just arrived against the limits_; not OK: refused
+  // (counted).
+  absl::Status Admit(const v1::LinkFrame& frame, size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why a link that ended holds nothing more for a waiter.
   absl::Status EndedStatus() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool send_closed_ ABSL_GUARDED_BY(mu_) = false;
@@ -165,6 +224,23 @@ class LinkConnection : public StageLink {
   std::atomic<int64_t> busy_micros_{0};
 };
 
+struct LinkServerOptions {
+  rpc::ShapingOptions shaping;
+  rpc::TlsOptions tls;
+  LinkLimits limits;
+  // When set, a connection becomes the link only once its first frame, a
+  // LinkHello arriving within hello_timeout, gets an accepting answer from
+  // it (the answer is sent either way). Default: none (the first connection
+  // is the link at once).
+  std::function<v1::LinkHelloAck(const v1::LinkHello&)> check_hello;
+  absl::Duration hello_timeout = absl::Seconds(5);
+  // Under mutual TLS: the certificate name (subject CN) the upstream must
+  // present. Default: "" (any certificate of the swarm CA).
+  std::string expected_peer;
+  // Connections being vetted at once; more are refused (RESOURCE_EXHAUSTED).
+  int max_candidates = 8;
+};
+
 // Serves StageLink for the upstream neighbour: exactly one connection.
 class StageLinkServer {
  public:
@@ -172,12 +248,15 @@ class StageLinkServer {
   static absl::StatusOr<std::unique_ptr<StageLinkServer>> Start(const std::string& listen,
                                                                 const rpc::ShapingOptions& shaping,
                                                                 const rpc::TlsOptions& tls = {});
+  static absl::StatusOr<std::unique_ptr<StageLinkServer>> StartWith(const std::string& listen,
+                                                                    const LinkServerOptions& options);
   ~StageLinkServer();
   int port() const { return port_; }
   // Waits for the upstream stage to connect.
   absl::StatusOr<LinkConnection*> Accept(absl::Duration timeout);
   // Closes an accepted connection that was refused (e.g. a stale
-  // incarnation) so that the next Accept can take another one.
+  // incarnation) and stops reading it (the stream is cancelled), so that
+  // the next Accept can take another one.
   void Release(LinkConnection* connection);
   // Stops serving: our side of the stream closes after queued frames are
   // sent; the upstream gets `grace` to finish its side, then is cancelled.

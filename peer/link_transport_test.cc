@@ -7,8 +7,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/metrics.h"
+#include "peer/link_handshake.h"
 #include "peer/state_transfer.h"
+#include "proto/job.pb.h"
 #include "rpc/clock.h"
 
 namespace aqswarm::peer {
@@ -334,6 +338,202 @@ TEST(LinkTransportTest, SecondUpstreamIsRefused) {
 TEST(LinkTransportTest, DialingNobodyFailsWithinTheTimeout) {
   auto c = LinkConnection::Dial("127.0.0.1:1", {}, absl::Milliseconds(300));
   EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable);
+}
+
+// aqswarm_peer_rejected_messages_total{reason}, 0 when never counted.
+double Rejected(const std::string& reason) {
+  for (const auto& family : MetricsRegistry().Collect()) {
+    if (family.name != "aqswarm_peer_rejected_messages_total") continue;
+    for (const auto& m : family.metric) {
+      for (const auto& l : m.label) {
+        if (l.name == "reason" && l.value == reason) return m.counter.value;
+      }
+    }
+  }
+  return 0;
+}
+
+v1::JobSpec SmallJob() {
+  v1::JobSpec job;
+  job.set_name("squat");
+  job.mutable_model()->set_seq_len(8);
+  job.mutable_model()->set_d_model(16);
+  job.mutable_model()->set_vocab_size(64);
+  job.set_micro_batch_size(2);
+  job.set_micro_batches_per_step(2);
+  return job;
+}
+
+// A stage-1 StageLinkServer that expects stage 0's hello of plan 3, with a
+// short hello deadline.
+struct Upstream {
+  explicit Upstream(absl::Duration hello_timeout = absl::Seconds(5), LinkLimits limits = {}) {
+    want = LinkHelloFor(SmallJob(), 0, 0, 1, 3);
+    LinkServerOptions o = UpstreamServerOptions(want, "", {}, {}, limits);
+    o.hello_timeout = hello_timeout;
+    server = *StageLinkServer::StartWith("127.0.0.1:0", o);
+    address = absl::StrCat("127.0.0.1:", server->port());
+  }
+  v1::LinkHello want;
+  std::unique_ptr<StageLinkServer> server;
+  std::string address;
+};
+
+// Sends `hello` on a raw connection and returns the answer (or how the
+// stream ended).
+absl::StatusOr<v1::LinkHelloAck> Hello(const std::string& address, const v1::LinkHello& hello) {
+  auto c = LinkConnection::Dial(address, {}, absl::Seconds(10));
+  if (!c.ok()) return c.status();
+  v1::LinkFrame f;
+  *f.mutable_hello() = hello;
+  if (absl::Status s = (*c)->Send(f); !s.ok()) return s;
+  auto ack = (*c)->Receive([](const v1::LinkFrame& x) { return x.has_hello_ack(); }, absl::Seconds(10));
+  if (!ack.ok()) return ack.status();
+  (*c)->CloseSend();
+  return ack->hello_ack();
+}
+
+TEST(LinkHandshakeTest, ASilentSquatterIsDroppedAndTheRealUpstreamStillGetsTheLink) {
+  Upstream u(absl::Milliseconds(300));
+  const double silent0 = Rejected("link_hello_silent");
+  auto squatter = LinkConnection::Dial(u.address, {}, absl::Seconds(10));  // connects first, says nothing
+  ASSERT_TRUE(squatter.ok()) << squatter.status();
+  // Dropped after the hello deadline: its stream ends.
+  auto end = (*squatter)->Receive([](const v1::LinkFrame&) { return true; }, absl::Seconds(10));
+  EXPECT_FALSE(end.ok());
+  EXPECT_NE(end.status().code(), absl::StatusCode::kDeadlineExceeded) << end.status();
+  EXPECT_EQ(Rejected("link_hello_silent"), silent0 + 1);
+  // The stage kept waiting: the real upstream gets the link.
+  auto real = DialNext(u.address, u.want, {}, {}, absl::Seconds(10));
+  ASSERT_TRUE(real.ok()) << real.status();
+  auto up = AcceptPrevious(*u.server, absl::Seconds(10));
+  ASSERT_TRUE(up.ok()) << up.status();
+  ASSERT_TRUE((*real)->Send(Commit(1)).ok());
+  EXPECT_TRUE((*up)->Receive(StepIs(1), absl::Seconds(10)).ok());
+  (*up)->CloseSend();
+}
+
+TEST(LinkHandshakeTest, AWrongHelloIsRefusedInAFewWordsAndTheStageKeepsWaiting) {
+  Upstream u;
+  const double mismatch0 = Rejected("link_hello_mismatch");
+  v1::LinkHello wrong = u.want;
+  wrong.set_d_model(17);
+  wrong.set_job_name("other-job");
+  auto ack = Hello(u.address, wrong);
+  ASSERT_TRUE(ack.ok()) << ack.status();
+  EXPECT_FALSE(ack->accepted());
+  EXPECT_FALSE(ack->retry());
+  EXPECT_THAT(ack->reason(), ::testing::HasSubstr("differ"));
+  // Nothing of the expected hello is sent back.
+  EXPECT_FALSE(absl::StrContains(ack->reason(), "squat")) << ack->reason();
+  EXPECT_FALSE(absl::StrContains(ack->reason(), "16")) << ack->reason();
+  EXPECT_LE(ack->reason().size(), 64u);
+  EXPECT_EQ(Rejected("link_hello_mismatch"), mismatch0 + 1);
+  // A first frame that is no hello is refused too.
+  auto raw = LinkConnection::Dial(u.address, {}, absl::Seconds(10));
+  ASSERT_TRUE(raw.ok());
+  ASSERT_TRUE((*raw)->Send(Commit(1)).ok());
+  auto end = (*raw)->Receive([](const v1::LinkFrame&) { return true; }, absl::Seconds(10));
+  EXPECT_EQ(end.status().code(), absl::StatusCode::kInvalidArgument) << end.status();
+  // Still waiting for the real upstream.
+  auto real = DialNext(u.address, u.want, {}, {}, absl::Seconds(10));
+  ASSERT_TRUE(real.ok()) << real.status();
+  auto up = AcceptPrevious(*u.server, absl::Seconds(10));
+  ASSERT_TRUE(up.ok()) << up.status();
+  (*up)->CloseSend();
+}
+
+TEST(LinkHandshakeTest, ANewerPlanHelloIsRefusedWithRetryAndDoesNotEndTheStage) {
+  Upstream u;
+  const double newer0 = Rejected("link_plan_newer"), older0 = Rejected("link_plan_older");
+  v1::LinkHello newer = u.want;
+  newer.set_plan(u.want.plan() + 1);
+  auto ack = Hello(u.address, newer);
+  ASSERT_TRUE(ack.ok()) << ack.status();
+  EXPECT_FALSE(ack->accepted());
+  EXPECT_TRUE(ack->retry());  // the dialer waits for this stage's next incarnation
+  EXPECT_EQ(Rejected("link_plan_newer"), newer0 + 1);
+  v1::LinkHello older = u.want;
+  older.set_plan(u.want.plan() - 1);
+  ack = Hello(u.address, older);
+  ASSERT_TRUE(ack.ok()) << ack.status();
+  EXPECT_FALSE(ack->accepted());
+  EXPECT_FALSE(ack->retry());
+  EXPECT_EQ(Rejected("link_plan_older"), older0 + 1);
+  // The stage did not end: its upstream of the same plan connects.
+  auto real = DialNext(u.address, u.want, {}, {}, absl::Seconds(10));
+  ASSERT_TRUE(real.ok()) << real.status();
+  auto up = AcceptPrevious(*u.server, absl::Seconds(10));
+  ASSERT_TRUE(up.ok()) << up.status();
+  (*up)->CloseSend();
+}
+
+TEST(LinkHandshakeTest, FramesOverTheQueueCapEndTheStreamWithResourceExhausted) {
+  LinkLimits limits;
+  limits.max_queued_frames = 8;
+  Upstream u(absl::Seconds(5), limits);
+  const double over0 = Rejected("link_frames_over_cap");
+  auto real = DialNext(u.address, u.want, {}, {}, absl::Seconds(10));
+  ASSERT_TRUE(real.ok()) << real.status();
+  auto up = AcceptPrevious(*u.server, absl::Seconds(10));
+  ASSERT_TRUE(up.ok());
+  for (int i = 0; i < 64; ++i) {
+    if (!(*real)->Send(Commit(0)).ok()) break;
+  }
+  absl::Status end = (*real)->WaitClosed(absl::Seconds(10));
+  EXPECT_EQ(end.code(), absl::StatusCode::kResourceExhausted) << end;
+  EXPECT_THAT(std::string(end.message()), ::testing::HasSubstr("frames queued"));
+  EXPECT_EQ(Rejected("link_frames_over_cap"), over0 + 1);
+  // This end holds at most the cap and then reports the refusal.
+  int held = 0;
+  while ((*up)->Receive(StepIs(0), absl::Seconds(1)).ok()) ++held;
+  EXPECT_LE(held, 8);
+  EXPECT_EQ((*up)->Has(StepIs(0)).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(LinkHandshakeTest, FramesTooFarAheadOrTooLargeAreRefused) {
+  const LinkLimits job_limits = LinkLimitsFor(SmallJob(), 10);
+  // Sized from the job: 2 x 8 x 16 x 4 bytes of activations and headroom, not 512 MiB.
+  EXPECT_LT(job_limits.max_frame_bytes, 2 << 20);
+  EXPECT_GE(job_limits.max_frame_bytes, 2 * 8 * 16 * 4);
+  EXPECT_EQ(job_limits.first_step, 10u);
+  Upstream u(absl::Seconds(5), job_limits);
+  const double window0 = Rejected("link_step_out_of_window");
+  {
+    auto real = DialNext(u.address, u.want, {}, {}, absl::Seconds(10));
+    ASSERT_TRUE(real.ok()) << real.status();
+    auto up = AcceptPrevious(*u.server, absl::Seconds(10));
+    ASSERT_TRUE(up.ok());
+    ASSERT_TRUE((*real)->Send(Commit(10 + kLinkStepWindow)).ok());  // within the window
+    EXPECT_TRUE((*up)->Receive(StepIs(10 + kLinkStepWindow), absl::Seconds(10)).ok());
+    ASSERT_TRUE((*real)->Send(Commit(1'000'000)).ok());  // far ahead
+    absl::Status end = (*real)->WaitClosed(absl::Seconds(10));
+    EXPECT_EQ(end.code(), absl::StatusCode::kResourceExhausted) << end;
+    EXPECT_EQ(Rejected("link_step_out_of_window"), window0 + 1);
+  }
+  // A frame larger than the job's frames: gRPC refuses it.
+  Upstream big(absl::Seconds(5), job_limits);
+  auto real = DialNext(big.address, big.want, {}, {}, absl::Seconds(10));
+  ASSERT_TRUE(real.ok()) << real.status();
+  auto up = AcceptPrevious(*big.server, absl::Seconds(10));
+  ASSERT_TRUE(up.ok());
+  v1::LinkFrame huge;
+  huge.mutable_activations()->set_step(10);
+  huge.mutable_activations()->add_rows()->mutable_tensor()->mutable_scales()->assign(job_limits.max_frame_bytes + 1, 'x');
+  ASSERT_TRUE((*real)->Send(huge).ok());
+  absl::Status end = (*real)->WaitClosed(absl::Seconds(10));
+  EXPECT_EQ(end.code(), absl::StatusCode::kResourceExhausted) << end;
+  EXPECT_FALSE((*up)->Receive([](const v1::LinkFrame&) { return true; }, absl::Seconds(5)).ok());
+}
+
+TEST(LinkHandshakeTest, AReleasedConnectionIsNoLongerRead) {
+  auto server = *StageLinkServer::Start("127.0.0.1:0", rpc::ShapingOptions{});
+  auto client = *LinkConnection::Dial(absl::StrCat("127.0.0.1:", server->port()), {}, absl::Seconds(10));
+  LinkConnection* end = *server->Accept(absl::Seconds(10));
+  server->Release(end);
+  // The stream ends for the dialer at once instead of being read on.
+  absl::Status closed = client->WaitClosed(absl::Seconds(5));
+  EXPECT_FALSE(absl::IsDeadlineExceeded(closed)) << closed;
 }
 
 }  // namespace

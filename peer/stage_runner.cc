@@ -170,7 +170,11 @@ class StageRunnerImpl final : public StageRunner {
     }
     const rpc::ShapingOptions shaping{job_.shaping().bandwidth_mbps(), job_.shaping().latency_ms()};
     if (!first_) {
-      AQSWARM_ASSIGN_OR_RETURN(server_, StageLinkServer::Start(o_.listen, shaping, o_.tls));
+      // The expected hello is known now: a connection that comes before
+      // Run() is vetted as well.
+      const v1::LinkHello want = LinkHelloFor(job_, o_.pipeline, o_.stage - 1, PreviousGeneration(), o_.plan);
+      AQSWARM_ASSIGN_OR_RETURN(server_, StageLinkServer::StartWith(o_.listen, UpstreamServerOptions(want, o_.previous_peer, shaping, o_.tls,
+                                                                                  LinkLimitsFor(job_, o_.start_step))));
     }
     if (job_.data_parallel() > 1) {
       ReplicaExchangeOptions eo;
@@ -252,13 +256,13 @@ class StageRunnerImpl final : public StageRunner {
     const rpc::ShapingOptions shaping{job_.shaping().bandwidth_mbps(), job_.shaping().latency_ms()};
     if (!last_) {
       AQSWARM_ASSIGN_OR_RETURN(down_, DialNext(o_.next, LinkHelloFor(job_, o_.pipeline, o_.stage, NextGeneration(), o_.plan),
-                                               shaping, o_.tls, o_.link_timeout));
+                                               shaping, o_.tls, o_.link_timeout, o_.next_peer,
+                                               LinkLimitsFor(job_, o_.start_step)));
       AQSWARM_ASSIGN_OR_RETURN(auto lo, pipeline::LinkOptionsFromJob(job_, o_.pipeline, o_.stage, NextGeneration()));
       AQSWARM_ASSIGN_OR_RETURN(sender_, ActivationSender::Create(store_.get(), lo));
     }
     if (!first_) {
-      const v1::LinkHello want = LinkHelloFor(job_, o_.pipeline, o_.stage - 1, PreviousGeneration(), o_.plan);
-      AQSWARM_ASSIGN_OR_RETURN(up_, AcceptPrevious(*server_, want, o_.link_timeout));
+      AQSWARM_ASSIGN_OR_RETURN(up_, AcceptPrevious(*server_, o_.link_timeout));
       AQSWARM_ASSIGN_OR_RETURN(auto lo,
                                pipeline::LinkOptionsFromJob(job_, o_.pipeline, o_.stage - 1, PreviousGeneration()));
       AQSWARM_ASSIGN_OR_RETURN(receiver_, ActivationReceiver::Create(store_.get(), lo));
@@ -277,6 +281,7 @@ class StageRunnerImpl final : public StageRunner {
     po.tie_embeddings = job_.model().tie_embeddings() && num_stages_ > 1;
     po.tied_elements = static_cast<int64_t>(job_.model().vocab_size()) * job_.model().d_model();
     po.link_timeout = o_.link_timeout;
+    po.loss_scaling = pipeline::DynamicLossScaling(job_);
     po.rejected = [](absl::string_view reason) { CountRejectedMessage(reason); };
     protocol_ = std::make_unique<StepProtocol>(po, compute_.get(),
                                                StepLinks{up_, down_.get(), sender_.get(), receiver_.get()});
@@ -358,6 +363,9 @@ class StageRunnerImpl final : public StageRunner {
   absl::StatusOr<v1::StageEvent> RunStep(const pipeline::ShardSchedule& sched, int64_t epoch, int64_t s, int64_t gs,
                                          bool final) {
     const double mbps = ApplyStepBandwidth(gs);
+    // The links' step windows follow this stage (peer/link_transport.h).
+    if (up_ != nullptr) up_->SetStep(static_cast<uint64_t>(gs));
+    if (down_ != nullptr) down_->SetStep(static_cast<uint64_t>(gs));
     const absl::Time start = absl::Now();
     const ProcessUsage use0 = Usage();
     protocol_->ResetTimes();

@@ -46,8 +46,20 @@ struct StageRunnerOptions {
   std::string next;
   // Directory of this stage's message store (aqsgd mode). Required then.
   std::string store_dir;
-  // Byte budget of the message store; 0 = unlimited. Default: 0.
+  // Byte budget of the message store; 0 = unlimited. Default: 0
+  // (StageRunnerOptionsFor sets the job's compression.storeBytes).
   uint64_t store_capacity_bytes = 0;
+  // Peer names (certificate names under mutual TLS) the assignment gives
+  // stage-1 and stage+1 of this pipeline: under mTLS only `previous_peer`
+  // may open the link from stage-1 and the link to stage+1 must reach
+  // `next_peer`. "" = any certificate of the swarm CA. Default: "".
+  std::string previous_peer;
+  std::string next_peer;
+  // The names of this stage's replicas, indexed by pipeline (this one's
+  // entry is this peer's own): under mTLS a GradientExchange chunk from
+  // rank r is taken only from the certificate named replica_peers[r].
+  // Empty = any certificate of the swarm CA. Default: empty.
+  std::vector<std::string> replica_peers;
   // AQ-SGD link generation; both ends of a link must agree. Default: 1.
   uint64_t generation = 1;
   // Generations of the link to stage+1 and from stage-1 when they differ
