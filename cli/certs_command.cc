@@ -24,7 +24,10 @@ ABSL_FLAG(std::string, ip, "", "Comma-separated IP addresses the process is dial
           "e.g. 127.0.0.1,10.0.0.5.");
 ABSL_FLAG(std::string, dns, "", "Comma-separated extra DNS names for subjectAltName.");
 ABSL_FLAG(std::string, swarm, "", "Swarm id the join token admits to.");
-ABSL_FLAG(std::string, peer, "*", "Peer name the join token is bound to ('*' = any peer).");
+ABSL_FLAG(std::string, peer, "", "Peer name the join token admits (required unless --any_peer).");
+ABSL_FLAG(bool, any_peer, false,
+          "Issue a wildcard join token that admits any peer name (each name once) instead of one --peer. "
+          "Whoever copies it can join under any free name: prefer one token per peer.");
 ABSL_FLAG(int64_t, ttl_s, 3600, "Join token lifetime in seconds.");
 
 namespace aqswarm::cli {
@@ -101,14 +104,25 @@ int RunToken(const std::vector<std::string>& args) {
   if (swarm.empty()) return UsageError("token", "--swarm is required");
   const int64_t ttl = absl::GetFlag(FLAGS_ttl_s);
   if (ttl <= 0) return UsageError("token", "--ttl_s must be > 0");
+  std::string peer = absl::GetFlag(FLAGS_peer);
+  if (absl::GetFlag(FLAGS_any_peer)) {
+    if (!peer.empty()) return UsageError("token", "give --peer NAME or --any_peer, not both");
+    peer = kAnyPeer;
+  } else if (peer.empty()) {
+    return UsageError("token", "--peer NAME is required (a token admits one peer; --any_peer for a wildcard)");
+  } else if (peer == kAnyPeer) {
+    return UsageError("token", "a wildcard token needs --any_peer (not --peer '*')");
+  }
   const std::string path = absl::StrCat(absl::GetFlag(FLAGS_tls_dir), "/", kJoinSecretFile);
   auto secret = LoadOrCreateJoinSecret(path);
   if (!secret.ok()) return Fail("token", secret.status());
   const int64_t expiry = absl::ToUnixSeconds(absl::Now()) + ttl;
-  auto token = IssueJoinToken(*secret, swarm, absl::GetFlag(FLAGS_peer), expiry);
+  auto token = IssueJoinToken(*secret, swarm, peer, expiry);
   if (!token.ok()) return Fail("token", token.status());
   // The token alone on stdout (for $(...)); the explanation on stderr.
-  std::cerr << "join token for peer '" << absl::GetFlag(FLAGS_peer) << "' in swarm '" << swarm << "', expires "
+  std::cerr << (peer == kAnyPeer ? std::string("wildcard join token (any peer name, each once)")
+                                 : absl::StrCat("join token for peer '", peer, "'"))
+            << " in swarm '" << swarm << "', single use per name, expires "
             << FormatUtc(absl::FromUnixSeconds(expiry)) << " (secret: " << path << ")\n";
   std::cout << *token << "\n";
   return 0;
@@ -150,10 +164,12 @@ std::vector<Command> CertsCommands() {
        "is dialed at: clients check them.\n"
        "example: aqswarm certs issue --tls_dir ./tls --name peer-a --ip 127.0.0.1,10.0.0.5 --dns peer-a.lan",
        {"tls_dir", "name", "ip", "dns", "days"}, RunIssue},
-      {"certs token", "Print a join token (HMAC-SHA256, expiring) that admits a peer to a swarm.",
+      {"certs token", "Print a join token (HMAC-SHA256, expiring) that admits one peer to a swarm.",
        "Creates <tls_dir>/join.secret (0600) on first use; the coordinator verifies tokens with it.\n"
+       "A token admits its peer once; the peer rejoins later with its session or certificate, not the token.\n"
+       "--any_peer issues a wildcard (any name, each once) instead.\n"
        "example: aqswarm certs token --tls_dir ./tls --swarm demo --peer peer-a --ttl_s 600",
-       {"tls_dir", "swarm", "peer", "ttl_s"}, RunToken},
+       {"tls_dir", "swarm", "peer", "any_peer", "ttl_s"}, RunToken},
       {"certs show", "Print the CA and a certificate, and check that they fit together.",
        "example: aqswarm certs show --tls_dir ./tls --name peer-a",
        {"tls_dir", "name"}, RunShow},

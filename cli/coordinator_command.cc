@@ -23,6 +23,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/event_json.h"
 #include "rpc/channel.h"
+#include "rpc/server.h"
 #include "rpc/tls.h"
 #include "pipeline/job_spec.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -45,6 +46,9 @@ ABSL_FLAG(bool, mirror_checkpoints, false,
 ABSL_FLAG(double, probe_max_age_s, 600,
           "Coordinator: heartbeats ask peers to probe links unmeasured or older than this (0 = no probing).");
 ABSL_FLAG(int32_t, probes_per_heartbeat, 2, "Coordinator: at most this many probe requests per heartbeat answer.");
+ABSL_FLAG(bool, insecure, false,
+          "Serve plaintext (no --tls_dir) on a listen address other machines can reach. Without it, plaintext "
+          "is refused unless the listen address is loopback (127.0.0.0/8, ::1, localhost).");
 ABSL_FLAG(double, lease_s, 10, "Coordinator: seconds a peer stays a member without a heartbeat.");
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7000", "HOST:PORT of the coordinator.");
 ABSL_FLAG(std::string, coord_sizes, "1000,10000", "Coordinator bench: comma-separated simulated peer counts.");
@@ -87,6 +91,15 @@ int RunCoordinator(const std::vector<std::string>& args) {
   if (ec) return Fail("coordinator", absl::InternalError(absl::StrCat("cannot create ", state_dir, ": ", ec.message())));
   rpc::TlsOptions tls{absl::GetFlag(FLAGS_tls_dir), absl::GetFlag(FLAGS_name)};
   if (tls.enabled() && tls.name.empty()) tls.name = "coordinator";
+  if (absl::Status s = rpc::CheckListenSecurity(absl::GetFlag(FLAGS_listen), tls.enabled(),
+                                                absl::GetFlag(FLAGS_insecure));
+      !s.ok()) {
+    return Fail("coordinator", s);
+  }
+  if (!tls.enabled()) {
+    std::cerr << "warning: the coordinator serves plaintext: peers and join tokens are not protected"
+              << (rpc::IsLoopbackAddress(absl::GetFlag(FLAGS_listen)) ? " (loopback only)" : "") << std::endl;
+  }
   const std::string secret_path =
       absl::StrCat(tls.enabled() ? tls.dir : state_dir, "/", kJoinSecretFile);
   auto secret = LoadOrCreateJoinSecret(secret_path);
@@ -224,7 +237,7 @@ std::vector<Command> CoordinatorCommands() {
        "then logs on stderr; SIGINT/SIGTERM stop it.\n"
        "example: aqswarm coordinator --job job.json --listen 127.0.0.1:7000 --state_dir ./coord "
        "[--tls_dir ./tls --name coordinator] [--lease_s 10]",
-       {"job", "stages", "dp", "listen", "state_dir", "tls_dir", "name", "swarm", "lease_s", "mirror_checkpoints",
+       {"job", "stages", "dp", "listen", "state_dir", "tls_dir", "name", "swarm", "insecure", "lease_s", "mirror_checkpoints",
         "probe_max_age_s", "probes_per_heartbeat", "metrics_listen"},
        RunCoordinator},
       {"status", "Ask a coordinator for the swarm: peers, stages, links, assignment version, step, loss, tokens/s.",

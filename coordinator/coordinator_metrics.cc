@@ -43,12 +43,28 @@ struct CoordinatorFamilies {
       "Requests refused, by reason (the status code: invalid_argument, unauthenticated, permission_denied, "
       "not_found, failed_precondition, ...).",
       {"reason"});
+  Family<Counter>& refusals = DeclareCounter(
+      "aqswarm_coordinator_refusals_total",
+      "Hostile or buggy input refused or dropped, by cause: join_certificate_name, join_name_held, "
+      "join_token_replayed, join_rate, report_rate, progress_backward, held_foreign_stage, held_future_step, "
+      "watch_superseded, status_details.",
+      {"cause"});
+  Family<Counter>& hash_disagreements =
+      DeclareCounter("aqswarm_coordinator_state_hash_disagreements_total",
+                     "Reports of a stage state whose SHA-256 differs from another holder's for the same stage and "
+                     "step (the majority, then the longest-standing holder, wins).");
 };
 
 CoordinatorFamilies& Families() {
   static CoordinatorFamilies* f = new CoordinatorFamilies();
   return *f;
 }
+
+constexpr Refusal kAllRefusals[] = {
+    Refusal::kJoinCertificateName, Refusal::kJoinNameHeld,     Refusal::kJoinTokenReplayed,
+    Refusal::kJoinRate,            Refusal::kReportRate,       Refusal::kProgressBackward,
+    Refusal::kHeldForeignStage,    Refusal::kHeldFutureStep,   Refusal::kWatchSuperseded,
+    Refusal::kStatusDetails};
 
 std::string Reason(absl::StatusCode code) { return absl::AsciiStrToLower(absl::StatusCodeToString(code)); }
 
@@ -58,9 +74,12 @@ void DeclareCoordinatorMetrics() {
   CoordinatorFamilies& f = Families();
   for (absl::StatusCode c : {absl::StatusCode::kInvalidArgument, absl::StatusCode::kUnauthenticated,
                              absl::StatusCode::kPermissionDenied, absl::StatusCode::kNotFound,
-                             absl::StatusCode::kFailedPrecondition}) {
+                             absl::StatusCode::kFailedPrecondition, absl::StatusCode::kResourceExhausted,
+                             absl::StatusCode::kAlreadyExists}) {
     f.rejected.Add({{"reason", Reason(c)}});
   }
+  for (Refusal r : kAllRefusals) f.refusals.Add({{"cause", RefusalCause(r)}});
+  f.hash_disagreements.Add({});
   f.expiries.Add({});
   f.heartbeats.Add({});
   for (const char* s : {"active", "waiting", "standby"}) f.peers.Add({{"state", s}});
@@ -70,6 +89,28 @@ void CountRejectedRequest(absl::StatusCode code) {
   if (code == absl::StatusCode::kOk) return;
   Families().rejected.Add({{"reason", Reason(code)}}).Increment();
 }
+
+const char* RefusalCause(Refusal r) {
+  switch (r) {
+    case Refusal::kJoinCertificateName: return "join_certificate_name";
+    case Refusal::kJoinNameHeld: return "join_name_held";
+    case Refusal::kJoinTokenReplayed: return "join_token_replayed";
+    case Refusal::kJoinRate: return "join_rate";
+    case Refusal::kReportRate: return "report_rate";
+    case Refusal::kProgressBackward: return "progress_backward";
+    case Refusal::kHeldForeignStage: return "held_foreign_stage";
+    case Refusal::kHeldFutureStep: return "held_future_step";
+    case Refusal::kWatchSuperseded: return "watch_superseded";
+    case Refusal::kStatusDetails: return "status_details";
+  }
+  return "unknown";
+}
+
+void CountRefusal(Refusal r, double n) { Families().refusals.Add({{"cause", RefusalCause(r)}}).Increment(n); }
+
+double RefusalCount(Refusal r) { return Families().refusals.Add({{"cause", RefusalCause(r)}}).Value(); }
+
+void CountStateHashDisagreement() { Families().hash_disagreements.Add({}).Increment(); }
 
 void CountHeartbeat() { Families().heartbeats.Add({}).Increment(); }
 

@@ -31,6 +31,28 @@ void DeclareCoordinatorMetrics();
 // A request refused with `code` (not OK): aqswarm_coordinator_rejected_requests_total{reason}.
 void CountRejectedRequest(absl::StatusCode code);
 void CountHeartbeat();
+
+// Why the coordinator refused (or dropped part of) what a caller sent:
+// aqswarm_coordinator_refusals_total{cause}. Every cause is declared up front.
+enum class Refusal {
+  kJoinCertificateName,  // under TLS, the certificate names another peer
+  kJoinNameHeld,         // the name has a live lease and the joiner proved no claim to it
+  kJoinTokenReplayed,    // a join token already used under that name, without proof
+  kJoinRate,             // joins of one name, or of everyone, over the rate limit
+  kReportRate,           // one peer's reports over its rate limit
+  kProgressBackward,     // progress lower than the peer already reported under the same plan
+  kHeldForeignStage,     // held states of a stage that is neither the peer's nor its mirror
+  kHeldFutureStep,       // held states past any step the swarm reached
+  kWatchSuperseded,      // a second assignment watch of the same peer ended the first
+  kStatusDetails,        // a Status caller that is not an admin got the summary only
+};
+const char* RefusalCause(Refusal r);
+void CountRefusal(Refusal r, double n = 1);
+// The counter's value in this process (tests).
+double RefusalCount(Refusal r);
+// Two holders reported different SHA-256 for the same stage state:
+// aqswarm_coordinator_state_hash_disagreements_total.
+void CountStateHashDisagreement();
 void CountLeaseExpiries(size_t peers);
 
 // Samples `coordinator`'s status into the gauges before every scrape while

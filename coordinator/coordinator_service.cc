@@ -1,8 +1,14 @@
 #include "coordinator/coordinator_service.h"
 
+#include <openssl/sha.h>
+
 #include <optional>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_metrics.h"
@@ -27,8 +33,10 @@ PeerProgress FromProto(const v1::Progress& p) {
   return {p.step(), p.loss(), p.tokens_per_second(), p.plan_version()};
 }
 
-// Shape only (stage range and step order: ValidateHeldStates).
-absl::StatusOr<HeldStates> FromProto(const google::protobuf::RepeatedPtrField<v1::StageCheckpoints>& held) {
+// Shape only (stage range and step order: ValidateHeldStates; hashes:
+// ValidateHeldHashes). `hashes` gets each stage's sha256 list when it has one.
+absl::StatusOr<HeldStates> FromProto(const google::protobuf::RepeatedPtrField<v1::StageCheckpoints>& held,
+                                     HeldHashes* hashes) {
   if (held.size() > 4096) return absl::InvalidArgumentError("held: more than 4096 stages");
   HeldStates out;
   for (const v1::StageCheckpoints& h : held) {
@@ -36,11 +44,51 @@ absl::StatusOr<HeldStates> FromProto(const google::protobuf::RepeatedPtrField<v1
       return absl::InvalidArgumentError(
           absl::StrCat("held: stage ", h.stage(), " lists ", h.steps_size(), " steps, at most ", kMaxHeldStepsPerStage));
     }
+    if (h.sha256_size() != 0 && h.sha256_size() != h.steps_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("held: stage ", h.stage(), " lists ", h.steps_size(),
+                                                     " steps but ", h.sha256_size(), " sha256"));
+    }
     if (!out.emplace(h.stage(), std::vector<int64_t>(h.steps().begin(), h.steps().end())).second) {
       return absl::InvalidArgumentError(absl::StrCat("held: stage ", h.stage(), " is listed twice"));
     }
+    if (h.sha256_size() > 0) (*hashes)[h.stage()].assign(h.sha256().begin(), h.sha256().end());
   }
   return out;
+}
+
+// Who called, as TLS says: not `tls` without an authenticated client certificate.
+struct Caller {
+  bool tls = false;
+  std::vector<std::string> names;  // subject CN and subjectAltNames
+  std::string certificate_sha256;  // of the PEM the client presented
+};
+
+Caller CallerOf(const grpc::ServerContext& ctx) {
+  Caller c;
+  const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return c;
+  c.tls = true;
+  for (const char* property : {"x509_common_name", "x509_subject_alternative_name"}) {
+    for (const grpc::string_ref& v : auth->FindPropertyValues(property)) c.names.emplace_back(v.data(), v.size());
+  }
+  const std::vector<grpc::string_ref> pem = auth->FindPropertyValues("x509_pem_cert");
+  if (!pem.empty()) {
+    unsigned char digest[SHA256_DIGEST_LENGTH];
+    SHA256(reinterpret_cast<const unsigned char*>(pem.front().data()), pem.front().size(), digest);
+    c.certificate_sha256 = absl::BytesToHexString(
+        absl::string_view(reinterpret_cast<const char*>(digest), sizeof(digest)));
+  }
+  return c;
+}
+
+// ctx.peer() is "ipv4:127.0.0.1:5000", "ipv6:[::1]:5000" or "unix:...".
+bool FromLoopback(const grpc::ServerContext& ctx) {
+  const std::string peer_text = ctx.peer();
+  absl::string_view peer = peer_text;
+  if (absl::ConsumePrefix(&peer, "ipv4:") || absl::ConsumePrefix(&peer, "ipv6:")) {
+    return rpc::IsLoopbackAddress(peer);
+  }
+  return absl::StartsWith(peer, "unix:");
 }
 
 // The answer to a request: its status, counted when refused.
@@ -51,10 +99,21 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 
 }  // namespace
 
-CoordinatorGrpcService::CoordinatorGrpcService(SwarmCoordinator* coordinator, absl::Duration watch_poll)
-    : coordinator_(coordinator), watch_poll_(watch_poll) {}
+CoordinatorGrpcService::CoordinatorGrpcService(SwarmCoordinator* coordinator, absl::Duration watch_poll,
+                                               std::vector<std::string> admin_names)
+    : coordinator_(coordinator), watch_poll_(watch_poll), admin_names_(std::move(admin_names)) {}
 
-grpc::Status CoordinatorGrpcService::Join(grpc::ServerContext*, const v1::JoinRequest* req, v1::JoinResponse* resp) {
+bool CoordinatorGrpcService::IsAdmin(const grpc::ServerContext& ctx) const {
+  const Caller caller = CallerOf(ctx);
+  if (!caller.tls) return FromLoopback(ctx);
+  for (const std::string& n : caller.names) {
+    if (std::find(admin_names_.begin(), admin_names_.end(), n) != admin_names_.end()) return true;
+  }
+  return false;
+}
+
+grpc::Status CoordinatorGrpcService::Join(grpc::ServerContext* ctx, const v1::JoinRequest* req,
+                                          v1::JoinResponse* resp) {
   JoinParams p;
   p.peer_name = req->peer_name();
   p.join_token = req->join_token();
@@ -63,18 +122,36 @@ grpc::Status CoordinatorGrpcService::Join(grpc::ServerContext*, const v1::JoinRe
   p.state_transfer_address = req->state_transfer_address();
   p.seconds_per_layer = req->seconds_per_layer();
   p.memory_bytes = req->memory_bytes();
-  absl::StatusOr<HeldStates> held = FromProto(req->held());
+  absl::StatusOr<HeldStates> held = FromProto(req->held(), &p.held_sha256);
   if (!held.ok()) return ToGrpcStatus(held.status());
   p.held = *std::move(held);
   p.held_job_name = req->held_job_name();
   p.data = {req->dataset_hash(), req->tokenizer_hash()};
+  p.previous_session_token = req->previous_session_token();
+  auto refuse = [&](const absl::Status& s) {
+    const std::string cause = absl::StatusCodeToString(s.code());
+    if (const int64_t n = refused_joins_log_.Admit(cause, absl::Now()); n > 0) {
+      AQSWARM_LOG(WARNING) << "join of '" << absl::CHexEscape(p.peer_name.substr(0, kMaxNameBytes))
+                           << "' refused: " << s << " (" << n << " " << cause
+                           << " refusals since the last such line)";
+    }
+    return ToGrpcStatus(s);
+  };
   // Shape first, so a malformed request is INVALID_ARGUMENT whatever its token.
-  if (absl::Status s = ValidateJoinParams(p); !s.ok()) return ToGrpcStatus(s);
-  absl::StatusOr<JoinResult> r = coordinator_->Join(p);
-  if (!r.ok()) {
-    AQSWARM_LOG(INFO) << "join of '" << p.peer_name << "' refused: " << r.status();
-    return ToGrpcStatus(r.status());
+  if (absl::Status s = ValidateJoinParams(p); !s.ok()) return refuse(s);
+  const Caller caller = CallerOf(*ctx);
+  if (caller.tls) {
+    if (std::find(caller.names.begin(), caller.names.end(), p.peer_name) == caller.names.end()) {
+      CountRefusal(Refusal::kJoinCertificateName);
+      return refuse(absl::PermissionDeniedError(
+          absl::StrCat("peer_name '", p.peer_name, "' is not a name of the client certificate (",
+                       caller.names.empty() ? "none" : absl::StrJoin(caller.names, ", "),
+                       "): join under the name your certificate was issued for")));
+    }
+    p.certificate_sha256 = caller.certificate_sha256;
   }
+  absl::StatusOr<JoinResult> r = coordinator_->Join(p);
+  if (!r.ok()) return refuse(r.status());
   resp->set_peer_id(r->peer_id);
   resp->set_session_token(r->session_token);
   resp->set_lease_seconds(absl::ToDoubleSeconds(coordinator_->options().lease));
@@ -111,19 +188,62 @@ grpc::Status CoordinatorGrpcService::Leave(grpc::ServerContext*, const v1::Leave
 grpc::Status CoordinatorGrpcService::WatchAssignment(grpc::ServerContext* ctx, const v1::WatchAssignmentRequest* req,
                                                      grpc::ServerWriter<v1::Assignment>* writer) {
   if (absl::Status s = CheckPeerRef(req->peer_id(), req->session_token()); !s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<v1::Assignment> a = coordinator_->GetAssignment(req->peer_id(), req->session_token());
+  if (!a.ok()) return ToGrpcStatus(a.status());
+  // Authenticated: this stream replaces the peer's earlier one.
+  uint64_t me;
+  {
+    absl::MutexLock l(&watch_mu_);
+    me = ++next_watch_;
+    auto [it, fresh] = watches_.try_emplace(req->peer_id(), ctx, me);
+    if (!fresh) {
+      it->second.first->TryCancel();
+      it->second = {ctx, me};
+      CountRefusal(Refusal::kWatchSuperseded);
+    }
+  }
+  auto superseded = [&] {
+    absl::MutexLock l(&watch_mu_);
+    auto it = watches_.find(req->peer_id());
+    return it == watches_.end() || it->second.second != me;
+  };
+  grpc::Status result = grpc::Status::OK;
   uint64_t sent = 0;
   bool first = true;
-  while (!ctx->IsCancelled() && !shutting_down_) {
-    absl::StatusOr<v1::Assignment> a = coordinator_->GetAssignment(req->peer_id(), req->session_token());
-    if (!a.ok()) return ToGrpcStatus(a.status());  // left or expired: NOT_FOUND ends the stream
+  while (true) {
+    if (ctx->IsCancelled() || superseded()) {
+      result = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled, or replaced by a newer watch of this peer");
+      break;
+    }
+    if (shutting_down_) {
+      result = grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down");
+      break;
+    }
+    if (!first) {
+      a = coordinator_->GetAssignment(req->peer_id(), req->session_token());
+      if (!a.ok()) {  // left or expired: NOT_FOUND ends the stream
+        result = ToGrpcStatus(a.status());
+        break;
+      }
+    }
     if (first || a->version() > sent) {
-      if (!writer->Write(*a)) return grpc::Status(grpc::StatusCode::CANCELLED, "watcher went away");
+      if (!writer->Write(*a)) {
+        result = grpc::Status(grpc::StatusCode::CANCELLED, "watcher went away");
+        break;
+      }
       sent = a->version();
       first = false;
     }
-    coordinator_->AwaitVersionAbove(sent, watch_poll_);
+    // Only the version moving (or a slice ending) wakes us; the assignment
+    // is read again only when it moved.
+    while (coordinator_->AwaitVersionAbove(sent, watch_poll_) <= sent) {
+      if (ctx->IsCancelled() || shutting_down_ || superseded()) break;
+    }
   }
-  return grpc::Status(grpc::StatusCode::UNAVAILABLE, ctx->IsCancelled() ? "cancelled" : "coordinator shutting down");
+  absl::MutexLock l(&watch_mu_);
+  auto it = watches_.find(req->peer_id());
+  if (it != watches_.end() && it->second.second == me) watches_.erase(it);
+  return result;
 }
 
 grpc::Status CoordinatorGrpcService::ReportLinkProbe(grpc::ServerContext*, const v1::LinkProbeReport* req,
@@ -140,18 +260,22 @@ grpc::Status CoordinatorGrpcService::ReportProgress(grpc::ServerContext*, const 
   if (absl::Status s = CheckPeerRef(req->peer_id(), req->session_token()); !s.ok()) return ToGrpcStatus(s);
   if (!req->has_progress()) return ToGrpcStatus(absl::InvalidArgumentError("progress is required"));
   std::optional<HeldStates> held;
+  HeldHashes hashes;
   if (req->has_held()) {
-    absl::StatusOr<HeldStates> h = FromProto(req->held());
+    absl::StatusOr<HeldStates> h = FromProto(req->held(), &hashes);
     if (!h.ok()) return ToGrpcStatus(h.status());
     held = *std::move(h);
   }
   return ToGrpcStatus(coordinator_->ReportProgress(req->peer_id(), req->session_token(), FromProto(req->progress()),
-                                                   req->checkpoint_step(), held.has_value() ? &*held : nullptr));
+                                                   req->checkpoint_step(), held.has_value() ? &*held : nullptr,
+                                                   held.has_value() ? &hashes : nullptr));
 }
 
-grpc::Status CoordinatorGrpcService::Status(grpc::ServerContext*, const v1::StatusRequest*,
+grpc::Status CoordinatorGrpcService::Status(grpc::ServerContext* ctx, const v1::StatusRequest*,
                                             v1::StatusResponse* resp) {
-  *resp = coordinator_->GetStatus();
+  const bool admin = IsAdmin(*ctx);
+  if (!admin) CountRefusal(Refusal::kStatusDetails);
+  *resp = coordinator_->GetStatus(admin);
   return grpc::Status::OK;
 }
 
@@ -164,13 +288,18 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
   s->options_ = options;
   s->coordinator_ = std::move(coordinator);
-  s->service_ = std::make_unique<CoordinatorGrpcService>(s->coordinator_.get(), options.watch_poll);
+  s->service_ =
+      std::make_unique<CoordinatorGrpcService>(s->coordinator_.get(), options.watch_poll, options.admin_names);
   rpc::ServerOptions so;
   so.listen = options.listen;
   so.tls = options.tls;
   so.max_receive_bytes = 1 << 20;  // every request is small
   so.accept_keepalive = true;      // peers' assignment watches are long-lived
   so.num_completion_queues = options.num_completion_queues;
+  so.max_threads = options.max_threads;
+  so.max_concurrent_streams = 64;                // one peer: a watch and a few unary calls
+  so.max_connection_age_ms = 30 * 60 * 1000;     // watches re-open on a fresh connection
+  so.max_connection_age_grace_ms = 60 * 1000;
   AQSWARM_ASSIGN_OR_RETURN(rpc::StartedServer started, rpc::StartServer(so, {s->service_.get()}));
   s->server_ = std::move(started.server);
   s->port_ = started.port;
@@ -180,6 +309,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 }
 
 void CoordinatorServer::ExpiryLoop() {
+  absl::Time last_flush = absl::Now();
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
     stop_cv_.WaitWithTimeout(&mu_, options_.expiry_interval);
@@ -190,6 +320,12 @@ void CoordinatorServer::ExpiryLoop() {
       AQSWARM_LOG(ERROR) << "lease sweep failed (will retry): " << expired.status();
     }
     if (expired.ok()) CountLeaseExpiries(expired->size());
+    if (absl::Now() - last_flush >= options_.persist_interval) {
+      if (absl::Status f = coordinator_->FlushReports(); !f.ok()) {
+        AQSWARM_LOG(ERROR) << "persisting reports failed (will retry): " << f;
+      }
+      last_flush = absl::Now();
+    }
     mu_.Lock();
   }
 }
@@ -205,6 +341,9 @@ void CoordinatorServer::Shutdown() {
     stop_cv_.Signal();
   }
   if (expiry_thread_.joinable()) expiry_thread_.join();
+  if (absl::Status f = coordinator_->FlushReports(); !f.ok()) {
+    AQSWARM_LOG(ERROR) << "persisting reports at shutdown failed: " << f;
+  }
 }
 
 CoordinatorServer::~CoordinatorServer() { Shutdown(); }

@@ -14,9 +14,20 @@
 //   server->Shutdown();                     // also done by the destructor
 //
 // WatchAssignment runs on the sync API: each stream holds one server thread
-// and waits on the coordinator's version condition variable in bounded
-// slices (`watch_poll`), checking for cancellation and shutdown between
-// them, so it never blocks other RPCs and ends promptly.
+// and waits on the coordinator's version condition variable (its own mutex,
+// not the coordinator's) in bounded slices (`watch_poll`), checking for
+// cancellation and shutdown between them; it reads the assignment only when
+// the version moved. One watch per peer: a second watch by the same
+// (authenticated) peer cancels the first.
+//
+// Identity under TLS: a Join's client certificate must name the peer (its
+// subject CN or a subjectAltName equals peer_name), else PERMISSION_DENIED
+// naming both; the certificate's SHA-256 goes with the join (a rejoin with the
+// same certificate proves it is the same peer). Status details (peer names,
+// addresses, links, held states) go to an admin only: under TLS a client
+// whose certificate names one of `admin_names`, without TLS a loopback
+// caller; everyone else gets the summary (SwarmCoordinator::GetStatus).
+// Refused joins are logged at most once per 10 s per cause, with the count.
 //
 // Thread-safety: thread-safe.
 #ifndef AQSWARM_COORDINATOR_COORDINATOR_SERVICE_H_
@@ -25,12 +36,15 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <map>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/rate_limiter.h"
 #include "coordinator/swarm_coordinator.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -41,7 +55,8 @@ namespace aqswarm::coordinator {
 class CoordinatorGrpcService final : public v1::Coordinator::Service {
  public:
   // `coordinator` is not owned and must outlive the service.
-  CoordinatorGrpcService(SwarmCoordinator* coordinator, absl::Duration watch_poll);
+  CoordinatorGrpcService(SwarmCoordinator* coordinator, absl::Duration watch_poll,
+                         std::vector<std::string> admin_names = {"admin"});
   // Ends running WatchAssignment streams (within one watch_poll).
   void BeginShutdown() { shutting_down_ = true; }
 
@@ -58,9 +73,17 @@ class CoordinatorGrpcService final : public v1::Coordinator::Service {
   grpc::Status Status(grpc::ServerContext* ctx, const v1::StatusRequest* req, v1::StatusResponse* resp) override;
 
  private:
+  bool IsAdmin(const grpc::ServerContext& ctx) const;
+
   SwarmCoordinator* const coordinator_;
   const absl::Duration watch_poll_;
+  const std::vector<std::string> admin_names_;
   std::atomic<bool> shutting_down_{false};
+  LogLimiter refused_joins_log_{absl::Seconds(10)};
+  // The live watch of each peer: its context and a sequence number.
+  absl::Mutex watch_mu_;
+  std::map<uint64_t, std::pair<grpc::ServerContext*, uint64_t>> watches_ ABSL_GUARDED_BY(watch_mu_);
+  uint64_t next_watch_ ABSL_GUARDED_BY(watch_mu_) = 0;
 };
 
 struct CoordinatorServerOptions {
@@ -75,6 +98,15 @@ struct CoordinatorServerOptions {
   absl::Duration watch_poll = absl::Milliseconds(250);
   // gRPC sync-server completion queues (each polls on its own thread). Default: 0 = gRPC's default.
   int num_completion_queues = 0;
+  // Certificate names (CN or SAN) whose Status calls get every detail under
+  // TLS. Default: {"admin"}.
+  std::vector<std::string> admin_names = {"admin"};
+  // At most this many threads serve calls (each assignment watch holds one);
+  // beyond: RESOURCE_EXHAUSTED. Default: 4096.
+  int max_threads = 4096;
+  // Reports deferred by SwarmCoordinator are committed this often
+  // (FlushReports). Default: 1 s.
+  absl::Duration persist_interval = absl::Seconds(1);
 };
 
 class CoordinatorServer {

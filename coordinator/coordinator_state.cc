@@ -2,6 +2,7 @@
 
 #include <set>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -26,9 +27,13 @@ const StateKey<double> kTokensPerSecond("progress/tokens_per_second");
 const StateKey<std::string> kDataIdentity("data_identity");
 constexpr char kMembersPrefix[] = "members/";
 constexpr char kLinksPrefix[] = "links/";
+constexpr char kTokensPrefix[] = "tokens/";
 
 std::string MemberKey(uint64_t id) { return absl::StrFormat("%s%020d", kMembersPrefix, id); }
 std::string LinksFromPrefix(uint64_t from) { return absl::StrFormat("%s%020d/", kLinksPrefix, from); }
+std::string TokenKey(const std::string& id, const std::string& name) {
+  return absl::StrCat(kTokensPrefix, id, "/", name);
+}
 std::string LinkKey(uint64_t from, uint64_t to) { return absl::StrFormat("%s%020d", LinksFromPrefix(from), to); }
 
 // Missing keys read as `fallback`; other errors propagate.
@@ -61,10 +66,15 @@ void CoordinatorState::Change::PutMember(const Member& m) {
   r.set_memory_bytes(m.memory_bytes);
   r.set_joined_unix_ms(absl::ToUnixMillis(m.joined_at));
   r.set_lease_expiry_unix_ms(absl::ToUnixMillis(m.lease_expiry));
+  r.set_certificate_sha256(m.certificate_sha256);
   for (const auto& [stage, steps] : m.held) {
     v1::StageCheckpoints* h = r.add_held();
     h->set_stage(stage);
     for (int64_t s : steps) h->add_steps(s);
+    auto hashes = m.held_sha256.find(stage);
+    if (hashes != m.held_sha256.end()) {
+      for (const std::string& x : hashes->second) h->add_sha256(x);
+    }
   }
   batch_.Put(StateKey<std::string>(MemberKey(m.id)), r.SerializeAsString());
 }
@@ -105,6 +115,15 @@ void CoordinatorState::Change::PutProgress(const SwarmProgress& p) {
 
 void CoordinatorState::Change::PutDataIdentity(const DataIdentity& d) {
   batch_.Put(kDataIdentity, absl::StrCat(d.dataset_hash, "/", d.tokenizer_hash));
+}
+
+void CoordinatorState::Change::PutUsedToken(const UsedToken& u) {
+  batch_.Put(StateKey<std::string>(TokenKey(u.token_id, u.peer_name)),
+             absl::StrCat(u.expiry_unix_s, "|", u.certificate_sha256, "|", u.session_token));
+}
+
+void CoordinatorState::Change::DeleteUsedToken(const std::string& token_id, const std::string& peer_name) {
+  batch_.Delete(TokenKey(token_id, peer_name));
 }
 
 absl::StatusOr<std::unique_ptr<CoordinatorState>> CoordinatorState::Open(const Options& options) {
@@ -163,8 +182,12 @@ absl::StatusOr<PersistedState> CoordinatorState::Load() const {
     m.memory_bytes = r.memory_bytes();
     m.joined_at = absl::FromUnixMillis(r.joined_unix_ms());
     m.lease_expiry = absl::FromUnixMillis(r.lease_expiry_unix_ms());
+    m.certificate_sha256 = r.certificate_sha256();
     for (const v1::StageCheckpoints& h : r.held()) {
       m.held[h.stage()].assign(h.steps().begin(), h.steps().end());
+      if (h.sha256_size() == h.steps_size() && h.sha256_size() > 0) {
+        m.held_sha256[h.stage()].assign(h.sha256().begin(), h.sha256().end());
+      }
     }
     s.members.push_back(std::move(m));
   }
@@ -185,6 +208,22 @@ absl::StatusOr<PersistedState> CoordinatorState::Load() const {
     LinkEstimate e{r.bandwidth_bytes_per_second(), r.rtt_seconds(), true,
                    r.measured_unix_ms() != 0 ? absl::FromUnixMillis(r.measured_unix_ms()) : absl::InfinitePast()};
     s.links.push_back({r.from_peer_id(), r.to_peer_id(), e});
+  }
+
+  AQSWARM_ASSIGN_OR_RETURN(auto tokens, store_->Scan(kTokensPrefix));
+  for (const auto& [key, tagged] : tokens) {
+    AQSWARM_ASSIGN_OR_RETURN(std::string raw, StateStore::Untag<std::string>(key, tagged));
+    const std::vector<std::string> id_name = absl::StrSplit(key.substr(sizeof(kTokensPrefix) - 1), absl::MaxSplits('/', 1));
+    const std::vector<std::string> fields = absl::StrSplit(raw, absl::MaxSplits('|', 2));
+    UsedToken u;
+    if (id_name.size() != 2 || fields.size() != 3 || !absl::SimpleAtoi(fields[0], &u.expiry_unix_s)) {
+      return absl::DataLossError(absl::StrCat("coordinator state: used token record '", key, "' is corrupt"));
+    }
+    u.token_id = id_name[0];
+    u.peer_name = id_name[1];
+    u.certificate_sha256 = fields[1];
+    u.session_token = fields[2];
+    s.used_tokens.push_back(std::move(u));
   }
 
   absl::StatusOr<std::string> grid = store_->Get(kGrid);

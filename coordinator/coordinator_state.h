@@ -20,6 +20,9 @@
 //   progress/step, progress/checkpoint_step   int64
 //   progress/loss, progress/tokens_per_second double
 //   data_identity                    string   "<dataset hash>/<tokenizer hash>" fixed by the first peer
+//   tokens/<token id>/<peer name>    string   "<expiry unix s>|<certificate sha256>|<session token>":
+//                                             a join token used by that name (single use; kept
+//                                             until the token expires, see SwarmCoordinator)
 // Lease expiries are stored as of the last membership change, not per
 // heartbeat (that would be an fsync per heartbeat); a restarted coordinator
 // extends every lease by a grace period instead (SwarmCoordinator).
@@ -60,6 +63,17 @@ struct LinkRow {
   LinkEstimate estimate;
 };
 
+// A join token's nonce used by one peer name, and what a later join with the
+// same token must prove to be that peer again (its last session token, or
+// under TLS the same certificate).
+struct UsedToken {
+  std::string token_id;  // the token's nonce (JoinClaims::token_id)
+  std::string peer_name;
+  int64_t expiry_unix_s = 0;  // the token's expiry: the record is dropped after it
+  std::string certificate_sha256;  // "" without TLS
+  std::string session_token;       // the session the last join with this token got
+};
+
 struct PersistedState {
   std::optional<v1::JobSpec> job;  // nullopt: a fresh state dir
   Counters counters;
@@ -68,6 +82,7 @@ struct PersistedState {
   SwarmProgress progress;
   std::vector<LinkRow> links;      // between members only
   std::optional<DataIdentity> data_identity;  // fixed by the first peer with data
+  std::vector<UsedToken> used_tokens;
 };
 
 class CoordinatorState {
@@ -90,6 +105,8 @@ class CoordinatorState {
     void PutGrid(const Grid& grid);
     void PutProgress(const SwarmProgress& progress);
     void PutDataIdentity(const DataIdentity& identity);
+    void PutUsedToken(const UsedToken& used);
+    void DeleteUsedToken(const std::string& token_id, const std::string& peer_name);
     bool empty() const { return batch_.empty(); }
 
    private:

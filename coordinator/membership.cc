@@ -35,7 +35,8 @@ bool IsIpv6(absl::string_view host) {
   return colons >= 2;
 }
 
-// Constant time in the length of `a` (the secret side).
+}  // namespace
+
 bool SameSecret(absl::string_view a, absl::string_view b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -43,8 +44,6 @@ bool SameSecret(absl::string_view a, absl::string_view b) {
   }
   return diff == 0;
 }
-
-}  // namespace
 
 absl::Status ValidateAddress(absl::string_view field, absl::string_view address) {
   auto bad = [&](absl::string_view why) {
@@ -89,6 +88,10 @@ absl::Status ValidateJoinParams(const JoinParams& params) {
   }
   if (params.peer_name == kAnyPeer) return absl::InvalidArgumentError("peer_name '*' is reserved");
   if (params.join_token.empty()) return absl::UnauthenticatedError("join_token is missing");
+  if (params.join_token.size() > 1024) return absl::InvalidArgumentError("join_token is longer than 1024 bytes");
+  if (params.previous_session_token.size() > 256) {
+    return absl::InvalidArgumentError("previous_session_token is longer than 256 bytes");
+  }
   AQSWARM_RETURN_IF_ERROR(ValidateAddress("stage_link_address", params.stage_link_address));
   if (!params.gradient_exchange_address.empty()) {
     AQSWARM_RETURN_IF_ERROR(ValidateAddress("gradient_exchange_address", params.gradient_exchange_address));
@@ -127,17 +130,23 @@ absl::Status ValidateProgress(const PeerProgress& p) {
 Membership::Membership(MembershipOptions options, const rpc::Clock* clock)
     : options_(std::move(options)), clock_(clock) {}
 
-absl::StatusOr<Member> Membership::Admit(const JoinParams& params, uint64_t id) const {
-  AQSWARM_RETURN_IF_ERROR(ValidateJoinParams(params));
-  const absl::Time now = clock_->Now();
+absl::StatusOr<JoinClaims> Membership::CheckToken(const MembershipOptions& options, const JoinParams& params,
+                                                  absl::Time now) {
   absl::StatusOr<JoinClaims> claims =
-      VerifyJoinToken(options_.join_secret, params.join_token, absl::ToUnixSeconds(now));
+      VerifyJoinToken(options.join_secret, params.join_token, absl::ToUnixSeconds(now));
   if (!claims.ok()) {
     // A malformed token is as bad as a forged one: the caller is not admitted.
     if (absl::IsInvalidArgument(claims.status())) return absl::UnauthenticatedError(claims.status().message());
     return claims.status();
   }
-  AQSWARM_RETURN_IF_ERROR(CheckJoinClaims(*claims, options_.swarm_id, params.peer_name));
+  AQSWARM_RETURN_IF_ERROR(CheckJoinClaims(*claims, options.swarm_id, params.peer_name));
+  return claims;
+}
+
+absl::StatusOr<Member> Membership::Admit(const JoinParams& params, uint64_t id) const {
+  AQSWARM_RETURN_IF_ERROR(ValidateJoinParams(params));
+  const absl::Time now = clock_->Now();
+  AQSWARM_RETURN_IF_ERROR(CheckToken(options_, params, now).status());
   const bool rejoin = FindByName(params.peer_name) != nullptr;
   if (!rejoin && static_cast<int64_t>(members_.size()) >= options_.max_members) {
     return absl::FailedPreconditionError(absl::StrCat("the swarm is full (", options_.max_members, " peers)"));
@@ -153,6 +162,8 @@ absl::StatusOr<Member> Membership::Admit(const JoinParams& params, uint64_t id) 
   m.seconds_per_layer = params.seconds_per_layer;
   m.memory_bytes = params.memory_bytes;
   m.held = params.held;
+  m.held_sha256 = params.held_sha256;
+  m.certificate_sha256 = params.certificate_sha256;
   m.joined_at = now;
   m.lease_expiry = now + options_.lease;
   return m;
@@ -186,7 +197,32 @@ absl::StatusOr<const Member*> Membership::Authenticate(uint64_t id, absl::string
 
 void Membership::SetProgress(uint64_t id, const PeerProgress& progress) { members_.at(id).progress = progress; }
 
-void Membership::SetHeld(uint64_t id, HeldStates held) { members_.at(id).held = std::move(held); }
+void Membership::SetHeld(uint64_t id, HeldStates held, HeldHashes hashes) {
+  Member& m = members_.at(id);
+  m.held = std::move(held);
+  m.held_sha256 = std::move(hashes);
+}
+
+absl::Status ValidateHeldHashes(const HeldStates& held, const HeldHashes& hashes) {
+  for (const auto& [stage, list] : hashes) {
+    auto it = held.find(stage);
+    if (it == held.end() || it->second.size() != list.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("held state of stage ", stage, ": sha256 must list one entry per step"));
+    }
+    for (const std::string& h : list) {
+      if (h.empty()) continue;
+      bool hex = h.size() == 64;
+      for (char c : h) hex = hex && (absl::ascii_isdigit(c) || (c >= 'a' && c <= 'f'));
+      if (!hex) {
+        return absl::InvalidArgumentError(absl::StrCat("held state of stage ", stage, ": sha256 '",
+                                                       absl::CHexEscape(h.substr(0, 80)),
+                                                       "' is not 64 lowercase hex digits"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ValidateHeldStates(const HeldStates& held, int num_stages) {
   for (const auto& [stage, steps] : held) {

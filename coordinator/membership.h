@@ -32,6 +32,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/data_identity.h"
+#include "common/join_token.h"
 #include "rpc/clock.h"
 
 namespace aqswarm::coordinator {
@@ -47,6 +48,9 @@ struct PeerProgress {
 // and serves; steps ascending, unique.
 using HeldStates = std::map<uint32_t, std::vector<int64_t>>;
 inline constexpr size_t kMaxHeldStepsPerStage = 64;
+// Stage -> SHA-256 (64 lowercase hex digits) of each held state, parallel to
+// HeldStates' steps; a stage absent here (or an empty string) is not reported.
+using HeldHashes = std::map<uint32_t, std::vector<std::string>>;
 
 struct JoinParams {
   std::string peer_name;
@@ -59,6 +63,12 @@ struct JoinParams {
   HeldStates held;                        // states it already holds (a restarted peer)
   std::string held_job_name;              // the job `held` belongs to
   DataIdentity data;                      // hashes of its local copy of the job's data
+  HeldHashes held_sha256;                 // SHA-256 of the states in `held`
+  // The session token of this name's previous membership (a rejoin proves
+  // itself with it); "" on a first join.
+  std::string previous_session_token;
+  // SHA-256 (hex) of the caller's TLS client certificate; "" without TLS.
+  std::string certificate_sha256;
 };
 
 struct Member {
@@ -74,6 +84,8 @@ struct Member {
   absl::Time lease_expiry;
   PeerProgress progress;  // latest reported (not persisted)
   HeldStates held;        // latest reported (persisted)
+  HeldHashes held_sha256;  // parallel to `held` (persisted)
+  std::string certificate_sha256;  // of the client certificate it joined with ("" without TLS; persisted)
 };
 
 // Limits on what a peer may claim; beyond them a request is INVALID_ARGUMENT.
@@ -91,6 +103,11 @@ absl::Status ValidateProgress(const PeerProgress& progress);
 // Stages < num_stages, steps >= 0 and ascending without repeats, at most
 // kMaxHeldStepsPerStage per stage.
 absl::Status ValidateHeldStates(const HeldStates& held, int num_stages);
+// Each stage of `hashes` is in `held` with as many entries as steps, each ""
+// or 64 lowercase hex digits.
+absl::Status ValidateHeldHashes(const HeldStates& held, const HeldHashes& hashes);
+// Equal secrets, compared in constant time in the length of `expected`.
+bool SameSecret(absl::string_view expected, absl::string_view given);
 
 struct MembershipOptions {
   // Swarm id the join tokens must name. Required.
@@ -111,6 +128,10 @@ class Membership {
   // Checks `params` and the join token; returns the member to Add() (with a
   // fresh session token and a lease from now) without adding it.
   absl::StatusOr<Member> Admit(const JoinParams& params, uint64_t id) const;
+  // The token check of Admit alone (no state read): its claims, or
+  // UNAUTHENTICATED / PERMISSION_DENIED as Admit.
+  static absl::StatusOr<JoinClaims> CheckToken(const MembershipOptions& options, const JoinParams& params,
+                                               absl::Time now);
   void Add(Member member);
   void Remove(uint64_t id);
 
@@ -120,7 +141,7 @@ class Membership {
   // Records the latest progress a member reported. The id must exist.
   void SetProgress(uint64_t id, const PeerProgress& progress);
   // Records the stage states a member holds. The id must exist.
-  void SetHeld(uint64_t id, HeldStates held);
+  void SetHeld(uint64_t id, HeldStates held, HeldHashes hashes = {});
   // Extends the lease to now + lease; returns the new expiry. The id must exist.
   absl::Time Renew(uint64_t id);
   // Members whose lease expired (expiry <= now), by id.

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "coordinator/coordinator_metrics.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace aqswarm::coordinator {
@@ -61,10 +62,14 @@ int64_t PickResumeStep(const Grid& grid, const Membership& members, std::optiona
 
 SwarmCoordinator::SwarmCoordinator(SwarmCoordinatorOptions options, std::unique_ptr<CoordinatorState> state)
     : options_(std::move(options)),
+      membership_options_(MakeMembershipOptions(options_)),
       clock_(options_.clock != nullptr ? options_.clock : rpc::RealClock::Get()),
+      join_per_name_(options_.join_limit_per_name),
+      join_all_(options_.join_limit),
+      reports_(options_.report_limit),
       planner_(options_.planner, options_.job),
       state_(std::move(state)),
-      membership_(MakeMembershipOptions(options_), clock_),
+      membership_(membership_options_, clock_),
       links_(options_.link_guess),
       grid_(Grid::Empty(planner_.num_stages(), planner_.num_pipelines())),
       data_identity_{options_.job.data().dataset_hash(), options_.job.data().tokenizer_hash()} {}
@@ -102,6 +107,10 @@ absl::StatusOr<std::unique_ptr<SwarmCoordinator>> SwarmCoordinator::Create(Swarm
   return c;
 }
 
+SwarmCoordinator::~SwarmCoordinator() {
+  if (absl::Status s = FlushReports(); !s.ok()) AQSWARM_LOG(ERROR) << "persisting reports failed: " << s;
+}
+
 absl::Status SwarmCoordinator::Restore(const PersistedState& persisted) {
   if (!persisted.job.has_value()) {  // fresh state dir
     CoordinatorState::Change change;
@@ -129,7 +138,15 @@ absl::Status SwarmCoordinator::Restore(const PersistedState& persisted) {
     links_.Report(l.from, l.to, l.estimate.bandwidth_bytes_per_second, l.estimate.rtt_seconds,
                   l.estimate.measured_at);
   }
+  const int64_t now_s = absl::ToUnixSeconds(clock_->Now());
+  for (const UsedToken& u : persisted.used_tokens) {
+    if (u.expiry_unix_s > now_s) used_tokens_[{u.token_id, u.peer_name}] = u;
+  }
   membership_.ExtendAllLeases(options_.restart_grace);
+  {
+    absl::MutexLock v(&version_mu_);
+    published_version_ = counters_.assignment_version;
+  }
   AQSWARM_LOG(INFO) << "coordinator state restored: job '" << options_.job.name() << "', "
                     << membership_.size() << " members, assignment version " << counters_.assignment_version
                     << ", step " << progress_.progress.step;
@@ -137,7 +154,7 @@ absl::Status SwarmCoordinator::Restore(const PersistedState& persisted) {
 }
 
 absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& removed,
-                                                   const std::optional<Member>& added) {
+                                                   const std::optional<Member>& added, const UsedToken* used) {
   const std::unordered_set<uint64_t> gone(removed.begin(), removed.end());
   Counters counters = counters_;
   Grid grid = WithHoles(grid_, gone);
@@ -200,9 +217,12 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
   if (!(grid == grid_)) change.PutGrid(grid);
   change.PutCounters(counters);
   if (replanned) change.PutProgress(progress);
+  if (used != nullptr) change.PutUsedToken(*used);
   AQSWARM_RETURN_IF_ERROR(state_->Commit(change));
 
   for (uint64_t id : removed) {
+    dirty_members_.erase(id);
+    reports_.Forget(absl::StrCat(id));
     membership_.Remove(id);
     links_.RemovePeer(id);
     probe_cursor_.erase(id);
@@ -219,6 +239,7 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
       if (const Member* m = membership_.Find(id)) {
         PeerProgress p = m->progress;
         p.step = grid.resume_step;
+        p.plan_version = grid.plan_version;
         membership_.SetProgress(id, p);
       }
     }
@@ -226,6 +247,8 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
   grid_ = std::move(grid);
   counters_ = counters;
   progress_ = progress;
+  absl::MutexLock v(&version_mu_);
+  published_version_ = counters_.assignment_version;
   version_changed_.SignalAll();
   return absl::OkStatus();
 }
@@ -233,10 +256,77 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
 absl::StatusOr<JoinResult> SwarmCoordinator::Join(const JoinParams& given) {
   // States on a restarted peer's disk count only for this job's stages.
   JoinParams params = given;
-  if (params.held_job_name != options_.job.name()) params.held.clear();
+  if (params.held_job_name != options_.job.name()) {
+    params.held.clear();
+    params.held_sha256.clear();
+  }
   params.held.erase(params.held.lower_bound(static_cast<uint32_t>(planner_.num_stages())), params.held.end());
+  params.held_sha256.erase(params.held_sha256.lower_bound(static_cast<uint32_t>(planner_.num_stages())),
+                           params.held_sha256.end());
+  AQSWARM_RETURN_IF_ERROR(ValidateJoinParams(params));
   AQSWARM_RETURN_IF_ERROR(ValidateHeldStates(params.held, planner_.num_stages()));
+  AQSWARM_RETURN_IF_ERROR(ValidateHeldHashes(params.held, params.held_sha256));
+  // The token before the rate limits: a caller without a valid token for
+  // this name costs an HMAC and charges nobody's budget.
+  const absl::Time now = clock_->Now();
+  AQSWARM_ASSIGN_OR_RETURN(const JoinClaims claims, Membership::CheckToken(membership_options_, params, now));
+  if (!join_per_name_.Allow(params.peer_name, now)) {
+    CountRefusal(Refusal::kJoinRate);
+    return absl::ResourceExhaustedError(absl::StrCat("too many joins as '", params.peer_name, "' (at most ",
+                                                     options_.join_limit_per_name.burst, " at once, ",
+                                                     options_.join_limit_per_name.per_second, "/s): retry later"));
+  }
+  if (!join_all_.Allow("", now)) {
+    CountRefusal(Refusal::kJoinRate);
+    return absl::ResourceExhaustedError(absl::StrCat("too many joins right now (at most ",
+                                                     options_.join_limit.per_second, "/s): retry later"));
+  }
   absl::MutexLock lock(&mu_);
+  const Member* old = membership_.FindByName(params.peer_name);
+  const bool same_certificate = !params.certificate_sha256.empty();
+  const bool proven = old != nullptr &&
+                      ((!params.previous_session_token.empty() &&
+                        SameSecret(old->session_token, params.previous_session_token)) ||
+                       (same_certificate && old->certificate_sha256 == params.certificate_sha256));
+  if (old != nullptr && old->lease_expiry > now && !proven) {
+    CountRefusal(Refusal::kJoinNameHeld);
+    return absl::AlreadyExistsError(absl::StrCat(
+        "peer name '", params.peer_name, "' is held by a live member (id ", old->id, ", lease for another ",
+        absl::FormatDuration(absl::Trunc(old->lease_expiry - now, absl::Milliseconds(100))),
+        "): a rejoin must send that member's session token (previous_session_token) or, under TLS, present "
+        "the same client certificate"));
+  }
+  const auto used = used_tokens_.find({claims.token_id, params.peer_name});
+  if (used != used_tokens_.end() && !proven &&
+      !(!params.previous_session_token.empty() &&
+        SameSecret(used->second.session_token, params.previous_session_token)) &&
+      !(same_certificate && used->second.certificate_sha256 == params.certificate_sha256)) {
+    CountRefusal(Refusal::kJoinTokenReplayed);
+    return absl::PermissionDeniedError(absl::StrCat(
+        "join token ", claims.token_id, " was already used by peer '", params.peer_name,
+        "' (tokens are single use): rejoin with the previous session token or the same certificate, or ask "
+        "the operator for a new token (aqswarm certs token --peer ", params.peer_name, ")"));
+  }
+  // Once the swarm has trained here, a joiner cannot hold states of steps
+  // it never reached (before that, peers restarting a stopped job name
+  // what their disks hold: PickResumeStep).
+  const int64_t reached = std::max(progress_.progress.step, grid_.resume_step);
+  for (auto& [stage, steps] : params.held) {
+    if (reached == 0) break;
+    std::vector<int64_t> kept;
+    std::vector<std::string> kept_hashes;
+    auto hashes = params.held_sha256.find(stage);
+    for (size_t i = 0; i < steps.size(); ++i) {
+      if (steps[i] > reached) {
+        CountRefusal(Refusal::kHeldFutureStep);
+        continue;
+      }
+      kept.push_back(steps[i]);
+      if (hashes != params.held_sha256.end()) kept_hashes.push_back(hashes->second[i]);
+    }
+    steps = std::move(kept);
+    if (hashes != params.held_sha256.end()) hashes->second = std::move(kept_hashes);
+  }
   AQSWARM_ASSIGN_OR_RETURN(Member m, membership_.Admit(params, counters_.next_peer_id));
   if (options_.job.data().synthetic_tokens() == 0) {
     AQSWARM_RETURN_IF_ERROR(CheckDataIdentity(data_identity_, params.data, absl::StrCat("peer '", m.name, "'")));
@@ -251,12 +341,14 @@ absl::StatusOr<JoinResult> SwarmCoordinator::Join(const JoinParams& given) {
     }
   }
   std::vector<uint64_t> removed;
-  if (const Member* old = membership_.FindByName(m.name)) {
-    // The same peer again (it restarted): its old incarnation is gone.
+  if (old != nullptr) {
+    // The same peer again (it proved it, or its lease ran out): its old incarnation is gone.
     AQSWARM_LOG(INFO) << "peer '" << m.name << "' rejoined; dropping its old id " << old->id;
     removed.push_back(old->id);
   }
-  AQSWARM_RETURN_IF_ERROR(ChangeMembersLocked(removed, m));
+  const UsedToken record{claims.token_id, m.name, claims.expiry_unix_s, m.certificate_sha256, m.session_token};
+  AQSWARM_RETURN_IF_ERROR(ChangeMembersLocked(removed, m, &record));
+  used_tokens_[{record.token_id, record.peer_name}] = record;
   AQSWARM_LOG(DEBUG) << "peer '" << m.name << "' joined as " << m.id;
   return JoinResult{m.id, m.session_token, m.lease_expiry, counters_.assignment_version};
 }
@@ -268,7 +360,10 @@ absl::StatusOr<HeartbeatResult> SwarmCoordinator::Heartbeat(uint64_t peer_id, ab
   AQSWARM_ASSIGN_OR_RETURN(const Member* m, membership_.Authenticate(peer_id, session_token));
   HeartbeatResult r;
   r.lease_expiry = membership_.Renew(peer_id);
-  if (progress != nullptr) AQSWARM_RETURN_IF_ERROR(RecordProgressLocked(*m, *progress, 0));
+  if (progress != nullptr) {
+    AQSWARM_RETURN_IF_ERROR(CheckMonotonicLocked(*m, *progress));
+    AQSWARM_RETURN_IF_ERROR(RecordProgressLocked(*m, *progress, 0));
+  }
   r.assignment_version = counters_.assignment_version;
   if (options_.probe_max_age > absl::ZeroDuration() && !m->state_transfer_address.empty()) {
     r.probe = ProbeTargetsLocked(peer_id);
@@ -321,21 +416,30 @@ absl::Status SwarmCoordinator::ReportLinkProbe(uint64_t peer_id, absl::string_vi
   AQSWARM_RETURN_IF_ERROR(ValidateLinkEstimate(bandwidth, rtt));
   absl::MutexLock lock(&mu_);
   AQSWARM_RETURN_IF_ERROR(membership_.Authenticate(peer_id, session_token).status());
+  if (!reports_.Allow(absl::StrCat(peer_id), clock_->Now())) {
+    CountRefusal(Refusal::kReportRate);
+    return absl::ResourceExhaustedError(absl::StrCat("peer ", peer_id, " reports more than ",
+                                                     options_.report_limit.per_second, "/s: slow down"));
+  }
   if (to_peer_id == peer_id) return absl::InvalidArgumentError("to_peer_id is the reporting peer itself");
   if (membership_.Find(to_peer_id) == nullptr) {
     return absl::NotFoundError(absl::StrCat("to_peer_id ", to_peer_id, " is not a member"));
   }
   if (passive) rtt = links_.Get(peer_id, to_peer_id).rtt_seconds;
   links_.Report(peer_id, to_peer_id, bandwidth, rtt, clock_->Now());
-  CoordinatorState::Change change;
-  change.PutLink(peer_id, to_peer_id, *links_.Measured(peer_id, to_peer_id));
-  return state_->Commit(change);
+  dirty_links_.insert({peer_id, to_peer_id});
+  return MaybeFlushReportsLocked();
 }
 
 absl::Status SwarmCoordinator::ReportProgress(uint64_t peer_id, absl::string_view session_token,
                                               const PeerProgress& progress, int64_t checkpoint_step,
-                                              const HeldStates* held) {
-  if (held != nullptr) AQSWARM_RETURN_IF_ERROR(ValidateHeldStates(*held, planner_.num_stages()));
+                                              const HeldStates* held, const HeldHashes* held_sha256) {
+  HeldHashes hashes;
+  if (held_sha256 != nullptr) hashes = *held_sha256;
+  if (held != nullptr) {
+    AQSWARM_RETURN_IF_ERROR(ValidateHeldStates(*held, planner_.num_stages()));
+    AQSWARM_RETURN_IF_ERROR(ValidateHeldHashes(*held, hashes));
+  }
   AQSWARM_RETURN_IF_ERROR(ValidateProgress(progress));
   if (checkpoint_step < 0 || checkpoint_step > progress.step) {
     return absl::InvalidArgumentError(
@@ -343,15 +447,151 @@ absl::Status SwarmCoordinator::ReportProgress(uint64_t peer_id, absl::string_vie
   }
   absl::MutexLock lock(&mu_);
   AQSWARM_ASSIGN_OR_RETURN(const Member* m, membership_.Authenticate(peer_id, session_token));
-  if (held != nullptr && *held != m->held) {
-    Member updated = *m;
-    updated.held = *held;
-    CoordinatorState::Change change;
-    change.PutMember(updated);
-    AQSWARM_RETURN_IF_ERROR(state_->Commit(change));
-    membership_.SetHeld(peer_id, *held);
+  if (!reports_.Allow(absl::StrCat(peer_id), clock_->Now())) {
+    CountRefusal(Refusal::kReportRate);
+    return absl::ResourceExhaustedError(absl::StrCat("peer ", peer_id, " reports more than ",
+                                                     options_.report_limit.per_second, "/s: slow down"));
+  }
+  AQSWARM_RETURN_IF_ERROR(CheckMonotonicLocked(*m, progress));
+  if (held != nullptr) {
+    HeldStates kept = *held;
+    KeepOwnStagesLocked(peer_id, &kept, &hashes);
+    CountHashDisagreementsLocked(peer_id, kept, hashes);
+    if (kept != m->held || hashes != m->held_sha256) {
+      membership_.SetHeld(peer_id, std::move(kept), std::move(hashes));
+      dirty_members_.insert(peer_id);
+    }
   }
   return RecordProgressLocked(*m, progress, checkpoint_step);
+}
+
+absl::Status SwarmCoordinator::CheckMonotonicLocked(const Member& reporter, const PeerProgress& progress) const {
+  const uint64_t plan = progress.plan_version == 0 ? grid_.plan_version : progress.plan_version;
+  if (plan != grid_.plan_version || reporter.progress.plan_version != plan ||
+      progress.step >= reporter.progress.step) {
+    return absl::OkStatus();
+  }
+  CountRefusal(Refusal::kProgressBackward);
+  return absl::FailedPreconditionError(absl::StrCat("progress step ", progress.step, " of peer ", reporter.id,
+                                                    " is behind step ", reporter.progress.step,
+                                                    " it already reported under plan ", plan,
+                                                    ": progress only moves forward within a plan"));
+}
+
+void SwarmCoordinator::KeepOwnStagesLocked(uint64_t peer_id, HeldStates* held, HeldHashes* hashes) const {
+  std::set<uint32_t> allowed;
+  if (const auto pos = grid_.Find(peer_id); pos.has_value()) {
+    allowed.insert(static_cast<uint32_t>(pos->first));
+    if (options_.mirror_checkpoints && grid_.num_stages > 1) {
+      allowed.insert(static_cast<uint32_t>((pos->first + 1) % grid_.num_stages));
+    }
+  } else if (const Member* m = membership_.Find(peer_id)) {
+    // A standby serves what it held when it joined (a restarted peer's disk), nothing new.
+    for (const auto& [stage, steps] : m->held) allowed.insert(stage);
+  }
+  for (auto it = held->begin(); it != held->end();) {
+    if (allowed.count(it->first)) {
+      ++it;
+      continue;
+    }
+    CountRefusal(Refusal::kHeldForeignStage);
+    hashes->erase(it->first);
+    it = held->erase(it);
+  }
+}
+
+void SwarmCoordinator::CountHashDisagreementsLocked(uint64_t peer_id, const HeldStates& held,
+                                                    const HeldHashes& hashes) const {
+  for (const auto& [stage, list] : hashes) {
+    const std::vector<int64_t>& steps = held.at(stage);
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (list[i].empty()) continue;
+      bool differs = false;
+      for (const auto& [id, m] : membership_.members()) {
+        if (id == peer_id || differs) continue;
+        auto s = m.held.find(stage);
+        auto h = m.held_sha256.find(stage);
+        if (s == m.held.end() || h == m.held_sha256.end()) continue;
+        auto at = std::lower_bound(s->second.begin(), s->second.end(), steps[i]);
+        if (at == s->second.end() || *at != steps[i]) continue;
+        const std::string& theirs = h->second[at - s->second.begin()];
+        differs = !theirs.empty() && theirs != list[i];
+      }
+      if (differs) {
+        CountStateHashDisagreement();
+        AQSWARM_LOG(WARNING) << "peer " << peer_id << " reports SHA-256 " << list[i] << " for stage " << stage
+                             << " at step " << steps[i] << ", other holders another";
+      }
+    }
+  }
+}
+
+std::string SwarmCoordinator::StateHashLocked(int stage, int64_t step) const {
+  std::map<std::string, std::pair<int, uint64_t>> votes;  // hash -> (holders, lowest holder id)
+  for (const auto& [id, m] : membership_.members()) {
+    auto s = m.held.find(stage);
+    auto h = m.held_sha256.find(stage);
+    if (s == m.held.end() || h == m.held_sha256.end()) continue;
+    auto at = std::lower_bound(s->second.begin(), s->second.end(), step);
+    if (at == s->second.end() || *at != step) continue;
+    const std::string& hash = h->second[at - s->second.begin()];
+    if (hash.empty()) continue;
+    auto [v, fresh] = votes.try_emplace(hash, 0, id);
+    v->second.first += 1;
+    v->second.second = std::min(v->second.second, id);
+  }
+  std::string best;
+  std::pair<int, uint64_t> best_vote{0, 0};
+  for (const auto& [hash, vote] : votes) {
+    if (vote.first > best_vote.first || (vote.first == best_vote.first && vote.second < best_vote.second)) {
+      best = hash;
+      best_vote = vote;
+    }
+  }
+  return best;
+}
+
+absl::Status SwarmCoordinator::FlushReports() {
+  absl::MutexLock lock(&mu_);
+  return FlushReportsLocked();
+}
+
+absl::Status SwarmCoordinator::MaybeFlushReportsLocked() {
+  if (absl::Now() - last_report_flush_ < options_.report_persist_interval) return absl::OkStatus();
+  return FlushReportsLocked();
+}
+
+absl::Status SwarmCoordinator::FlushReportsLocked() {
+  last_report_flush_ = absl::Now();
+  CoordinatorState::Change change;
+  PruneUsedTokensLocked(&change);
+  if (progress_dirty_) change.PutProgress(progress_);
+  for (uint64_t id : dirty_members_) {
+    if (const Member* m = membership_.Find(id)) change.PutMember(*m);
+  }
+  for (const auto& [from, to] : dirty_links_) {
+    if (const LinkEstimate* e = links_.Measured(from, to);
+        e != nullptr && membership_.Find(from) != nullptr && membership_.Find(to) != nullptr) {
+      change.PutLink(from, to, *e);
+    }
+  }
+  AQSWARM_RETURN_IF_ERROR(state_->Commit(change));
+  progress_dirty_ = false;
+  dirty_members_.clear();
+  dirty_links_.clear();
+  return absl::OkStatus();
+}
+
+void SwarmCoordinator::PruneUsedTokensLocked(CoordinatorState::Change* change) {
+  const int64_t now_s = absl::ToUnixSeconds(clock_->Now());
+  for (auto it = used_tokens_.begin(); it != used_tokens_.end();) {
+    if (it->second.expiry_unix_s > now_s) {
+      ++it;
+      continue;
+    }
+    change->DeleteUsedToken(it->first.first, it->first.second);
+    it = used_tokens_.erase(it);
+  }
 }
 
 absl::Status SwarmCoordinator::RecordProgressLocked(const Member& reporter, const PeerProgress& progress,
@@ -366,19 +606,20 @@ absl::Status SwarmCoordinator::RecordProgressLocked(const Member& reporter, cons
     // until it reports under this plan.
     return absl::OkStatus();
   }
-  membership_.SetProgress(reporter.id, progress);
+  PeerProgress recorded = progress;
+  recorded.plan_version = grid_.plan_version;
+  membership_.SetProgress(reporter.id, recorded);
   SwarmProgress next = progress_;
   if (progress.step > next.progress.step) next.progress.step = progress.step;
   if (progress.step >= next.progress.step && progress.loss > 0) next.progress.loss = progress.loss;
   next.checkpoint_step = std::max(next.checkpoint_step, checkpoint_step);
   next.progress.tokens_per_second = SwarmTokensPerSecondLocked();
   if (next.progress.step != progress_.progress.step || next.checkpoint_step != progress_.checkpoint_step) {
-    CoordinatorState::Change change;
-    change.PutProgress(next);
-    AQSWARM_RETURN_IF_ERROR(state_->Commit(change));
+    progress_dirty_ = true;
   }
   progress_ = next;
-  return absl::OkStatus();
+  if (!progress_dirty_ && dirty_members_.empty()) return absl::OkStatus();
+  return MaybeFlushReportsLocked();
 }
 
 double SwarmCoordinator::SwarmTokensPerSecondLocked() const {
@@ -458,6 +699,7 @@ absl::StatusOr<v1::Assignment> SwarmCoordinator::GetAssignment(uint64_t peer_id,
       const auto at = grid_.Find(id);
       *a.add_state_sources() = NeighborLocked(id, j, at.has_value() ? at->second : 0, 0);
     }
+    a.set_state_sha256(StateHashLocked(j, grid_.resume_step));
   }
   if (options_.mirror_checkpoints && grid_.num_stages > 1) {
     const int k = (j + 1) % grid_.num_stages;
@@ -468,11 +710,11 @@ absl::StatusOr<v1::Assignment> SwarmCoordinator::GetAssignment(uint64_t peer_id,
 
 uint64_t SwarmCoordinator::AwaitVersionAbove(uint64_t known, absl::Duration timeout) const {
   const absl::Time deadline = absl::Now() + timeout;
-  absl::MutexLock lock(&mu_);
-  while (counters_.assignment_version <= known) {
-    if (version_changed_.WaitWithDeadline(&mu_, deadline)) break;  // timed out
+  absl::MutexLock lock(&version_mu_);
+  while (published_version_ <= known) {
+    if (version_changed_.WaitWithDeadline(&version_mu_, deadline)) break;  // timed out
   }
-  return counters_.assignment_version;
+  return published_version_;
 }
 
 absl::StatusOr<std::vector<uint64_t>> SwarmCoordinator::ExpireLeases() {
@@ -486,7 +728,7 @@ absl::StatusOr<std::vector<uint64_t>> SwarmCoordinator::ExpireLeases() {
   return expired;
 }
 
-v1::StatusResponse SwarmCoordinator::GetStatus() const {
+v1::StatusResponse SwarmCoordinator::GetStatus(bool details) const {
   absl::MutexLock lock(&mu_);
   v1::StatusResponse s;
   s.set_job_name(options_.job.name());
@@ -511,8 +753,10 @@ v1::StatusResponse SwarmCoordinator::GetStatus() const {
   const absl::Time now = clock_->Now();
   for (const auto& [id, m] : membership_.members()) {
     v1::PeerStatus* ps = s.add_peers();
-    ps->set_peer_id(id);
-    ps->set_peer_name(m.name);
+    if (details) {
+      ps->set_peer_id(id);
+      ps->set_peer_name(m.name);
+    }
     auto it = position.find(id);
     if (it == position.end()) {
       ps->set_state(v1::PeerStatus::STANDBY);
@@ -523,6 +767,7 @@ v1::StatusResponse SwarmCoordinator::GetStatus() const {
       ps->set_stage(it->second.first);
       ps->set_pipeline(it->second.second);
     }
+    if (!details) continue;  // the summary: counts by state and place only
     ps->set_lease_remaining_seconds(absl::ToDoubleSeconds(m.lease_expiry - now));
     for (const auto& [to, e] : links_.MeasuredFrom(id)) {
       v1::LinkSpeed* l = ps->add_links();
@@ -540,6 +785,10 @@ v1::StatusResponse SwarmCoordinator::GetStatus() const {
       v1::StageCheckpoints* h = ps->add_held();
       h->set_stage(stage);
       for (int64_t step : steps) h->add_steps(step);
+      auto hashes = m.held_sha256.find(stage);
+      if (hashes != m.held_sha256.end()) {
+        for (const std::string& x : hashes->second) h->add_sha256(x);
+      }
     }
   }
   return s;

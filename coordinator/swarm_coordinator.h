@@ -17,8 +17,41 @@
 //     atomic batch (members, grid, counters), and only then applied in memory;
 //     it bumps the assignment version and wakes AwaitVersionAbove().
 //     A failed commit leaves memory unchanged and returns the error.
-//   - Heartbeats touch memory only (leases are not persisted per heartbeat);
-//     progress is persisted when the swarm step or checkpoint step advances.
+//   - Heartbeats touch memory only (leases are not persisted per heartbeat).
+//     Reports (progress, held states, link probes) change memory at once; what
+//     they changed is committed in one batch at most once per
+//     report_persist_interval (the first report after a quiet spell commits
+//     at once, later ones wait for the next report or FlushReports(), which
+//     the server calls every interval), so a flood of reports costs at most
+//     one fsync per interval.
+//   - Joins (finding "slot takeover"): a join under a name whose lease is
+//     live is ALREADY_EXISTS unless the joiner proves it is that member again:
+//     JoinParams::previous_session_token equals the member's session token,
+//     or under TLS its client certificate is the one the member joined with
+//     (certificate_sha256). A join token is single use per peer name: its
+//     nonce and the name are persisted (tokens/ in the state dir) until the
+//     token expires, and a second join with the same token under the same
+//     name is PERMISSION_DENIED unless it proves itself the same way (the
+//     previous session token of the last join with that token, or the same
+//     certificate). So an honest peer rejoins after its lease ran out or
+//     after a crash (TLS: same certificate) without a fresh token; a copied
+//     token cannot take over a name. A wildcard token (explicit
+//     `certs token --any_peer`) admits each name once. Joins are rate
+//     limited per name (join_limit_per_name) and in total (join_limit);
+//     over the limit: RESOURCE_EXHAUSTED. Tokens are checked before either
+//     limit is charged, so callers without a valid token cannot use up an
+//     honest name's budget.
+//   - Reports: per peer at most report_limit (RESOURCE_EXHAUSTED beyond).
+//     Progress is monotonic within a plan: a step below one the peer
+//     already reported under the same plan is FAILED_PRECONDITION (nothing
+//     of the report is applied); a re-plan sets every placed peer to its
+//     resume step under the new plan, so no single report drags the next
+//     resume step below the current one. `held` is kept only for the
+//     peer's own stage and its mirror stage (others are dropped and
+//     counted); a joiner's held states past the swarm's step are dropped.
+//     Each held state's SHA-256 is kept; Assignment.state_sha256 is the hash
+//     most holders of the resume state report (ties: the longest-standing
+//     holder), and holders that disagree are counted.
 //   - Restart: Create() on a state dir that holds a job resumes it (the given
 //     job must be equal: FAILED_PRECONDITION otherwise) with the same members,
 //     session tokens, grid, generations and assignment version; every lease
@@ -43,6 +76,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -55,6 +89,7 @@
 #include "coordinator/link_matrix.h"
 #include "coordinator/membership.h"
 #include "coordinator/planner.h"
+#include "coordinator/rate_limiter.h"
 #include "proto/coordinator.pb.h"
 #include "proto/job.pb.h"
 
@@ -88,6 +123,14 @@ struct SwarmCoordinatorOptions {
   // checkpoint interval on that link. Default: off.
   bool mirror_checkpoints = false;
   PlannerOptions planner;
+  // Joins per peer name (default: 3 at once, one more per ~3 s) and of all
+  // names together (default: 40 at once, 20/s).
+  RateLimit join_limit_per_name{1.0 / 3, 3};
+  RateLimit join_limit{20, 40};
+  // Progress and link-probe reports per peer (default: 100 at once, 50/s).
+  RateLimit report_limit{50, 100};
+  // Reports are committed at most this often (real time). Default: 1 s.
+  absl::Duration report_persist_interval = absl::Seconds(1);
   // Where the state lives. `state.dir` is required.
   CoordinatorState::Options state;
   // Not owned; must outlive the coordinator. Default: rpc::RealClock::Get().
@@ -115,6 +158,8 @@ int64_t PickResumeStep(const Grid& grid, const Membership& members, std::optiona
 class SwarmCoordinator {
  public:
   static absl::StatusOr<std::unique_ptr<SwarmCoordinator>> Create(SwarmCoordinatorOptions options);
+  // Persists what reports changed (FlushReports).
+  ~SwarmCoordinator();
 
   // Errors: see Membership::Admit (UNAUTHENTICATED, PERMISSION_DENIED,
   // INVALID_ARGUMENT, FAILED_PRECONDITION) and the state dir's.
@@ -128,18 +173,31 @@ class SwarmCoordinator {
   // the guess) is kept.
   absl::Status ReportLinkProbe(uint64_t peer_id, absl::string_view session_token, uint64_t to_peer_id,
                                double bandwidth_bytes_per_second, double rtt_seconds, bool passive = false);
-  // `held` (optional) replaces the stage states the peer holds.
+  // `held` (optional) replaces the stage states the peer holds, with their
+  // SHA-256 in `held_sha256` (optional, parallel).
+  // Errors: as Heartbeat; RESOURCE_EXHAUSTED over report_limit;
+  // FAILED_PRECONDITION for progress behind the peer's own under this plan.
   absl::Status ReportProgress(uint64_t peer_id, absl::string_view session_token, const PeerProgress& progress,
-                              int64_t checkpoint_step, const HeldStates* held = nullptr);
+                              int64_t checkpoint_step, const HeldStates* held = nullptr,
+                              const HeldHashes* held_sha256 = nullptr);
+  // Persists what reports changed since the last call (progress, held
+  // states, link probes) in one commit.
+  absl::Status FlushReports();
   absl::StatusOr<v1::Assignment> GetAssignment(uint64_t peer_id, absl::string_view session_token) const;
 
   // Blocks until the assignment version exceeds `known` or `timeout` passes
-  // (real time); returns the current version.
+  // (real time); returns the current version. Does not take the
+  // coordinator's mutex (a mutex of its own), so waiting watchers cost the
+  // other calls nothing.
   uint64_t AwaitVersionAbove(uint64_t known, absl::Duration timeout) const;
   // Removes every member whose lease expired by the clock; returns their ids.
   absl::StatusOr<std::vector<uint64_t>> ExpireLeases();
 
-  v1::StatusResponse GetStatus() const;
+  // The swarm's status. `details`: every peer with its addresses, links and
+  // held states (for an admin); otherwise the summary only (job, step, loss,
+  // tokens/s, counts: one PeerStatus per member carrying only its state,
+  // stage and pipeline).
+  v1::StatusResponse GetStatus(bool details = true) const;
   uint64_t assignment_version() const;
   Grid grid() const;
   size_t num_members() const;
@@ -152,8 +210,25 @@ class SwarmCoordinator {
   SwarmCoordinator(SwarmCoordinatorOptions options, std::unique_ptr<CoordinatorState> state);
   absl::Status Restore(const PersistedState& persisted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Re-plans, commits, applies, bumps the version (see the banner).
-  absl::Status ChangeMembersLocked(const std::vector<uint64_t>& removed, const std::optional<Member>& added)
+  absl::Status ChangeMembersLocked(const std::vector<uint64_t>& removed, const std::optional<Member>& added,
+                                   const UsedToken* used = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FAILED_PRECONDITION (counted) when `progress` is behind what `reporter`
+  // reported under the same plan.
+  absl::Status CheckMonotonicLocked(const Member& reporter, const PeerProgress& progress) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `held` limited to the stages `peer_id` may hold (its own, its mirror).
+  void KeepOwnStagesLocked(uint64_t peer_id, HeldStates* held, HeldHashes* hashes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts each (stage, step) of `hashes` another member reports another hash for.
+  void CountHashDisagreementsLocked(uint64_t peer_id, const HeldStates& held, const HeldHashes& hashes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The SHA-256 most members report for stage `stage` at `step` ("" if none).
+  std::string StateHashLocked(int stage, int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FlushReports under mu_; the Maybe form only when report_persist_interval passed since the last.
+  absl::Status FlushReportsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status MaybeFlushReportsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops used-token records whose token expired.
+  void PruneUsedTokensLocked(CoordinatorState::Change* change) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RecordProgressLocked(const Member& reporter, const PeerProgress& progress, int64_t checkpoint_step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Neighbor NeighborLocked(uint64_t peer, int stage, int pipeline, uint64_t generation) const
@@ -164,12 +239,20 @@ class SwarmCoordinator {
   std::vector<v1::Neighbor> ProbeTargetsLocked(uint64_t peer_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SwarmCoordinatorOptions options_;
+  const MembershipOptions membership_options_;
   const rpc::Clock* const clock_;
+  RateLimiter join_per_name_;
+  RateLimiter join_all_;
+  RateLimiter reports_;
   const Planner planner_;
   std::unique_ptr<CoordinatorState> state_;
 
-  mutable absl::Mutex mu_;
+  // The assignment version as published to watchers (AwaitVersionAbove).
+  mutable absl::Mutex version_mu_;  // taken after mu_, never before
   mutable absl::CondVar version_changed_;
+  uint64_t published_version_ ABSL_GUARDED_BY(version_mu_) = 0;
+
+  mutable absl::Mutex mu_;
   Membership membership_ ABSL_GUARDED_BY(mu_);
   LinkMatrix links_ ABSL_GUARDED_BY(mu_);
   Grid grid_ ABSL_GUARDED_BY(mu_);
@@ -180,6 +263,13 @@ class SwarmCoordinator {
   std::map<std::pair<uint64_t, uint64_t>, absl::Time> probe_asked_ ABSL_GUARDED_BY(mu_);
   // Per peer: the member id its last probe scan stopped at.
   std::map<uint64_t, uint64_t> probe_cursor_ ABSL_GUARDED_BY(mu_);
+  // (token id, peer name) -> the join it admitted (persisted under tokens/).
+  std::map<std::pair<std::string, std::string>, UsedToken> used_tokens_ ABSL_GUARDED_BY(mu_);
+  // Changed by reports since the last FlushReports().
+  bool progress_dirty_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_report_flush_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::set<uint64_t> dirty_members_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<uint64_t, uint64_t>> dirty_links_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace aqswarm::coordinator

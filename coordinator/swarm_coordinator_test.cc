@@ -148,14 +148,19 @@ TEST_F(SwarmCoordinatorTest, ARollbackLowersTheSwarmStepAndReportsFromTheOldPlan
     auto c = Make(2, 1);
     JoinResult a = MustJoin(*c, "a");
     JoinResult b = MustJoin(*c, "b");
-    JoinResult s = MustJoin(*c, "s");  // standby, holding a copy of b's stage at step 6
     const Grid g = c->grid();
     const uint32_t a_stage = g.Find(a.peer_id)->first, b_stage = g.Find(b.peer_id)->first;
     const uint64_t plan = c->GetAssignment(a.peer_id, a.session_token)->plan_version();
-    HeldStates a_holds{{a_stage, {6, 8, 10}}}, b_holds{{b_stage, {6, 8, 10}}}, s_holds{{b_stage, {6}}};
+    HeldStates a_holds{{a_stage, {6, 8, 10}}}, b_holds{{b_stage, {6, 8, 10}}};
     ASSERT_TRUE(c->ReportProgress(a.peer_id, a.session_token, {10, 4.0, 10, plan}, 10, &a_holds).ok());
     ASSERT_TRUE(c->ReportProgress(b.peer_id, b.session_token, {10, 4.0, 10, plan}, 10, &b_holds).ok());
-    ASSERT_TRUE(c->ReportProgress(s.peer_id, s.session_token, {}, 0, &s_holds).ok());
+    // A standby restarted with a copy of b's stage at step 6 on its disk.
+    JoinParams sp = JoinAs(clock_, "s");
+    sp.held = {{b_stage, {6}}};
+    sp.held_job_name = c->job().name();
+    auto joined = c->Join(sp);
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    JoinResult s = *joined;
     EXPECT_EQ(c->GetStatus().step(), 10);
     // b leaves: s takes its stage over from its copy, everyone restarts at 6.
     ASSERT_TRUE(c->Leave(b.peer_id, b.session_token).ok());
@@ -194,7 +199,17 @@ TEST_F(SwarmCoordinatorTest, LeaveRemovesAtOnceAndRejoinReplacesTheOldId) {
   ASSERT_TRUE(v.ok());
   EXPECT_EQ(*v, 3u);
   EXPECT_EQ(c->num_members(), 1u);
-  JoinResult a2 = MustJoin(*c, "a");
+  // A join under a's name while its lease is live takes nothing away...
+  auto taken = c->Join(JoinAs(clock_, "a"));
+  EXPECT_TRUE(absl::IsAlreadyExists(taken.status())) << taken.status();
+  EXPECT_THAT(taken.status().message(), HasSubstr("previous_session_token"));
+  ASSERT_TRUE(c->Heartbeat(a.peer_id, a.session_token).ok());
+  // ...but a rejoin that proves it is a (its session token) replaces the old id.
+  JoinParams again = JoinAs(clock_, "a");
+  again.previous_session_token = a.session_token;
+  auto rejoined = c->Join(again);
+  ASSERT_TRUE(rejoined.ok()) << rejoined.status();
+  JoinResult a2 = *rejoined;
   EXPECT_NE(a2.peer_id, a.peer_id);
   EXPECT_EQ(c->num_members(), 1u);
   EXPECT_TRUE(absl::IsNotFound(c->Heartbeat(a.peer_id, a.session_token).status()));

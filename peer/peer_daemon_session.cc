@@ -20,6 +20,11 @@ absl::Status PeerDaemonImpl::Join() {
     for (v1::StageCheckpoints& h : keeper_->Held()) *req.add_held() = std::move(h);
   }
   while (true) {
+    {
+      // A rejoin proves it is this name's member again with the last session.
+      absl::MutexLock l(&mu_);
+      req.set_previous_session_token(session_);
+    }
     const absl::Status identified = AddDataIdentity(&req);
     absl::StatusOr<v1::JoinResponse> joined = identified.ok() ? client_->Join(req) : identified;
     absl::Status s = joined.status();
@@ -47,8 +52,12 @@ absl::Status PeerDaemonImpl::Join() {
       Event(e);
       return absl::OkStatus();
     }
-    // Refusals are final; an unreachable coordinator is retried.
-    if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s)) return s;
+    // Refusals are final; an unreachable coordinator is retried, and so are
+    // a join rate limit and a name whose old lease has yet to run out.
+    if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s) && !absl::IsResourceExhausted(s) &&
+        !absl::IsAlreadyExists(s)) {
+      return s;
+    }
     if (absl::Now() + backoff > deadline) {
       return absl::UnavailableError(absl::StrCat("coordinator ", o_.coordinator, " unreachable for ",
                                                  absl::FormatDuration(o_.join_timeout), ": ", s.message()));

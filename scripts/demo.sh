@@ -44,7 +44,7 @@ pids+=($!)
 # Its first line says it is serving (polled: up to 30 s on a busy machine).
 for _ in $(seq 300); do [[ -s "$RUN/coordinator.out" ]] && break; sleep 0.1; done
 [[ -s "$RUN/coordinator.out" ]] || { echo "demo: the coordinator did not start; see $RUN/coordinator.log" >&2; exit 1; }
-TOKEN=$($A certs token --tls_dir "$RUN/coord" --swarm swarm-demo --peer '*' 2>/dev/null)
+TOKEN=$($A certs token --tls_dir "$RUN/coord" --swarm swarm-demo --any_peer 2>/dev/null)
 for i in 1 2 3 4; do
   $A peer --coordinator "127.0.0.1:$BASE" --join_token "$TOKEN" --name "peer$i" \
     --listen "127.0.0.1:$((BASE + 10 * i))" --exchange_listen "127.0.0.1:$((BASE + 10 * i + 1))" \

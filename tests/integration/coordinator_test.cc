@@ -96,6 +96,30 @@ class CoordinatorProcessTest : public ::testing::Test {
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 };
 
+// Plaintext on an address other machines reach is refused at start, naming
+// --insecure; with --insecure it serves.
+TEST_F(CoordinatorProcessTest, PlaintextOffLoopbackNeedsInsecure) {
+  const std::string err = (dir_ / "refused.err").string();
+  auto p = Subprocess::Spawn({kBinary, "coordinator", "--job=" + job_, "--listen=0.0.0.0:0",
+                              "--state_dir=" + (dir_ / "state").string()},
+                             {.capture_stdout = true, .stderr_path = err});
+  ASSERT_TRUE(p.ok()) << p.status();
+  absl::StatusOr<int> code = (*p)->Wait(absl::Seconds(60));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_NE(*code, 0);
+  std::ifstream in(err);
+  const std::string text(std::istreambuf_iterator<char>(in), {});
+  EXPECT_NE(text.find("--insecure"), std::string::npos) << text;
+  EXPECT_NE(text.find("0.0.0.0:0"), std::string::npos) << text;
+
+  auto q = Subprocess::Spawn({kBinary, "coordinator", "--job=" + job_, "--listen=0.0.0.0:0", "--insecure",
+                              "--state_dir=" + (dir_ / "state").string()},
+                             {.capture_stdout = true, .stderr_path = (dir_ / "insecure.err").string()});
+  ASSERT_TRUE(q.ok()) << q.status();
+  absl::StatusOr<int> port = aqswarm::testing::ListeningPort(**q, absl::Seconds(60));
+  EXPECT_TRUE(port.ok()) << port.status();
+}
+
 TEST_F(CoordinatorProcessTest, SurvivesSigkillWithMembersVersionAndHeartbeats) {
   ASSERT_NO_FATAL_FAILURE(StartCoordinator());
   std::vector<v1::JoinResponse> peers;
