@@ -1,5 +1,8 @@
 #include "pipeline/dp_allreduce.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "common/random.h"
 #include "common/status_macros.h"
@@ -23,7 +26,77 @@ absl::Status DecodeChunk(const v1::EncodedTensor& msg, absl::Span<float> out) {
   return compression::Decode(msg, out);
 }
 
+double Norm(absl::Span<const float> x) {
+  double sq = 0;
+  for (float v : x) sq += static_cast<double>(v) * v;
+  return std::sqrt(sq);
+}
+
+// The lower median of `v` (reordered).
+double LowerMedian(std::vector<double>& v) {
+  const size_t k = (v.size() - 1) / 2;
+  std::nth_element(v.begin(), v.begin() + k, v.end());
+  return v[k];
+}
+
+// Scales `x` down to norm `limit` when it is longer; returns whether it did.
+bool ClipTo(std::vector<float>& x, double norm, double limit) {
+  if (!(norm > limit)) return false;
+  const float f = limit > 0 ? static_cast<float>(limit / norm) : 0.0f;
+  for (float& v : x) v *= f;
+  return true;
+}
+
 }  // namespace
+
+absl::Status CombineContributions(RobustAggregation mode, double clip,
+                                  const std::vector<std::vector<float>>& contributions,
+                                  const std::vector<bool>& keep, absl::Span<float> out, AllReduceStats* stats) {
+  const size_t n = out.size();
+  std::vector<const std::vector<float>*> kept;
+  for (size_t i = 0; i < contributions.size(); ++i) {
+    if (!keep[i]) continue;
+    if (contributions[i].size() != n) return absl::InvalidArgumentError("allreduce: contribution of a wrong size");
+    kept.push_back(&contributions[i]);
+  }
+  if (kept.empty()) {
+    return absl::FailedPreconditionError("allreduce: every replica's contribution to this chunk was dropped");
+  }
+  const float inv = 1.0f / static_cast<float>(kept.size());
+  std::vector<float> center(n, 0.0f);
+  if (mode == RobustAggregation::kCenteredClip) {
+    std::vector<float> column(kept.size());
+    const size_t k = (kept.size() - 1) / 2;
+    for (size_t j = 0; j < n; ++j) {
+      for (size_t i = 0; i < kept.size(); ++i) column[i] = (*kept[i])[j];
+      std::nth_element(column.begin(), column.begin() + k, column.end());
+      center[j] = column[k];
+    }
+  }
+  // Each kept contribution's part: x_i (off, clip_norm) or x_i - center.
+  std::vector<std::vector<float>> parts(kept.size());
+  std::vector<double> norms(kept.size());
+  for (size_t i = 0; i < kept.size(); ++i) {
+    parts[i] = *kept[i];
+    if (mode == RobustAggregation::kCenteredClip) {
+      for (size_t j = 0; j < n; ++j) parts[i][j] -= center[j];
+    }
+    norms[i] = Norm(parts[i]);
+  }
+  if (mode != RobustAggregation::kOff) {
+    std::vector<double> sorted = norms;
+    const double limit = clip * LowerMedian(sorted);
+    for (size_t i = 0; i < kept.size(); ++i) {
+      if (ClipTo(parts[i], norms[i], limit) && stats != nullptr) ++stats->robust_clipped;
+    }
+  }
+  std::fill(out.begin(), out.end(), 0.0f);
+  for (const std::vector<float>& p : parts) {
+    for (size_t j = 0; j < n; ++j) out[j] += p[j];
+  }
+  for (size_t j = 0; j < n; ++j) out[j] = center[j] + out[j] * inv;
+  return absl::OkStatus();
+}
 
 std::pair<int64_t, int64_t> ChunkRange(int64_t len, int rank, int size) {
   const int64_t base = len / size, extra = len % size;
@@ -62,8 +135,14 @@ absl::Status AllReduceMean(ReplicaExchange& ex, const AllReduceOptions& options,
       return absl::InvalidArgumentError("server error: wrong size");
     }
   }
+  const bool robust = options.robust != RobustAggregation::kOff;
+  if (robust && !(options.robust_clip > 0 && std::isfinite(options.robust_clip))) {
+    return absl::InvalidArgumentError("allreduce: robust_clip must be finite and > 0");
+  }
   AllReduceStats local;
   std::vector<float> u, dec, sum;
+  std::vector<std::vector<float>> contributions(robust ? d : 0);
+  std::vector<bool> keep(robust ? d : 0, false);
   int64_t owned_offset = 0;
   uint32_t bucket = 0;
   for (int64_t bs = 0; bs < n; bs += options.bucket_elements, ++bucket) {
@@ -103,17 +182,39 @@ absl::Status AllReduceMean(ReplicaExchange& ex, const AllReduceOptions& options,
     const int64_t mine = rb - ra;
     sum.assign(mine, 0.0f);
     dec.resize(mine);
-    for (int src = 0; src < d; ++src) {
-      if (src == r) {
-        AQSWARM_RETURN_IF_ERROR(DecodeChunk(own.tensor(), absl::MakeSpan(dec)));
-      } else {
-        AQSWARM_ASSIGN_OR_RETURN(v1::ExchangeChunk c, ex.Receive(src, step, round, v1::ExchangeChunk::SCATTER, bucket, r));
-        AQSWARM_RETURN_IF_ERROR(DecodeChunk(c.tensor(), absl::MakeSpan(dec)));
+    if (!robust) {
+      for (int src = 0; src < d; ++src) {
+        if (src == r) {
+          AQSWARM_RETURN_IF_ERROR(DecodeChunk(own.tensor(), absl::MakeSpan(dec)));
+        } else {
+          AQSWARM_ASSIGN_OR_RETURN(v1::ExchangeChunk c, ex.Receive(src, step, round, v1::ExchangeChunk::SCATTER, bucket, r));
+          AQSWARM_RETURN_IF_ERROR(DecodeChunk(c.tensor(), absl::MakeSpan(dec)));
+        }
+        for (int64_t i = 0; i < mine; ++i) sum[i] += dec[i];
       }
-      for (int64_t i = 0; i < mine; ++i) sum[i] += dec[i];
+      const float inv = 1.0f / static_cast<float>(d);
+      for (float& v : sum) v *= inv;
+    } else {
+      // Every contribution first; one that is not finite is dropped.
+      for (int src = 0; src < d; ++src) {
+        contributions[src].resize(mine);
+        absl::Status s;
+        if (src == r) {
+          s = DecodeChunk(own.tensor(), absl::MakeSpan(contributions[src]));
+        } else {
+          AQSWARM_ASSIGN_OR_RETURN(v1::ExchangeChunk c, ex.Receive(src, step, round, v1::ExchangeChunk::SCATTER, bucket, r));
+          s = DecodeChunk(c.tensor(), absl::MakeSpan(contributions[src]));
+        }
+        keep[src] = s.ok();
+        if (compression::IsNonFiniteError(s)) {
+          ++local.robust_dropped;
+          continue;
+        }
+        AQSWARM_RETURN_IF_ERROR(s);
+      }
+      AQSWARM_RETURN_IF_ERROR(
+          CombineContributions(options.robust, options.robust_clip, contributions, keep, absl::MakeSpan(sum), &local));
     }
-    const float inv = 1.0f / static_cast<float>(d);
-    for (float& v : sum) v *= inv;
     if (server_error != nullptr) {
       for (int64_t i = 0; i < mine; ++i) sum[i] += (*server_error)[owned_offset + i];
     }
@@ -148,6 +249,8 @@ absl::Status AllReduceMean(ReplicaExchange& ex, const AllReduceOptions& options,
   if (stats != nullptr) {
     stats->bytes_sent += local.bytes_sent;
     stats->raw_bytes += local.raw_bytes;
+    stats->robust_dropped += local.robust_dropped;
+    stats->robust_clipped += local.robust_clipped;
   }
   return absl::OkStatus();
 }

@@ -52,6 +52,25 @@ class ReplicaExchange {
                                                     uint32_t chunk) = 0;
 };
 
+// How the owner of a chunk combines the D replicas' contributions to it
+// (job: dp.robust). Every mode is computed by the owner alone, in rank
+// order, so the replicas stay bit-identical (they decode the owner's bytes).
+// Norms are of each replica's contribution to one chunk of one bucket.
+//   kOff          the mean; any non-finite contribution fails the round.
+//   kClipNorm     each contribution scaled down to at most robust_clip x the
+//                 median contribution norm, then the mean.
+//   kCenteredClip center c = the coordinate-wise median of the
+//                 contributions; each deviation x_i - c scaled down to at
+//                 most robust_clip x the median deviation norm; c + their
+//                 mean.
+// Under both robust modes a contribution that does not decode to finite
+// values is dropped (counted in AllReduceStats::robust_dropped) and the
+// rest are combined. Medians are the lower median (element floor((k-1)/2)
+// of k sorted values). With D = 2 there is no majority: the larger of the
+// two contributions is held to robust_clip x the smaller, but nothing says
+// which replica is honest; use D >= 3 to outvote one faulty replica.
+enum class RobustAggregation { kOff, kClipNorm, kCenteredClip };
+
 struct AllReduceOptions {
   // Codec of both phases. Default: raw float32 (lossless).
   compression::CodecOptions codec = [] {
@@ -61,6 +80,12 @@ struct AllReduceOptions {
   }();
   // Largest bucket in elements. Default: 4 Mi.
   int64_t bucket_elements = 4 << 20;
+  // Robust combination at each chunk's owner (see RobustAggregation).
+  // Default: off.
+  RobustAggregation robust = RobustAggregation::kOff;
+  // Multiple of the median norm a contribution (or deviation) may reach
+  // under the robust modes; > 0. Default: 2.
+  double robust_clip = 2;
 };
 
 // Chunk [begin, end) of `bucket_len` elements owned by `rank` of `size`.
@@ -72,7 +97,18 @@ int64_t OwnedElements(int64_t n, int rank, int size, int64_t bucket_elements);
 struct AllReduceStats {
   uint64_t bytes_sent = 0;  // encoded scales+payload sent to other replicas
   uint64_t raw_bytes = 0;   // float32 bytes of the same chunks
+  // Robust modes, at this replica's owned chunks: contributions dropped as
+  // non-finite, and contributions (or deviations) scaled down by the clip.
+  uint64_t robust_dropped = 0;
+  uint64_t robust_clipped = 0;
 };
+
+// The robust combination of `contributions` (each of `out.size()` values)
+// into `out`; kOff is their mean. Rows marked false in `keep` are left
+// out. FailedPrecondition when no row is kept. Exposed for tests.
+absl::Status CombineContributions(RobustAggregation mode, double clip,
+                                  const std::vector<std::vector<float>>& contributions,
+                                  const std::vector<bool>& keep, absl::Span<float> out, AllReduceStats* stats);
 
 // out = mean over replicas of `in` (see the banner). `in` and `out` may alias.
 // worker_error / server_error may be null (no error feedback).

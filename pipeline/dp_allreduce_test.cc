@@ -5,7 +5,9 @@
 #include <cstring>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/random.h"
+#include "compression/codec.h"
 #include "gtest/gtest.h"
 #include "pipeline/dp_test_util.h"
 #include "pipeline/quantized_adam.h"
@@ -120,6 +122,175 @@ TEST(AllReduceTest, VanishedReplicaFailsTheOthersWithinTheTimeout) {
     EXPECT_NE(s.message().find("replica"), std::string::npos) << s;
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+// A replica that corrupts what it sends: its SCATTER contributions are
+// scaled by `scale` or carry a NaN (raw float32 chunks), as a hostile or
+// broken peer's would.
+class HostileExchange final : public ReplicaExchange {
+ public:
+  HostileExchange(Hub* hub, int rank, int size, float scale, bool nan) : inner_(hub, rank, size), scale_(scale), nan_(nan) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  absl::Status Send(int to, const v1::ExchangeChunk& chunk) override {
+    if (chunk.phase() != v1::ExchangeChunk::SCATTER || chunk.tensor().codec() != v1::CODEC_RAW_F32) {
+      return inner_.Send(to, chunk);
+    }
+    v1::ExchangeChunk bad = chunk;
+    std::string& p = *bad.mutable_tensor()->mutable_payload();
+    for (size_t i = 0; i + 4 <= p.size(); i += 4) {
+      float f;
+      std::memcpy(&f, p.data() + i, 4);
+      f = nan_ && i == 4 * 3 ? NAN : f * scale_;
+      std::memcpy(p.data() + i, &f, 4);
+    }
+    return inner_.Send(to, bad);
+  }
+  absl::StatusOr<v1::ExchangeChunk> Receive(int from, uint64_t step, uint32_t round, v1::ExchangeChunk::Phase phase,
+                                            uint32_t bucket, uint32_t chunk) override {
+    return inner_.Receive(from, step, round, phase, bucket, chunk);
+  }
+
+ private:
+  HubExchange inner_;
+  const float scale_;
+  const bool nan_;
+};
+
+double RelativeError(const std::vector<float>& x, const std::vector<double>& ref) {
+  double e = 0, r = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    e += (x[i] - ref[i]) * (x[i] - ref[i]);
+    r += ref[i] * ref[i];
+  }
+  return std::sqrt(e / r);
+}
+
+// One of 4 replicas sends x1000 or NaN contributions. The plain mean follows
+// it (x1000) or refuses the round (NaN); both robust modes stay close to the
+// honest replicas' mean, drop the NaN (counted) and keep every replica's
+// output bit-identical.
+TEST(AllReduceRobustTest, OneHostileReplicaOfFourIsClippedOrDropped) {
+  constexpr int d = 4, hostile = 3;
+  const int64_t n = 6001;
+  std::vector<std::vector<float>> in(d);
+  const std::vector<float> g = Random(n, 99);
+  for (int r = 0; r < d; ++r) {
+    const std::vector<float> noise = Random(n, r + 1, 0.1);
+    in[r].resize(n);
+    for (int64_t i = 0; i < n; ++i) in[r][i] = g[i] + noise[i];
+  }
+  std::vector<double> honest(n, 0);
+  for (int r = 0; r < d; ++r) {
+    if (r == hostile) continue;
+    for (int64_t i = 0; i < n; ++i) honest[i] += in[r][i] / 3.0;
+  }
+  for (bool nan : {false, true}) {
+    for (RobustAggregation mode :
+         {RobustAggregation::kOff, RobustAggregation::kClipNorm, RobustAggregation::kCenteredClip}) {
+      Hub hub(absl::Seconds(2));
+      AllReduceOptions o;
+      o.bucket_elements = 2500;  // several buckets, ragged chunks
+      o.robust = mode;
+      std::vector<std::vector<float>> out(d, std::vector<float>(n));
+      std::vector<AllReduceStats> stats(d);
+      std::vector<absl::Status> st(d);
+      std::vector<std::thread> threads;
+      for (int r = 0; r < d; ++r) {
+        threads.emplace_back([&, r] {
+          HubExchange honest_ex(&hub, r, d);
+          HostileExchange hostile_ex(&hub, r, d, nan ? 1.0f : 1000.0f, nan);
+          ReplicaExchange& ex = r == hostile ? static_cast<ReplicaExchange&>(hostile_ex) : honest_ex;
+          st[r] = AllReduceMean(ex, o, 3, 0, in[r], absl::MakeSpan(out[r]), nullptr, nullptr, &stats[r]);
+        });
+      }
+      for (auto& t : threads) t.join();
+      const std::string what = absl::StrCat(nan ? "NaN" : "x1000", " mode ", static_cast<int>(mode));
+      if (mode == RobustAggregation::kOff && nan) {
+        for (int r = 0; r < d; ++r) {
+          if (r != hostile) EXPECT_TRUE(compression::IsNonFiniteError(st[r])) << what << " rank " << r << ": " << st[r];
+        }
+        continue;
+      }
+      for (int r = 0; r < d; ++r) ASSERT_TRUE(st[r].ok()) << what << " rank " << r << ": " << st[r];
+      for (int r = 1; r < d; ++r) EXPECT_EQ(0, std::memcmp(out[0].data(), out[r].data(), n * 4)) << what;
+      for (float v : out[0]) ASSERT_TRUE(std::isfinite(v)) << what;
+      const double err = RelativeError(out[0], honest);
+      if (mode == RobustAggregation::kOff) {
+        EXPECT_GT(err, 100) << what << ": the plain mean follows the hostile replica";
+        continue;
+      }
+      EXPECT_LT(err, mode == RobustAggregation::kCenteredClip ? 0.1 : 0.4) << what;
+      uint64_t dropped = 0, clipped = 0;
+      for (const AllReduceStats& s : stats) {
+        dropped += s.robust_dropped;
+        clipped += s.robust_clipped;
+      }
+      if (nan) {
+        EXPECT_EQ(dropped, 3u * 3u) << what << ": one per bucket at each of 3 honest owners";
+      } else {
+        EXPECT_EQ(dropped, 0u) << what;
+        EXPECT_GE(clipped, 3u * 3u) << what;
+      }
+    }
+  }
+}
+
+TEST(AllReduceRobustTest, CombineContributionsDropsAndClips) {
+  const std::vector<std::vector<float>> c = {{1, 0}, {1, 0.2f}, {0.8f, 0}, {-500, 500}};
+  std::vector<float> out(2);
+  AllReduceStats st;
+  ASSERT_TRUE(CombineContributions(RobustAggregation::kOff, 2, c, {true, true, true, false}, absl::MakeSpan(out), &st).ok());
+  EXPECT_NEAR(out[0], 2.8 / 3, 1e-6);
+  ASSERT_TRUE(CombineContributions(RobustAggregation::kClipNorm, 2, c, {true, true, true, true}, absl::MakeSpan(out), &st).ok());
+  EXPECT_EQ(st.robust_clipped, 1u);
+  EXPECT_LT(std::hypot(out[0] - 0.6, out[1] - 0.05), 0.6);
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      CombineContributions(RobustAggregation::kClipNorm, 2, c, {false, false, false, false}, absl::MakeSpan(out), &st)));
+}
+
+// Training with data parallelism where one replica of 4 sends gradients
+// reversed and x1000 (AdamW over the exchange, a quadratic loss): the plain
+// mean climbs, both robust modes still converge.
+TEST(AllReduceRobustTest, TrainingConvergesWithAHostileReplicaOnlyUnderRobust) {
+  constexpr int d = 4, hostile = 2, steps = 60;
+  const int64_t n = 3000;
+  const std::vector<float> target = Random(n, 5);
+  auto loss = [&](const std::vector<float>& x) {
+    double l = 0;
+    for (int64_t i = 0; i < n; ++i) l += 0.5 * (x[i] - target[i]) * (x[i] - target[i]);
+    return l / n;
+  };
+  for (RobustAggregation mode :
+       {RobustAggregation::kOff, RobustAggregation::kClipNorm, RobustAggregation::kCenteredClip}) {
+    QuantizedAdamOptions qo;
+    qo.quantized = false;  // AdamW on the exchanged mean gradient
+    qo.compressed.robust = mode;
+    std::vector<std::unique_ptr<QuantizedAdam>> opt;
+    std::vector<std::vector<float>> x(d, std::vector<float>(n, 0.0f));
+    for (int r = 0; r < d; ++r) opt.push_back(std::make_unique<QuantizedAdam>(n, 0, std::vector<uint8_t>(n, 0), qo));
+    const double start = loss(x[0]);
+    for (int t = 0; t < steps; ++t) {
+      Hub hub;
+      auto st = RunReplicas(d, hub, [&](int r, ReplicaExchange& ex) {
+        std::vector<float> grad(n);
+        const std::vector<float> noise = Random(n, 1000 * t + r, 0.05);
+        for (int64_t i = 0; i < n; ++i) grad[i] = x[r][i] - target[i] + noise[i];
+        if (r == hostile) {
+          for (float& v : grad) v *= -1000.0f;
+        }
+        return opt[r]->Step(ex, 0.05, absl::MakeSpan(x[r]), grad);
+      });
+      for (auto& s : st) ASSERT_TRUE(s.ok()) << s;
+    }
+    for (int r = 1; r < d; ++r) EXPECT_EQ(0, std::memcmp(x[0].data(), x[r].data(), n * 4));
+    const double end = loss(x[0]);
+    if (mode == RobustAggregation::kOff) {
+      EXPECT_GT(end, start) << "the hostile replica should win the plain mean";
+    } else {
+      EXPECT_LT(end, 0.1 * start) << "mode " << static_cast<int>(mode);
+    }
+  }
 }
 
 TEST(AllReduceTest, ChunksCoverTheBucket) {

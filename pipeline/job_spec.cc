@@ -75,6 +75,8 @@ void ApplyJobDefaults(v1::JobSpec* job) {
   if (dp->frozen_variance() == v1::DataParallelSpec::FROZEN_VARIANCE_UNSPECIFIED) {
     dp->set_frozen_variance(v1::DataParallelSpec::raise_at_bound);
   }
+  if (dp->robust() == v1::DataParallelSpec::ROBUST_UNSPECIFIED) dp->set_robust(v1::DataParallelSpec::robust_off);
+  if (dp->robust() != v1::DataParallelSpec::robust_off && dp->robust_clip() == 0) dp->set_robust_clip(2);
   if (dp->optimizer() == v1::DataParallelSpec::quantized_adam && !dp->has_variance_refresh_steps()) {
     dp->set_variance_refresh_steps(kDefaultVarianceRefreshSteps);
   }
@@ -211,6 +213,26 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
       return Invalid("dp.bits", absl::StrCat(dp.bits(), "-bit global_qsgd codes cannot carry sums of ",
                                              job.data_parallel(), " replicas: ", fits.message()));
     }
+  }
+  if (!v1::DataParallelSpec::Robust_IsValid(dp.robust())) return Invalid("dp.robust", "unknown value");
+  if (dp.robust() != v1::DataParallelSpec::ROBUST_UNSPECIFIED && dp.robust() != v1::DataParallelSpec::robust_off) {
+    // pipeline/dp_allreduce.h: the owner of each chunk combines the
+    // replicas' contributions; D = 2 bounds the larger by the smaller but has
+    // no majority to tell which replica is honest (D >= 3 outvotes one).
+    if (!(dp.robust_clip() > 0) || !std::isfinite(dp.robust_clip()) || dp.robust_clip() > 1e6) {
+      return Invalid("dp.robust_clip", absl::StrCat(dp.robust_clip(), " must be a finite multiple of the median "
+                                                                      "norm in (0, 1e6] (default 2)"));
+    }
+    if (dp.transport() == v1::DataParallelSpec::nccl && job.data_parallel() > 1) {
+      return Invalid("dp.robust", "robust aggregation runs at the chunk owners of the gradient_exchange transport; "
+                                  "with dp.transport nccl drop dp.robust");
+    }
+    if (dp.codec() == v1::DataParallelSpec::global_qsgd && dp.optimizer() == v1::DataParallelSpec::quantized_adam) {
+      return Invalid("dp.robust", "global_qsgd sums the replicas' codes without decoding them, so no contribution "
+                                  "can be clipped; use dp.codec minmax with dp.robust");
+    }
+  } else if (dp.robust_clip() != 0 && (!(dp.robust_clip() > 0) || !std::isfinite(dp.robust_clip()))) {
+    return Invalid("dp.robust_clip", "must be a finite number > 0");
   }
   if (dp.variance_refresh_steps() > 0 && dp.optimizer() != v1::DataParallelSpec::quantized_adam) {
     return Invalid("dp.variance_refresh_steps", "refreshes quantized_adam's frozen variance, but dp.optimizer is adamw "

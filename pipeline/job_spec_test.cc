@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_format.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pipeline/quantized_adam.h"
 
@@ -91,6 +92,31 @@ TEST(JobSpecTest, DataParallelCodecDefaultsToMinMaxAndAcceptsGlobalQsgd) {
   auto global = ParseJobSpec(R"({"dataParallel":4,"dp":{"optimizer":"quantized_adam","codec":"global_qsgd","bits":4}})");
   ASSERT_TRUE(global.ok()) << global.status();
   EXPECT_EQ(global->dp().codec(), v1::DataParallelSpec::global_qsgd);
+}
+
+TEST(JobSpecTest, RobustAggregationIsOffByDefaultAndValidated) {
+  auto plain = ParseJobSpec(R"({"dataParallel":3})");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->dp().robust(), v1::DataParallelSpec::robust_off);
+  EXPECT_EQ(QuantizedAdamOptionsFromJob(*plain).compressed.robust, RobustAggregation::kOff);
+  auto clip = ParseJobSpec(R"({"dataParallel":3,"dp":{"robust":"clip_norm"}})");
+  ASSERT_TRUE(clip.ok()) << clip.status();
+  EXPECT_EQ(clip->dp().robust_clip(), 2);
+  EXPECT_EQ(QuantizedAdamOptionsFromJob(*clip).compressed.robust, RobustAggregation::kClipNorm);
+  auto centered = ParseJobSpec(
+      R"({"dataParallel":4,"dp":{"optimizer":"quantized_adam","robust":"centered_clip","robustClip":3}})");
+  ASSERT_TRUE(centered.ok()) << centered.status();
+  EXPECT_EQ(QuantizedAdamOptionsFromJob(*centered).compressed.robust, RobustAggregation::kCenteredClip);
+  EXPECT_EQ(QuantizedAdamOptionsFromJob(*centered).compressed.robust_clip, 3);
+  for (const char* bad : {R"({"dataParallel":3,"dp":{"robust":"clip_norm","robustClip":-1}})",
+                          R"({"dataParallel":3,"dp":{"robust":"clip_norm","robustClip":"NaN"}})",
+                          R"({"dataParallel":3,"dp":{"robust":"clip_norm","transport":"nccl"}})",
+                          R"({"dataParallel":3,"dp":{"optimizer":"quantized_adam","codec":"global_qsgd",)"
+                          R"("robust":"centered_clip"}})"}) {
+    auto r = ParseJobSpec(bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << bad << ": " << r.status();
+    EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("dp.robust")) << bad;
+  }
 }
 
 TEST(JobSpecTest, FrozenVarianceDefaultsToRaiseAtBoundAndRefreshToEveryFourthStep) {

@@ -11,9 +11,12 @@ namespace {
 
 float Square(float x) { return x * x; }
 
-AllReduceOptions RawOptions(int64_t bucket_elements) {
+// Float32 rounds: the compressed exchange's buckets and robust aggregation.
+AllReduceOptions RawOptions(const AllReduceOptions& compressed) {
   AllReduceOptions a;
-  a.bucket_elements = bucket_elements;
+  a.bucket_elements = compressed.bucket_elements;
+  a.robust = compressed.robust;
+  a.robust_clip = compressed.robust_clip;
   return a;
 }
 
@@ -49,6 +52,12 @@ QuantizedAdamOptions QuantizedAdamOptionsFromJob(const v1::JobSpec& job) {
   o.compressed.codec.bucket_size = job.dp().bucket_size();
   o.raise_variance_at_bound = job.dp().frozen_variance() != v1::DataParallelSpec::fixed;
   o.variance_refresh_steps = job.dp().variance_refresh_steps();
+  switch (job.dp().robust()) {
+    case v1::DataParallelSpec::clip_norm: o.compressed.robust = RobustAggregation::kClipNorm; break;
+    case v1::DataParallelSpec::centered_clip: o.compressed.robust = RobustAggregation::kCenteredClip; break;
+    default: o.compressed.robust = RobustAggregation::kOff; break;
+  }
+  o.compressed.robust_clip = job.dp().robust_clip() > 0 ? job.dp().robust_clip() : 2.0;
   return o;
 }
 
@@ -88,7 +97,7 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
   if (!compressed) {
     g_.resize(n_);
     AQSWARM_RETURN_IF_ERROR(
-        AllReduceMean(ex, RawOptions(options_.compressed.bucket_elements), s, options_.first_round, grads, absl::MakeSpan(g_), nullptr,
+        AllReduceMean(ex, RawOptions(options_.compressed), s, options_.first_round, grads, absl::MakeSpan(g_), nullptr,
                       nullptr, &stats_));
     const float bc1 = static_cast<float>(1 - std::pow(options_.beta1, static_cast<double>(step_)));
     const float bc2 = static_cast<float>(1 - std::pow(options_.beta2, static_cast<double>(step_)));
@@ -132,7 +141,7 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
     // Variance refresh: the float32 mean gradient, as in the warm-up; v takes
     // it with the weight of the `refresh` steps since the last one.
     g_.resize(n_);
-    AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, RawOptions(options_.compressed.bucket_elements), s, options_.first_round, grads,
+    AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, RawOptions(options_.compressed), s, options_.first_round, grads,
                                           absl::MakeSpan(g_), nullptr, nullptr, &stats_));
     const double t = static_cast<double>(step_);
     const double keep = std::pow(options_.beta2, static_cast<double>(refresh));
@@ -186,7 +195,7 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
     }
   }
   if (num_compressed_ < n_) {
-    AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, RawOptions(options_.compressed.bucket_elements), s, options_.first_round + 1,
+    AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, RawOptions(options_.compressed), s, options_.first_round + 1,
                                           x.subspan(num_compressed_), mean.subspan(num_compressed_), nullptr, nullptr,
                                           &stats_));
   }

@@ -120,7 +120,9 @@ struct QuantizedAdamOptions {
   }();
 };
 
-// From a job: optimizer betas/eps/decay + dp.{optimizer, warmup_steps, codec, bits, bucket_size}.
+// From a job: optimizer betas/eps/decay + dp.{optimizer, warmup_steps, codec, bits, bucket_size,
+// robust, robust_clip}. The robust aggregation applies to every round with a
+// bucketed or float32 codec (not Global-QSGD's integer sums).
 QuantizedAdamOptions QuantizedAdamOptionsFromJob(const v1::JobSpec& job);
 
 // The largest per-coordinate step (in units of lr, eps = 0) bias-corrected
