@@ -278,6 +278,18 @@ class StageWorkerImpl final : public StageWorker {
         }
         off += n;
       }
+      // A NaN or infinite gradient here would reach every replica through
+      // the exchange: the step stops before it (dynamic loss scaling, whose
+      // overflows skip steps, does not run with data parallelism).
+      if (!std::isfinite(total_sq)) {
+        return absl::FailedPreconditionError(absl::StrCat("data-parallel step ", step,
+                                                          ": the pipeline's gradient norm is not finite (squared ",
+                                                          total_sq, "); nothing was sent to the replicas"));
+      }
+      if (const absl::Status s = compression::CheckReceivedFinite(dp_grads_, "local gradient"); !s.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat("data-parallel step ", step, ": this replica's ",
+                                                          s.message(), "; nothing was sent to the replicas"));
+      }
       const double lr = LearningRateAt(job_.optimizer(), step);
       if (delayed) {
         // The model takes the previous step's result, extrapolated by that
@@ -320,6 +332,8 @@ class StageWorkerImpl final : public StageWorker {
 
   uint64_t dp_bytes_sent() const override { return stats_.bytes_sent; }
   uint64_t dp_raw_bytes() const override { return stats_.raw_bytes; }
+  uint64_t dp_robust_dropped() const override { return stats_.robust_dropped; }
+  uint64_t dp_robust_clipped() const override { return stats_.robust_clipped; }
 
   int64_t num_parameters() const override {
     int64_t n = 0;
@@ -497,6 +511,10 @@ class StageWorkerImpl final : public StageWorker {
       to.first_round = 2;
       to.compressed.codec.codec = v1::CODEC_GLOBAL_QSGD;
       to.compressed.codec.bits = std::max(to.compressed.codec.bits, 2);
+      // Global-QSGD sums codes without decoding them, so no contribution can
+      // be clipped: under dp.robust the tied copy exchanges float32 means
+      // (AdamW, no error feedback either).
+      if (to.compressed.robust != RobustAggregation::kOff) to.quantized = false;
       dp_tied_ = std::make_unique<QuantizedAdam>(
           tied_n_, tied_n_ >= compression::kDefaultMinCompressElements ? tied_n_ : 0,
           std::vector<uint8_t>(tied_n_, 1), to, std::vector<int64_t>{tied_n_});
@@ -519,6 +537,8 @@ class StageWorkerImpl final : public StageWorker {
     if (dp_tied_ != nullptr) {
       st.bytes_sent += dp_tied_->stats().bytes_sent;
       st.raw_bytes += dp_tied_->stats().raw_bytes;
+      st.robust_dropped += dp_tied_->stats().robust_dropped;
+      st.robust_clipped += dp_tied_->stats().robust_clipped;
     }
     return st;
   }

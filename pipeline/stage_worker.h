@@ -94,7 +94,9 @@ class StageWorker {
   // learning rate for `step`, zeroes gradients, drops saved micro-batches.
   virtual absl::Status Step(int64_t step, double total_grad_squared_norm) = 0;
 
-  // Data-parallel step (job.data_parallel > 1): clips this replica's gradient
+  // Data-parallel step (job.data_parallel > 1): FailedPrecondition naming
+  // the step, before anything is exchanged, when the norm or this replica's
+  // gradient is NaN or infinite. Clips this replica's gradient
   // by its pipeline's whole-model norm, then AdamW on the replicas' mean
   // gradient for dp.warmup_steps, then QuantizedAdam (pipeline/quantized_adam.h)
   // over `exchange`. Replicas that start equal stay bit-identical.
@@ -114,6 +116,11 @@ class StageWorker {
   // Bytes this stage sent to its replicas so far (encoded) and their fp32 size.
   virtual uint64_t dp_bytes_sent() const = 0;
   virtual uint64_t dp_raw_bytes() const = 0;
+  // dp.robust, since the worker started: contributions of other replicas
+  // dropped as non-finite and contributions clipped, at the chunks this
+  // replica owns (pipeline/dp_allreduce.h AllReduceStats).
+  virtual uint64_t dp_robust_dropped() const = 0;
+  virtual uint64_t dp_robust_clipped() const = 0;
 
   virtual int64_t num_parameters() const = 0;
   // XXH3 of all parameter bytes: replicas compare it to prove bit-identity.

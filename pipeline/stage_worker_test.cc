@@ -1,5 +1,6 @@
 #include "pipeline/stage_worker.h"
 
+#include <cmath>
 #include <string>
 #include <thread>
 
@@ -127,6 +128,28 @@ TEST(StageWorkerDataParallelTest, ReplicasStayBitIdenticalAndACheckpointedJoiner
   ASSERT_TRUE(w[2]->LoadCheckpoint(path).ok());
   EXPECT_EQ(w[2]->ParameterHash(), w[0]->ParameterHash());
   for (int s = 4; s < 6; ++s) step(0, 2, s);  // replica 1 is gone; the joiner keeps lockstep
+}
+
+// A replica whose gradient norm is NaN or infinite stops the step before it
+// sends anything to the other replicas, and its parameters stay as they were.
+TEST(StageWorkerDataParallelTest, ANonFiniteGradientStopsTheStepBeforeAnyExchange) {
+  v1::JobSpec job = Job(1);
+  job.set_data_parallel(2);
+  auto w = *StageWorker::Create(job, 0);
+  const int b = job.micro_batch_size(), t = job.model().seq_len();
+  for (double bad : {std::nan(""), HUGE_VAL}) {
+    double loss;
+    ASSERT_TRUE(w->ForwardLoss(0, {}, Tokens(0, 1, b * t), Tokens(1, 1, b * t), b, &loss).ok());
+    ASSERT_TRUE(w->Backward(0, {}, nullptr).ok());
+    const uint64_t before = w->ParameterHash();
+    testing::Hub hub(absl::Milliseconds(200));
+    testing::HubExchange ex(&hub, 0, 2);
+    const absl::Status s = w->StepDataParallel(4, bad, ex);
+    EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+    EXPECT_NE(s.message().find("data-parallel step 4"), std::string::npos) << s;
+    EXPECT_EQ(ex.sent(), 0) << "a non-finite gradient reached the exchange";
+    EXPECT_EQ(w->ParameterHash(), before);
+  }
 }
 
 // dp.delayed_update against the synchronous step: each step's update lands
