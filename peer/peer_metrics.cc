@@ -84,6 +84,11 @@ struct PeerFamilies {
                    {"job", "stage", "pipeline"});
   Family<Counter>& rejected = DeclareCounter(
       "aqswarm_peer_rejected_messages_total", "Messages refused by validation, by reason.", {"reason"});
+  Family<Counter>& state_refused = DeclareCounter(
+      "aqswarm_peer_state_transfer_refused_total",
+      "StateTransfer fetches refused, by reason: busy (served side: too many at once); fetching side: too_large, "
+      "bad_chunk, checksum, sha256_mismatch, truncated.",
+      {"reason"});
 };
 
 PeerFamilies& Families() {
@@ -111,6 +116,13 @@ double Ratio(double num, double den) { return den > 0 ? num / den : 0; }
 void DeclarePeerMetrics() {
   PeerFamilies& f = Families();
   for (const char* r : kRejectReasons) f.rejected.Add({{"reason", r}});
+  for (const char* r : {"busy", "too_large", "bad_chunk", "checksum", "sha256_mismatch", "truncated"}) {
+    f.state_refused.Add({{"reason", r}});
+  }
+}
+
+void CountStateTransferRefused(absl::string_view reason) {
+  Families().state_refused.Add({{"reason", std::string(reason)}}).Increment();
 }
 
 void CountRejectedMessage(absl::string_view reason) {

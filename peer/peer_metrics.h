@@ -45,6 +45,9 @@ void DeclarePeerMetrics();
 // resend_invalid, second_upstream, dp_chunk_invalid, dp_wrong_group,
 // dp_mailbox_full, state_chunk_invalid.
 void CountRejectedMessage(absl::string_view reason);
+// Counts one StateTransfer fetch refused (aqswarm_peer_state_transfer_refused_total;
+// reasons in peer/state_transfer.h). Any thread.
+void CountStateTransferRefused(absl::string_view reason);
 // Returns `s`; counts it as a rejected message for `reason` when not OK.
 absl::Status CountIfRejected(absl::string_view reason, absl::Status s);
 

@@ -3,7 +3,13 @@
 #include <fstream>
 #include <sstream>
 
+#include <filesystem>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/sha256.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "pipeline/job_spec.h"
@@ -64,6 +70,17 @@ class RogueService final : public v1::StateTransfer::Service {
   explicit RogueService(int mode) : mode_(mode) {}
   grpc::Status Fetch(grpc::ServerContext*, const v1::StateRequest*, grpc::ServerWriter<v1::StateChunk>* w) override {
     v1::StateChunk c;
+    if (mode_ == 5 || mode_ == 6) {  // a first chunk of 4 of 10 bytes, then the total (5) or the step (6) changes
+      c.set_total_bytes(10);
+      c.set_data("xxxx");
+      w->Write(c);
+      c.set_offset(4);
+      c.set_data("xxxxxx");
+      if (mode_ == 5) c.set_total_bytes(12);
+      if (mode_ == 6) c.set_step(9);
+      w->Write(c);
+      return grpc::Status::OK;
+    }
     c.set_total_bytes(mode_ == 0 ? (1ull << 62) : 10);
     c.set_offset(mode_ == 1 ? 3 : 0);
     c.set_data(mode_ == 3 ? std::string(20, 'x') : std::string(mode_ == 4 ? 4 : 10, 'x'));
@@ -81,7 +98,7 @@ class RogueService final : public v1::StateTransfer::Service {
 };
 
 TEST(StateTransferTest, MalformedStreamsAreRejected) {
-  for (int mode = 0; mode < 5; ++mode) {
+  for (int mode = 0; mode < 7; ++mode) {
     RogueService svc(mode);
     grpc::ServerBuilder b;
     int port = 0;
@@ -119,6 +136,97 @@ TEST(StateTransferTest, ProbeMeasuresALinkAndRejectsLiesAndBadOptions) {
   // Nobody listening: a bounded failure, not a hang.
   auto gone = ProbeLink(absl::StrCat("127.0.0.1:", port), {.timeout = absl::Seconds(2)});
   EXPECT_FALSE(gone.ok());
+}
+
+// The server streams a kept file; the fetcher writes it to disk as it
+// arrives and checks the digest its holders reported.
+TEST(StateTransferTest, AFileIsStreamedToAFileAndItsSha256Checked) {
+  const aqswarm::testing::ScratchDir scratch;
+  const std::string src = scratch.Sub("state-7.ckpt");
+  std::string content(5 * 4096 + 123, '\0');
+  for (size_t i = 0; i < content.size(); ++i) content[i] = static_cast<char>(i * 131 % 251);
+  std::ofstream(src, std::ios::binary) << content;
+  auto server = StateTransferServer::Start(
+      "127.0.0.1:0",
+      [&](const v1::StateRequest&) -> absl::StatusOr<StateSnapshot> { return StateSnapshot{.step = 7, .path = src}; },
+      /*chunk_bytes=*/4096);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string target = absl::StrCat("127.0.0.1:", (*server)->port());
+  const std::string digest = Sha256Hex(content);
+  const std::string dst = scratch.Sub("got.ckpt");
+  auto got = FetchStateToFile(target, v1::StateRequest(), dst, {.expected_sha256 = digest});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->step, 7u);
+  EXPECT_EQ(got->bytes, content.size());
+  EXPECT_EQ(got->sha256, digest);
+  EXPECT_EQ(ReadFile(dst), content);
+
+  // A digest that differs: DATA_LOSS naming both, nothing written.
+  const std::string other = Sha256Hex("something else");
+  const std::string dst2 = scratch.Sub("refused.ckpt");
+  auto refused = FetchStateToFile(target, v1::StateRequest(), dst2, {.expected_sha256 = other});
+  EXPECT_TRUE(absl::IsDataLoss(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find(digest), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find(other), std::string::npos) << refused.status();
+  EXPECT_FALSE(std::filesystem::exists(dst2));
+  // Over the fetcher's bound: refused before anything is kept.
+  auto big = FetchStateToFile(target, v1::StateRequest(), dst2, {.max_bytes = 4096});
+  EXPECT_TRUE(absl::IsResourceExhausted(big.status())) << big.status();
+  for (const auto& e : std::filesystem::directory_iterator(scratch.path())) {
+    const std::string name = e.path().filename().string();
+    EXPECT_TRUE(name == "state-7.ckpt" || name == "got.ckpt") << "left behind: " << name;
+  }
+}
+
+// At most max_concurrent_fetches at once: the next is RESOURCE_EXHAUSTED
+// (and counted); once one finishes, fetches are served again.
+TEST(StateTransferTest, FetchesBeyondTheConcurrencyLimitAreRefusedAndHonestOnesServedAfter) {
+  absl::Mutex mu;
+  int inside = 0;
+  absl::Notification release;
+  auto server = StateTransferServer::Start(
+      "127.0.0.1:0",
+      [&](const v1::StateRequest& r) -> absl::StatusOr<StateSnapshot> {
+        if (r.step() == 1) {  // the slow ones
+          {
+            absl::MutexLock l(&mu);
+            ++inside;
+          }
+          release.WaitForNotificationWithTimeout(absl::Seconds(30));
+        }
+        return StateSnapshot{.bytes = "state", .step = r.step()};
+      },
+      1 << 20, {}, /*max_concurrent_fetches=*/2);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string target = absl::StrCat("127.0.0.1:", (*server)->port());
+  v1::StateRequest slow;
+  slow.set_step(1);
+  std::vector<absl::Status> slow_results(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] { slow_results[i] = FetchState(target, slow).status(); });
+  }
+  {
+    absl::MutexLock l(&mu);
+    auto both = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return inside == 2; };
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&both), absl::Seconds(20)));
+  }
+  v1::StateRequest quick;
+  quick.set_step(2);
+  auto third = FetchState(target, quick);
+  EXPECT_TRUE(absl::IsResourceExhausted(third.status())) << third.status();
+  EXPECT_NE(third.status().message().find("at most 2"), std::string::npos) << third.status();
+  EXPECT_EQ((*server)->refused_busy(), 1u);
+  release.Notify();
+  for (auto& t : threads) t.join();
+  for (const auto& st : slow_results) EXPECT_TRUE(st.ok()) << st;
+  auto after = FetchState(target, quick);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->bytes, "state");
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      StateTransferServer::Start("127.0.0.1:0", [](const v1::StateRequest&) -> absl::StatusOr<StateSnapshot> {
+        return StateSnapshot{};
+      }, 1 << 20, {}, 0).status()));
 }
 
 }  // namespace
