@@ -237,7 +237,7 @@ void DecodeGlobalQsgd(const v1::EncodedTensor& msg, absl::Span<float> out) {
   const uint64_t summed = msg.num_summed();
   const int t = static_cast<int>(msg.exponent_shift());
   std::vector<float> scales(msg.scales().size() / 4);
-  std::memcpy(scales.data(), msg.scales().data(), msg.scales().size());
+  if (!scales.empty()) std::memcpy(scales.data(), msg.scales().data(), msg.scales().size());  // never from null
   std::vector<uint32_t> raw(std::min(n, kChunk));
   const float nf = static_cast<float>(summed);
   const float sn = static_cast<float>(static_cast<uint64_t>(msg.num_levels()) * summed);

@@ -12,6 +12,7 @@
 
 #include "compression/aqsgd_codec.h"
 #include "fuzz/fuzz_input.h"
+#include "fuzz/quiet_protobuf.h"
 
 using namespace aqswarm;
 

@@ -9,6 +9,7 @@
 
 #include "compression/codec.h"
 #include "compression/global_qsgd.h"
+#include "fuzz/quiet_protobuf.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   aqswarm::v1::EncodedTensor msg;

@@ -21,6 +21,7 @@
 #include "coordinator/coordinator_state.h"
 #include "fuzz/fuzz_input.h"
 #include "storage/state_store.h"
+#include "fuzz/quiet_protobuf.h"
 
 using namespace aqswarm;
 

@@ -17,6 +17,7 @@
 #include "fuzz/exchange_fuzz_config.h"
 #include "fuzz/fuzz_input.h"
 #include "pipeline/dp_allreduce.h"
+#include "fuzz/quiet_protobuf.h"
 
 using namespace aqswarm;
 

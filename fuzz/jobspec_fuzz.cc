@@ -14,6 +14,7 @@
 #include "fuzz/fuzz_input.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/link_endpoint.h"
+#include "fuzz/quiet_protobuf.h"
 
 using namespace aqswarm;
 

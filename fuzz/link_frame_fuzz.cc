@@ -22,6 +22,7 @@
 #include "pipeline/link_endpoint.h"
 #include "proto/link.pb.h"
 #include "storage/memory_message_store.h"
+#include "fuzz/quiet_protobuf.h"
 
 using namespace aqswarm;
 

@@ -2,7 +2,8 @@
 // the real encoders, so that seeds are what honest peers, stores and
 // operators produce:
 //   build-fuzz/fuzz/fuzz_seed_gen fuzz/corpus     (scripts/fuzz.sh --seeds)
-// Deterministic: the same build writes the same bytes.
+// Join tokens carry random nonces and job defaults follow the code, so a
+// rerun rewrites some seeds; the rest are the same bytes every time.
 #include <sys/stat.h>
 
 #include <condition_variable>
@@ -31,6 +32,8 @@
 #include "pipeline/job_spec.h"
 #include "pipeline/link_endpoint.h"
 #include "pipeline/safetensors.h"
+#include "proto/state.pb.h"
+#include "common/checksum.h"
 #include "storage/memory_message_store.h"
 #include "storage/row_codec.h"
 #include "storage/state_store.h"
@@ -409,6 +412,31 @@ void CoordinatorStateSeeds() {
   fs::remove_all(dir);
 }
 
+// Chunked as StateTransferServer does (peer/state_transfer.cc).
+void StateChunkSeeds() {
+  int k = 0;
+  for (const auto& [size, chunk] : std::vector<std::pair<size_t, size_t>>{{300, 100}, {250, 64}, {0, 16}, {5, 16}}) {
+    std::string state(size, '\0');
+    for (size_t i = 0; i < size; ++i) state[i] = static_cast<char>(i * 7 + 3);
+    const uint64_t sum = Checksum64(state.data(), state.size());
+    fuzz::FuzzOutput out;
+    out.U8(20);  // max_bytes 1 MiB
+    size_t off = 0;
+    do {
+      const size_t len = std::min(chunk, size - off);
+      v1::StateChunk c;
+      c.set_total_bytes(size);
+      c.set_offset(off);
+      c.set_step(12);
+      c.set_data(state.substr(off, len));
+      off += len;
+      if (off == size) c.set_checksum(sum);
+      out.Record(c.SerializeAsString());
+    } while (off < size);
+    Write("state_chunks", k++, out.str());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -426,6 +454,7 @@ int main(int argc, char** argv) {
   JoinTokenSeeds();
   SafetensorsSeeds();
   CoordinatorStateSeeds();
+  StateChunkSeeds();
   std::cout << "fuzz_seed_gen: wrote " << g_root << "\n";
   return 0;
 }

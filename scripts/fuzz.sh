@@ -6,12 +6,16 @@
 #   FUZZ_SECONDS=600 FUZZ_JOBS=1 scripts/fuzz.sh codec_decode
 #   scripts/fuzz.sh --seeds              # rewrite fuzz/corpus/ with fuzz_seed_gen
 #   scripts/fuzz.sh --check              # exit 0 when clang + libFuzzer can build, 3 when not
+#   FUZZ_RUNS=1000000 scripts/fuzz.sh    # a fixed number of inputs per target instead of a time
+# Before fuzzing, each target replays the reproducers committed under
+# fuzz/crashes/<target>/ (fixed findings stay fixed; one that fails again
+# counts as a crash).
 # The last line is always `fuzz: N targets, M execs, K crashes`; the exit
 # status is non-zero when K > 0, a target fails to build, or a run fails.
 # Crash reproducers land in build-fuzz/crashes/<target>/ (rerun one with
 # build-fuzz/fuzz/<target>_fuzz <file>). New inputs the runs find go to a
 # temporary directory and are discarded: the committed corpora stay small.
-# Env: FUZZ_SECONDS, FUZZ_JOBS (targets run at once; default: cores, at
+# Env: FUZZ_SECONDS, FUZZ_RUNS, FUZZ_JOBS (targets run at once; default: cores, at
 # most 2), FUZZ_BUILD_DIR (default build-fuzz), AQSWARM_BUILD_LOCK (the
 # flock file every cmake/ninja call takes; default /tmp/aqswarm-build.lock).
 set -uo pipefail
@@ -19,6 +23,9 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 BUILD=${FUZZ_BUILD_DIR:-build-fuzz}
 SECONDS_EACH=${FUZZ_SECONDS:-20}
+RUNS=${FUZZ_RUNS:-}
+LIMIT=(-max_total_time="$SECONDS_EACH")
+[[ -n $RUNS ]] && LIMIT=(-runs="$RUNS")
 LOCK=${AQSWARM_BUILD_LOCK:-/tmp/aqswarm-build.lock}
 CORES=$(nproc 2>/dev/null || echo 2)
 JOBS=${FUZZ_JOBS:-$((CORES < 2 ? CORES : 2))}
@@ -111,9 +118,20 @@ run_target() {
   fi
   [[ -d fuzz/corpus/$t ]] && cp -r "fuzz/corpus/$t/." "$seeds/"
   chmod -R a-w "$seeds"
+  # Committed reproducers first: each must now run clean.
+  if compgen -G "fuzz/crashes/$t/*" >/dev/null; then
+    if ! timeout -k 10 300 "$bin" -runs=1 -rss_limit_mb=2048 -malloc_limit_mb=1024 fuzz/crashes/"$t"/* \
+        >"$WORK/$t.log" 2>&1; then
+      cp "$WORK/$t.log" "$BUILD/crashes/$t.log"
+      echo "0 regression" >"$WORK/$t.result"
+      return
+    fi
+  fi
   # libFuzzer writes new inputs into the first directory only.
   # -rss_limit_mb: a parser that allocates what the input claims is a finding.
-  timeout -k 10 $((SECONDS_EACH + 120)) "$bin" "$found" "$seeds" -max_total_time="$SECONDS_EACH" \
+  local wall=$((SECONDS_EACH + 120))
+  [[ -n $RUNS ]] && wall=86400
+  timeout -k 10 "$wall" "$bin" "$found" "$seeds" "${LIMIT[@]}" \
     -print_final_stats=1 -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=25 -max_len=65536 \
     -artifact_prefix="$crashes/" >"$WORK/$t.log" 2>&1
   local rc=$?
@@ -140,13 +158,19 @@ for t in "${TARGETS[@]}"; do
     failed=1
     continue
   fi
+  if [[ $rc == regression ]]; then
+    crashed=$((crashed + 1))
+    echo "fuzz: $t: CRASH on a committed reproducer in fuzz/crashes/$t/ (log: $BUILD/crashes/$t.log):"
+    grep -E "Running: |ERROR: |runtime error|SUMMARY" "$BUILD/crashes/$t.log" | tail -n 4 | sed 's/^/  /'
+    continue
+  fi
   artifacts=$(find "$BUILD/crashes/$t" -type f 2>/dev/null | wc -l)
   if ((rc != 0 || artifacts > 0)); then
     crashed=$((crashed + 1))
     echo "fuzz: $t: CRASH (exit $rc) after $execs execs; reproducers in $BUILD/crashes/$t/:"
     grep -E "ERROR: |runtime error|SUMMARY|==ERROR|Test unit written" "$BUILD/crashes/$t.log" | head -n 8 | sed 's/^/  /'
   else
-    echo "fuzz: $t: $execs execs in ${SECONDS_EACH} s, $(grep -o 'cov: [0-9]*' "$WORK/$t.log" | tail -n 1), clean"
+    echo "fuzz: $t: $execs execs in $(grep -o 'Done [0-9]* runs in [0-9]* second' "$WORK/$t.log" | grep -o '[0-9]* second' | tail -n 1)s, $(grep -o 'cov: [0-9]*' "$WORK/$t.log" | tail -n 1), clean"
   fi
 done
 echo "fuzz: total $(($(date +%s) - start)) s (build + runs)"
