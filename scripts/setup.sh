@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config clang lld
+  libclang-rt-14-dev  # libFuzzer + sanitizer runtimes for clang 14 (scripts/fuzz.sh)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libtorch-dev prometheus-cpp-dev libssl-dev libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas0-openmp
