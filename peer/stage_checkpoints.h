@@ -9,6 +9,13 @@
 // re-plan can resume only at a step some live peer holds for every stage,
 // and a copy that lands after its own stage's state of that step was pruned
 // would be of no use.
+//
+// Quarantine: a state of more than the steps a new plan resumes at belongs
+// to the abandoned timeline, but a report that forced that rollback may have
+// been a lie; it is moved to <dir>/quarantine/state-<step>-at-<unix ms>.ckpt
+// instead of deleted, and the quarantine keeps only its newest
+// `max_files` states of at most `max_bytes` in all (oldest dropped first).
+// Nothing reads the quarantine: an operator restores a state from it by hand.
 #ifndef AQSWARM_PEER_STAGE_CHECKPOINTS_H_
 #define AQSWARM_PEER_STAGE_CHECKPOINTS_H_
 
@@ -26,10 +33,20 @@ std::string StageCheckpointPath(const std::string& dir, int64_t steps);
 // The steps of the checkpoints present in `dir`, ascending.
 std::vector<int64_t> StageCheckpointSteps(const std::string& dir);
 
-// Deletes the checkpoints in `dir` of more than `past` steps (pinned or not:
-// they belong to an abandoned timeline), then all but the newest `keep` and
-// the pinned ones.
-void PruneStageCheckpoints(const std::string& dir, int64_t past, size_t keep);
+struct QuarantineLimits {
+  size_t max_files = 8;            // at least 1
+  uint64_t max_bytes = 64ull << 30;  // 0: no byte bound (the newest state stays even if larger)
+};
+
+std::string StageQuarantineDir(const std::string& dir);
+// The quarantined states' file names, oldest first.
+std::vector<std::string> QuarantinedStates(const std::string& dir);
+
+// Moves the checkpoints in `dir` of more than `past` steps (pinned or not:
+// they belong to an abandoned timeline) into its quarantine (see the
+// banner), then deletes all but the newest `keep` and the pinned ones.
+// Returns how many states it quarantined.
+size_t PruneStageCheckpoints(const std::string& dir, int64_t past, size_t keep, const QuarantineLimits& limits = {});
 
 // Replaces the pins of `dir` (empty: none; steps must be >= 0).
 absl::Status WriteStageCheckpointPins(const std::string& dir, const std::vector<int64_t>& steps);

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/testing/scratch_dir.h"
 
@@ -59,6 +60,44 @@ TEST_F(StageCheckpointsTest, OnlyStateFilesCountAsCheckpoints) {
   ASSERT_TRUE(WriteStageCheckpointPins(dir_, {7}).ok());
   EXPECT_EQ(StageCheckpointSteps(dir_), (std::vector<int64_t>{7}));
   EXPECT_TRUE(StageCheckpointSteps(dir_ + "/missing").empty());
+}
+
+// A rollback's states past the resume step are moved aside, not deleted: a
+// lying report that forced it loses nothing an operator cannot restore.
+TEST_F(StageCheckpointsTest, ARollbackQuarantinesTheAbandonedStatesWithinItsBounds) {
+  for (int64_t s : {2, 4, 6, 8}) Write(s);
+  EXPECT_EQ(PruneStageCheckpoints(dir_, 4, 4), 2u);
+  EXPECT_EQ(StageCheckpointSteps(dir_), (std::vector<int64_t>{2, 4}));
+  std::vector<std::string> q = QuarantinedStates(dir_);
+  ASSERT_EQ(q.size(), 2u);
+  for (int64_t s : {6, 8}) {
+    bool found = false;
+    for (const auto& name : q) {
+      if (name.rfind(absl::StrCat("state-", s, "-at-"), 0) != 0) continue;
+      found = true;
+      std::ifstream in(fs::path(StageQuarantineDir(dir_)) / name);
+      std::string text;
+      std::getline(in, text);
+      EXPECT_EQ(text, absl::StrCat("state ", s));
+    }
+    EXPECT_TRUE(found) << "state " << s << " not quarantined";
+  }
+  // The quarantine is not a checkpoint directory: nothing there is served or resumed from.
+  EXPECT_EQ(StageCheckpointSteps(StageQuarantineDir(dir_)).size(), 0u);
+
+  // Bounded by files: the oldest go first.
+  for (int round = 0; round < 5; ++round) {
+    Write(6);
+    PruneStageCheckpoints(dir_, 4, 4, {.max_files = 3, .max_bytes = 0});
+  }
+  EXPECT_EQ(QuarantinedStates(dir_).size(), 3u);
+  // Bounded by bytes: each state here is 7 bytes; 15 bytes hold two.
+  Write(6);
+  PruneStageCheckpoints(dir_, 4, 4, {.max_files = 10, .max_bytes = 15});
+  q = QuarantinedStates(dir_);
+  ASSERT_EQ(q.size(), 2u);
+  EXPECT_EQ(q.back().rfind("state-6-at-", 0), 0u);
+  EXPECT_EQ(StageCheckpointSteps(dir_), (std::vector<int64_t>{2, 4}));
 }
 
 }  // namespace
