@@ -1,5 +1,6 @@
 #include "coordinator/coordinator_service.h"
 
+#include <arpa/inet.h>
 #include <openssl/sha.h>
 
 #include <optional>
@@ -68,8 +69,17 @@ Caller CallerOf(const grpc::ServerContext& ctx) {
   const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
   if (auth == nullptr || !auth->IsPeerAuthenticated()) return c;
   c.tls = true;
-  for (const char* property : {"x509_common_name", "x509_subject_alternative_name"}) {
-    for (const grpc::string_ref& v : auth->FindPropertyValues(property)) c.names.emplace_back(v.data(), v.size());
+  for (const grpc::string_ref& v : auth->FindPropertyValues("x509_common_name")) {
+    c.names.emplace_back(v.data(), v.size());
+  }
+  // subjectAltNames other than IP addresses (a certificate's IP says where
+  // it is dialed, not who it is).
+  for (const grpc::string_ref& v : auth->FindPropertyValues("x509_subject_alternative_name")) {
+    std::string name(v.data(), v.size());
+    in6_addr ip;
+    if (inet_pton(AF_INET, name.c_str(), &ip) != 1 && inet_pton(AF_INET6, name.c_str(), &ip) != 1) {
+      c.names.push_back(std::move(name));
+    }
   }
   const std::vector<grpc::string_ref> pem = auth->FindPropertyValues("x509_pem_cert");
   if (!pem.empty()) {

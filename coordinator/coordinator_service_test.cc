@@ -3,7 +3,10 @@
 
 #include <limits>
 
+#include "common/certs.h"
+#include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator_testing.h"
+#include "rpc/channel.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/scratch_dir.h"
@@ -222,6 +225,108 @@ TEST_F(CoordinatorServiceTest, WatchAssignmentDeliversNewVersionsAfterMembership
   while (reader->Read(&got)) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(CoordinatorServiceTest, ASecondWatchOfTheSamePeerEndsTheFirst) {
+  v1::JoinResponse a = MustJoin("a");
+  v1::WatchAssignmentRequest req;
+  req.set_peer_id(a.peer_id());
+  req.set_session_token(a.session_token());
+  grpc::ClientContext first_ctx, second_ctx;
+  first_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  second_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto first = stub_->WatchAssignment(&first_ctx, req);
+  v1::Assignment got;
+  ASSERT_TRUE(first->Read(&got));
+  const double superseded = RefusalCount(Refusal::kWatchSuperseded);
+  auto second = stub_->WatchAssignment(&second_ctx, req);
+  ASSERT_TRUE(second->Read(&got));
+  // The first stream ends (long before its deadline); the second lives on.
+  while (first->Read(&got)) {
+  }
+  EXPECT_EQ(first->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(RefusalCount(Refusal::kWatchSuperseded), superseded + 1);
+  MustJoin("b", 6000);
+  ASSERT_TRUE(second->Read(&got));
+  EXPECT_EQ(got.version(), 2u);
+  // A forged session cannot end the peer's watch.
+  req.set_session_token("forged");
+  grpc::ClientContext forged_ctx;
+  auto forged = stub_->WatchAssignment(&forged_ctx, req);
+  EXPECT_FALSE(forged->Read(&got));
+  EXPECT_EQ(forged->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  MustJoin("s", 7000);
+  ASSERT_TRUE(second->Read(&got));
+  EXPECT_EQ(got.version(), 3u);
+  second_ctx.TryCancel();
+}
+
+// Under TLS the join's certificate must name the peer; only an admin
+// certificate sees Status details.
+TEST(CoordinatorTlsTest, TheCertificateMustNameThePeerAndOnlyAdminsSeeStatusDetails) {
+  rpc::FakeClock clock;
+  ScratchDir dir;
+  const std::string tls_dir = dir.Sub("tls");
+  ASSERT_TRUE(InitCaDir(tls_dir, {}).ok());
+  for (const char* n : {"coordinator", "a", "mallory", "admin"}) {
+    LeafOptions leaf;
+    leaf.name = n;
+    leaf.ip_addresses = {"127.0.0.1"};
+    ASSERT_TRUE(IssueCertInDir(tls_dir, leaf).ok()) << n;
+  }
+  auto coord = SwarmCoordinator::Create(TestOptions(&clock, dir.Sub("state"), 2, 1));
+  ASSERT_TRUE(coord.ok()) << coord.status();
+  CoordinatorServerOptions so;
+  so.tls = {tls_dir, "coordinator"};
+  auto server = CoordinatorServer::Start(*std::move(coord), so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub_as = [&](const std::string& name) {
+    auto channel = rpc::MakeChannel(absl::StrCat("127.0.0.1:", (*server)->port()), {tls_dir, name},
+                                    rpc::ControlChannel());
+    EXPECT_TRUE(channel.ok()) << channel.status();
+    return v1::Coordinator::NewStub(*channel);
+  };
+  auto join = [&](v1::Coordinator::Stub& stub, const std::string& name, v1::JoinResponse* resp) {
+    v1::JoinRequest r;
+    r.set_peer_name(name);
+    r.set_join_token(TokenFor(clock, name));
+    r.set_stage_link_address("127.0.0.1:5000");
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return stub.Join(&ctx, r, resp);
+  };
+  auto mallory = stub_as("mallory");
+  auto a = stub_as("a");
+  v1::JoinResponse resp;
+  const double before = RefusalCount(Refusal::kJoinCertificateName);
+  grpc::Status s = join(*mallory, "a", &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(s.error_message(), HasSubstr("'a'"));
+  EXPECT_THAT(s.error_message(), HasSubstr("mallory"));
+  EXPECT_EQ(RefusalCount(Refusal::kJoinCertificateName), before + 1);
+  s = join(*a, "a", &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  // Mallory cannot take the name over; a (same certificate) rejoins with a fresh token.
+  EXPECT_EQ(join(*mallory, "a", &resp).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  v1::JoinResponse again;
+  s = join(*a, "a", &again);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_NE(again.peer_id(), resp.peer_id());
+
+  auto status_as = [&](v1::Coordinator::Stub& stub) {
+    v1::StatusResponse st;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    EXPECT_TRUE(stub.Status(&ctx, v1::StatusRequest(), &st).ok());
+    return st;
+  };
+  auto admin = stub_as("admin");
+  const v1::StatusResponse full = status_as(*admin), summary = status_as(*mallory);
+  ASSERT_EQ(full.peers_size(), 1);
+  EXPECT_EQ(full.peers(0).peer_name(), "a");
+  ASSERT_EQ(summary.peers_size(), 1);
+  EXPECT_EQ(summary.peers(0).peer_name(), "");
+  EXPECT_EQ(summary.job_name(), full.job_name());
 }
 
 TEST_F(CoordinatorServiceTest, WatchWithAWrongSessionIsRefused) {

@@ -2,7 +2,9 @@
 
 #include <set>
 
+#include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator_testing.h"
+#include "coordinator/rate_limiter.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/scratch_dir.h"
@@ -13,6 +15,7 @@ namespace {
 using ::aqswarm::coordinator::testing::JoinAs;
 using ::aqswarm::testing::ScratchDir;
 using ::aqswarm::coordinator::testing::TestOptions;
+using ::aqswarm::coordinator::testing::TokenFor;
 using ::testing::HasSubstr;
 
 class SwarmCoordinatorTest : public ::testing::Test {
@@ -28,9 +31,274 @@ class SwarmCoordinatorTest : public ::testing::Test {
     return r.ok() ? *r : JoinResult{};
   }
 
+  std::unique_ptr<SwarmCoordinator> Make(SwarmCoordinatorOptions o) {
+    auto c = SwarmCoordinator::Create(std::move(o));
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+
   rpc::FakeClock clock_;
   ScratchDir dir_;
 };
+
+// How much a refusal counter grew while `f` ran.
+double Counted(Refusal r, const std::function<void()>& f) {
+  const double before = RefusalCount(r);
+  f();
+  return RefusalCount(r) - before;
+}
+
+TEST(RateLimiterTest, ABucketEmptiesRefillsAndIdleKeysMakeRoom) {
+  RateLimiter l({.per_second = 1, .burst = 2}, /*max_keys=*/2);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  EXPECT_TRUE(l.Allow("a", t0));
+  EXPECT_TRUE(l.Allow("a", t0));
+  EXPECT_FALSE(l.Allow("a", t0));
+  EXPECT_FALSE(l.Allow("a", t0 - absl::Seconds(5)));  // time going back adds nothing
+  EXPECT_TRUE(l.Allow("a", t0 + absl::Seconds(1)));
+  EXPECT_TRUE(l.Allow("b", t0));
+  EXPECT_TRUE(l.Allow("b", t0));
+  // Two keys, neither idle: a third key is refused rather than grown.
+  EXPECT_FALSE(l.Allow("c", t0 + absl::Seconds(1)));
+  // Once they have refilled they are dropped for it.
+  EXPECT_TRUE(l.Allow("c", t0 + absl::Seconds(10)));
+  RateLimiter unlimited({.per_second = 0, .burst = 1});
+  for (int i = 0; i < 100; ++i) EXPECT_TRUE(unlimited.Allow("x", t0));
+}
+
+TEST(LogLimiterTest, OneLinePerKindPerPeriodWithTheCount) {
+  LogLimiter log(absl::Seconds(10));
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  EXPECT_EQ(log.Admit("x", t0), 1);
+  EXPECT_EQ(log.Admit("x", t0 + absl::Seconds(1)), 0);
+  EXPECT_EQ(log.Admit("x", t0 + absl::Seconds(2)), 0);
+  EXPECT_EQ(log.Admit("y", t0 + absl::Seconds(2)), 1);
+  EXPECT_EQ(log.Admit("x", t0 + absl::Seconds(11)), 3);
+}
+
+TEST_F(SwarmCoordinatorTest, AJoinTokenIsSingleUsePerNameButAProvenRejoinNeedsNoNewOne) {
+  JoinResult a;
+  JoinParams first = JoinAs(clock_, "a");
+  SwarmCoordinatorOptions o = TestOptions(&clock_, dir_.Sub("state"), 1, 1);
+  o.join_limit_per_name = {};  // unlimited: this test joins one name often
+  {
+    auto c = Make(o);
+    a = *c->Join(first);
+    ASSERT_TRUE(c->Leave(a.peer_id, a.session_token).ok());
+    // The same token again, proving nothing: refused and counted.
+    absl::Status replay;
+    EXPECT_EQ(Counted(Refusal::kJoinTokenReplayed, [&] { replay = c->Join(first).status(); }), 1);
+    EXPECT_TRUE(absl::IsPermissionDenied(replay)) << replay;
+    EXPECT_THAT(replay.message(), HasSubstr("already used"));
+    // With the session it got last time, the same token admits it again.
+    JoinParams rejoin = first;
+    rejoin.previous_session_token = a.session_token;
+    auto again = c->Join(rejoin);
+    ASSERT_TRUE(again.ok()) << again.status();
+    a = *again;
+    ASSERT_TRUE(c->Leave(a.peer_id, a.session_token).ok());
+    // A wrong session proves nothing.
+    rejoin.previous_session_token = std::string(32, '0');
+    EXPECT_TRUE(absl::IsPermissionDenied(c->Join(rejoin).status()));
+  }
+  // The used token survives a restart.
+  auto c = Make(o);
+  EXPECT_TRUE(absl::IsPermissionDenied(c->Join(first).status()));
+  JoinParams rejoin = first;
+  rejoin.previous_session_token = a.session_token;
+  EXPECT_TRUE(c->Join(rejoin).ok());
+  // Another name with a wildcard token: each name once.
+  JoinParams w1 = JoinAs(clock_, "w1"), w2 = JoinAs(clock_, "w2");
+  w1.join_token = w2.join_token = TokenFor(clock_, kAnyPeer);
+  auto j1 = c->Join(w1);
+  ASSERT_TRUE(j1.ok()) << j1.status();
+  ASSERT_TRUE(c->Join(w2).ok());
+  ASSERT_TRUE(c->Leave(j1->peer_id, j1->session_token).ok());
+  EXPECT_TRUE(absl::IsPermissionDenied(c->Join(w1).status()));
+}
+
+TEST_F(SwarmCoordinatorTest, ALiveNameIsTakenOverOnlyWithItsSessionOrItsCertificate) {
+  auto c = Make(1, 1);
+  JoinParams p = JoinAs(clock_, "a");
+  p.certificate_sha256 = std::string(64, 'a');
+  JoinResult a = *c->Join(p);
+  JoinParams thief = JoinAs(clock_, "a");
+  thief.certificate_sha256 = std::string(64, 'b');
+  absl::Status taken;
+  EXPECT_EQ(Counted(Refusal::kJoinNameHeld, [&] { taken = c->Join(thief).status(); }), 1);
+  EXPECT_TRUE(absl::IsAlreadyExists(taken)) << taken;
+  EXPECT_TRUE(c->Heartbeat(a.peer_id, a.session_token).ok()) << "the holder was not evicted";
+  // The same certificate (a restarted process) takes its name back.
+  JoinParams restarted = JoinAs(clock_, "a");
+  restarted.certificate_sha256 = std::string(64, 'a');
+  auto back = c->Join(restarted);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(absl::IsNotFound(c->Heartbeat(a.peer_id, a.session_token).status()));
+  // Once the lease ran out, the name is free for a fresh token.
+  clock_.Advance(absl::Seconds(11));
+  EXPECT_TRUE(c->Join(thief).ok());
+}
+
+TEST_F(SwarmCoordinatorTest, JoinsOfOneNameAreRateLimitedAndForgedTokensChargeNothing) {
+  SwarmCoordinatorOptions o = TestOptions(&clock_, dir_.Sub("state"), 1, 1);
+  o.join_limit_per_name = {.per_second = 0.001, .burst = 2};
+  auto c = Make(o);
+  JoinParams forged = JoinAs(clock_, "a");
+  forged.join_token = TokenFor(clock_, "a", std::string(32, 'x'));
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(absl::IsUnauthenticated(c->Join(forged).status()));
+  JoinResult a = *c->Join(JoinAs(clock_, "a"));
+  JoinParams rejoin = JoinAs(clock_, "a");
+  rejoin.previous_session_token = a.session_token;
+  a = *c->Join(rejoin);
+  rejoin.previous_session_token = a.session_token;
+  absl::Status limited;
+  EXPECT_EQ(Counted(Refusal::kJoinRate, [&] { limited = c->Join(rejoin).status(); }), 1);
+  EXPECT_TRUE(absl::IsResourceExhausted(limited)) << limited;
+  EXPECT_TRUE(c->Join(JoinAs(clock_, "b")).ok()) << "another name has its own budget";
+}
+
+TEST_F(SwarmCoordinatorTest, ProgressNeverMovesBackWithinAPlanAndCannotDragTheResumeStep) {
+  auto c = Make(2, 1);
+  JoinResult a = MustJoin(*c, "a"), b = MustJoin(*c, "b");
+  const Grid g = c->grid();
+  const uint32_t a_stage = g.Find(a.peer_id)->first, b_stage = g.Find(b.peer_id)->first;
+  const uint64_t plan = g.plan_version;
+  HeldStates ah{{a_stage, {4, 8}}}, bh{{b_stage, {4, 8}}};
+  ASSERT_TRUE(c->ReportProgress(a.peer_id, a.session_token, {8, 3.0, 10, plan}, 8, &ah).ok());
+  ASSERT_TRUE(c->ReportProgress(b.peer_id, b.session_token, {8, 3.0, 10, plan}, 8, &bh).ok());
+  absl::Status back;
+  HeldStates none;
+  EXPECT_EQ(Counted(Refusal::kProgressBackward,
+                    [&] { back = c->ReportProgress(b.peer_id, b.session_token, {0, 3.0, 10, plan}, 0, &none); }),
+            1);
+  EXPECT_TRUE(absl::IsFailedPrecondition(back)) << back;
+  EXPECT_THAT(back.message(), HasSubstr("behind step 8"));
+  const PeerProgress behind{2, 3.0, 1, 0};
+  EXPECT_TRUE(absl::IsFailedPrecondition(c->Heartbeat(b.peer_id, b.session_token, &behind).status()));
+  // Nothing of the refused report was applied: b still holds 8.
+  JoinResult s = MustJoin(*c, "s");
+  ASSERT_TRUE(c->Leave(a.peer_id, a.session_token).ok());  // s takes a's stage; a's states are gone
+  // No state of a's stage survives, so the job restarts at 0 ... but had a's
+  // states survived, b's claim would have kept the resume at 8:
+  EXPECT_EQ(c->grid().resume_step, 0);
+  const uint64_t plan2 = c->grid().plan_version;
+  ASSERT_TRUE(c->ReportProgress(s.peer_id, s.session_token, {3, 3.0, 10, plan2}, 0).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(c->ReportProgress(s.peer_id, s.session_token, {1, 3.0, 10, plan2}, 0)));
+}
+
+TEST_F(SwarmCoordinatorTest, AReportBelowTheResumeStepIsRefusedSoTheNextReplanKeepsIt) {
+  SwarmCoordinatorOptions o = TestOptions(&clock_, dir_.Sub("state"), 2, 1);
+  o.mirror_checkpoints = true;
+  auto c = Make(o);
+  JoinResult a = MustJoin(*c, "a"), b = MustJoin(*c, "b");
+  const Grid g = c->grid();
+  const uint32_t a_stage = g.Find(a.peer_id)->first, b_stage = g.Find(b.peer_id)->first;
+  // Each holds its own stage and (mirror) the other's at 4 and 8.
+  HeldStates both{{a_stage, {4, 8}}, {b_stage, {4, 8}}};
+  ASSERT_TRUE(c->ReportProgress(a.peer_id, a.session_token, {8, 3.0, 10, g.plan_version}, 8, &both).ok());
+  ASSERT_TRUE(c->ReportProgress(b.peer_id, b.session_token, {8, 3.0, 10, g.plan_version}, 8, &both).ok());
+  JoinResult s = MustJoin(*c, "s"), t = MustJoin(*c, "t");
+  ASSERT_TRUE(c->Leave(b.peer_id, b.session_token).ok());  // a's mirror copy lets s resume b's stage at 8
+  EXPECT_EQ(c->grid().resume_step, 8);
+  const uint64_t plan = c->grid().plan_version;
+  // a claims it is back at step 0 under the new plan: refused...
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      c->ReportProgress(a.peer_id, a.session_token, {0, 3.0, 10, plan}, 0, &both)));
+  // ...so the next re-plan still resumes at 8.
+  ASSERT_TRUE(c->Leave(c->grid().Find(s.peer_id).has_value() ? t.peer_id : s.peer_id,
+                       c->grid().Find(s.peer_id).has_value() ? t.session_token : s.session_token)
+                  .ok());
+  const JoinResult& placed = c->grid().Find(s.peer_id).has_value() ? s : t;
+  ASSERT_TRUE(c->Leave(placed.peer_id, placed.session_token).ok());
+  JoinResult u = MustJoin(*c, "u");
+  EXPECT_TRUE(c->grid().complete());
+  EXPECT_EQ(c->grid().resume_step, 8);
+  (void)u;
+}
+
+TEST_F(SwarmCoordinatorTest, HeldStatesOfForeignStagesAreDropped) {
+  auto c = Make(3, 1);
+  JoinResult a = MustJoin(*c, "a"), b = MustJoin(*c, "b"), d = MustJoin(*c, "d");
+  const uint32_t a_stage = c->grid().Find(a.peer_id)->first;
+  HeldStates claims{{0, {5}}, {1, {5}}, {2, {5}}};
+  EXPECT_EQ(Counted(Refusal::kHeldForeignStage,
+                    [&] {
+                      ASSERT_TRUE(
+                          c->ReportProgress(a.peer_id, a.session_token, {5, 3.0, 10}, 5, &claims).ok());
+                    }),
+            2);
+  v1::StatusResponse st = c->GetStatus();
+  for (const v1::PeerStatus& p : st.peers()) {
+    if (p.peer_id() != a.peer_id) continue;
+    ASSERT_EQ(p.held_size(), 1);
+    EXPECT_EQ(p.held(0).stage(), a_stage);
+  }
+  (void)b;
+  (void)d;
+}
+
+TEST_F(SwarmCoordinatorTest, TheResumeStateHashIsTheMajoritysAndDisagreementsAreCounted) {
+  auto c = Make(1, 3);
+  JoinResult a = MustJoin(*c, "a"), b = MustJoin(*c, "b"), d = MustJoin(*c, "d");
+  const uint64_t plan = c->grid().plan_version;
+  const std::string h1(64, '1'), h2(64, '2');
+  HeldStates held{{0, {4}}};
+  HeldHashes first{{0, {h1}}}, second{{0, {h2}}};
+  ASSERT_TRUE(c->ReportProgress(a.peer_id, a.session_token, {4, 3.0, 10, plan}, 4, &held, &first).ok());
+  const int before = 0;
+  (void)before;
+  ASSERT_TRUE(c->ReportProgress(b.peer_id, b.session_token, {4, 3.0, 10, plan}, 4, &held, &second).ok());
+  ASSERT_TRUE(c->ReportProgress(d.peer_id, d.session_token, {4, 3.0, 10, plan}, 4, &held, &second).ok());
+  JoinResult s = MustJoin(*c, "s");
+  ASSERT_TRUE(c->Leave(d.peer_id, d.session_token).ok());
+  auto sa = c->GetAssignment(s.peer_id, s.session_token);
+  ASSERT_TRUE(sa.ok());
+  EXPECT_EQ(sa->resume_step(), 4);
+  // a (h1) and b (h2) tie: the longest-standing holder, a, wins.
+  EXPECT_EQ(sa->state_sha256(), h1);
+  // With a third holder of h2 the majority wins.
+  JoinParams e = JoinAs(clock_, "e");
+  e.held = held;
+  e.held_sha256 = second;
+  e.held_job_name = c->job().name();
+  ASSERT_TRUE(c->Join(e).ok());
+  sa = c->GetAssignment(s.peer_id, s.session_token);
+  EXPECT_EQ(sa->state_sha256(), h2);
+  // Hashes must be hex and one per step.
+  HeldHashes bad{{0, {"xyz"}}};
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      c->ReportProgress(a.peer_id, a.session_token, {4, 3.0, 10}, 4, &held, &bad)));
+}
+
+TEST_F(SwarmCoordinatorTest, ReportsOverTheRateLimitAreRefused) {
+  SwarmCoordinatorOptions o = TestOptions(&clock_, dir_.Sub("state"), 1, 2);
+  o.report_limit = {.per_second = 0.001, .burst = 3};
+  auto c = Make(o);
+  JoinResult a = MustJoin(*c, "a"), b = MustJoin(*c, "b", 6000);
+  for (int i = 1; i <= 2; ++i) ASSERT_TRUE(c->ReportProgress(a.peer_id, a.session_token, {i, 3.0, 10}, 0).ok());
+  ASSERT_TRUE(c->ReportLinkProbe(a.peer_id, a.session_token, b.peer_id, 1e6, 0.01).ok());
+  absl::Status limited;
+  EXPECT_EQ(Counted(Refusal::kReportRate,
+                    [&] { limited = c->ReportProgress(a.peer_id, a.session_token, {5, 3.0, 10}, 0); }),
+            1);
+  EXPECT_TRUE(absl::IsResourceExhausted(limited)) << limited;
+  EXPECT_TRUE(c->ReportProgress(b.peer_id, b.session_token, {5, 3.0, 10}, 0).ok()) << "b has its own budget";
+  EXPECT_TRUE(c->Heartbeat(a.peer_id, a.session_token).ok()) << "heartbeats are never rate limited";
+}
+
+TEST_F(SwarmCoordinatorTest, TheStatusSummaryNamesNoPeerAndNoAddress) {
+  auto c = Make(2, 1);
+  JoinParams p = JoinAs(clock_, "alice");
+  p.state_transfer_address = "10.1.2.3:7003";
+  ASSERT_TRUE(c->Join(p).ok());
+  MustJoin(*c, "bob");
+  const v1::StatusResponse summary = c->GetStatus(/*details=*/false);
+  EXPECT_EQ(summary.peers_size(), 2);
+  EXPECT_TRUE(summary.grid_complete());
+  const std::string text = summary.DebugString();
+  for (const char* secret : {"alice", "bob", "10.1.2.3"}) EXPECT_EQ(text.find(secret), std::string::npos) << secret;
+  EXPECT_NE(c->GetStatus(/*details=*/true).DebugString().find("alice"), std::string::npos);
+}
 
 TEST_F(SwarmCoordinatorTest, JoinsFillTheGridThenStandbysAndAssignmentsNameNeighbours) {
   auto c = Make(2, 1);
