@@ -66,6 +66,11 @@ ABSL_FLAG(std::string, init_checkpoint, "", "Stage state to load first (holding 
 ABSL_FLAG(std::string, checkpoint_dir, "", "Write the stage state here every job checkpoint_every_steps (state-<steps>.ckpt).");
 ABSL_FLAG(int32_t, keep_checkpoints, 4, "Newest checkpoints kept in --checkpoint_dir.");
 ABSL_FLAG(int32_t, link_timeout_s, 120, "Bound in seconds on every wait for a neighbour.");
+ABSL_FLAG(std::string, previous_peer, "", "Peer (certificate) name of stage-1: under mTLS only it may open the link "
+          "(set by `aqswarm peer`; empty = any certificate of the swarm CA).");
+ABSL_FLAG(std::string, next_peer, "", "Peer (certificate) name of stage+1: under mTLS the link must reach it.");
+ABSL_FLAG(std::string, replica_peers, "", "Peer (certificate) names of the stage's replicas, comma-separated, by "
+          "pipeline: under mTLS a GradientExchange chunk of rank r must come from replica r's certificate.");
 ABSL_FLAG(std::string, out_dir, "", "Run directory: job.json, stage logs, stores, metrics.csv "
                                     "(default runs/<job name>).");
 ABSL_FLAG(bool, keep_stores, false, "Keep the stages' message stores after the run.");

@@ -66,13 +66,20 @@ StageCommand StageCommandFor(const v1::Assignment& a, const StagePlacement& p, c
   if (a.has_next()) {
     c.next = a.next().stage_link_address();
     c.next_generation = a.next().link_generation();
+    c.next_peer = a.next().peer_name();
   }
-  if (a.has_previous()) c.previous_generation = a.previous().link_generation();
+  if (a.has_previous()) {
+    c.previous_generation = a.previous().link_generation();
+    c.previous_peer = a.previous().peer_name();
+  }
   if (a.num_pipelines() > 1) {
     c.replicas.assign(a.num_pipelines(), "");
+    c.replica_peers.assign(a.num_pipelines(), "");
     c.replicas[a.pipeline()] = p.exchange_advertise;
+    c.replica_peers[a.pipeline()] = p.tls_name;
     for (const auto& r : a.replicas()) {
       c.replicas[r.pipeline()] = r.gradient_exchange_address();
+      c.replica_peers[r.pipeline()] = r.peer_name();
       c.replica_generation = r.link_generation();
     }
     c.exchange_listen = p.exchange_listen;

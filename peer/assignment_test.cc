@@ -28,14 +28,19 @@ v1::Assignment Place(uint64_t plan, uint32_t stage, uint32_t pipeline, int stage
   if (stage + 1 < static_cast<uint32_t>(stages)) {
     a.mutable_next()->set_stage_link_address("10.0.0.2:7100");
     a.mutable_next()->set_link_generation(5);
+    a.mutable_next()->set_peer_name("next-peer");
   }
-  if (stage > 0) a.mutable_previous()->set_link_generation(4);
+  if (stage > 0) {
+    a.mutable_previous()->set_link_generation(4);
+    a.mutable_previous()->set_peer_name("previous-peer");
+  }
   for (int p = 0; p < dp; ++p) {
     if (p == static_cast<int>(pipeline)) continue;
     v1::Neighbor* r = a.add_replicas();
     r->set_pipeline(p);
     r->set_gradient_exchange_address(absl::StrCat("10.0.1.", p, ":7200"));
     r->set_link_generation(9);
+    r->set_peer_name(absl::StrCat("replica-", p));
   }
   return a;
 }
@@ -79,6 +84,10 @@ TEST(AssignmentTest, TheCommandRunsTheAssignedPlace) {
   EXPECT_EQ(c.next_generation, 5u);
   EXPECT_THAT(c.replicas, ::testing::ElementsAre("10.0.1.0:7200", "10.0.1.1:7200"));  // ours at our index
   EXPECT_EQ(c.replica_generation, 9u);
+  // The peers the assignment names, whose certificates the links check.
+  EXPECT_EQ(c.next_peer, "next-peer");
+  EXPECT_TRUE(c.previous_peer.empty());  // stage 0
+  EXPECT_THAT(c.replica_peers, ::testing::ElementsAre("replica-0", "gpu-7"));  // ours at our index
   EXPECT_TRUE(c.die_with_parent);
   EXPECT_EQ(c.link_timeout_s, 30);
   EXPECT_EQ(c.tls_dir, "/tls");
@@ -89,6 +98,9 @@ TEST(AssignmentTest, TheCommandRunsTheAssignedPlace) {
   const StageCommand last = StageCommandFor(Place(3, 1, 0, 2, 1), plain, "");
   EXPECT_TRUE(last.next.empty());
   EXPECT_EQ(last.previous_generation, 4u);
+  EXPECT_EQ(last.previous_peer, "previous-peer");
+  EXPECT_TRUE(last.next_peer.empty());
+  EXPECT_TRUE(last.replica_peers.empty());
   EXPECT_TRUE(last.replicas.empty());
   EXPECT_TRUE(last.name.empty());
 }

@@ -8,8 +8,30 @@
 
 namespace aqswarm::peer {
 
-ExchangeMailbox::ExchangeMailbox(std::string group, int rank, int size, uint64_t max_buffered_bytes)
-    : group_(std::move(group)), rank_(rank), size_(size), max_buffered_bytes_(max_buffered_bytes) {}
+ExchangeMailbox::ExchangeMailbox(std::string group, int rank, int size, uint64_t max_buffered_bytes,
+                                 uint64_t step_window)
+    : group_(std::move(group)),
+      rank_(rank),
+      size_(size),
+      max_buffered_bytes_(max_buffered_bytes),
+      step_window_(step_window) {}
+
+void ExchangeMailbox::Prune() {
+  if (!anchored_ || current_step_ <= step_window_) return;
+  const uint64_t oldest = current_step_ - step_window_;
+  for (auto it = chunks_.begin(); it != chunks_.end();) {
+    if (std::get<1>(it->first) < oldest) {
+      CountRejectedMessage("dp_step_out_of_window");
+      buffered_bytes_ -= std::min<uint64_t>(buffered_bytes_, it->second.ByteSizeLong());
+      it = chunks_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = seen_.begin(); it != seen_.end();) {
+    it = std::get<1>(*it) < oldest ? seen_.erase(it) : std::next(it);
+  }
+}
 
 absl::Status ExchangeMailbox::Deliver(v1::ExchangeChunk chunk) {
   if (chunk.group() != group_) {
@@ -24,15 +46,25 @@ absl::Status ExchangeMailbox::Deliver(v1::ExchangeChunk chunk) {
   }
   const uint64_t bytes = chunk.ByteSizeLong();
   absl::MutexLock l(&mu_);
-  if (buffered_bytes_ + bytes > max_buffered_bytes_) {
+  const uint64_t step = chunk.step();
+  if (anchored_ && (step > current_step_ + step_window_ || step + step_window_ < current_step_)) {
+    CountRejectedMessage("dp_step_out_of_window");
+    return absl::OutOfRangeError(absl::StrCat("chunk of step ", step, " outside this replica's window of ",
+                                              step_window_, " steps around step ", current_step_));
+  }
+  const Key k(chunk.from_rank(), step, chunk.round(), chunk.phase(), chunk.bucket(), chunk.chunk());
+  if (seen_.count(k) > 0) {
+    CountRejectedMessage("dp_duplicate_chunk");
+    return absl::AlreadyExistsError(absl::StrCat("replica ", chunk.from_rank(), " already delivered this chunk of step ",
+                                                 step, "; the first one stands"));
+  }
+  if (buffered_bytes_ + bytes > max_buffered_bytes_ || seen_.size() >= kMaxKeys) {
     CountRejectedMessage("dp_mailbox_full");
     return absl::ResourceExhaustedError("exchange mailbox full");
   }
-  const Key k(chunk.from_rank(), chunk.step(), chunk.round(), chunk.phase(), chunk.bucket(), chunk.chunk());
-  auto [it, inserted] = chunks_.try_emplace(k);
-  if (!inserted) buffered_bytes_ -= std::min<uint64_t>(buffered_bytes_, it->second.ByteSizeLong());
+  seen_.insert(k);
   buffered_bytes_ += bytes;
-  it->second = std::move(chunk);
+  chunks_.emplace(k, std::move(chunk));
   return absl::OkStatus();
 }
 
@@ -43,6 +75,11 @@ absl::StatusOr<v1::ExchangeChunk> ExchangeMailbox::Take(int from, uint64_t step,
   const Key k(from, step, round, phase, bucket, chunk);
   const absl::Time deadline = absl::Now() + timeout;
   absl::MutexLock l(&mu_);
+  if (!anchored_ || step > current_step_) {
+    anchored_ = true;
+    current_step_ = step;
+    Prune();
+  }
   while (true) {
     auto it = chunks_.find(k);
     if (it != chunks_.end()) {

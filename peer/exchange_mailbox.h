@@ -1,10 +1,17 @@
 // The receive side every ReplicaExchange transport shares: incoming chunks are
-// validated (group, rank range, chunk index, phase) and kept, bounded in bytes,
-// until Take() asks for them by (from, step, round, phase, bucket, chunk).
+// validated (group, rank range, chunk index, phase, step window) and kept,
+// bounded in bytes, until Take() asks for them by (from, step, round, phase,
+// bucket, chunk).
 //
 //   ExchangeMailbox box(group, rank, size, 1 << 30);
 //   box.Deliver(chunk);                               // transport thread
 //   auto c = box.Take(from, step, round, phase, bucket, k, timeout, [&] { return SenderStatus(from); });
+//
+// Step window: once Take has asked for step s, only chunks of steps within
+// `step_window` of the highest s asked for are accepted (a replica runs at
+// most a step or two apart from this one); buffered chunks that fall behind
+// the window are dropped. First chunk wins: a chunk whose key was already
+// delivered (buffered or taken) is refused, never replaces the first.
 //
 // Thread-safe. `Fail(status)` makes every present and future Take return that
 // status (a transport whose connection to the group broke).
@@ -14,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 
@@ -26,11 +34,19 @@ namespace aqswarm::peer {
 
 class ExchangeMailbox {
  public:
-  ExchangeMailbox(std::string group, int rank, int size, uint64_t max_buffered_bytes);
+  static constexpr uint64_t kStepWindow = 8;
+  // Keys remembered (buffered or taken, within the window) at most.
+  static constexpr size_t kMaxKeys = 1 << 20;
+
+  ExchangeMailbox(std::string group, int rank, int size, uint64_t max_buffered_bytes,
+                  uint64_t step_window = kStepWindow);
 
   // PERMISSION_DENIED for another group's chunk, INVALID_ARGUMENT for an
-  // impossible rank/chunk/phase, RESOURCE_EXHAUSTED when full; each counted
-  // as a rejected message by reason. A chunk already present is replaced.
+  // impossible rank/chunk/phase, OUT_OF_RANGE for a step outside the window,
+  // ALREADY_EXISTS for a chunk already delivered, RESOURCE_EXHAUSTED when
+  // full; each counted as a rejected message by reason (dp_wrong_group,
+  // dp_chunk_invalid, dp_step_out_of_window, dp_duplicate_chunk,
+  // dp_mailbox_full).
   absl::Status Deliver(v1::ExchangeChunk chunk);
 
   // Waits for the chunk, at most `timeout`. `check` (may be empty) is polled
@@ -47,9 +63,16 @@ class ExchangeMailbox {
   const std::string group_;
   const int rank_;
   const int size_;
+  // Drops buffered chunks and remembered keys of steps behind the window.
+  void Prune() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const uint64_t max_buffered_bytes_;
+  const uint64_t step_window_;
   absl::Mutex mu_;
   std::map<Key, v1::ExchangeChunk> chunks_ ABSL_GUARDED_BY(mu_);
+  std::set<Key> seen_ ABSL_GUARDED_BY(mu_);  // delivered keys, buffered or taken
+  bool anchored_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t current_step_ ABSL_GUARDED_BY(mu_) = 0;  // the highest step Take asked for
   uint64_t buffered_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
 };

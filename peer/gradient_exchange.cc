@@ -33,8 +33,8 @@ struct GrpcReplicaExchange::Peer {
 class GrpcReplicaExchange::Service final : public v1::GradientExchange::Service {
  public:
   explicit Service(GrpcReplicaExchange* owner) : owner_(owner) {}
-  grpc::Status Push(grpc::ServerContext*, const v1::ExchangeChunk* chunk, v1::ExchangeAck*) override {
-    return rpc::ToGrpc(owner_->Deliver(*chunk));
+  grpc::Status Push(grpc::ServerContext* ctx, const v1::ExchangeChunk* chunk, v1::ExchangeAck*) override {
+    return rpc::ToGrpc(owner_->Deliver(*chunk, CallerCertificateName(*ctx)));
   }
 
  private:
@@ -43,11 +43,15 @@ class GrpcReplicaExchange::Service final : public v1::GradientExchange::Service 
 
 GrpcReplicaExchange::GrpcReplicaExchange(const ReplicaExchangeOptions& options)
     : options_(options),
-      mailbox_(options.group, options.rank, options.size, options.max_buffered_bytes) {}
+      mailbox_(options.group, options.rank, options.size, options.max_buffered_bytes, options.step_window) {}
 
 absl::StatusOr<std::unique_ptr<GrpcReplicaExchange>> GrpcReplicaExchange::Start(const ReplicaExchangeOptions& o) {
   if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
     return absl::InvalidArgumentError(absl::StrCat("replica rank ", o.rank, " outside [0, ", o.size, ")"));
+  }
+  if (!o.peer_names.empty() && static_cast<int>(o.peer_names.size()) != o.size) {
+    return absl::InvalidArgumentError(absl::StrCat(o.peer_names.size(), " replica peer names for ", o.size,
+                                                   " replicas"));
   }
   std::unique_ptr<GrpcReplicaExchange> ex(new GrpcReplicaExchange(o));
   ex->service_ = std::make_unique<Service>(ex.get());
@@ -175,12 +179,22 @@ void GrpcReplicaExchange::SenderLoop(Peer* p) {
   }
 }
 
-absl::Status GrpcReplicaExchange::Deliver(v1::ExchangeChunk chunk) {
+absl::Status GrpcReplicaExchange::Deliver(v1::ExchangeChunk chunk, const std::string& caller) {
+  if (options_.tls.enabled() && !options_.peer_names.empty() && chunk.group() == options_.group &&
+      chunk.from_rank() < options_.peer_names.size() && !options_.peer_names[chunk.from_rank()].empty() &&
+      caller != options_.peer_names[chunk.from_rank()]) {
+    CountRejectedMessage("dp_wrong_peer");
+    return absl::PermissionDeniedError(absl::StrCat("a chunk of rank ", chunk.from_rank(),
+                                                    " from a peer that is not that replica"));
+  }
   if (chunk.group() == options_.group && options_.shaping.latency_ms > 0) {
-    const absl::Time due = absl::FromUnixMicros(chunk.sent_unix_micros()) + absl::Milliseconds(options_.shaping.latency_ms);
+    // One-way latency: the sender's timestamp is trusted no further than
+    // the configured latency (a handler never waits longer).
+    const absl::Duration latency = absl::Milliseconds(options_.shaping.latency_ms);
+    const absl::Time due = absl::FromUnixMicros(chunk.sent_unix_micros()) + latency;
     const rpc::Clock* clock = options_.shaping.clock_or_real();
     const absl::Duration wait = due - clock->Now();
-    if (wait > absl::ZeroDuration()) clock->SleepFor(std::min(wait, absl::Seconds(60)));  // one-way latency
+    if (wait > absl::ZeroDuration()) clock->SleepFor(std::min(wait, latency));
   }
   return mailbox_.Deliver(std::move(chunk));
 }

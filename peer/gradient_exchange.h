@@ -11,8 +11,10 @@
 // rpc::EmulatedWire, the FIFO of rpc/link_shaping.h, whose Transmit() holds
 // each chunk for its wire time at the link's bandwidth; the receiver adds the
 // one-way latency); Send() only queues. Incoming
-// chunks are validated (group, rank range, sizes) and kept in a bounded
-// mailbox until Receive() takes them. A peer that vanished makes Send fail
+// chunks are validated (group, the caller's certificate against the rank it
+// claims, rank range, sizes, step window, first chunk wins) and kept in a
+// bounded mailbox until Receive() takes them. The receiver's one-way latency
+// wait trusts the sender's timestamp no further than shaping.latency_ms. A peer that vanished makes Send fail
 // (sticky, naming the replica) and Receive time out after `timeout` or fail
 // at once when the sender to that peer already failed.
 //
@@ -58,6 +60,14 @@ struct ReplicaExchangeOptions {
   uint64_t max_buffered_bytes = 1ull << 30;
   // Mutual TLS on the server and on every channel to a replica. Default: off.
   rpc::TlsOptions tls;
+  // Under mutual TLS: the certificate name (subject CN) of the replica of
+  // each rank. A chunk whose from_rank is r is taken only from a caller
+  // presenting peer_names[r] (else PERMISSION_DENIED, counted as
+  // dp_wrong_peer). Empty: any certificate of the swarm CA. Default: empty.
+  std::vector<std::string> peer_names;
+  // Chunks are accepted for steps within this many of the step this replica
+  // last asked for (ExchangeMailbox). Default: ExchangeMailbox::kStepWindow.
+  uint64_t step_window = ExchangeMailbox::kStepWindow;
 };
 
 class GrpcReplicaExchange final : public pipeline::ReplicaExchange {
@@ -82,7 +92,9 @@ class GrpcReplicaExchange final : public pipeline::ReplicaExchange {
   class Service;
   struct Peer;
   explicit GrpcReplicaExchange(const ReplicaExchangeOptions& options);
-  absl::Status Deliver(v1::ExchangeChunk chunk);  // from the service
+  // From the service; `caller`: the certificate name of the pushing peer
+  // ("" under plaintext).
+  absl::Status Deliver(v1::ExchangeChunk chunk, const std::string& caller);
   void SenderLoop(Peer* peer);
 
   const ReplicaExchangeOptions options_;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "common/metrics.h"
 #include "gtest/gtest.h"
 #include "pipeline/dp_test_util.h"
 
@@ -150,6 +151,80 @@ TEST(GrpcReplicaExchangeTest, ChunksFromAnotherGroupOrImpossibleRanksAreRefused)
   c.set_from_rank(1);
   c.set_phase(v1::ExchangeChunk::PHASE_UNSPECIFIED);
   EXPECT_EQ(push(c).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// aqswarm_peer_rejected_messages_total{reason}, 0 when never counted.
+double Rejected(const std::string& reason) {
+  for (const auto& family : MetricsRegistry().Collect()) {
+    if (family.name != "aqswarm_peer_rejected_messages_total") continue;
+    for (const auto& m : family.metric) {
+      for (const auto& l : m.label) {
+        if (l.name == "reason" && l.value == reason) return m.counter.value;
+      }
+    }
+  }
+  return 0;
+}
+
+TEST(GrpcReplicaExchangeTest, TheFirstChunkWinsAndChunksOutsideTheStepWindowAreRefused) {
+  Group g(2);
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", g.ex[0]->port()), grpc::InsecureChannelCredentials());
+  auto stub = v1::GradientExchange::NewStub(channel);
+  auto push = [&](const v1::ExchangeChunk& c) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::ExchangeAck ack;
+    return stub->Push(&ctx, c, &ack);
+  };
+  const double dup0 = Rejected("dp_duplicate_chunk"), window0 = Rejected("dp_step_out_of_window");
+  v1::ExchangeChunk first;
+  first.set_group("job/stage-0");
+  first.set_phase(v1::ExchangeChunk::SCATTER);
+  first.set_from_rank(1);
+  first.set_step(5);
+  first.mutable_tensor()->set_num_elements(1);
+  v1::ExchangeChunk second = first;
+  second.mutable_tensor()->set_num_elements(2);  // a later, different chunk under the same key
+  ASSERT_TRUE(push(first).ok());
+  const grpc::Status dup = push(second);
+  EXPECT_EQ(dup.error_code(), grpc::StatusCode::ALREADY_EXISTS) << dup.error_message();
+  EXPECT_EQ(Rejected("dp_duplicate_chunk"), dup0 + 1);
+  auto got = g.ex[0]->Receive(1, 5, 0, v1::ExchangeChunk::SCATTER, 0, 0);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->tensor().num_elements(), 1u);  // the first stands
+  // Taken chunks stay refused too.
+  EXPECT_EQ(push(second).error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  // This replica now works on step 5: a chunk far ahead (or behind) is refused.
+  v1::ExchangeChunk far = first;
+  far.set_step(5 + ExchangeMailbox::kStepWindow + 1);
+  EXPECT_EQ(push(far).error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  far.set_step(1'000'000'000);
+  EXPECT_EQ(push(far).error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_EQ(Rejected("dp_step_out_of_window"), window0 + 2);
+  v1::ExchangeChunk next = first;
+  next.set_step(6);
+  EXPECT_TRUE(push(next).ok());  // the next step is fine
+}
+
+TEST(GrpcReplicaExchangeTest, LatencyShapingDoesNotWaitOnTheSendersClock) {
+  rpc::ShapingOptions shaping;
+  shaping.latency_ms = 20;
+  Group g(2, absl::Seconds(20), shaping);
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", g.ex[0]->port()), grpc::InsecureChannelCredentials());
+  auto stub = v1::GradientExchange::NewStub(channel);
+  v1::ExchangeChunk c;
+  c.set_group("job/stage-0");
+  c.set_phase(v1::ExchangeChunk::SCATTER);
+  c.set_from_rank(1);
+  // Stamped a minute in the future: the handler must not sleep on it.
+  c.set_sent_unix_micros(absl::ToUnixMicros(absl::Now() + absl::Seconds(60)));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::ExchangeAck ack;
+  const absl::Time start = absl::Now();
+  const grpc::Status s = stub->Push(&ctx, c, &ack);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
 }
 
 }  // namespace

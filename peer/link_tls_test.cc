@@ -11,7 +11,9 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "common/metrics.h"
+#include "peer/gradient_exchange.h"
 #include "peer/link_handshake.h"
+#include "rpc/channel.h"
 #include "peer/link_transport.h"
 #include "tests/testing/scratch_dir.h"
 #include "tests/testing/status_matchers.h"
@@ -240,6 +242,41 @@ TEST_F(TlsTest, TheDialerReachesOnlyTheDownstreamTheAssignmentNames) {
   auto up = AcceptPrevious(**server, absl::Seconds(10));
   ASSERT_TRUE(up.ok()) << up.status();
   (*up)->CloseSend();
+}
+
+TEST_F(TlsTest, AnExchangeChunkIsTakenOnlyFromTheReplicaOfItsRank) {
+  ReplicaExchangeOptions o;
+  o.group = "job/stage-0";
+  o.rank = 0;
+  o.size = 2;
+  o.tls = Swarm("server");
+  o.peer_names = {"server", "client"};
+  auto ex = GrpcReplicaExchange::Start(o);
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*ex)->port());
+  auto push = [&](const std::string& as, uint64_t step) {
+    auto channel = rpc::MakeChannel(address, Swarm(as), rpc::LinkChannel());
+    EXPECT_TRUE(channel.ok());
+    auto stub = v1::GradientExchange::NewStub(*channel);
+    v1::ExchangeChunk c;
+    c.set_group(o.group);
+    c.set_phase(v1::ExchangeChunk::SCATTER);
+    c.set_from_rank(1);
+    c.set_step(step);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::ExchangeAck ack;
+    return stub->Push(&ctx, c, &ack);
+  };
+  const double spoofed0 = Rejected("dp_wrong_peer");
+  // "intruder" is a member of the swarm but not replica 1.
+  const grpc::Status spoofed = push("intruder", 3);
+  EXPECT_EQ(spoofed.error_code(), grpc::StatusCode::PERMISSION_DENIED) << spoofed.error_message();
+  EXPECT_EQ(Rejected("dp_wrong_peer"), spoofed0 + 1);
+  // Replica 1 itself is heard, and its chunk (not the spoofer's) is the one taken.
+  const grpc::Status real = push("client", 3);
+  EXPECT_TRUE(real.ok()) << real.error_message();
+  EXPECT_TRUE((*ex)->Receive(1, 3, 0, v1::ExchangeChunk::SCATTER, 0, 0).ok());
 }
 
 }  // namespace

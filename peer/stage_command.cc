@@ -37,6 +37,15 @@ Flag Text(const char* name, std::string StageCommand::*field) {
           }};
 }
 
+// Comma-separated.
+Flag List(const char* name, std::vector<std::string> StageCommand::*field) {
+  return {name, [field](const StageCommand& c) { return absl::StrJoin(c.*field, ","); },
+          [field](StageCommand& c, const std::string& v) {
+            c.*field = v.empty() ? std::vector<std::string>() : absl::StrSplit(v, ',');
+            return true;
+          }};
+}
+
 Flag Boolean(const char* name, bool StageCommand::*field) {
   return {name, [field](const StageCommand& c) { return c.*field ? std::string("true") : std::string(); },
           [field](StageCommand& c, const std::string& v) {
@@ -63,11 +72,7 @@ const std::vector<Flag>& Flags() {
       Number("next_generation", &StageCommand::next_generation),
       Number("previous_generation", &StageCommand::previous_generation),
       Text("exchange_listen", &StageCommand::exchange_listen),
-      {"replicas", [](const StageCommand& c) { return absl::StrJoin(c.replicas, ","); },
-       [](StageCommand& c, const std::string& v) {
-         c.replicas = v.empty() ? std::vector<std::string>() : absl::StrSplit(v, ',');
-         return true;
-       }},
+      List("replicas", &StageCommand::replicas),
       Number("replica_generation", &StageCommand::replica_generation),
       Number("plan", &StageCommand::plan),
       Boolean("die_with_parent", &StageCommand::die_with_parent),
@@ -79,6 +84,9 @@ const std::vector<Flag>& Flags() {
       Text("metrics_listen", &StageCommand::metrics_listen),
       Text("tls_dir", &StageCommand::tls_dir),
       Text("name", &StageCommand::name),
+      Text("previous_peer", &StageCommand::previous_peer),
+      Text("next_peer", &StageCommand::next_peer),
+      List("replica_peers", &StageCommand::replica_peers),
   };
   return *flags;
 }
@@ -131,7 +139,8 @@ bool StageCommand::operator==(const StageCommand& o) const {
     return std::tie(c.job, c.stages, c.dp, c.stage, c.pipeline, c.listen, c.next, c.peers_on_stdin, c.store_dir,
                     c.generation, c.next_generation, c.previous_generation, c.exchange_listen, c.replicas,
                     c.replica_generation, c.plan, c.die_with_parent, c.start_step, c.init_checkpoint,
-                    c.checkpoint_dir, c.keep_checkpoints, c.link_timeout_s, c.metrics_listen, c.tls_dir, c.name);
+                    c.checkpoint_dir, c.keep_checkpoints, c.link_timeout_s, c.metrics_listen, c.tls_dir, c.name,
+                    c.previous_peer, c.next_peer, c.replica_peers);
   };
   return tie(*this) == tie(o);
 }
@@ -157,6 +166,11 @@ StageRunnerOptions StageRunnerOptionsFor(const StageCommand& c, const v1::JobSpe
   o.link_timeout = absl::Seconds(c.link_timeout_s);
   o.tls.dir = c.tls_dir;
   o.tls.name = c.name;
+  o.previous_peer = c.previous_peer;
+  o.next_peer = c.next_peer;
+  o.replica_peers = c.replica_peers;
+  // compression.storeBytes: unset = 64 GiB, 0 = no limit.
+  o.store_capacity_bytes = job.compression().has_store_bytes() ? job.compression().store_bytes() : kDefaultStoreBytes;
   return o;
 }
 

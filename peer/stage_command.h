@@ -46,6 +46,9 @@ struct StageCommand {
   std::string metrics_listen;          // --metrics_listen
   std::string tls_dir;                 // --tls_dir
   std::string name;                    // --name: the TLS certificate's name
+  std::string previous_peer;           // --previous_peer: stage-1's peer (certificate) name
+  std::string next_peer;               // --next_peer: stage+1's peer (certificate) name
+  std::vector<std::string> replica_peers;  // --replica_peers (comma-separated, by pipeline)
 
   // {executable, "stage", "--flag=value"...}.
   std::vector<std::string> ToArgv(const std::string& executable) const;

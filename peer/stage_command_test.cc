@@ -35,6 +35,9 @@ StageCommand Full() {
   c.metrics_listen = "127.0.0.1:9300";
   c.tls_dir = "/w/tls";
   c.name = "gpu-7";
+  c.previous_peer = "gpu-3";
+  c.next_peer = "gpu-9";
+  c.replica_peers = {"gpu-1", "gpu-7"};
   return c;
 }
 
@@ -97,6 +100,15 @@ TEST(StageCommandTest, RunnerOptionsCarryTheFields) {
   EXPECT_EQ(o.link_timeout, absl::Seconds(30));
   EXPECT_EQ(o.tls.dir, "/w/tls");
   EXPECT_EQ(o.tls.name, "gpu-7");
+  EXPECT_EQ(o.previous_peer, "gpu-3");
+  EXPECT_EQ(o.next_peer, "gpu-9");
+  EXPECT_EQ(o.replica_peers, (std::vector<std::string>{"gpu-1", "gpu-7"}));
+  // compression.storeBytes: unset is 64 GiB, 0 no limit, else as set.
+  EXPECT_EQ(o.store_capacity_bytes, 64ull << 30);
+  job.mutable_compression()->set_store_bytes(0);
+  EXPECT_EQ(StageRunnerOptionsFor(c, job).store_capacity_bytes, 0u);
+  job.mutable_compression()->set_store_bytes(5 << 20);
+  EXPECT_EQ(StageRunnerOptionsFor(c, job).store_capacity_bytes, 5u << 20);
 }
 
 // The `aqswarm stage` command accepts every flag the struct writes (its

@@ -8,11 +8,13 @@
 #include <limits>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/data_identity.h"
 #include "common/file_util.h"
 #include "common/random.h"
+#include "common/row_format.h"
 #include "common/status_macros.h"
 #include "peer/gradient_exchange.h"
 #include "peer/link_handshake.h"
@@ -158,6 +160,14 @@ class StageRunnerImpl final : public StageRunner {
     metrics_ = std::make_unique<StageMetrics>(job_, o_.stage, o_.pipeline);
     if (!o_.init_checkpoint.empty()) AQSWARM_RETURN_IF_ERROR(worker_->LoadCheckpoint(o_.init_checkpoint));
     if (job_.compression().mode() == v1::LinkCompression::aqsgd && num_stages_ > 1) {
+      // A budget below one m(xi) row would store nothing (every row sent FULL).
+      AQSWARM_ASSIGN_OR_RETURN(const RowPrecision precision, ParseRowPrecision(job_.compression().m_precision()));
+      const uint64_t row = EncodedRowBytes(precision, job_.model().seq_len(), job_.model().d_model());
+      if (o_.store_capacity_bytes > 0 && o_.store_capacity_bytes < row) {
+        return absl::InvalidArgumentError(absl::StrCat("compression.storeBytes (", o_.store_capacity_bytes,
+                                                       " bytes) cannot hold one m(xi) row of ", row,
+                                                       " bytes: raise it, or 0 for no limit"));
+      }
       if (job_.compression().store() == "memory") {
         AQSWARM_ASSIGN_OR_RETURN(store_, storage::MemoryMessageStore::Create({.capacity_bytes = o_.store_capacity_bytes}));
       } else {
@@ -187,6 +197,7 @@ class StageRunnerImpl final : public StageRunner {
                                         job_.shaping().bandwidth_schedule_mbps().end());
       eo.timeout = o_.link_timeout;
       eo.tls = o_.tls;
+      eo.peer_names = o_.replica_peers;
       if (job_.dp().transport() == v1::DataParallelSpec::nccl && o_.tls.enabled()) {
         return absl::InvalidArgumentError("dp.transport nccl does not encrypt, but this stage runs with mutual TLS "
                                           "(--tls_dir): use dp.transport gradient_exchange");
@@ -330,7 +341,19 @@ class StageRunnerImpl final : public StageRunner {
         if (max_steps > 0 && global >= max_steps) return absl::OkStatus();
         const bool final_step = (max_steps > 0 && global + 1 == max_steps) ||
                                 (epoch + 1 == job_.epochs() && s + 1 == sched.num_steps());
-        AQSWARM_ASSIGN_OR_RETURN(v1::StageEvent step_event, RunStep(sched, epoch, s, global, final_step));
+        absl::StatusOr<v1::StageEvent> stepped = RunStep(sched, epoch, s, global, final_step);
+        if (absl::IsResourceExhausted(stepped.status()) && store_ != nullptr &&
+            (absl::StrContains(stepped.status().message(), "disk full") ||
+             absl::StrContains(stepped.status().message(), "space"))) {
+          // The disk under the message store may be full: say what bounds it.
+          const storage::MessageStoreStats st = store_->GetStats();
+          return absl::ResourceExhaustedError(absl::StrCat(
+              stepped.status().message(), " (the message store holds ", st.live_bytes,
+              " bytes; compression.storeBytes, now ",
+              st.capacity_bytes == 0 ? std::string("unlimited") : absl::StrCat(st.capacity_bytes, " bytes"),
+              ", bounds it)"));
+        }
+        AQSWARM_ASSIGN_OR_RETURN(v1::StageEvent step_event, std::move(stepped));
         AQSWARM_RETURN_IF_ERROR(SaveState(global + 1, final_step));
         // After the state is on disk: whoever reads the step event (the peer
         // daemon reports the states it holds) sees that step's state too.

@@ -33,6 +33,9 @@
 
 namespace aqswarm::peer {
 
+// The message store's budget when the job leaves compression.storeBytes unset.
+inline constexpr uint64_t kDefaultStoreBytes = 64ull << 30;
+
 struct StageRunnerOptions {
   v1::JobSpec job;
   int stage = 0;
