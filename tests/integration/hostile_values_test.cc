@@ -1,0 +1,276 @@
+// Poisoned values on a live pipeline (issue 38, finding 5): real `aqswarm
+// stage` processes on 127.0.0.1, their StageLink relayed through a proxy in
+// this test that plays a hostile (or broken) upstream: it forwards the real
+// stage 0's frames to stage 1 and rewrites one of them. What must hold:
+//   - stage 1 refuses the poisoned frame with a clear error (the step, the
+//     micro-batch, the sample, "non-finite") before anything is stored;
+//   - its RocksDB message store holds no NaN/Inf afterwards;
+//   - the honest stages, restarted on the same stores without the proxy,
+//     finish the run: the loss falls and both ends of the link end with
+//     bit-identical m(xi) rows (the refused row is repaired by a FULL
+//     resend, nothing is lost).
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/file_util.h"
+#include "common/subprocess.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/event_json.h"
+#include "proto/link.grpc.pb.h"
+#include "storage/rocksdb_message_store.h"
+
+namespace aqswarm {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* kBinary = AQSWARM_BINARY;
+const char* kDataDir = AQSWARM_DATA_DIR;
+constexpr int kSeq = 32, kModel = 32;
+
+// A StageLink relay: each stream from the upstream stage is forwarded to
+// `target` and back; `rewrite` may change a frame on its way down (returns
+// whether it did).
+class LinkProxy final : public v1::StageLink::Service {
+ public:
+  LinkProxy(std::string target, std::function<bool(v1::LinkFrame*)> rewrite)
+      : target_(std::move(target)), rewrite_(std::move(rewrite)) {}
+
+  grpc::Status Connect(grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::LinkFrame, v1::LinkFrame>* down) override {
+    auto stub = v1::StageLink::NewStub(grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext cctx;
+    std::unique_ptr<grpc::ClientReaderWriter<v1::LinkFrame, v1::LinkFrame>> up = stub->Connect(&cctx);
+    std::thread back([&] {
+      v1::LinkFrame f;
+      while (up->Read(&f)) {
+        if (!down->Write(f)) break;
+      }
+      ctx->TryCancel();  // the downstream stage is gone: end the upstream's stream too
+    });
+    v1::LinkFrame f;
+    while (down->Read(&f)) {
+      if (rewrite_(&f)) ++rewritten_;
+      if (!up->Write(f)) break;
+    }
+    up->WritesDone();
+    back.join();
+    cctx.TryCancel();
+    up->Finish().IgnoreError();
+    return grpc::Status::OK;
+  }
+  int rewritten() const { return rewritten_.load(); }
+
+ private:
+  const std::string target_;
+  const std::function<bool(v1::LinkFrame*)> rewrite_;
+  std::atomic<int> rewritten_{0};
+};
+
+class HostileValuesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(fs::path(kDataDir) / "sotu") || !fs::exists(fs::path(kDataDir) / "gpt2/encoder.json")) {
+      GTEST_SKIP() << "no corpus or tokenizer in " << kDataDir << ": run scripts/fetch_data.sh";
+    }
+    dir_ = fs::temp_directory_path() / absl::StrCat("aqswarm_hostile_values_", ::getpid(), "_",
+                                                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    RemoveTree(dir_).IgnoreError();
+    fs::create_directories(dir_ / "corpus");
+    std::vector<fs::path> files;
+    for (auto& e : fs::directory_iterator(fs::path(kDataDir) / "sotu")) files.push_back(e.path());
+    ASSERT_FALSE(files.empty());
+    std::sort(files.begin(), files.end());
+    std::ifstream in(files[0]);
+    std::string text(6000, '\0');
+    in.read(text.data(), text.size());
+    text.resize(in.gcount());
+    std::ofstream(dir_ / "corpus" / "small.txt") << text;
+    // Two stages, AQ-SGD with m(xi) in RocksDB; epoch 1 sends DELTA rows.
+    job_ = (dir_ / "job.json").string();
+    std::ofstream(job_) << absl::StrCat(R"({"name":"hostile-values","seed":5,
+      "model":{"seqLen":)", kSeq, R"(,"dModel":)", kModel, R"(,"nLayer":2,"nHead":2},
+      "data":{"corpus":")", (dir_ / "corpus").string(), R"(","tokenizer":")", kDataDir, R"(/gpt2",
+              "cacheDir":")", (dir_ / "cache").string(), R"("},
+      "optimizer":{"lr":0.003,"warmupSteps":2,"gradClip":1.0},
+      "microBatchSize":4,"microBatchesPerStep":2,"epochs":3,
+      "compression":{"mode":"aqsgd","fwBits":3,"bwBits":6,"warmupEpochs":0,"store":"rocksdb"},
+      "stages":2,"evalEverySteps":0,"evalBatches":1,"device":"cpu"})");
+  }
+  void TearDown() override {
+    if (!dir_.empty() && !HasFailure()) RemoveTree(dir_).IgnoreError();
+  }
+
+  std::unique_ptr<Subprocess> StartStage(int stage, const std::string& next, const std::string& log) {
+    std::vector<std::string> argv = {kBinary, "stage", "--job=" + job_, absl::StrCat("--stage=", stage),
+                                     "--store_dir=" + (dir_ / absl::StrCat("store-", stage)).string(),
+                                     "--link_timeout_s=30"};
+    if (stage > 0) argv.push_back("--listen=127.0.0.1:0");
+    if (!next.empty()) argv.push_back("--next=" + next);
+    auto p = Subprocess::Spawn(argv, {.capture_stdout = true, .stderr_path = (dir_ / log).string()});
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? std::move(*p) : nullptr;
+  }
+
+  // The StageLink port from a stage's listening event (its first line).
+  int ListeningPort(Subprocess& p) {
+    std::string line;
+    while (p.ReadLine(&line, absl::Seconds(120)).ok()) {
+      absl::StatusOr<v1::StageEvent> e = events::ParseStageEvent(line);
+      if (e.ok() && e->has_listening()) return static_cast<int>(e->listening().port());
+    }
+    return 0;
+  }
+
+  // Reads a stage's output to its end; returns its exit code and appends its
+  // lines to `*out`.
+  int Finish(Subprocess& p, std::string* out, absl::Duration timeout = absl::Seconds(120)) {
+    std::string line;
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline && p.ReadLine(&line, deadline - absl::Now()).ok()) *out += line + "\n";
+    absl::StatusOr<int> code = p.Wait(std::max(absl::Seconds(1), deadline - absl::Now()));
+    EXPECT_TRUE(code.ok()) << code.status();
+    return code.ok() ? *code : -1;
+  }
+
+  std::string ReadFile(const std::string& name) {
+    std::ifstream in(dir_ / name);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+
+  // Every m(xi) row the link's store `stage` holds (samples 0..999), by sample.
+  std::map<uint64_t, std::vector<float>> StoredRows(int stage) {
+    std::map<uint64_t, std::vector<float>> rows;
+    auto store = storage::RocksDbMessageStore::Open({.path = (dir_ / absl::StrCat("store-", stage)).string()});
+    EXPECT_TRUE(store.ok()) << store.status();
+    if (!store.ok()) return rows;
+    storage::LinkSpec spec;
+    spec.link = {0, 0};
+    spec.generation = 1;
+    spec.rows = kSeq;
+    spec.cols = kModel;
+    spec.precision = RowPrecision::kFloat16;
+    for (uint64_t id = 0; id < 1000; ++id) {
+      std::vector<float> r(kSeq * kModel);
+      std::vector<absl::Span<float>> out = {absl::MakeSpan(r)};
+      std::vector<storage::RowRead> reads(1);
+      const uint64_t ids[] = {id};
+      EXPECT_TRUE((*store)->GetBatch(spec, ids, out, absl::MakeSpan(reads)).ok());
+      if (reads[0].status.ok()) rows[id] = std::move(r);
+    }
+    return rows;
+  }
+
+  // Losses stage 0 reported, in step order.
+  static std::vector<double> Losses(const std::string& out) {
+    std::vector<double> losses;
+    for (absl::string_view line : absl::StrSplit(out, '\n')) {
+      absl::StatusOr<v1::StageEvent> e = events::ParseStageEvent(line);
+      if (e.ok() && e->has_step()) losses.push_back(e->step().loss());
+    }
+    return losses;
+  }
+
+  fs::path dir_;
+  std::string job_;
+};
+
+// The first DELTA activation batch: its first row's tensor becomes raw
+// float32 values with a NaN (a valid message otherwise).
+bool PoisonFirstDelta(v1::LinkFrame* f, std::atomic<bool>* done, uint64_t* step, uint32_t* mb, uint64_t* sample) {
+  if (done->load() || !f->has_activations() || f->activations().eval() || f->activations().resend()) return false;
+  v1::AqsgdRow* row = f->mutable_activations()->mutable_rows(0);
+  if (row->kind() != v1::AqsgdRow::KIND_DELTA) return false;
+  v1::EncodedTensor& t = *row->mutable_tensor();
+  const uint64_t n = t.num_elements();
+  t.set_codec(v1::CODEC_RAW_F32);
+  t.set_bits(32);
+  t.clear_scales();
+  t.clear_checksum();
+  t.clear_bucket_size();
+  std::vector<float> values(n, 0.01f);
+  values[5] = std::nanf("");
+  t.set_payload(std::string(reinterpret_cast<const char*>(values.data()), 4 * n));
+  *step = f->activations().step();
+  *mb = f->activations().micro_batch();
+  *sample = row->sample_id();
+  done->store(true);
+  return true;
+}
+
+TEST_F(HostileValuesTest, NaNActivationsFromAHostileUpstreamAreRefusedAndNothingPoisonedIsStored) {
+  // 1. Stage 1 behind the proxy; stage 0 dials the proxy.
+  std::unique_ptr<Subprocess> s1 = StartStage(1, "", "stage-1.err");
+  ASSERT_NE(s1, nullptr);
+  const int port1 = ListeningPort(*s1);
+  ASSERT_GT(port1, 0);
+  std::atomic<bool> poisoned{false};
+  uint64_t step = 0, sample = 0;
+  uint32_t mb = 0;
+  LinkProxy proxy(absl::StrCat("127.0.0.1:", port1),
+                  [&](v1::LinkFrame* f) { return PoisonFirstDelta(f, &poisoned, &step, &mb, &sample); });
+  int proxy_port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &proxy_port);
+  builder.RegisterService(&proxy);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_GT(proxy_port, 0);
+  std::unique_ptr<Subprocess> s0 = StartStage(0, absl::StrCat("127.0.0.1:", proxy_port), "stage-0.err");
+  ASSERT_NE(s0, nullptr);
+  std::string out0, out1;
+  const int code1 = Finish(*s1, &out1);
+  const int code0 = Finish(*s0, &out0);
+  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  ASSERT_EQ(proxy.rewritten(), 1) << "no DELTA batch went through the proxy\n" << out0;
+  // 2. Stage 1 refused it, naming the step, the micro-batch, the sample and why.
+  EXPECT_NE(code1, 0);
+  const std::string err1 = out1 + ReadFile("stage-1.err");
+  EXPECT_TRUE(absl::StrContains(err1, absl::StrCat("step ", step, " micro-batch ", mb, " activations"))) << err1;
+  EXPECT_TRUE(absl::StrContains(err1, absl::StrCat("sample ", sample))) << err1;
+  EXPECT_TRUE(absl::StrContains(err1, "non-finite")) << err1;
+  EXPECT_NE(code0, 0) << "stage 0 lost its downstream: it fails too";
+  // 3. Nothing NaN reached stage 1's store.
+  const std::map<uint64_t, std::vector<float>> rows = StoredRows(1);
+  ASSERT_FALSE(rows.empty());
+  for (const auto& [id, r] : rows) {
+    for (float v : r) ASSERT_TRUE(std::isfinite(v)) << "sample " << id << " holds a non-finite value";
+  }
+  // 4. The honest stages, restarted on the same stores, train to the end:
+  // the refused row's DELTA no longer matches, is resent FULL, and both ends
+  // agree again.
+  s1 = StartStage(1, "", "stage-1b.err");
+  ASSERT_NE(s1, nullptr);
+  const int port1b = ListeningPort(*s1);
+  ASSERT_GT(port1b, 0);
+  s0 = StartStage(0, absl::StrCat("127.0.0.1:", port1b), "stage-0b.err");
+  ASSERT_NE(s0, nullptr);
+  std::string again0, again1;
+  EXPECT_EQ(Finish(*s1, &again1), 0) << again1 << ReadFile("stage-1b.err");
+  EXPECT_EQ(Finish(*s0, &again0), 0) << again0 << ReadFile("stage-0b.err");
+  const std::vector<double> loss = Losses(again0);
+  ASSERT_GE(loss.size(), 4u) << again0;
+  for (double l : loss) EXPECT_TRUE(std::isfinite(l));
+  EXPECT_LT(loss.back(), loss.front()) << again0;
+  const std::map<uint64_t, std::vector<float>> sent = StoredRows(0), got = StoredRows(1);
+  ASSERT_EQ(sent.size(), got.size());
+  for (const auto& [id, r] : sent) {
+    ASSERT_TRUE(got.count(id)) << "sample " << id;
+    EXPECT_EQ(0, std::memcmp(r.data(), got.at(id).data(), r.size() * 4)) << "sample " << id;
+  }
+}
+
+}  // namespace
+}  // namespace aqswarm
