@@ -18,9 +18,16 @@
 //
 // The MAC is checked (in constant time, CRYPTO_memcmp) before the payload is
 // parsed, so nothing an attacker writes is interpreted unless it was signed.
-// The nonce makes every token distinct (a future revocation list can name it).
-// Tokens are bearer credentials: anyone who copies one can join as that peer
-// until it expires, so keep TTLs short and send them only over TLS.
+// The nonce makes every token distinct, and the coordinator makes it single
+// use per peer name: it persists (nonce, name) at the first join until the
+// token expires, and a second join with that token under that name must
+// prove it is the same peer (its previous session token, or under TLS the
+// same client certificate; coordinator/swarm_coordinator.h). A token bound
+// to one peer (the default of `aqswarm certs token`) thus admits that peer
+// once; a wildcard token (kAnyPeer, `--any_peer`) admits each name once.
+// Under TLS the coordinator also requires the client certificate to name the
+// peer, so a copied token is useless without that peer's key. Without TLS,
+// tokens are bearer credentials until first use: keep TTLs short.
 //
 // Errors from VerifyJoinToken:
 //   InvalidArgument  malformed token ("join token is malformed: …")

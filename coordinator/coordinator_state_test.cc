@@ -88,6 +88,41 @@ TEST(CoordinatorStateTest, EverythingSurvivesReopen) {
   EXPECT_EQ(s->progress.checkpoint_step, 100);
 }
 
+TEST(CoordinatorStateTest, UsedTokensCertificatesAndStateHashesSurviveReopen) {
+  ScratchDir dir;
+  Member m = MakeMember(3);
+  m.certificate_sha256 = std::string(64, 'c');
+  m.held = {{1, {4, 8}}};
+  m.held_sha256 = {{1, {std::string(64, '4'), std::string(64, '8')}}};
+  {
+    auto state = CoordinatorState::Open({dir.Sub("state"), false});
+    ASSERT_TRUE(state.ok()) << state.status();
+    CoordinatorState::Change change;
+    change.PutMember(m);
+    change.PutUsedToken({"00112233aabbccdd", "peer-3", 1'900'000'000, m.certificate_sha256, m.session_token});
+    change.PutUsedToken({"00112233aabbccdd", "peer-4", 1'900'000'000, "", "s4"});
+    change.PutUsedToken({"ffff", "gone", 1, "", "x"});
+    ASSERT_TRUE((*state)->Commit(change).ok());
+    CoordinatorState::Change drop;
+    drop.DeleteUsedToken("ffff", "gone");
+    ASSERT_TRUE((*state)->Commit(drop).ok());
+  }
+  auto state = CoordinatorState::Open({dir.Sub("state"), false});
+  auto s = (*state)->Load();
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->members.size(), 1u);
+  EXPECT_EQ(s->members[0].certificate_sha256, m.certificate_sha256);
+  EXPECT_EQ(s->members[0].held_sha256, m.held_sha256);
+  ASSERT_EQ(s->used_tokens.size(), 2u);
+  EXPECT_EQ(s->used_tokens[0].token_id, "00112233aabbccdd");
+  EXPECT_EQ(s->used_tokens[0].peer_name, "peer-3");
+  EXPECT_EQ(s->used_tokens[0].expiry_unix_s, 1'900'000'000);
+  EXPECT_EQ(s->used_tokens[0].certificate_sha256, m.certificate_sha256);
+  EXPECT_EQ(s->used_tokens[0].session_token, m.session_token);
+  EXPECT_EQ(s->used_tokens[1].peer_name, "peer-4");
+  EXPECT_EQ(s->used_tokens[1].session_token, "s4");
+}
+
 TEST(CoordinatorStateTest, CorruptGridIsDataLoss) {
   ScratchDir dir;
   auto state = CoordinatorState::Open({dir.Sub("state"), false});
