@@ -15,6 +15,22 @@ bool HasFixedPort(const std::string& address) {
 
 std::string Host(const std::string& address) { return address.substr(0, address.rfind(':')); }
 
+// The most bytes a fetched state of each stage may have: 16 float32 values
+// per parameter (the parameters, AdamW's moments, the data-parallel
+// optimizer's moments and error buffers, a delayed update and its previous
+// parameters, a tied copy's state fit several times over) and 64 MiB of
+// header and small tensors. A sender declaring more is refused before a
+// byte is written.
+std::vector<uint64_t> MaxStateBytes(const v1::JobSpec& job) {
+  std::vector<uint64_t> out;
+  if (job.stages() == 0 || job.stages() > 4096) return out;
+  for (uint32_t k = 0; k < job.stages(); ++k) {
+    const int64_t params = pipeline::StageParameterCount(job.model(), static_cast<int>(k), static_cast<int>(job.stages()));
+    out.push_back(params > 0 ? static_cast<uint64_t>(params) * 16 * 4 + (64ull << 20) : 0);
+  }
+  return out;
+}
+
 }  // namespace
 
 namespace daemon {
@@ -164,6 +180,7 @@ absl::Status PeerDaemonImpl::Apply(const v1::Assignment& a, std::optional<absl::
     Event(e);
   }
   prober_->SetNextPeer(a.role() == v1::Assignment::STAGE && a.has_next() ? a.next().peer_id() : 0);
+  keeper_->SetMaxStateBytes(MaxStateBytes(job_));
   if (keeper_->Follow(a)) {
     // A new plan restarts everyone at its resume step: that is where it
     // restarts us, until our child reports (a mirror copy's report resends it).

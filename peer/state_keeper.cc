@@ -1,6 +1,9 @@
 #include "peer/state_keeper.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -13,7 +16,9 @@
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/sha256.h"
 #include "peer/assignment.h"
+#include "peer/peer_metrics.h"
 #include "peer/stage_checkpoints.h"
 
 namespace aqswarm::peer {
@@ -51,7 +56,13 @@ std::vector<v1::StageCheckpoints> StateKeeper::Held() const {
     if (steps.empty()) continue;
     v1::StageCheckpoints h;
     h.set_stage(stage);
-    for (size_t i = steps.size() > 64 ? steps.size() - 64 : 0; i < steps.size(); ++i) h.add_steps(steps[i]);
+    for (size_t i = steps.size() > 64 ? steps.size() - 64 : 0; i < steps.size(); ++i) {
+      absl::StatusOr<std::string> sha = Digest(StageCheckpointPath(entry.path().string(), steps[i]));
+      if (!sha.ok() && absl::IsNotFound(sha.status())) continue;  // pruned meanwhile
+      h.add_steps(steps[i]);
+      h.add_sha256(sha.ok() ? *sha : "");
+    }
+    if (h.steps().empty()) continue;
     out.push_back(std::move(h));
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.stage() < b.stage(); });
@@ -61,6 +72,55 @@ std::vector<v1::StageCheckpoints> StateKeeper::Held() const {
 void StateKeeper::SetJob(const std::string& name) {
   absl::MutexLock l(&mu_);
   job_name_ = name;
+}
+
+namespace {
+
+struct FileId {
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  uint64_t inode = 0;
+};
+
+absl::StatusOr<FileId> Identify(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return FileError(errno, absl::StrCat("stat of ", path));
+  return FileId{static_cast<uint64_t>(st.st_size), int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec,
+                static_cast<uint64_t>(st.st_ino)};
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> StateKeeper::Digest(const std::string& path) const {
+  AQSWARM_ASSIGN_OR_RETURN(FileId id, Identify(path));
+  {
+    absl::MutexLock l(&digest_mu_);
+    auto it = digests_.find(path);
+    if (it != digests_.end() && it->second.size == id.size && it->second.mtime_ns == id.mtime_ns &&
+        it->second.inode == id.inode) {
+      return it->second.sha256;
+    }
+  }
+  AQSWARM_ASSIGN_OR_RETURN(std::string sha, Sha256OfFile(path));
+  absl::StatusOr<FileId> after = Identify(path);
+  if (after.ok() && after->size == id.size && after->mtime_ns == id.mtime_ns && after->inode == id.inode) {
+    absl::MutexLock l(&digest_mu_);
+    if (digests_.size() > 4096) digests_.clear();  // states come and go; a bound on forgotten ones
+    digests_[path] = CachedDigest{id.size, id.mtime_ns, id.inode, sha};
+  }
+  return sha;
+}
+
+void StateKeeper::CacheDigest(const std::string& path, const std::string& sha256) const {
+  absl::StatusOr<FileId> id = Identify(path);
+  if (!id.ok()) return;
+  absl::MutexLock l(&digest_mu_);
+  digests_[path] = CachedDigest{id->size, id->mtime_ns, id->inode, sha256};
+}
+
+void StateKeeper::SetMaxStateBytes(std::vector<uint64_t> bytes) {
+  absl::MutexLock l(&mu_);
+  max_state_bytes_ = std::move(bytes);
 }
 
 absl::StatusOr<StateSnapshot> StateKeeper::Serve(const v1::StateRequest& r) {
@@ -79,51 +139,70 @@ absl::StatusOr<StateSnapshot> StateKeeper::Serve(const v1::StateRequest& r) {
     if (kept.empty()) return absl::NotFoundError(absl::StrCat("no state of stage ", r.stage(), " here"));
     step = kept.back();
   }
-  std::ifstream in(StageCheckpointPath(dir, step), std::ios::binary);
-  if (!in) {
+  const std::string path = StageCheckpointPath(dir, step);
+  std::error_code ec;
+  if (step < 0 || !fs::is_regular_file(path, ec)) {
     return absl::NotFoundError(absl::StrCat("no state of stage ", r.stage(), " at step ", step,
                                             " here (only the newest ", o_.keep_checkpoints, " are kept)"));
   }
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  return StateSnapshot{buf.str(), static_cast<uint64_t>(step)};
+  StateSnapshot snap;
+  snap.step = static_cast<uint64_t>(step);
+  snap.path = path;  // streamed from the file (a prune meanwhile leaves the open file readable)
+  return snap;
 }
 
-// Fetches `stage`'s state after `step` steps from `address` into our
-// checkpoint dir; returns its size in bytes.
-absl::StatusOr<uint64_t> StateKeeper::Fetch(const std::string& address, uint32_t stage, int64_t step) {
+absl::StatusOr<uint64_t> StateKeeper::Fetch(const std::string& address, uint32_t stage, int64_t step,
+                                            const std::string& sha256) {
   v1::StateRequest req;
+  FetchOptions fo;
   {
     absl::MutexLock l(&mu_);
     req.set_job_name(job_name_);
+    if (stage < max_state_bytes_.size() && max_state_bytes_[stage] > 0) fo.max_bytes = max_state_bytes_[stage];
   }
   req.set_stage(stage);
   req.set_step(step);
-  FetchOptions fo;
   fo.tls = o_.tls;
   fo.timeout = absl::Minutes(5);
-  AQSWARM_ASSIGN_OR_RETURN(StateSnapshot s, FetchState(address, req, fo));
-  if (s.step != static_cast<uint64_t>(step)) {
-    return absl::DataLossError(absl::StrCat("asked for step ", step, ", got step ", s.step));
-  }
+  fo.expected_sha256 = sha256;
   const std::string dir = StageDir(stage);
   std::error_code ec;
   fs::create_directories(dir, ec);
-  AQSWARM_RETURN_IF_ERROR(WriteFileAtomically(StageCheckpointPath(dir, step), s.bytes, 0644));
-  return s.bytes.size();
+  // Into a name no listing takes for a state; published once the step is checked.
+  const std::string incoming = (fs::path(dir) / absl::StrCat(".incoming-", step, ".ckpt")).string();
+  AQSWARM_ASSIGN_OR_RETURN(FetchedState got, FetchStateToFile(address, req, incoming, fo));
+  if (got.step != static_cast<uint64_t>(step)) {
+    fs::remove(incoming, ec);
+    CountStateTransferRefused("bad_chunk");
+    return absl::DataLossError(absl::StrCat("asked for step ", step, ", got step ", got.step));
+  }
+  const std::string path = StageCheckpointPath(dir, step);
+  AQSWARM_RETURN_IF_ERROR(PublishFileAtomically(incoming, path));
+  CacheDigest(path, got.sha256);
+  return got.bytes;
 }
 
 absl::StatusOr<std::string> StateKeeper::Prepare(const v1::Assignment& a) {
   const std::string want = StageCheckpointPath(StageDir(a.stage()), a.resume_step());
   std::error_code ec;
-  if (fs::exists(want, ec)) return want;
+  if (fs::exists(want, ec)) {
+    if (a.state_sha256().empty()) return want;
+    absl::StatusOr<std::string> mine = Digest(want);
+    if (mine.ok() && *mine == a.state_sha256()) return want;
+    // Ours is not the state the swarm resumes from (another timeline's state
+    // of the same step): set it aside and fetch the swarm's.
+    AQSWARM_LOG(WARNING) << "peer " << o_.name << ": kept state of stage " << a.stage() << " at step "
+                         << a.resume_step() << " has SHA-256 " << (mine.ok() ? *mine : mine.status().ToString())
+                         << ", the swarm's is " << a.state_sha256() << ": quarantining it";
+    PruneStageCheckpoints(StageDir(a.stage()), a.resume_step() - 1, std::numeric_limits<size_t>::max());
+  }
   if (a.resume_step() == 0) return std::string();
   std::vector<std::string> tried;
   std::vector<v1::Neighbor> sources(a.state_sources().begin(), a.state_sources().end());
   sources.insert(sources.end(), a.replicas().begin(), a.replicas().end());
   for (const auto& r : sources) {
     if (r.state_transfer_address().empty()) continue;
-    absl::StatusOr<uint64_t> bytes = Fetch(r.state_transfer_address(), a.stage(), a.resume_step());
+    absl::StatusOr<uint64_t> bytes = Fetch(r.state_transfer_address(), a.stage(), a.resume_step(), a.state_sha256());
     if (!bytes.ok()) {
       tried.push_back(absl::StrCat(r.peer_name(), ": ", bytes.status().message()));
       continue;
@@ -162,7 +241,12 @@ bool StateKeeper::Follow(const v1::Assignment& a) {
       if (mirror_landed_ > a.resume_step()) mirror_landed_ = 0;
       std::error_code ec;
       for (const auto& entry : fs::directory_iterator(root(), ec)) {
-        PruneStageCheckpoints(entry.path().string(), a.resume_step(), o_.keep_checkpoints);
+        const size_t n = PruneStageCheckpoints(entry.path().string(), a.resume_step(), o_.keep_checkpoints);
+        if (n > 0) {
+          AQSWARM_LOG(WARNING) << "peer " << o_.name << ": plan " << a.plan_version() << " resumes at step "
+                               << a.resume_step() << ": " << n << " later state(s) of " << entry.path().string()
+                               << " moved to " << StageQuarantineDir(entry.path().string());
+        }
       }
     }
   }

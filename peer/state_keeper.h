@@ -3,13 +3,23 @@
 // peer/stage_checkpoints.h): which it holds, serving them to other peers,
 // fetching the one an assignment starts from, and mirroring another stage.
 //
-// - Serve: a StateTransfer request of this job for a kept step (0: the newest).
+// - Held: the kept steps of each stage and each state's SHA-256 (computed
+//   once per file, when first listed or as it is fetched, and cached by
+//   path, size and modification time), which the daemon reports.
+// - Serve: a StateTransfer request of this job for a kept step (0: the
+//   newest), streamed from its file.
 // - Prepare: the state an assignment resumes from: "" at step 0, a kept
 //   file, or one fetched from the peers the assignment names (state
-//   sources, then replicas).
+//   sources, then replicas). A fetch must match Assignment.state_sha256 (the
+//   digest the holders reported; empty: only the transfer's checksum
+//   applies): a source whose bytes differ is refused (DATA_LOSS naming both
+//   digests) and the next one tried. A kept file whose digest differs is
+//   quarantined and fetched instead. Fetches are bounded by
+//   SetMaxStateBytes (per stage; default 8 GiB).
 // - Follow: each assignment names our stage and the stage we mirror. A new
 //   plan restarts everyone at its resume step: every state past it belongs
-//   to the abandoned timeline and is pruned, and pending copies with it.
+//   to the abandoned timeline and is quarantined (peer/stage_checkpoints.h),
+//   and pending copies are dropped.
 // - Mirroring (Assignment.mirror): after each of our checkpoints
 //   (Checkpointed) a thread copies the mirrored peer's state of the same
 //   step (the newest one wanted, when copies fall behind); once a copy
@@ -25,6 +35,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
@@ -60,8 +71,14 @@ class StateKeeper {
 
   std::string root() const;  // <work_dir>/checkpoints
   std::string StageDir(uint32_t stage) const;
-  // The states held, per stage (the newest 64 of each).
+  // The states held, per stage (the newest 64 of each), with their SHA-256
+  // ("" where the file could not be read).
   std::vector<v1::StageCheckpoints> Held() const;
+  // The SHA-256 of a state file (cached; see the banner).
+  absl::StatusOr<std::string> Digest(const std::string& path) const;
+  // Bound on a fetched state of stage k: bytes[k] (0 or beyond the vector:
+  // 8 GiB).
+  void SetMaxStateBytes(std::vector<uint64_t> bytes);
 
   // The job whose states are served and fetched.
   void SetJob(const std::string& name);
@@ -72,7 +89,11 @@ class StateKeeper {
   void Checkpointed(int64_t step);
 
  private:
-  absl::StatusOr<uint64_t> Fetch(const std::string& address, uint32_t stage, int64_t step);
+  // Fetches `stage`'s state after `step` steps from `address` into our
+  // checkpoint dir, checked against `sha256` when not empty; returns its
+  // size in bytes.
+  absl::StatusOr<uint64_t> Fetch(const std::string& address, uint32_t stage, int64_t step,
+                                 const std::string& sha256 = "");
   void MirrorLoop();
   absl::Status CopyMirror(const v1::Neighbor& target, int64_t step, uint64_t plan);
   void UpdatePins();
@@ -87,7 +108,18 @@ class StateKeeper {
   absl::Mutex pins_mu_ ABSL_ACQUIRED_BEFORE(mu_);    // one UpdatePins at a time
   std::string pins_dir_ ABSL_GUARDED_BY(pins_mu_);   // where UpdatePins last wrote
   std::optional<std::vector<int64_t>> pinned_ ABSL_GUARDED_BY(pins_mu_);  // what pins_dir_ holds
+  struct CachedDigest {
+    uint64_t size = 0;
+    int64_t mtime_ns = 0;
+    uint64_t inode = 0;
+    std::string sha256;
+  };
+  mutable absl::Mutex digest_mu_;
+  mutable std::map<std::string, CachedDigest> digests_ ABSL_GUARDED_BY(digest_mu_);  // by path
+  void CacheDigest(const std::string& path, const std::string& sha256) const;
+
   mutable absl::Mutex mu_;
+  std::vector<uint64_t> max_state_bytes_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::string job_name_ ABSL_GUARDED_BY(mu_);
   uint64_t plan_ ABSL_GUARDED_BY(mu_) = 0;                 // of the last assignment followed

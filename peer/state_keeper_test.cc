@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "absl/synchronization/mutex.h"
+#include "common/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "peer/stage_checkpoints.h"
@@ -88,20 +89,26 @@ TEST(StateKeeperTest, HoldsServesAndANewPlanPrunesTheAbandonedTimeline) {
   ASSERT_EQ(held.size(), 2u);
   EXPECT_THAT(held[0].steps(), ElementsAre(2, 4, 6));
   EXPECT_THAT(held[1].steps(), ElementsAre(4));
+  // Each state's SHA-256, parallel to the steps.
+  EXPECT_THAT(held[0].sha256(), ElementsAre(Sha256Hex("s0@2"), Sha256Hex("s0@4"), Sha256Hex("s0@6")));
+  EXPECT_THAT(held[1].sha256(), ElementsAre(Sha256Hex("s1@4")));
 
   v1::StateRequest r;
   r.set_job_name("job");
   r.set_stage(0);
   ASSERT_OK_AND_ASSIGN(StateSnapshot newest, p.keeper->Serve(r));  // step 0: the newest
   EXPECT_EQ(newest.step, 6u);
-  EXPECT_EQ(newest.bytes, "s0@6");
+  EXPECT_EQ(Read(newest.path), "s0@6");  // streamed from the file
   r.set_step(5);
   EXPECT_THAT(p.keeper->Serve(r), StatusIs(absl::StatusCode::kNotFound, HasSubstr("step 5")));
   r.set_job_name("another");
   EXPECT_THAT(p.keeper->Serve(r), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another")));
 
-  EXPECT_TRUE(p.keeper->Follow(At(1, 0, 4)));   // a new plan resuming at 4: 6 is gone
+  EXPECT_TRUE(p.keeper->Follow(At(1, 0, 4)));   // a new plan resuming at 4: 6 is set aside
   EXPECT_THAT(StageCheckpointSteps(p.keeper->StageDir(0)), ElementsAre(2, 4));
+  const std::vector<std::string> quarantined = QuarantinedStates(p.keeper->StageDir(0));
+  ASSERT_EQ(quarantined.size(), 1u);
+  EXPECT_EQ(Read(StageQuarantineDir(p.keeper->StageDir(0)) + "/" + quarantined[0]), "s0@6");
   EXPECT_FALSE(p.keeper->Follow(At(1, 0, 4)));  // the same plan again: nothing pruned
 }
 
@@ -120,6 +127,52 @@ TEST(StateKeeperTest, PrepareUsesAKeptStateOrFetchesItFromAHolder) {
   ASSERT_EQ(joiner.events.size(), 1u);
   EXPECT_EQ(joiner.events[0].state_fetched().from(), "holder");
   EXPECT_EQ(joiner.events[0].state_fetched().bytes(), 21u);
+}
+
+// A source whose bytes are not the state its holders reported is refused
+// (DATA_LOSS naming both digests) and the next one used; a kept state of
+// the step that is not the swarm's is quarantined and fetched instead.
+TEST(StateKeeperTest, AStateWhoseSha256DiffersFromTheReportedOneIsRefusedAndAnotherSourceUsed) {
+  testing::ScratchDir dir;
+  Peer liar(dir.Sub("liar")), honest(dir.Sub("honest")), joiner(dir.Sub("joiner"));
+  liar.Write(1, 8, "forged stage-1 after 8");
+  honest.Write(1, 8, "stage-1 after 8 steps");
+  const std::string reported = Sha256Hex("stage-1 after 8 steps");
+  v1::Assignment a = At(1, 1, 8);
+  a.set_state_sha256(reported);
+  *a.add_state_sources() = liar.AsNeighbor(1);
+  EXPECT_THAT(joiner.keeper->Prepare(a),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::AllOf(HasSubstr(reported),
+                                                                     HasSubstr(Sha256Hex("forged stage-1 after 8")))));
+  EXPECT_TRUE(StageCheckpointSteps(joiner.keeper->StageDir(1)).empty()) << "the forged state was kept";
+  *a.add_state_sources() = honest.AsNeighbor(1);
+  ASSERT_OK_AND_ASSIGN(const std::string path, joiner.keeper->Prepare(a));
+  EXPECT_EQ(Read(path), "stage-1 after 8 steps");
+  EXPECT_THAT(joiner.keeper->Held()[0].sha256(), ElementsAre(reported));
+
+  // Our own state of step 8 from another timeline: quarantined, the swarm's fetched.
+  Peer other(dir.Sub("other"));
+  other.Write(1, 8, "another timeline's stage-1 after 8");
+  v1::Assignment b = At(1, 1, 8);
+  b.set_state_sha256(reported);
+  *b.add_state_sources() = honest.AsNeighbor(1);
+  ASSERT_OK_AND_ASSIGN(const std::string path2, other.keeper->Prepare(b));
+  EXPECT_EQ(Read(path2), "stage-1 after 8 steps");
+  EXPECT_EQ(QuarantinedStates(other.keeper->StageDir(1)).size(), 1u);
+}
+
+// A sender declaring more than the stage's bound is refused before a byte is kept.
+TEST(StateKeeperTest, AStateOverTheStagesBoundIsRefused) {
+  testing::ScratchDir dir;
+  Peer holder(dir.Sub("holder")), joiner(dir.Sub("joiner"));
+  holder.Write(1, 8, std::string(1000, 'x'));
+  joiner.keeper->SetMaxStateBytes({0, 999});
+  v1::Assignment a = At(1, 1, 8);
+  *a.add_state_sources() = holder.AsNeighbor(1);
+  EXPECT_THAT(joiner.keeper->Prepare(a), StatusIs(absl::StatusCode::kNotFound, HasSubstr("999")));
+  EXPECT_TRUE(StageCheckpointSteps(joiner.keeper->StageDir(1)).empty());
+  joiner.keeper->SetMaxStateBytes({0, 1000});
+  EXPECT_TRUE(joiner.keeper->Prepare(a).ok());
 }
 
 TEST(StateKeeperTest, AMirrorCopiesTheMirroredStageAfterOurCheckpointAndPinsOurs) {
