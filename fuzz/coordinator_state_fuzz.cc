@@ -7,14 +7,15 @@
 // [type tag u8][encoding]); written raw, so keys, tags and encodings are all
 // fuzzed. Seeds: fuzz/corpus/coordinator_state (fuzz/seed_gen.cc dumps a
 // state committed through CoordinatorState::Change).
-// The state is opened once (a RocksDB open per input would run ~15 inputs
-// a second); its store is reached through the private member pointer below
-// (explicit instantiation may name private members), so the target writes
-// raw records into the very store Load reads.
+// The state stays open across inputs (a RocksDB open per input would run
+// ~15 inputs a second); its store is reached through the private member
+// pointer below (an explicit instantiation may name private members), so
+// the target writes raw records into the very store Load reads.
 #include <stdlib.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -35,16 +36,39 @@ struct StoreAccess {
 };
 template struct StoreAccess<&coordinator::CoordinatorState::store_>;
 
+// A fresh state directory every kInputsPerStore inputs: deleted keys stay
+// as RocksDB tombstones that every later scan walks, so one store slows
+// down input after input.
+constexpr int kInputsPerStore = 1000;
+
+// Raw statics, never destroyed: closing a RocksDB from a static destructor
+// at exit runs after RocksDB's own statics are gone (a SEGV in its logger).
+coordinator::CoordinatorState* g_state = nullptr;
+std::string* g_dir = nullptr;
+int g_uses = 0;
+
+void RemoveDir() {
+  if (g_dir != nullptr && !g_dir->empty()) std::filesystem::remove_all(*g_dir);
+}
+
 coordinator::CoordinatorState& State() {
-  static coordinator::CoordinatorState* state = [] {
+  if (g_state == nullptr || ++g_uses >= kInputsPerStore) {
+    if (g_dir == nullptr) {
+      g_dir = new std::string;
+      atexit(RemoveDir);  // the files only: the open store is left to the OS
+    }
+    delete g_state;  // closes the previous store
+    g_state = nullptr;
+    RemoveDir();
     const char* tmp = getenv("TMPDIR");
-    std::string dir = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/aqswarm-fuzz-state-XXXXXX";
-    if (mkdtemp(dir.data()) == nullptr) abort();
-    auto s = coordinator::CoordinatorState::Open({dir, /*sync=*/false});
+    *g_dir = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/aqswarm-fuzz-state-XXXXXX";
+    if (mkdtemp(g_dir->data()) == nullptr) abort();
+    auto s = coordinator::CoordinatorState::Open({*g_dir, /*sync=*/false});
     if (!s.ok()) abort();  // the harness's own directory: not the input's fault
-    return s->release();
-  }();
-  return *state;
+    g_state = s->release();
+    g_uses = 0;
+  }
+  return *g_state;
 }
 
 }  // namespace
