@@ -257,7 +257,15 @@ void PeerDaemonImpl::ReapChild() {
 // SIGTERM, then SIGKILL after stop_grace; always reaps.
 void PeerDaemonImpl::StopChild() {
   if (child_ == nullptr) return;
-  child_->Stop(o_.stop_grace);
+  const int64_t pid = child_->pid();
+  const absl::Time start = absl::Now();
+  if (child_->Stop(o_.stop_grace)) {
+    AQSWARM_LOG(INFO) << "peer " << o_.name << ": stage pid " << pid << " stopped on SIGTERM in "
+                      << absl::FormatDuration(absl::Now() - start);
+  } else {
+    AQSWARM_LOG(WARNING) << "peer " << o_.name << ": stage pid " << pid << " did not stop within the "
+                         << absl::FormatDuration(o_.stop_grace) << " grace after SIGTERM: killed (SIGKILL)";
+  }
   ReapChild();
   v1::PeerEvent e;
   e.mutable_stage_stopped();

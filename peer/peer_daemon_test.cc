@@ -72,7 +72,7 @@ class FakeLauncher final : public StageLauncher {
    public:
     Child(FakeLauncher* launcher, std::shared_ptr<Record> r) : launcher_(launcher), r_(std::move(r)) {}
     int64_t pid() const override { return 4242; }
-    void Stop(absl::Duration) override {
+    bool Stop(absl::Duration) override {
       bool exit = false;
       {
         absl::MutexLock l(&launcher_->mu_);
@@ -81,6 +81,7 @@ class FakeLauncher final : public StageLauncher {
         r_->exited = true;
       }
       if (exit) r_->callbacks.on_exit(143);  // SIGTERM
+      return true;
     }
 
    private:

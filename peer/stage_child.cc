@@ -27,13 +27,18 @@ class ProcessStageChild final : public StageChild {
 
   int64_t pid() const override { return process_->pid(); }
 
-  void Stop(absl::Duration grace) override {
+  bool Stop(absl::Duration grace) override {
     process_->Signal(SIGTERM);
+    bool in_time = true;
     {
       absl::MutexLock l(&mu_);
-      if (!mu_.AwaitWithTimeout(absl::Condition(&exited_), grace)) process_->Signal(SIGKILL);
+      if (!mu_.AwaitWithTimeout(absl::Condition(&exited_), grace)) {
+        process_->Signal(SIGKILL);
+        in_time = false;
+      }
     }
     if (reader_.joinable()) reader_.join();
+    return in_time;
   }
 
  private:

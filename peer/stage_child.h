@@ -28,8 +28,9 @@ class StageChild {
   virtual ~StageChild() = default;
   virtual int64_t pid() const = 0;
   // SIGTERM; SIGKILL if it has not exited after `grace`. Returns once it has
-  // exited and every event it printed was handed on.
-  virtual void Stop(absl::Duration grace) = 0;
+  // exited and every event it printed was handed on: true when it exited
+  // within the grace, false when it had to be killed.
+  virtual bool Stop(absl::Duration grace) = 0;
 };
 
 struct StageChildCallbacks {
