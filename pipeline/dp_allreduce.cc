@@ -2,7 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/random.h"
 #include "common/status_macros.h"
@@ -24,6 +29,52 @@ absl::Status DecodeChunk(const v1::EncodedTensor& msg, absl::Span<float> out) {
                                                    out.size()));
   }
   return compression::Decode(msg, out);
+}
+
+// Fault injection for tests (never set in production): with
+// AQSWARM_TEST_FAULT_DP_SCATTER="<rank>:<factor>" or "<rank>:nan" in the
+// environment, the replica of that rank corrupts the float32 SCATTER
+// contributions it sends to the other replicas after encoding them (values
+// times <factor>, or a NaN), as a hostile or broken peer would; its own
+// chunk and everything else stay honest. Read once per process.
+struct ScatterFault {
+  int rank = -1;
+  float factor = 1;
+  bool nan = false;
+};
+
+const ScatterFault& TestScatterFault() {
+  static const ScatterFault fault = [] {
+    ScatterFault f;
+    const char* v = std::getenv("AQSWARM_TEST_FAULT_DP_SCATTER");
+    if (v == nullptr) return f;
+    const std::string spec(v);
+    const size_t colon = spec.find(':');
+    if (colon == std::string::npos || !absl::SimpleAtoi(spec.substr(0, colon), &f.rank)) return ScatterFault();
+    const std::string what = spec.substr(colon + 1);
+    if (what == "nan") {
+      f.nan = true;
+    } else if (!absl::SimpleAtof(what, &f.factor)) {
+      return ScatterFault();
+    }
+    std::fprintf(stderr, "aqswarm: TEST FAULT INJECTION: replica %d corrupts its data-parallel contributions (%s)\n",
+                 f.rank, what.c_str());
+    return f;
+  }();
+  return fault;
+}
+
+void InjectScatterFault(int rank, v1::EncodedTensor* t) {
+  const ScatterFault& f = TestScatterFault();
+  if (f.rank != rank || t->codec() != v1::CODEC_RAW_F32) return;
+  std::string& p = *t->mutable_payload();
+  for (size_t i = 0; i + 4 <= p.size(); i += 4) {
+    float x;
+    std::memcpy(&x, p.data() + i, 4);
+    x = f.nan ? std::nanf("") : x * f.factor;
+    std::memcpy(p.data() + i, &x, 4);
+  }
+  t->clear_checksum();
 }
 
 double Norm(absl::Span<const float> x) {
@@ -172,6 +223,7 @@ absl::Status AllReduceMean(ReplicaExchange& ex, const AllReduceOptions& options,
       if (k == r) {
         own = std::move(msg);
       } else {
+        InjectScatterFault(r, msg.mutable_tensor());  // tests only (see TestScatterFault)
         local.bytes_sent += compression::EncodedBytes(msg.tensor());
         local.raw_bytes += (b - a) * 4;
         AQSWARM_RETURN_IF_ERROR(ex.Send(k, msg));

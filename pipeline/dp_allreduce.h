@@ -19,6 +19,10 @@
 // u_k = mean + e_s and keeps e_s <- u_k - D(Q(u_k)). Lossless codecs leave
 // both errors zero.
 //
+// Tests only: AQSWARM_TEST_FAULT_DP_SCATTER="<rank>:<factor>|nan" makes that
+// rank corrupt the float32 contributions it sends (a hostile replica, for
+// live tests of dp.robust; see dp_allreduce.cc).
+//
 //   AllReduceOptions o;  o.codec.codec = v1::CODEC_MINMAX;  o.codec.bits = 4;
 //   AQSWARM_RETURN_IF_ERROR(AllReduceMean(exchange, o, step, round, in, out, &e_w, &e_s));
 #ifndef AQSWARM_PIPELINE_DP_ALLREDUCE_H_

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <thread>
 
@@ -270,6 +271,86 @@ TEST_F(HostileValuesTest, NaNActivationsFromAHostileUpstreamAreRefusedAndNothing
     ASSERT_TRUE(got.count(id)) << "sample " << id;
     EXPECT_EQ(0, std::memcmp(r.data(), got.at(id).data(), r.size() * 4)) << "sample " << id;
   }
+}
+
+// Data parallelism with a hostile replica: `aqswarm pipeline` runs one
+// stage x 4 replicas; the replica of rank 3 corrupts every float32
+// contribution it sends (the test-only fault injection of
+// pipeline/dp_allreduce.cc, AQSWARM_TEST_FAULT_DP_SCATTER).
+class HostileReplicaTest : public HostileValuesTest {
+ protected:
+  // Runs the job with dp = {dp} under `fault`; returns the exit code, the
+  // launcher's output in output_ and the step losses.
+  int RunGrid(const std::string& name, const std::string& dp, const std::string& fault, std::vector<double>* loss) {
+    const std::string job = (dir_ / (name + ".json")).string();
+    std::ifstream in(job_);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string stages = R"("stages":2,)";
+    text.replace(text.find(stages), stages.size(),
+                 absl::StrCat(R"("stages":1,"dataParallel":4,"maxSteps":10,"dp":{)", dp, "},"));
+    const std::string epochs = R"("epochs":3,)";  // the small corpus is ~1 step an epoch with 4 replicas
+    text.replace(text.find(epochs), epochs.size(), R"("epochs":20,)");
+    std::ofstream(job) << text;
+    const std::string out = (dir_ / name).string();
+    ::setenv("AQSWARM_TEST_FAULT_DP_SCATTER", fault.c_str(), 1);
+    auto p = Subprocess::Spawn({kBinary, "pipeline", "--job=" + job, "--out_dir=" + out},
+                               {.capture_stdout = true, .stderr_path = (dir_ / (name + ".err")).string()});
+    ::unsetenv("AQSWARM_TEST_FAULT_DP_SCATTER");
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) return -1;
+    output_.clear();
+    const int code = Finish(**p, &output_, absl::Seconds(150));
+    for (const auto& e : fs::directory_iterator(out)) {
+      if (e.path().extension() == ".log") output_ += ReadFile(fs::relative(e.path(), dir_).string());
+    }
+    loss->clear();
+    std::ifstream csv(fs::path(out) / "metrics.csv");
+    std::string line;
+    std::getline(csv, line);  // header
+    std::string losses;
+    while (std::getline(csv, line)) {
+      std::vector<std::string> cols = absl::StrSplit(line, ',');
+      if (cols.size() > 2) loss->push_back(std::stod(cols[2]));
+      if (cols.size() > 2) absl::StrAppend(&losses, " ", cols[2]);
+    }
+    std::cout << name << " (dp " << dp << ", fault " << fault << "): exit " << code << ", losses" << losses << "\n";
+    return code;
+  }
+  int Identical() const {
+    int n = 0;
+    for (size_t pos = 0; (pos = output_.find("replicas identical", pos)) != std::string::npos; ++pos) ++n;
+    return n;
+  }
+  std::string output_;
+};
+
+// Contributions x(-1000): the plain mean follows the hostile replica (the
+// loss does not fall); under dp.robust centered_clip the honest three win,
+// the loss falls and the replicas stay bit-identical at every step.
+TEST_F(HostileReplicaTest, AReplicaSendingScaledUpdatesIsClippedAndTrainingConverges) {
+  std::vector<double> robust, plain;
+  ASSERT_EQ(RunGrid("robust", R"("robust":"centered_clip")", "3:-1000", &robust), 0) << output_;
+  EXPECT_TRUE(absl::StrContains(output_, "TEST FAULT INJECTION")) << output_;
+  EXPECT_EQ(Identical(), 10) << output_;
+  ASSERT_EQ(robust.size(), 10u) << output_;
+  EXPECT_LT(robust.back(), robust.front() - 0.2) << output_;
+  ASSERT_EQ(RunGrid("plain", "", "3:-1000", &plain), 0) << output_;
+  ASSERT_EQ(plain.size(), 10u) << output_;
+  EXPECT_GT(plain.back(), robust.back() + 0.2) << "without dp.robust the hostile replica should win\n" << output_;
+}
+
+// NaN contributions: without dp.robust every honest owner refuses them (the
+// run fails naming the non-finite value); under dp.robust clip_norm they
+// are dropped, training converges and no replica's parameters go NaN.
+TEST_F(HostileReplicaTest, AReplicaSendingNaNIsRefusedOrDroppedNeverApplied) {
+  std::vector<double> robust, plain;
+  ASSERT_EQ(RunGrid("robust", R"("robust":"clip_norm")", "3:nan", &robust), 0) << output_;
+  EXPECT_EQ(Identical(), 10) << output_;
+  ASSERT_EQ(robust.size(), 10u) << output_;
+  for (double l : robust) EXPECT_TRUE(std::isfinite(l)) << output_;
+  EXPECT_LT(robust.back(), robust.front() - 0.2) << output_;
+  EXPECT_NE(RunGrid("plain", "", "3:nan", &plain), 0) << output_;
+  EXPECT_TRUE(absl::StrContains(output_, "non-finite")) << output_;
 }
 
 }  // namespace
