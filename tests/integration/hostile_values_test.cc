@@ -48,8 +48,9 @@ constexpr int kSeq = 32, kModel = 32;
 // whether it did).
 class LinkProxy final : public v1::StageLink::Service {
  public:
-  LinkProxy(std::string target, std::function<bool(v1::LinkFrame*)> rewrite)
-      : target_(std::move(target)), rewrite_(std::move(rewrite)) {}
+  LinkProxy(std::string target, std::function<bool(v1::LinkFrame*)> rewrite,
+            std::function<bool(v1::LinkFrame*)> rewrite_up = [](v1::LinkFrame*) { return false; })
+      : target_(std::move(target)), rewrite_(std::move(rewrite)), rewrite_up_(std::move(rewrite_up)) {}
 
   grpc::Status Connect(grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::LinkFrame, v1::LinkFrame>* down) override {
     auto stub = v1::StageLink::NewStub(grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
@@ -58,6 +59,7 @@ class LinkProxy final : public v1::StageLink::Service {
     std::thread back([&] {
       v1::LinkFrame f;
       while (up->Read(&f)) {
+        if (rewrite_up_(&f)) ++rewritten_;
         if (!down->Write(f)) break;
       }
       ctx->TryCancel();  // the downstream stage is gone: end the upstream's stream too
@@ -78,6 +80,7 @@ class LinkProxy final : public v1::StageLink::Service {
  private:
   const std::string target_;
   const std::function<bool(v1::LinkFrame*)> rewrite_;
+  const std::function<bool(v1::LinkFrame*)> rewrite_up_;  // frames on their way up (gradients)
   std::atomic<int> rewritten_{0};
 };
 
@@ -270,6 +273,59 @@ TEST_F(HostileValuesTest, NaNActivationsFromAHostileUpstreamAreRefusedAndNothing
   for (const auto& [id, r] : sent) {
     ASSERT_TRUE(got.count(id)) << "sample " << id;
     EXPECT_EQ(0, std::memcmp(r.data(), got.at(id).data(), r.size() * 4)) << "sample " << id;
+  }
+}
+
+// Norms from a hostile neighbour: a NaN committed total (from upstream) and
+// a negative partial norm (from downstream) would turn gradient clipping
+// off; each is refused by the stage that receives it, naming the field.
+TEST_F(HostileValuesTest, NaNOrNegativeGradientNormsAreRefused) {
+  struct Case {
+    const char* field;
+    int refusing_stage;
+    std::function<bool(v1::LinkFrame*)> down, up;
+  };
+  auto never = [](v1::LinkFrame*) { return false; };
+  std::atomic<bool> once{false};
+  const Case cases[] = {
+      {"committed total_grad_sq_norm", 1,
+       [&](v1::LinkFrame* f) {
+         if (!f->has_commit() || once.exchange(true)) return false;
+         f->mutable_commit()->set_total_grad_sq_norm(std::nan(""));
+         return true;
+       },
+       never},
+      {"partial_grad_sq_norm from downstream", 0, never,
+       [&](v1::LinkFrame* f) {
+         if (!f->has_gradients() || f->gradients().partial_grad_sq_norm() == 0 || once.exchange(true)) return false;
+         f->mutable_gradients()->set_partial_grad_sq_norm(-5);
+         return true;
+       }},
+  };
+  for (const Case& c : cases) {
+    once = false;
+    std::unique_ptr<Subprocess> s1 = StartStage(1, "", "stage-1.err");
+    ASSERT_NE(s1, nullptr);
+    const int port1 = ListeningPort(*s1);
+    ASSERT_GT(port1, 0);
+    LinkProxy proxy(absl::StrCat("127.0.0.1:", port1), c.down, c.up);
+    int proxy_port = 0;
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &proxy_port);
+    builder.RegisterService(&proxy);
+    std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+    ASSERT_GT(proxy_port, 0);
+    std::unique_ptr<Subprocess> s0 = StartStage(0, absl::StrCat("127.0.0.1:", proxy_port), "stage-0.err");
+    ASSERT_NE(s0, nullptr);
+    std::string out[2];
+    const int code1 = Finish(*s1, &out[1]);
+    const int code0 = Finish(*s0, &out[0]);
+    server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    ASSERT_EQ(proxy.rewritten(), 1) << c.field;
+    EXPECT_NE(c.refusing_stage == 0 ? code0 : code1, 0) << c.field;
+    const std::string err = out[c.refusing_stage] + ReadFile(absl::StrCat("stage-", c.refusing_stage, ".err"));
+    EXPECT_TRUE(absl::StrContains(err, c.field)) << err;
+    EXPECT_TRUE(absl::StrContains(err, "refused")) << err;
   }
 }
 
