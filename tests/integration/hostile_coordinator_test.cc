@@ -87,12 +87,9 @@ class HostileCoordinatorTest : public SwarmTest {
     return Metric(absl::StrCat("aqswarm_coordinator_refusals_total{cause=\"", cause, "\"}"));
   }
 
-  int metrics_port_ = 0;
-};
-
-// status_ holds the last Status WaitFor accepted (the job's data identity in it).
-
-TEST_F(HostileCoordinatorTest, EveryHostileCallIsRefusedAndCountedWhileHonestPeersTrain) {
+  // Two honest peers (q1, q2) training a 2 x 1 grid under mTLS; certificates
+  // for "h" (the attacker) and "admin" (this test's Status calls).
+  void StartHonestSwarm() {
   WriteJob(5, R"("dataParallel":1)");
   MakeTlsDir({"q1", "q2", "h"});
   metrics_port_ = testing::UniqueLoopbackPort();
@@ -102,12 +99,54 @@ TEST_F(HostileCoordinatorTest, EveryHostileCallIsRefusedAndCountedWhileHonestPee
   StartPeer("q2", TokenFor("q2"));
   ASSERT_TRUE(WaitFor([](const auto& st) { return st.grid_complete() && st.step() >= 3; }, absl::Seconds(180)))
       << "the swarm did not train 3 steps" << Logs();
-  std::map<std::string, uint64_t> honest;
-  for (const auto& p : status_.peers()) honest[p.peer_name()] = p.peer_id();
-  ASSERT_EQ(honest.size(), 2u);
-  const double loss_before = status_.loss();
-  const int64_t step_before = status_.step();
+  for (const auto& p : status_.peers()) honest_[p.peer_name()] = p.peer_id();
+  ASSERT_EQ(honest_.size(), 2u);
+  loss_before_ = status_.loss();
+  step_before_ = status_.step();
 
+  }
+
+  // The honest peers were never evicted and keep training, loss falling;
+  // then they leave.
+  void ExpectHonestPeersTrainOn() {
+  // The honest peers were never evicted and keep training, loss falling.
+  ASSERT_TRUE(WaitFor([&](const auto& st) { return st.step() >= step_before_ + 12; }, absl::Seconds(180)))
+      << "training stalled under attack (step " << status_.step() << ")" << Logs();
+  EXPECT_LT(status_.loss(), loss_before_) << "loss did not fall";
+  for (const auto& p : status_.peers()) {
+    if (honest_.count(p.peer_name())) {
+      EXPECT_EQ(p.peer_id(), honest_[p.peer_name()]) << p.peer_name() << " lost its membership";
+      EXPECT_EQ(p.state(), v1::PeerStatus::ACTIVE) << p.peer_name();
+    }
+  }
+  TerminatePeersExcept("");
+  }
+
+  // A second CA-signed certificate for each of `names` (same CA, other keys).
+  std::string OtherCertificates(const std::vector<std::string>& names) {
+    const std::string evil = (dir_ / "evil-tls").string();
+    fs::create_directories(evil);
+    fs::copy_file(fs::path(tls_dir_) / kCaCertFile, fs::path(evil) / kCaCertFile);
+    fs::copy_file(fs::path(tls_dir_) / kCaKeyFile, fs::path(evil) / kCaKeyFile);
+    for (const std::string& n : names) {
+      LeafOptions leaf;
+      leaf.name = n;
+      leaf.ip_addresses = {"127.0.0.1"};
+      EXPECT_TRUE(IssueCertInDir(evil, leaf).ok()) << n;
+    }
+    return evil;
+  }
+
+  std::map<std::string, uint64_t> honest_;  // name -> peer id
+  double loss_before_ = 0;
+  int64_t step_before_ = 0;
+  int metrics_port_ = 0;
+};
+
+// status_ holds the last Status WaitFor accepted (the job's data identity in it).
+
+TEST_F(HostileCoordinatorTest, ForeignNamesLiveNamesAndReplayedTokensAreRefused) {
+  ASSERT_NO_FATAL_FAILURE(StartHonestSwarm());
   // Another machine's certificate of the same CA: "h", the attacker.
   auto h = StubAs(tls_dir_, "h");
   v1::JoinResponse resp;
@@ -121,16 +160,7 @@ TEST_F(HostileCoordinatorTest, EveryHostileCallIsRefusedAndCountedWhileHonestPee
 
   // 2. A second certificate named q1 (a stolen CA key, a careless operator)
   // with a fresh q1 token: q1's lease is live, so nothing is taken.
-  const std::string evil = (dir_ / "evil-tls").string();
-  fs::create_directories(evil);
-  fs::copy_file(fs::path(tls_dir_) / kCaCertFile, fs::path(evil) / kCaCertFile);
-  fs::copy_file(fs::path(tls_dir_) / kCaKeyFile, fs::path(evil) / kCaKeyFile);
-  for (const char* n : {"q1", "h"}) {
-    LeafOptions leaf;
-    leaf.name = n;
-    leaf.ip_addresses = {"127.0.0.1"};
-    ASSERT_TRUE(IssueCertInDir(evil, leaf).ok()) << n;
-  }
+  const std::string evil = OtherCertificates({"q1", "h"});
   auto evil_q1 = StubAs(evil, "q1");
   before = Refusals("join_name_held");
   s = Join(*evil_q1, "q1", TokenFor("q1"), &resp);
@@ -162,10 +192,20 @@ TEST_F(HostileCoordinatorTest, EveryHostileCallIsRefusedAndCountedWhileHonestPee
   s = Join(*h, "h", h_token, &hj);
   ASSERT_TRUE(s.ok()) << s.error_message();
 
+  ASSERT_NO_FATAL_FAILURE(ExpectHonestPeersTrainOn());
+}
+
+TEST_F(HostileCoordinatorTest, BackwardProgressForeignClaimsAndReportFloodsAreRefused) {
+  ASSERT_NO_FATAL_FAILURE(StartHonestSwarm());
+  auto h = StubAs(tls_dir_, "h");
+  const std::string h_token = TokenFor("h");
+  v1::JoinResponse hj;
+  grpc::Status s = Join(*h, "h", h_token, &hj);
+  ASSERT_TRUE(s.ok()) << s.error_message();
   // 4. Progress backwards: h says it is where the swarm is, then at step 0.
   const int64_t now_step = Status().step();
   ASSERT_TRUE(Report(*h, hj, now_step).ok());
-  before = Refusals("progress_backward");
+  double before = Refusals("progress_backward");
   s = Report(*h, hj, 0);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
   EXPECT_THAT(s.error_message(), ::testing::HasSubstr("only moves forward"));
@@ -189,6 +229,16 @@ TEST_F(HostileCoordinatorTest, EveryHostileCallIsRefusedAndCountedWhileHonestPee
   EXPECT_GT(exhausted, 100);
   EXPECT_EQ(Refusals("report_rate"), before + exhausted);
 
+  ASSERT_NO_FATAL_FAILURE(ExpectHonestPeersTrainOn());
+}
+
+TEST_F(HostileCoordinatorTest, JoinFloodsAreRefusedCheaplyAndStatusIsASummaryForNonAdmins) {
+  ASSERT_NO_FATAL_FAILURE(StartHonestSwarm());
+  // Another machine's certificate of the same CA: "h", the attacker.
+  auto h = StubAs(tls_dir_, "h");
+  v1::JoinResponse resp;
+
+  grpc::Status s;
   // 7. A join flood: forged tokens under made-up names (refused before any
   // budget or lock is spent), then rejoins as h faster than its budget.
   const double unauthenticated = Metric("aqswarm_coordinator_rejected_requests_total{reason=\"unauthenticated\"}");
@@ -199,7 +249,7 @@ TEST_F(HostileCoordinatorTest, EveryHostileCallIsRefusedAndCountedWhileHonestPee
     ASSERT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
   }
   EXPECT_EQ(Metric("aqswarm_coordinator_rejected_requests_total{reason=\"unauthenticated\"}"), unauthenticated + 200);
-  before = Refusals("join_rate");
+  double before = Refusals("join_rate");
   int limited = 0;
   for (int i = 0; i < 20; ++i) {
     s = Join(*h, "h", TokenFor("h"), &resp);
@@ -218,17 +268,7 @@ TEST_F(HostileCoordinatorTest, EveryHostileCallIsRefusedAndCountedWhileHonestPee
     EXPECT_GE(st.peers_size(), 2);
   }
 
-  // The honest peers were never evicted and keep training, loss falling.
-  ASSERT_TRUE(WaitFor([&](const auto& st) { return st.step() >= step_before + 12; }, absl::Seconds(180)))
-      << "training stalled under attack (step " << status_.step() << ")" << Logs();
-  EXPECT_LT(status_.loss(), loss_before) << "loss did not fall";
-  for (const auto& p : status_.peers()) {
-    if (honest.count(p.peer_name())) {
-      EXPECT_EQ(p.peer_id(), honest[p.peer_name()]) << p.peer_name() << " lost its membership";
-      EXPECT_EQ(p.state(), v1::PeerStatus::ACTIVE) << p.peer_name();
-    }
-  }
-  TerminatePeersExcept("");
+  ASSERT_NO_FATAL_FAILURE(ExpectHonestPeersTrainOn());
 }
 
 }  // namespace
