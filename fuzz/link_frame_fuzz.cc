@@ -6,9 +6,10 @@
 //   gradients    -> pipeline::GradientCodec::Decode, tied values decoded;
 //   commit       -> tied values decoded;
 //   hello        -> compared with the stage's expected hello as
-//                   peer::AcceptPrevious does (plan order, then equality of
-//                   the serialized hellos; that check itself lives in
-//                   peer/link_handshake.cc, a gRPC library, and is not linked).
+//                   peer::CheckHello does (plan order, then equality of the
+//                   serialized hellos; CheckHello itself is in
+//                   peer/link_handshake.cc, in the torch-linked aqswarm_peer,
+//                   and is not linked here).
 // Input: [mode u8][m precision u8][fw bits u8][bw bits u8][seq_len u8]
 //        [d_model u8][micro-batch u8][resident u8] then records
 //        (u16 length + LinkFrame bytes). Seeds: fuzz/corpus/link_frame.
