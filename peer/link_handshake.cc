@@ -4,6 +4,8 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/text_format.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "peer/peer_metrics.h"
@@ -63,7 +65,7 @@ LinkLimits LinkLimitsFor(const v1::JobSpec& job, uint64_t first_step) {
   return l;
 }
 
-v1::LinkHelloAck CheckHello(const v1::LinkHello& got, const v1::LinkHello& want) {
+v1::LinkHelloAck CheckHello(const v1::LinkHello& got, const v1::LinkHello& want, std::string* detail) {
   v1::LinkHelloAck ack;
   if (got.plan() < want.plan()) {  // a stale dialer, about to be stopped
     CountRejectedMessage("link_plan_older");
@@ -78,7 +80,20 @@ v1::LinkHelloAck CheckHello(const v1::LinkHello& got, const v1::LinkHello& want)
   }
   if (got.SerializeAsString() != want.SerializeAsString()) {
     CountRejectedMessage("link_hello_mismatch");
-    ack.set_reason("link parameters differ");
+    std::vector<std::string> names, values;
+    const google::protobuf::Descriptor* d = v1::LinkHello::descriptor();
+    for (int i = 0; i < d->field_count(); ++i) {
+      const google::protobuf::FieldDescriptor* fd = d->field(i);
+      std::string g, w;
+      google::protobuf::TextFormat::PrintFieldValueToString(got, fd, -1, &g);
+      google::protobuf::TextFormat::PrintFieldValueToString(want, fd, -1, &w);
+      if (g == w) continue;
+      names.push_back(fd->name());
+      // The dialer's values are bounded by the frame limit; shown cut short.
+      values.push_back(absl::StrCat(fd->name(), " ", g.substr(0, 64), ", expected ", w));
+    }
+    ack.set_reason(absl::StrCat("link parameters differ: ", absl::StrJoin(names, ", ")));
+    if (detail != nullptr) *detail = absl::StrJoin(values, "; ");
     return ack;
   }
   ack.set_accepted(true);
@@ -93,7 +108,7 @@ LinkServerOptions UpstreamServerOptions(const v1::LinkHello& want, const std::st
   o.tls = tls;
   o.limits = limits;
   o.expected_peer = expected_peer;
-  o.check_hello = [want](const v1::LinkHello& got) { return CheckHello(got, want); };
+  o.check_hello = [want](const v1::LinkHello& got, std::string* detail) { return CheckHello(got, want, detail); };
   return o;
 }
 

@@ -48,7 +48,9 @@ LinkLimits LinkLimitsFor(const v1::JobSpec& job, uint64_t first_step);
 
 // The answer to a dialer's hello when this end expects `want`; refusals are
 // counted by reason (link_plan_older, link_plan_newer, link_hello_mismatch).
-v1::LinkHelloAck CheckHello(const v1::LinkHello& got, const v1::LinkHello& want);
+// A mismatch's reason names the fields that differ, never their values;
+// `*detail` (optional) gets the values, for this end's log and errors.
+v1::LinkHelloAck CheckHello(const v1::LinkHello& got, const v1::LinkHello& want, std::string* detail = nullptr);
 
 // A StageLinkServer's options for a stage that expects the upstream `want`
 // from the peer named `expected_peer` (its certificate name; "" = any).

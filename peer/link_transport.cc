@@ -481,8 +481,10 @@ class StageLinkServer::Service final : public v1::StageLink::Service {
     absl::MutexLock l(&mu_);
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return link_ != nullptr || shutdown_; };
     if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout) || link_ == nullptr) {
-      return absl::DeadlineExceededError(absl::StrCat("the upstream stage did not connect within ",
-                                                      absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the upstream stage did not connect within ", absl::FormatDuration(timeout),
+          refused_ == 0 ? std::string()
+                        : absl::StrCat("; ", refused_, " connection(s) refused, the last: ", last_refusal_)));
     }
     return link_.get();
   }
@@ -530,6 +532,17 @@ class StageLinkServer::Service final : public v1::StageLink::Service {
   // answered (a few words, and whether to retry) before the refusal ends
   // the stream.
   grpc::Status Vet(grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::LinkFrame, v1::LinkFrame>* stream) {
+    grpc::Status s = VetFirstFrame(ctx, stream);
+    if (!s.ok()) {
+      absl::MutexLock l(&mu_);
+      ++refused_;
+      // A refused hello already left its reason, with this end's detail.
+      if (s.error_code() != grpc::StatusCode::FAILED_PRECONDITION) last_refusal_ = s.error_message();
+    }
+    return s;
+  }
+  grpc::Status VetFirstFrame(grpc::ServerContext* ctx,
+                             grpc::ServerReaderWriter<v1::LinkFrame, v1::LinkFrame>* stream) {
     if (!o_.check_hello) return grpc::Status::OK;
     v1::LinkFrame first;
     bool read;
@@ -549,10 +562,16 @@ class StageLinkServer::Service final : public v1::StageLink::Service {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the first frame must be a hello");
     }
     v1::LinkFrame ack;
-    *ack.mutable_hello_ack() = o_.check_hello(first.hello());
+    std::string detail;
+    *ack.mutable_hello_ack() = o_.check_hello(first.hello(), &detail);
     if (ack.hello_ack().accepted()) return grpc::Status::OK;
-    AQSWARM_LOG(WARNING) << "StageLink: refused " << ctx->peer() << ": " << ack.hello_ack().reason();
+    const std::string why = detail.empty() ? ack.hello_ack().reason() : absl::StrCat(ack.hello_ack().reason(), " (", detail, ")");
+    AQSWARM_LOG(WARNING) << "StageLink: refused " << ctx->peer() << ": " << why;
     stream->Write(ack);
+    {
+      absl::MutexLock l(&mu_);
+      last_refusal_ = why;  // Vet keeps it: the detail stays on this end
+    }
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, ack.hello_ack().reason());
   }
 
@@ -560,6 +579,8 @@ class StageLinkServer::Service final : public v1::StageLink::Service {
   absl::Mutex mu_;
   std::shared_ptr<ServerLink> link_ ABSL_GUARDED_BY(mu_);
   int candidates_ ABSL_GUARDED_BY(mu_) = 0;
+  int refused_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string last_refusal_ ABSL_GUARDED_BY(mu_);  // why, with this end's detail (never sent)
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 

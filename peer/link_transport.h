@@ -230,9 +230,10 @@ struct LinkServerOptions {
   LinkLimits limits;
   // When set, a connection becomes the link only once its first frame, a
   // LinkHello arriving within hello_timeout, gets an accepting answer from
-  // it (the answer is sent either way). Default: none (the first connection
-  // is the link at once).
-  std::function<v1::LinkHelloAck(const v1::LinkHello&)> check_hello;
+  // it (the answer is sent either way). A refusal may set `*detail`: what
+  // this end logs and names in Accept's timeout error (never sent). Default:
+  // none (the first connection is the link at once).
+  std::function<v1::LinkHelloAck(const v1::LinkHello&, std::string* detail)> check_hello;
   absl::Duration hello_timeout = absl::Seconds(5);
   // Under mutual TLS: the certificate name (subject CN) the upstream must
   // present. Default: "" (any certificate of the swarm CA).
@@ -252,7 +253,8 @@ class StageLinkServer {
                                                                     const LinkServerOptions& options);
   ~StageLinkServer();
   int port() const { return port_; }
-  // Waits for the upstream stage to connect.
+  // Waits for the upstream stage to connect. The timeout error counts the
+  // connections refused meanwhile and says why the last one was.
   absl::StatusOr<LinkConnection*> Accept(absl::Duration timeout);
   // Closes an accepted connection that was refused (e.g. a stale
   // incarnation) and stops reading it (the stream is cancelled), so that

@@ -424,10 +424,14 @@ TEST(LinkHandshakeTest, AWrongHelloIsRefusedInAFewWordsAndTheStageKeepsWaiting) 
   EXPECT_FALSE(ack->accepted());
   EXPECT_FALSE(ack->retry());
   EXPECT_THAT(ack->reason(), ::testing::HasSubstr("differ"));
+  EXPECT_THAT(ack->reason(), ::testing::HasSubstr("d_model"));  // which field, not its value
   // Nothing of the expected hello is sent back.
   EXPECT_FALSE(absl::StrContains(ack->reason(), "squat")) << ack->reason();
   EXPECT_FALSE(absl::StrContains(ack->reason(), "16")) << ack->reason();
   EXPECT_LE(ack->reason().size(), 64u);
+  // This end keeps the detail: its wait's timeout error names the values.
+  auto waited = AcceptPrevious(*u.server, absl::Milliseconds(10));
+  EXPECT_THAT(waited.status().message(), ::testing::HasSubstr("d_model 17, expected 16"));
   EXPECT_EQ(Rejected("link_hello_mismatch"), mismatch0 + 1);
   // A first frame that is no hello is refused too.
   auto raw = LinkConnection::Dial(u.address, {}, absl::Seconds(10));

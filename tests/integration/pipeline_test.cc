@@ -372,8 +372,10 @@ TEST_F(PipelineTest, KilledStageMakesItsNeighboursFailWithAClearErrorQuickly) {
 
 TEST_F(PipelineTest, NeighbourWithDifferentLinkSettingsIsRefused) {
   const std::string job_a = WriteJob("same", "aqsgd", 2, 2, 1, 3), job_b = WriteJob("same", "aqsgd", 2, 2, 1, 4);
+  // The downstream drops the mismatched hello and waits for its real upstream
+  // until its link timeout.
   auto down = Subprocess::Spawn({kBinary, "stage", "--job=" + job_a, "--stage=1",
-                                 "--store_dir=" + (dir_ / "s1").string()},
+                                 "--store_dir=" + (dir_ / "s1").string(), "--link_timeout_s=15"},
                                 {.capture_stdout = true, .stderr_path = (dir_ / "down.err").string()});
   ASSERT_TRUE(down.ok());
   std::string line;
@@ -393,6 +395,11 @@ TEST_F(PipelineTest, NeighbourWithDifferentLinkSettingsIsRefused) {
   ss << in.rdbuf();
   EXPECT_NE(ss.str().find("refused the link"), std::string::npos) << ss.str();
   EXPECT_NE(ss.str().find("fw_bits"), std::string::npos) << ss.str();
+  // The downstream's own error says why it refused, with the values.
+  std::ifstream down_in(dir_ / "down.err");
+  std::stringstream down_err;
+  down_err << down_in.rdbuf();
+  EXPECT_NE(down_err.str().find("fw_bits 4, expected 3"), std::string::npos) << down_err.str();
 }
 
 // Every process whose command line mentions `needle` (e.g. a test's own job file).
