@@ -138,10 +138,13 @@ absl::StatusOr<std::unique_ptr<LinkConnection>> DialNext(const std::string& addr
         sent.ok() ? down->Receive([](auto& x) { return x.has_hello_ack(); }, left) : sent;
     // Why we dial again: the stream broke before an answer (the port may
     // still belong to an incarnation of the previous plan being stopped: it
-    // took the connection, then died), or an end of an older plan said retry.
+    // took the connection, then died), the acceptor was busy vetting other
+    // connections, or an end of an older plan said retry.
     absl::Status again;
     if (!answer.ok()) {
-      if (!absl::IsUnavailable(answer.status())) return answer.status();
+      if (!absl::IsUnavailable(answer.status()) && !absl::IsResourceExhausted(answer.status())) {
+        return answer.status();
+      }
       again = answer.status();
     } else if (answer->hello_ack().accepted()) {
       return down;

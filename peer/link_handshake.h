@@ -59,8 +59,9 @@ LinkServerOptions UpstreamServerOptions(const v1::LinkHello& want, const std::st
                                         const LinkLimits& limits);
 
 // Dials `address` and exchanges hellos; an acceptor of an older plan (or a
-// stream that broke before its answer) is dialed again, backing off, until
-// `timeout`. A refusal for any other reason is final. Under mutual TLS a
+// stream that broke before its answer, or an acceptor busy vetting other
+// connections) is dialed again, backing off, until `timeout`. A refusal for
+// any other reason is final. Under mutual TLS a
 // non-empty `expected_peer` is the certificate name the downstream must
 // present (checked against its certificate's DNS names).
 absl::StatusOr<std::unique_ptr<LinkConnection>> DialNext(const std::string& address, const v1::LinkHello& hello,
