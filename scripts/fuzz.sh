@@ -105,6 +105,7 @@ fi
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/aqswarm-fuzz.XXXXXX")
 trap 'chmod -R u+w "$WORK" 2>/dev/null; rm -rf "$WORK"' EXIT
 mkdir -p "$BUILD/crashes"
+export LSAN_OPTIONS="suppressions=$ROOT/fuzz/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 
 # Runs one target; writes its exec count and status to $WORK/<target>.result.
 run_target() {
