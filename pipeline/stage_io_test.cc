@@ -1,6 +1,11 @@
 #include "pipeline/stage_io.h"
 #include "pipeline/gpt.h"
 
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <filesystem>
+
 #include "gtest/gtest.h"
 #include "tests/testing/scratch_dir.h"
 
@@ -143,6 +148,47 @@ TEST(StageIoTest, CheckpointRoundTripRestoresParametersAndOptimizerState) {
   GptStage wrong(spec, StageRangeFor(spec, 0, 2), 3);
   AdamW opt_w(wrong->named_params(), os);
   EXPECT_EQ(LoadStageCheckpoint(path, *wrong, opt_w).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+int OpenFds() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// A checkpoint write that fails (its directory gone; the disk "full": the
+// file size limit) is an error naming the path, and leaves neither a temp
+// file nor an open descriptor; nothing is published.
+TEST(SafetensorsTest, AFailedWriteLeavesNoTempFileAndNoOpenDescriptor) {
+  aqswarm::testing::ScratchDir dir;
+  const std::vector<float> values(1 << 16, 1.5f);
+  const std::vector<StTensor> tensors = {{"w", {1 << 16}, values}};
+  const int fds = OpenFds();
+  const std::string gone = dir.Sub("gone") + "/state-3.ckpt";
+  absl::Status s = WriteSafetensors(gone, tensors, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_NE(s.message().find("state-3.ckpt"), std::string::npos) << s;
+  EXPECT_EQ(OpenFds(), fds);
+
+  struct rlimit old;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  struct sigaction ign = {}, old_xfsz = {};
+  ign.sa_handler = SIG_IGN;
+  ASSERT_EQ(::sigaction(SIGXFSZ, &ign, &old_xfsz), 0);  // a write past the limit fails with EFBIG instead
+  struct rlimit small = old;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const std::string full = dir.Sub("state-4.ckpt");
+  s = WriteSafetensors(full, tensors, {});
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  ::sigaction(SIGXFSZ, &old_xfsz, nullptr);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("state-4.ckpt"), std::string::npos) << s;
+  EXPECT_EQ(OpenFds(), fds);
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "a temp file or a partial state was left behind";
+  // The same write with room succeeds and publishes the file.
+  ASSERT_TRUE(WriteSafetensors(full, tensors, {}).ok());
+  EXPECT_TRUE(SafetensorsFile::Open(full).ok());
 }
 
 }  // namespace
