@@ -16,14 +16,17 @@ namespace fs = std::filesystem;
 absl::StatusOr<SwarmStateSources> PickSwarmStateSources(const v1::StatusResponse& status) {
   const uint32_t stages = status.job().stages();
   if (stages == 0) return absl::FailedPreconditionError("the coordinator's status names no job stages");
-  // stage -> step -> addresses serving it
-  std::vector<std::map<int64_t, std::vector<std::string>>> served(stages);
+  // stage -> step -> (address, reported SHA-256) of each peer serving it
+  std::vector<std::map<int64_t, std::vector<std::pair<std::string, std::string>>>> served(stages);
   for (const v1::PeerStatus& p : status.peers()) {
     if (p.state_transfer_address().empty()) continue;
     for (const v1::StageCheckpoints& h : p.held()) {
       if (h.stage() >= stages) continue;
-      for (int64_t step : h.steps()) {
-        if (step >= 1) served[h.stage()][step].push_back(p.state_transfer_address());
+      const bool digests = h.sha256_size() == h.steps_size();
+      for (int i = 0; i < h.steps_size(); ++i) {
+        if (h.steps(i) >= 1) {
+          served[h.stage()][h.steps(i)].emplace_back(p.state_transfer_address(), digests ? h.sha256(i) : "");
+        }
       }
     }
   }
@@ -49,7 +52,14 @@ absl::StatusOr<SwarmStateSources> PickSwarmStateSources(const v1::StatusResponse
   }
   SwarmStateSources out;
   out.step = *common.rbegin();
-  for (uint32_t k = 0; k < stages; ++k) out.addresses.push_back(served[k].at(out.step));
+  for (uint32_t k = 0; k < stages; ++k) {
+    out.addresses.emplace_back();
+    out.sha256.emplace_back();
+    for (const auto& [address, sha] : served[k].at(out.step)) {
+      out.addresses.back().push_back(address);
+      out.sha256.back().push_back(sha);
+    }
+  }
   return out;
 }
 
@@ -72,9 +82,13 @@ absl::StatusOr<SwarmModel> FetchSwarmModel(CoordinatorClient& coordinator, const
       req.set_step(sources.step);
       const std::string path = (fs::path(dir) / absl::StrCat("stage-", k, ".safetensors")).string();
       bool fetched = false;
-      for (const std::string& address : sources.addresses[k]) {
-        absl::StatusOr<StateSnapshot> s = FetchState(address, req, options);
+      for (size_t i = 0; i < sources.addresses[k].size(); ++i) {
+        const std::string& address = sources.addresses[k][i];
+        FetchOptions o = options;
+        o.expected_sha256 = sources.sha256[k][i];
+        absl::StatusOr<FetchedState> s = FetchStateToFile(address, req, path, o);
         if (s.ok() && s->step != static_cast<uint64_t>(sources.step)) {
+          fs::remove(path, ec);
           s = absl::DataLossError(absl::StrCat("asked for step ", sources.step, ", got step ", s->step));
         }
         if (!s.ok()) {
@@ -82,7 +96,6 @@ absl::StatusOr<SwarmModel> FetchSwarmModel(CoordinatorClient& coordinator, const
                                         s.status().message()));
           continue;
         }
-        AQSWARM_RETURN_IF_ERROR(WriteFileAtomically(path, s->bytes, 0644));
         fetched = true;
         break;
       }

@@ -26,6 +26,9 @@ struct SwarmStateSources {
   // [stage]: StateTransfer addresses of the peers that serve that stage's
   // state of `step`, by peer id.
   std::vector<std::vector<std::string>> addresses;
+  // [stage][i]: the SHA-256 the peer at addresses[stage][i] reported for that
+  // state ("" = not reported); a fetch must match it.
+  std::vector<std::vector<std::string>> sha256;
 };
 
 // The newest step >= 1 every stage of status.job() has a served state of.
@@ -40,7 +43,8 @@ struct SwarmModel {
 
 // Asks `coordinator` for its status, picks a step and fetches every stage's
 // state of it into `dir` (created). A source that dropped the step meanwhile
-// (peers keep only their newest states) is skipped for the next; when every
+// (peers keep only their newest states), or whose bytes do not have the
+// SHA-256 it reported, is skipped for the next; when every
 // source of a stage failed, a fresh status is asked for, up to `attempts`
 // times.
 absl::StatusOr<SwarmModel> FetchSwarmModel(CoordinatorClient& coordinator, const FetchOptions& options,

@@ -1,9 +1,11 @@
 #include "peer/swarm_states.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "peer/fake_coordinator.h"
@@ -38,6 +40,7 @@ TEST(SwarmStatesTest, PicksTheNewestStepEveryStageServesAndAllItsSources) {
   ASSERT_TRUE(picked.ok()) << picked.status();
   EXPECT_EQ(picked->step, 5);
   EXPECT_THAT(picked->addresses, ElementsAre(ElementsAre("a:1"), ElementsAre("c:1")));
+  EXPECT_THAT(picked->sha256, ElementsAre(ElementsAre(""), ElementsAre("")));
 }
 
 TEST(SwarmStatesTest, WithNoCommonStepTheErrorListsWhatEachStageServes) {
@@ -92,7 +95,33 @@ TEST(SwarmStatesTest, FetchesEveryStageOverStateTransferSkippingASourceThatDropp
   EXPECT_EQ(read(model->stage_files[0]), "a stage 0 step 5");
   EXPECT_EQ(read(model->stage_files[1]), "c stage 1 step 5");
 
+  // Stage 1's first source reports a digest its bytes do not have: refused
+  // (the message names both digests), the next one used.
+  auto digested = [&](const std::string& address, uint32_t stage, const std::string& sha) {
+    v1::PeerStatus p;
+    Serve(&p, address, stage, {5});
+    p.mutable_held(0)->add_sha256(sha);
+    return p;
+  };
+  v1::StatusResponse lying;
+  *lying.mutable_job() = st.job();
+  *lying.add_peers() = digested(addr(*a), 0, Sha256Hex("a stage 0 step 5"));
+  *lying.add_peers() = digested(addr(*c), 1, Sha256Hex("forged"));
+  *lying.add_peers() = digested(addr(*c), 1, Sha256Hex("c stage 1 step 5"));
+  coordinator.SetStatus(lying);
+  auto checked = FetchSwarmModel(coordinator, {}, dir.Sub("states-checked"));
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(read(checked->stage_files[1]), "c stage 1 step 5");
+  lying.mutable_peers()->RemoveLast();  // only the liar left for stage 1
+  coordinator.SetStatus(lying);
+  auto refused = FetchSwarmModel(coordinator, {}, dir.Sub("states-refused"), 1);
+  EXPECT_TRUE(absl::IsUnavailable(refused.status())) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr(Sha256Hex("forged")));
+  EXPECT_THAT(refused.status().message(), HasSubstr(Sha256Hex("c stage 1 step 5")));
+  EXPECT_FALSE(std::filesystem::exists(dir.Sub("states-refused") + "/stage-1.safetensors"));
+
   // Nobody serves stage 1's step 5 any more: a bounded number of fresh looks, then a clear error.
+  coordinator.SetStatus(st);
   v1::StatusResponse gone = st;
   gone.mutable_peers()->RemoveLast();
   coordinator.SetStatus(gone);
