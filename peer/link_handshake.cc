@@ -47,9 +47,10 @@ LinkLimits LinkLimitsFor(const v1::JobSpec& job, uint64_t first_step) {
   const uint64_t m = job.micro_batches_per_step();
   const uint64_t batch = b * t * d * 4;
   uint64_t largest = batch;
-  if (job.model().tie_embeddings()) {  // rows (4 bytes) and their values, at most a step's tokens
-    const uint64_t rows = std::min<uint64_t>(job.model().vocab_size(), m * b * t);
-    largest = std::max(largest, rows * (d * 4 + 4));
+  if (job.model().tie_embeddings()) {
+    // The head's gradient of the tied embedding is dense: every vocabulary
+    // row (4 bytes of row index and d float32 values).
+    largest = std::max(largest, static_cast<uint64_t>(job.model().vocab_size()) * (d * 4 + 4));
   }
   // Headroom: headers, row metadata, ids, a resend's ids.
   const uint64_t frame = largest + largest / 4 + (1 << 20);

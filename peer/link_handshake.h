@@ -39,8 +39,9 @@ v1::LinkHello LinkHelloFor(const v1::JobSpec& job, int pipeline, int boundary, u
 
 // The bounds of a link of `job` (peer/link_transport.h LinkLimits): the
 // largest frame is an activation or gradient batch as float32
-// (micro_batch_size x seq_len x d_model x 4 bytes), or a tied-embedding
-// gradient, plus headroom; queues hold a few steps of frames; frames more
+// (micro_batch_size x seq_len x d_model x 4 bytes), or with tied
+// embeddings the head's dense gradient (vocab_size x (d_model + 1) x 4
+// bytes), plus headroom; queues hold a few steps of frames; frames more
 // than kLinkStepWindow steps ahead of `first_step` (then of SetStep) are
 // refused.
 inline constexpr uint64_t kLinkStepWindow = 4;

@@ -501,6 +501,11 @@ TEST(LinkHandshakeTest, FramesTooFarAheadOrTooLargeAreRefused) {
   EXPECT_LT(job_limits.max_frame_bytes, 2 << 20);
   EXPECT_GE(job_limits.max_frame_bytes, 2 * 8 * 16 * 4);
   EXPECT_EQ(job_limits.first_step, 10u);
+  // With tied embeddings the head's gradient travels too: dense over the vocabulary.
+  v1::JobSpec tied = SmallJob();
+  tied.mutable_model()->set_vocab_size(50000);
+  tied.mutable_model()->set_tie_embeddings(true);
+  EXPECT_GE(LinkLimitsFor(tied, 0).max_frame_bytes, 50000 * 17 * 4 + 1024);
   Upstream u(absl::Seconds(5), job_limits);
   const double window0 = Rejected("link_step_out_of_window");
   {

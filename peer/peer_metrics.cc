@@ -96,9 +96,13 @@ PeerFamilies& Families() {
   return *f;
 }
 
-constexpr const char* kRejectReasons[] = {"link_hello_mismatch", "activation_invalid", "gradient_invalid",
-                                          "resend_invalid",      "second_upstream",    "dp_chunk_invalid",
-                                          "dp_wrong_group",      "dp_mailbox_full",    "state_chunk_invalid"};
+constexpr const char* kRejectReasons[] = {"link_hello_mismatch",     "activation_invalid",      "gradient_invalid",
+                                          "resend_invalid",          "second_upstream",         "dp_chunk_invalid",
+                                          "dp_wrong_group",          "dp_mailbox_full",         "state_chunk_invalid",
+                                          "link_wrong_peer",         "link_hello_silent",       "link_not_hello",
+                                          "link_plan_older",         "link_plan_newer",         "link_too_many_candidates",
+                                          "link_frames_over_cap",    "link_bytes_over_cap",     "link_step_out_of_window",
+                                          "dp_wrong_peer",           "dp_duplicate_chunk",      "dp_step_out_of_window"};
 
 // Growth of a cumulative counter since `*last` (0 when it went backwards:
 // the source was replaced).

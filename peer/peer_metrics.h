@@ -43,7 +43,11 @@ void DeclarePeerMetrics();
 // Counts one message refused by validation (aqswarm_peer_rejected_messages_total).
 // Reasons used: link_hello_mismatch, activation_invalid, gradient_invalid,
 // resend_invalid, second_upstream, dp_chunk_invalid, dp_wrong_group,
-// dp_mailbox_full, state_chunk_invalid.
+// dp_mailbox_full, state_chunk_invalid; StageLink (peer/link_transport.h):
+// link_wrong_peer, link_hello_silent, link_not_hello, link_plan_older,
+// link_plan_newer, link_too_many_candidates, link_frames_over_cap,
+// link_bytes_over_cap, link_step_out_of_window; GradientExchange:
+// dp_wrong_peer, dp_duplicate_chunk, dp_step_out_of_window.
 void CountRejectedMessage(absl::string_view reason);
 // Counts one StateTransfer fetch refused (aqswarm_peer_state_transfer_refused_total;
 // reasons in peer/state_transfer.h). Any thread.
