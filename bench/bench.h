@@ -194,6 +194,13 @@ struct CoordinatorBenchOptions {
   // Parent of the temporary state dir. Default: $TMPDIR or /tmp.
   std::string dir;
   bool json = false;
+  // > 0: instead, the flood soak (bench/coordinator_bench.cc): for this many
+  // seconds `flood_per_second` hostile joins and reports hit a coordinator on
+  // loopback while `honest_peers` peers heartbeat at 1 Hz and watch their
+  // assignments; prints the honest heartbeat latency and leases lost.
+  double flood_seconds = 0;
+  int flood_per_second = 600;
+  int honest_peers = 50;
 };
 absl::Status RunCoordinatorBench(const CoordinatorBenchOptions& options, std::ostream& out);
 

@@ -54,6 +54,11 @@ ABSL_FLAG(std::string, coordinator, "127.0.0.1:7000", "HOST:PORT of the coordina
 ABSL_FLAG(std::string, coord_sizes, "1000,10000", "Coordinator bench: comma-separated simulated peer counts.");
 ABSL_FLAG(double, coord_seconds, 20, "Coordinator bench: measured seconds per peer count.");
 ABSL_FLAG(int32_t, coord_threads, 8, "Coordinator bench: client threads (one channel each).");
+ABSL_FLAG(double, flood_seconds, 0,
+          "Coordinator bench: > 0 runs the flood soak for this many seconds instead (hostile joins and reports "
+          "against a loopback coordinator while honest peers heartbeat).");
+ABSL_FLAG(int32_t, flood_per_second, 600, "Coordinator flood soak: hostile calls per second.");
+ABSL_FLAG(int32_t, honest_peers, 50, "Coordinator flood soak: honest peers heartbeating at 1 Hz.");
 
 namespace aqswarm::cli {
 namespace {
@@ -224,6 +229,9 @@ int RunBenchCoordinator(const std::vector<std::string>& args) {
   o.seconds = absl::GetFlag(FLAGS_coord_seconds);
   o.client_threads = absl::GetFlag(FLAGS_coord_threads);
   o.json = absl::GetFlag(FLAGS_json);
+  o.flood_seconds = absl::GetFlag(FLAGS_flood_seconds);
+  o.flood_per_second = absl::GetFlag(FLAGS_flood_per_second);
+  o.honest_peers = absl::GetFlag(FLAGS_honest_peers);
   absl::Status s = bench::RunCoordinatorBench(o, std::cout);
   return s.ok() ? 0 : Fail("bench coordinator", s);
 }
@@ -245,8 +253,11 @@ std::vector<Command> CoordinatorCommands() {
        {"coordinator", "json", "tls_dir", "name"}, RunStatus},
       {"bench coordinator",
        "Heartbeats/s and latency of a real Coordinator over loopback gRPC with 1k and 10k simulated peers at 1 Hz.",
-       "",
-       {"json", "coord_sizes", "coord_seconds", "coord_threads"}, RunBenchCoordinator},
+       "--flood_seconds N: the flood soak instead (hostile joins and reports at --flood_per_second while\n"
+       "--honest_peers heartbeat; prints their p99 and leases lost as JSON).\n"
+       "example: aqswarm bench coordinator --flood_seconds 60 --flood_per_second 600 --honest_peers 50",
+       {"json", "coord_sizes", "coord_seconds", "coord_threads", "flood_seconds", "flood_per_second", "honest_peers"},
+       RunBenchCoordinator},
   };
 }
 
