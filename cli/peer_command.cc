@@ -15,7 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "cli/command.h"
+#include "common/metrics.h"
 #include "peer/peer_daemon.h"
+#include "peer/peer_metrics.h"
 #include "proto/event_json.h"
 
 ABSL_DECLARE_FLAG(std::string, coordinator);
@@ -38,6 +40,9 @@ ABSL_FLAG(double, seconds_per_layer, 0, "Compute claim for placement: seconds pe
 ABSL_FLAG(uint64_t, probe_bytes, 1 << 20,
           "Bytes per timed link-probe transfer when the coordinator asks for probes (0 = never probe; at most 3 MiB).");
 ABSL_FLAG(uint64_t, memory_bytes, 0, "Memory claim for placement: bytes for one stage (0 = unknown).");
+ABSL_FLAG(std::string, daemon_metrics_listen, "",
+          "HOST:PORT where the daemon itself serves Prometheus metrics (its StateTransfer server's refusals, "
+          "aqswarm_peer_state_transfer_refused_total); the stage's are on --metrics_listen. Default: off.");
 
 namespace aqswarm::cli {
 namespace {
@@ -86,6 +91,13 @@ int RunPeer(const std::vector<std::string>& args) {
   sigaddset(&stop, SIGTERM);
   sigaddset(&stop, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  std::unique_ptr<MetricsServer> metrics;
+  if (const std::string listen = absl::GetFlag(FLAGS_daemon_metrics_listen); !listen.empty()) {
+    peer::DeclarePeerMetrics();
+    auto started = MetricsServer::Start(listen);
+    if (!started.ok()) return fail(started.status());
+    metrics = *std::move(started);
+  }
   auto daemon = peer::PeerDaemon::Create(o);
   if (!daemon.ok()) return fail(daemon.status());
   std::atomic<bool> finished{false};
@@ -117,7 +129,7 @@ std::vector<Command> PeerCommands() {
        "mirrored, link_measured, child_exit, left ...) and its stage's, as {\"stage\":{...}}.",
        {"coordinator", "join_token", "name", "listen", "advertise", "exchange_listen", "exchange_advertise",
         "state_listen", "state_advertise", "work_dir", "tls_dir", "seconds_per_layer", "memory_bytes",
-        "link_timeout_s", "keep_checkpoints", "probe_bytes", "metrics_listen"},
+        "link_timeout_s", "keep_checkpoints", "probe_bytes", "metrics_listen", "daemon_metrics_listen"},
        RunPeer},
   };
 }

@@ -11,6 +11,7 @@
 // A lying state source (bytes whose SHA-256 differs from the reported one)
 // is covered over real StateTransfer servers in peer/state_keeper_test.cc
 // (StateKeeperTest.AStateWhoseSha256DiffersFromTheReportedOneIsRefusedAndAnotherSourceUsed).
+#include "common/metrics.h"
 #include "common/sha256.h"
 #include "proto/state.grpc.pb.h"
 #include "tests/integration/swarm_fixture.h"
@@ -20,13 +21,21 @@ namespace {
 
 class HostileStateTest : public SwarmTest {
  protected:
-  // A 2-stage x 1-pipeline grid (no data parallelism) of `peers` peers.
+  // A 2-stage x 1-pipeline grid (no data parallelism) of `peers` peers,
+  // each daemon serving its own metrics (metrics_port_[name]).
   void StartGrid(const std::vector<std::string>& peers) {
     WriteJob(3, R"("dataParallel":1)");
     StartCoordinator();
     const std::string token = Token();
-    for (const std::string& n : peers) StartPeer(n, token);
+    for (const std::string& n : peers) {
+      metrics_port_[n] = testing::UniqueLoopbackPort();
+      peer_flags_ = absl::StrCat(" --daemon_metrics_listen=127.0.0.1:", metrics_port_[n]);
+      StartPeer(n, token);
+    }
+    peer_flags_.clear();
   }
+
+  std::map<std::string, int> metrics_port_;
 
   std::string Err(const std::string& peer) {
     std::ifstream in(dir_ / (peer + ".err"));
@@ -77,6 +86,7 @@ TEST_F(HostileStateTest, AStateTransferFloodIsBoundedAndAnHonestFetchStillWorks)
   }
   ASSERT_NE(holder, nullptr);
   const std::string target = holder->state_transfer_address();
+  const int holder_metrics = metrics_port_.at(holder->peer_name());
   const uint32_t stage = holder->held(0).stage();
   const int64_t step_before = status_.step();
   const double loss_before = status_.loss();
@@ -118,6 +128,11 @@ TEST_F(HostileStateTest, AStateTransferFloodIsBoundedAndAnHonestFetchStillWorks)
   EXPECT_EQ(served, 2) << "a peer serves at most two state fetches at once";
   EXPECT_EQ(refused, kFlood - 2);
   EXPECT_THAT(refusal, ::testing::HasSubstr("at most 2"));
+  // Counted where it was refused: the holder daemon's metrics.
+  absl::StatusOr<std::string> scraped = HttpGet(absl::StrCat("127.0.0.1:", holder_metrics), "/metrics");
+  ASSERT_TRUE(scraped.ok()) << scraped.status();
+  EXPECT_THAT(*scraped, ::testing::HasSubstr(absl::StrCat(
+                            "aqswarm_peer_state_transfer_refused_total{reason=\"busy\"} ", kFlood - 2)));
 
   // The swarm trains on while the flood holds the server.
   ASSERT_TRUE(WaitFor([&](const auto& st) { return st.step() >= step_before + 3; }, absl::Seconds(90)))
