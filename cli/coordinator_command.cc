@@ -11,6 +11,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "bench/bench.h"
 #include "cli/command.h"
 #include "common/certs.h"
@@ -49,6 +50,10 @@ ABSL_FLAG(int32_t, probes_per_heartbeat, 2, "Coordinator: at most this many prob
 ABSL_FLAG(bool, insecure, false,
           "Serve plaintext (no --tls_dir) on a listen address other machines can reach. Without it, plaintext "
           "is refused unless the listen address is loopback (127.0.0.0/8, ::1, localhost).");
+ABSL_FLAG(std::string, admin_names, "admin",
+          "Coordinator: comma-separated certificate names (CN or subjectAltName) whose Status calls get every "
+          "detail (peer names, addresses, links, held states) under TLS; other callers get the summary. Without "
+          "TLS, loopback callers get the details.");
 ABSL_FLAG(double, lease_s, 10, "Coordinator: seconds a peer stays a member without a heartbeat.");
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7000", "HOST:PORT of the coordinator.");
 ABSL_FLAG(std::string, coord_sizes, "1000,10000", "Coordinator bench: comma-separated simulated peer counts.");
@@ -138,6 +143,7 @@ int RunCoordinator(const std::vector<std::string>& args) {
   coordinator::CoordinatorServerOptions so;
   so.listen = absl::GetFlag(FLAGS_listen);
   so.tls = tls;
+  so.admin_names = absl::StrSplit(absl::GetFlag(FLAGS_admin_names), ',', absl::SkipWhitespace());
   auto server = coordinator::CoordinatorServer::Start(*std::move(coord), so);
   if (!server.ok()) return Fail("coordinator", server.status());
   // Declared after the server (which owns the coordinator): destroyed first.
@@ -245,8 +251,8 @@ std::vector<Command> CoordinatorCommands() {
        "then logs on stderr; SIGINT/SIGTERM stop it.\n"
        "example: aqswarm coordinator --job job.json --listen 127.0.0.1:7000 --state_dir ./coord "
        "[--tls_dir ./tls --name coordinator] [--lease_s 10]",
-       {"job", "stages", "dp", "listen", "state_dir", "tls_dir", "name", "swarm", "insecure", "lease_s", "mirror_checkpoints",
-        "probe_max_age_s", "probes_per_heartbeat", "metrics_listen"},
+       {"job", "stages", "dp", "listen", "state_dir", "tls_dir", "name", "swarm", "insecure", "admin_names", "lease_s",
+        "mirror_checkpoints", "probe_max_age_s", "probes_per_heartbeat", "metrics_listen"},
        RunCoordinator},
       {"status", "Ask a coordinator for the swarm: peers, stages, links, assignment version, step, loss, tokens/s.",
        "example: aqswarm status --coordinator 127.0.0.1:7000 [--json] [--tls_dir ./tls --name admin]",
