@@ -8,9 +8,13 @@
 //     behind the survivors): the survivors' later states are moved to their
 //     quarantine, not deleted, the stage child stops on SIGTERM without the
 //     SIGKILL grace, and training goes on with a falling loss.
-// A lying state source (bytes whose SHA-256 differs from the reported one)
-// is covered over real StateTransfer servers in peer/state_keeper_test.cc
-// (StateKeeperTest.AStateWhoseSha256DiffersFromTheReportedOneIsRefusedAndAnotherSourceUsed).
+//   - a lying state source (bytes whose SHA-256 differs from the one it
+//     reported): refused by digest, nothing kept (the same with a second,
+//     honest source, which is then used: peer/state_keeper_test.cc
+//     StateKeeperTest.AStateWhoseSha256DiffersFromTheReportedOneIsRefusedAndAnotherSourceUsed).
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include "common/metrics.h"
 #include "common/sha256.h"
 #include "proto/state.grpc.pb.h"
@@ -240,13 +244,19 @@ TEST_F(HostileStateTest, ARollbackQuarantinesTheAbandonedStatesInsteadOfDeleting
   ASSERT_GE(resume, 0) << "no new plan reached " << first << Logs();
   ASSERT_LT(resume, before.back()) << "no rollback to check";
 
-  // Every state past the resume step was moved aside, none deleted.
-  const std::vector<std::string> quarantined = [&] {
+  // Every state past the resume step was moved aside, none deleted (the
+  // assignment event comes out just before the daemon applies the plan).
+  const auto list_quarantine = [&] {
     std::vector<std::string> names;
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(stage0 / "quarantine", ec)) names.push_back(e.path().filename().string());
     return names;
-  }();
+  };
+  std::vector<std::string> quarantined = list_quarantine();
+  for (const absl::Time until = absl::Now() + absl::Seconds(10); quarantined.empty() && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(100));  // polling interval of a bounded wait
+    quarantined = list_quarantine();
+  }
   ASSERT_FALSE(quarantined.empty()) << "nothing quarantined in " << stage0;
   int kept_from_before = 0;
   for (const std::string& name : quarantined) {
@@ -277,6 +287,84 @@ TEST_F(HostileStateTest, ARollbackQuarantinesTheAbandonedStatesInsteadOfDeleting
     EXPECT_LT(absl::Now() - start, absl::Seconds(8)) << name << " took the SIGKILL grace to stop its stage";
     EXPECT_THAT(Err(name), ::testing::Not(::testing::HasSubstr("did not stop within"))) << name;
   }
+}
+
+// A lying state source: the only holder of stage 1's state (the stage-0
+// peer's mirror copy, --mirror_checkpoints) serves bytes that are not the
+// state whose SHA-256 it reported (its copies changed on disk after it
+// hashed them, size and times kept). The peer that takes over stage 1
+// refuses them with a status naming both digests and keeps nothing.
+TEST_F(HostileStateTest, AStateSourceWhoseBytesDifferFromItsReportedSha256IsRefused) {
+  WriteJob(5, R"("dataParallel":1,"checkpointEverySteps":2)");
+  StartCoordinator({"--mirror_checkpoints"});
+  const std::string token = Token();
+  for (const char* n : {"m1", "m2", "m3"}) StartPeer(n, token);
+  ASSERT_TRUE(WaitFor([](const auto& st) { return st.grid_complete() && st.peers_size() == 3 && st.step() >= 4; },
+                      absl::Seconds(120)))
+      << "the swarm did not train 4 steps" << Logs();
+  const v1::PeerStatus* first = At(status_, 0, 0);
+  const v1::PeerStatus* victim = At(status_, 1, 0);
+  ASSERT_TRUE(first != nullptr && victim != nullptr);
+  const std::string first_name = first->peer_name(), victim_name = victim->peer_name();
+  const fs::path copies = dir_ / first_name / "checkpoints" / "stage-1";
+  const auto mirrored = [&] {
+    for (absl::string_view line : absl::StrSplit(Out(first_name), '\n')) {
+      absl::StatusOr<v1::PeerEvent> e = events::ParsePeerEvent(line);
+      if (!e.ok() || !e->has_mirrored() || e->mirrored().stage() != 1 || !e->mirrored().reported()) continue;
+      if (fs::exists(dir_ / first_name / "checkpoints" / "stage-0" /
+                     absl::StrCat("state-", e->mirrored().step(), ".ckpt"))) {
+        return true;
+      }
+    }
+    return false;
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (!mirrored() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(200));  // polling interval of a bounded wait
+  }
+  ASSERT_TRUE(mirrored()) << Out(first_name);
+  peers_.at(victim_name)->Signal(SIGKILL);
+  // The holder's copies change under it: same size, same times, other bytes.
+  int forged = 0;
+  for (int64_t step : StepsOnDisk(copies)) {
+    const fs::path path = copies / absl::StrCat("state-", step, ".ckpt");
+    struct stat st;
+    ASSERT_EQ(::stat(path.c_str(), &st), 0) << path;
+    {
+      std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(st.st_size / 2);
+      f << std::string(64, '\x5a');
+    }
+    const struct timespec times[2] = {st.st_atim, st.st_mtim};
+    ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0) << path;
+    ++forged;
+  }
+  ASSERT_GT(forged, 0) << "no mirror copy of stage 1 in " << copies;
+
+  // The peer seated at stage 1 refuses what the holder serves, by digest.
+  std::string taker, error;
+  const absl::Time until = absl::Now() + absl::Seconds(60);
+  while (error.empty() && absl::Now() < until) {
+    for (const auto& [name, p] : peers_) {
+      if (name == victim_name || name == first_name) continue;
+      for (absl::string_view line : absl::StrSplit(Out(name), '\n')) {
+        absl::StatusOr<v1::PeerEvent> e = events::ParsePeerEvent(line);
+        if (e.ok() && e->has_assignment_failed() &&
+            absl::StrContains(e->assignment_failed().error(), "SHA-256")) {
+          taker = name;
+          error = e->assignment_failed().error();
+        }
+      }
+    }
+    if (error.empty()) absl::SleepFor(absl::Milliseconds(200));  // polling interval of a bounded wait
+  }
+  ASSERT_FALSE(error.empty()) << "no peer refused the forged state" << Logs();
+  EXPECT_THAT(error, ::testing::HasSubstr("its holders reported"));
+  EXPECT_THAT(error, ::testing::HasSubstr(first_name));
+  EXPECT_FALSE(HasEvent(Out(taker), [](const v1::PeerEvent& e) {
+    return e.has_state_fetched() && e.state_fetched().stage() == 1;
+  })) << "the forged state was taken";
+  EXPECT_TRUE(StepsOnDisk(dir_ / taker / "checkpoints" / "stage-1").empty()) << "the forged state was kept";
 }
 
 }  // namespace
