@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <set>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -49,6 +51,29 @@ TEST_F(JoinTokenTest, RoundTrip) {
   // Pasted with a newline: still fine. Two tokens with the same claims differ.
   EXPECT_TRUE(VerifyJoinToken(secret_, token + "\n", kNow).ok());
   EXPECT_NE(Issue(), token);
+}
+
+// The coordinator makes a token single use per name by its nonce
+// (token_id): every token needs its own, and the nonce cannot be edited.
+TEST_F(JoinTokenTest, EveryTokenHasItsOwnNonceAndItIsSigned) {
+  std::set<std::string> ids;
+  for (int i = 0; i < 200; ++i) {
+    auto claims = VerifyJoinToken(secret_, Issue(), kNow);
+    ASSERT_TRUE(claims.ok()) << claims.status();
+    for (char c : claims->token_id) EXPECT_TRUE(isxdigit(c)) << claims->token_id;
+    ids.insert(claims->token_id);
+  }
+  EXPECT_EQ(ids.size(), 200u);
+  // Another nonce with the same MAC: the signature no longer matches.
+  const std::string token = Issue();
+  const std::string payload = token.substr(5, token.rfind('.') - 5);
+  std::string decoded;
+  ASSERT_TRUE(absl::WebSafeBase64Unescape(payload, &decoded));
+  decoded.back() = decoded.back() == '0' ? '1' : '0';
+  std::string reencoded;
+  absl::WebSafeBase64Escape(decoded, &reencoded);
+  const std::string forged = "aqj1." + reencoded + token.substr(token.rfind('.'));
+  EXPECT_THAT(VerifyJoinToken(secret_, forged, kNow), StatusIs(absl::StatusCode::kUnauthenticated));
 }
 
 TEST_F(JoinTokenTest, WrongSecretIsUnauthenticated) {
