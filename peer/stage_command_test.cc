@@ -1,8 +1,11 @@
 #include "peer/stage_command.h"
 
+#include <filesystem>
+
 #include "common/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "pipeline/job_spec.h"
 
 namespace aqswarm::peer {
 namespace {
@@ -124,6 +127,28 @@ TEST(StageCommandTest, TheRealStageCommandAcceptsEveryFlag) {
   absl::StatusOr<int> code = (*child)->Wait(absl::Seconds(30));
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 0);
+}
+
+// compression.storeBytes reaches the message store; a budget that cannot
+// hold one m(xi) row is refused naming the field.
+TEST(StageCommandTest, AStoreBudgetBelowOneRowIsRefusedNamingStoreBytes) {
+  auto job = pipeline::ParseJobSpec(R"({"name":"budget","seed":1,
+      "model":{"seqLen":16,"dModel":16,"nLayer":2,"nHead":2,"vocabSize":64},
+      "data":{"syntheticTokens":4096},
+      "microBatchSize":2,"microBatchesPerStep":2,"epochs":1,
+      "compression":{"mode":"aqsgd","store":"memory","storeBytes":100},"stages":2})");
+  ASSERT_TRUE(job.ok()) << job.status();
+  StageCommand c;
+  c.stage = 1;
+  StageRunnerOptions o = StageRunnerOptionsFor(c, *job);
+  EXPECT_EQ(o.store_capacity_bytes, 100u);
+  auto runner = StageRunner::Create(o);
+  EXPECT_TRUE(absl::IsInvalidArgument(runner.status())) << runner.status();
+  EXPECT_THAT(runner.status().message(), ::testing::HasSubstr("compression.storeBytes"));
+  // One row (16 x 16 fp16 = 512 bytes) fits in 4096: the stage starts.
+  job->mutable_compression()->set_store_bytes(4096);
+  runner = StageRunner::Create(StageRunnerOptionsFor(c, *job));
+  EXPECT_TRUE(runner.ok()) << runner.status();
 }
 
 }  // namespace
