@@ -47,7 +47,8 @@ absl::Status ExchangeMailbox::Deliver(v1::ExchangeChunk chunk) {
   const uint64_t bytes = chunk.ByteSizeLong();
   absl::MutexLock l(&mu_);
   const uint64_t step = chunk.step();
-  if (anchored_ && (step > current_step_ + step_window_ || step + step_window_ < current_step_)) {
+  const uint64_t distance = step > current_step_ ? step - current_step_ : current_step_ - step;
+  if (anchored_ && distance > step_window_) {
     CountRejectedMessage("dp_step_out_of_window");
     return absl::OutOfRangeError(absl::StrCat("chunk of step ", step, " outside this replica's window of ",
                                               step_window_, " steps around step ", current_step_));
@@ -75,7 +76,7 @@ absl::StatusOr<v1::ExchangeChunk> ExchangeMailbox::Take(int from, uint64_t step,
   const Key k(from, step, round, phase, bucket, chunk);
   const absl::Time deadline = absl::Now() + timeout;
   absl::MutexLock l(&mu_);
-  if (!anchored_ || step > current_step_) {
+  if (step != kUnanchoredStep && (!anchored_ || step > current_step_)) {
     anchored_ = true;
     current_step_ = step;
     Prune();

@@ -10,7 +10,9 @@
 // Step window: once Take has asked for step s, only chunks of steps within
 // `step_window` of the highest s asked for are accepted (a replica runs at
 // most a step or two apart from this one); buffered chunks that fall behind
-// the window are dropped. First chunk wins: a chunk whose key was already
+// the window are dropped. A Take of step kUnanchoredStep (the NCCL
+// bootstrap's, before any training step) does not move the window. First
+// chunk wins: a chunk whose key was already
 // delivered (buffered or taken) is refused, never replaces the first.
 //
 // Thread-safe. `Fail(status)` makes every present and future Take return that
@@ -35,6 +37,8 @@ namespace aqswarm::peer {
 class ExchangeMailbox {
  public:
   static constexpr uint64_t kStepWindow = 8;
+  // A step outside training (peer/nccl_transport.h kNcclBootstrapStep).
+  static constexpr uint64_t kUnanchoredStep = ~uint64_t{0};
   // Keys remembered (buffered or taken, within the window) at most.
   static constexpr size_t kMaxKeys = 1 << 20;
 

@@ -206,6 +206,23 @@ TEST(GrpcReplicaExchangeTest, TheFirstChunkWinsAndChunksOutsideTheStepWindowAreR
   EXPECT_TRUE(push(next).ok());  // the next step is fine
 }
 
+TEST(GrpcReplicaExchangeTest, TheNcclBootstrapStepDoesNotMoveTheWindow) {
+  Group g(2);
+  v1::ExchangeChunk id;
+  id.set_step(ExchangeMailbox::kUnanchoredStep);
+  id.set_phase(v1::ExchangeChunk::GATHER);
+  id.set_chunk(0);
+  ASSERT_TRUE(g.ex[0]->Send(1, id).ok());
+  ASSERT_TRUE(g.ex[1]->Receive(0, ExchangeMailbox::kUnanchoredStep, 0, v1::ExchangeChunk::GATHER, 0, 0).ok());
+  // Training chunks of step 0 still flow after it.
+  v1::ExchangeChunk c;
+  c.set_step(0);
+  c.set_phase(v1::ExchangeChunk::SCATTER);
+  c.set_chunk(1);
+  ASSERT_TRUE(g.ex[0]->Send(1, c).ok());
+  EXPECT_TRUE(g.ex[1]->Receive(0, 0, 0, v1::ExchangeChunk::SCATTER, 0, 1).ok());
+}
+
 TEST(GrpcReplicaExchangeTest, LatencyShapingDoesNotWaitOnTheSendersClock) {
   rpc::ShapingOptions shaping;
   shaping.latency_ms = 20;
