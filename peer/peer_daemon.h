@@ -24,10 +24,14 @@
 //     peer moved to another stage) it is fetched from a peer the assignment
 //     names as holding it (state_sources: replicas, mirrors), then from the
 //     replicas; step 0 needs nothing (the initialisation is seeded, so
-//     replicas start identical). A new plan first deletes every state past its
-//     resume step: they belong to the abandoned timeline.
+//     replicas start identical). A fetched state must have the SHA-256 its
+//     holders reported (Assignment.state_sha256) and stay under a bound
+//     derived from the job. A new plan first moves every state past its
+//     resume step to the stage's bounded quarantine
+//     (peer/stage_checkpoints.h): they belong to the abandoned timeline,
+//     unless the report that forced it lied.
 //   - Held states: the daemon tells the coordinator which stage states it
-//     holds (Join, and every progress report, one report at a time so the
+//     holds, with each one's SHA-256 (Join, and every progress report, one report at a time so the
 //     coordinator never takes an older list after a newer one), so a re-plan
 //     can resume at a step someone can serve for every stage.
 //   - Mirror (Assignment.mirror, coordinator --mirror_checkpoints): after each
@@ -48,6 +52,10 @@
 //     the assignment watch retry with backoff; a coordinator that forgot us
 //     (NOT_FOUND) is joined again.
 //   - A child that finishes the job (exit 0) ends Run() with OK after Leave.
+//
+// The StateTransfer server serves at most two fetches at once (more are
+// RESOURCE_EXHAUSTED, counted in aqswarm_peer_state_transfer_refused_total),
+// streaming each state from its file.
 //
 // Ports: the StageLink (`listen`) and GradientExchange (`exchange_listen`)
 // servers live in the child and are bound again by each child, so they must
