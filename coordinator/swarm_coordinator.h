@@ -162,7 +162,10 @@ class SwarmCoordinator {
   ~SwarmCoordinator();
 
   // Errors: see Membership::Admit (UNAUTHENTICATED, PERMISSION_DENIED,
-  // INVALID_ARGUMENT, FAILED_PRECONDITION) and the state dir's.
+  // INVALID_ARGUMENT, FAILED_PRECONDITION) and the state dir's;
+  // RESOURCE_EXHAUSTED over a join limit; ALREADY_EXISTS for a live name
+  // without proof; PERMISSION_DENIED for a used token without proof (see
+  // the banner).
   absl::StatusOr<JoinResult> Join(const JoinParams& params);
   // NOT_FOUND (unknown id), UNAUTHENTICATED (wrong session), INVALID_ARGUMENT (progress).
   absl::StatusOr<HeartbeatResult> Heartbeat(uint64_t peer_id, absl::string_view session_token,
