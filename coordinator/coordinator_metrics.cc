@@ -47,7 +47,7 @@ struct CoordinatorFamilies {
       "aqswarm_coordinator_refusals_total",
       "Hostile or buggy input refused or dropped, by cause: join_certificate_name, join_name_held, "
       "join_token_replayed, join_rate, report_rate, progress_backward, held_foreign_stage, held_future_step, "
-      "watch_superseded, status_details.",
+      "watch_superseded.",
       {"cause"});
   Family<Counter>& hash_disagreements =
       DeclareCounter("aqswarm_coordinator_state_hash_disagreements_total",
@@ -63,8 +63,7 @@ CoordinatorFamilies& Families() {
 constexpr Refusal kAllRefusals[] = {
     Refusal::kJoinCertificateName, Refusal::kJoinNameHeld,     Refusal::kJoinTokenReplayed,
     Refusal::kJoinRate,            Refusal::kReportRate,       Refusal::kProgressBackward,
-    Refusal::kHeldForeignStage,    Refusal::kHeldFutureStep,   Refusal::kWatchSuperseded,
-    Refusal::kStatusDetails};
+    Refusal::kHeldForeignStage,    Refusal::kHeldFutureStep,   Refusal::kWatchSuperseded};
 
 std::string Reason(absl::StatusCode code) { return absl::AsciiStrToLower(absl::StatusCodeToString(code)); }
 
@@ -101,7 +100,6 @@ const char* RefusalCause(Refusal r) {
     case Refusal::kHeldForeignStage: return "held_foreign_stage";
     case Refusal::kHeldFutureStep: return "held_future_step";
     case Refusal::kWatchSuperseded: return "watch_superseded";
-    case Refusal::kStatusDetails: return "status_details";
   }
   return "unknown";
 }

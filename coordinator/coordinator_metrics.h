@@ -44,7 +44,6 @@ enum class Refusal {
   kHeldForeignStage,     // held states of a stage that is neither the peer's nor its mirror
   kHeldFutureStep,       // held states past any step the swarm reached
   kWatchSuperseded,      // a second assignment watch of the same peer ended the first
-  kStatusDetails,        // a Status caller that is not an admin got the summary only
 };
 const char* RefusalCause(Refusal r);
 void CountRefusal(Refusal r, double n = 1);
