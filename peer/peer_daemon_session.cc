@@ -1,6 +1,19 @@
 #include "peer/peer_daemon_impl.h"
 
 namespace aqswarm::peer::daemon {
+namespace {
+
+// <work dir>/session: the session token of this work dir's last join.
+std::string SavedSessionPath(const std::string& work_dir) { return (fs::path(work_dir) / "session").string(); }
+
+std::string ReadSavedSession(const std::string& work_dir) {
+  std::ifstream in(SavedSessionPath(work_dir));
+  std::string token;
+  if (!in || !std::getline(in, token) || token.size() > 256) return "";
+  return token;
+}
+
+}  // namespace
 
 absl::Status PeerDaemonImpl::Join() {
   const absl::Time deadline = absl::Now() + o_.join_timeout;
@@ -21,9 +34,10 @@ absl::Status PeerDaemonImpl::Join() {
   }
   while (true) {
     {
-      // A rejoin proves it is this name's member again with the last session.
+      // A rejoin proves it is this name's member again with the last
+      // session: this process's, or after a restart the one it saved.
       absl::MutexLock l(&mu_);
-      req.set_previous_session_token(session_);
+      req.set_previous_session_token(session_.empty() ? ReadSavedSession(o_.work_dir) : session_);
     }
     const absl::Status identified = AddDataIdentity(&req);
     absl::StatusOr<v1::JoinResponse> joined = identified.ok() ? client_->Join(req) : identified;
@@ -38,6 +52,10 @@ absl::Status PeerDaemonImpl::Join() {
         Event(e);
       }
       AQSWARM_RETURN_IF_ERROR(WriteJob(resp.job()));
+      // Kept (0600) so that a restarted daemon proves it is this member again.
+      if (absl::Status saved = WriteFileAtomically(SavedSessionPath(o_.work_dir), resp.session_token(), 0600); !saved.ok()) {
+        AQSWARM_LOG(WARNING) << "peer " << o_.name << ": cannot save the session token: " << saved;
+      }
       absl::MutexLock l(&mu_);
       peer_id_ = resp.peer_id();
       session_ = resp.session_token();

@@ -271,5 +271,45 @@ TEST_F(HostileCoordinatorTest, JoinFloodsAreRefusedCheaplyAndStatusIsASummaryFor
   ASSERT_NO_FATAL_FAILURE(ExpectHonestPeersTrainOn());
 }
 
+// The other side of single-use tokens: an honest peer whose daemon crashed
+// comes back with the same token (plaintext, so no certificate proves it:
+// the session it saved in its work dir does), within its old lease or after.
+TEST_F(HostileCoordinatorTest, AnHonestPeerRestartedAfterACrashRejoinsWithItsToken) {
+  WriteJob(5, R"("dataParallel":1)");
+  StartCoordinator();
+  auto token_for = [&](const std::string& name) {
+    auto secret = LoadJoinSecret((dir_ / "coord" / kJoinSecretFile).string());
+    EXPECT_TRUE(secret.ok()) << secret.status();
+    return IssueJoinToken(*secret, "swarm-it", name, absl::ToUnixSeconds(absl::Now()) + 3600).value_or("");
+  };
+  const std::string q2_token = token_for("q2");
+  StartPeer("q1", token_for("q1"));
+  StartPeer("q2", q2_token);
+  ASSERT_TRUE(WaitFor([](const auto& st) { return st.grid_complete() && st.step() >= 3; }, absl::Seconds(180)))
+      << "the swarm did not train 3 steps" << Logs();
+  uint64_t old_id = 0;
+  for (const auto& p : status_.peers()) {
+    if (p.peer_name() == "q2") old_id = p.peer_id();
+  }
+  ASSERT_NE(old_id, 0u);
+  const int64_t step_before = status_.step();
+  peers_.at("q2")->Signal(SIGKILL);
+  ASSERT_TRUE(peers_.at("q2")->Wait(absl::Seconds(30)).ok());
+  StartPeer("q2", q2_token);  // the same token, at once (its old lease is live)
+  ASSERT_TRUE(WaitFor(
+      [&](const auto& st) {
+        for (const auto& p : st.peers()) {
+          if (p.peer_name() == "q2" && p.peer_id() != old_id && p.state() == v1::PeerStatus::ACTIVE) return true;
+        }
+        return false;
+      },
+      absl::Seconds(60)))
+      << "the restarted q2 did not rejoin" << Logs();
+  ASSERT_TRUE(WaitFor([&](const auto& st) { return st.grid_complete() && st.step() >= step_before + 5; },
+                      absl::Seconds(180)))
+      << "training did not go on after the restart" << Logs();
+  TerminatePeersExcept("");
+}
+
 }  // namespace
 }  // namespace aqswarm
