@@ -23,6 +23,7 @@
 ABSL_DECLARE_FLAG(std::string, coordinator);
 ABSL_DECLARE_FLAG(std::string, name);
 ABSL_DECLARE_FLAG(std::string, tls_dir);
+ABSL_DECLARE_FLAG(bool, insecure);  // cli/coordinator_command.cc
 ABSL_DECLARE_FLAG(std::string, listen);
 ABSL_DECLARE_FLAG(std::string, exchange_listen);
 ABSL_DECLARE_FLAG(int32_t, link_timeout_s);
@@ -72,6 +73,7 @@ int RunPeer(const std::vector<std::string>& args) {
   o.state_advertise = absl::GetFlag(FLAGS_state_advertise);
   o.work_dir = absl::GetFlag(FLAGS_work_dir);
   o.tls = {absl::GetFlag(FLAGS_tls_dir), absl::GetFlag(FLAGS_name)};
+  o.insecure = absl::GetFlag(FLAGS_insecure);
   o.seconds_per_layer = absl::GetFlag(FLAGS_seconds_per_layer);
   o.memory_bytes = absl::GetFlag(FLAGS_memory_bytes);
   o.link_timeout = absl::Seconds(absl::GetFlag(FLAGS_link_timeout_s));
@@ -129,7 +131,7 @@ std::vector<Command> PeerCommands() {
        "mirrored, link_measured, child_exit, left ...) and its stage's, as {\"stage\":{...}}.",
        {"coordinator", "join_token", "name", "listen", "advertise", "exchange_listen", "exchange_advertise",
         "state_listen", "state_advertise", "work_dir", "tls_dir", "seconds_per_layer", "memory_bytes",
-        "link_timeout_s", "keep_checkpoints", "probe_bytes", "metrics_listen", "daemon_metrics_listen"},
+        "link_timeout_s", "keep_checkpoints", "probe_bytes", "metrics_listen", "daemon_metrics_listen", "insecure"},
        RunPeer},
   };
 }

@@ -32,6 +32,7 @@
 #include "absl/flags/reflection.h"
 #include "peer/stage_command.h"
 #include "peer/stage_runner.h"
+#include "rpc/server.h"
 #include "proto/event_json.h"
 #include "pipeline/job_spec.h"
 
@@ -155,6 +156,12 @@ int RunStage(const std::vector<std::string>& args) {
   peer::StageRunnerOptions o = peer::StageRunnerOptionsFor(*cmd, *job);
   if (o.tls.enabled() && o.tls.name.empty()) {
     return Fail("stage", absl::InvalidArgumentError("--tls_dir needs --name (this process's certificate)"));
+  }
+  for (const std::string& listen : {o.listen, o.exchange_listen}) {
+    if (listen.empty()) continue;
+    if (absl::Status s = rpc::CheckListenSecurity(listen, o.tls.enabled(), cmd->insecure); !s.ok()) {
+      return Fail("stage", s);
+    }
   }
   std::mutex out_mu;
   auto print = [&](const v1::StageEvent& e) {

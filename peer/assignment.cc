@@ -59,6 +59,7 @@ StageCommand StageCommandFor(const v1::Assignment& a, const StagePlacement& p, c
   c.start_step = a.resume_step();
   c.plan = a.plan_version();
   c.die_with_parent = true;
+  c.insecure = p.insecure;
   c.checkpoint_dir = StageCheckpointDir(p.work_dir, a.stage());
   c.keep_checkpoints = p.keep_checkpoints;
   c.link_timeout_s = p.link_timeout_s;

@@ -55,6 +55,7 @@ struct StagePlacement {
   std::string exchange_advertise;
   std::string metrics_listen;
   std::string tls_dir, tls_name;
+  bool insecure = false;        // the daemon's --insecure, passed on
   int keep_checkpoints = 4;
   int link_timeout_s = 60;
 };

@@ -1,6 +1,7 @@
 #include "peer/peer_daemon_impl.h"
 #include "pipeline/dataset.h"
 #include "pipeline/job_spec.h"
+#include "rpc/server.h"
 
 namespace aqswarm::peer {
 namespace {
@@ -204,6 +205,7 @@ absl::Status PeerDaemonImpl::Apply(const v1::Assignment& a, std::optional<absl::
   where.metrics_listen = o_.metrics_listen;
   where.tls_dir = o_.tls.dir;
   where.tls_name = o_.tls.name;
+  where.insecure = o_.insecure;
   where.keep_checkpoints = o_.keep_checkpoints;
   where.link_timeout_s = static_cast<int>(std::max<int64_t>(1, absl::ToInt64Seconds(o_.link_timeout)));
   {
@@ -303,6 +305,15 @@ absl::StatusOr<std::unique_ptr<PeerDaemon>> PeerDaemon::Create(const PeerDaemonO
       return absl::InvalidArgumentError(absl::StrCat(flag, " is needed: '", value,
                                                      "' binds every interface but is no address to dial"));
     }
+  }
+  // Plaintext only on loopback unless the operator said --insecure: the
+  // StageLink, GradientExchange and StateTransfer servers (the last defaults
+  // to --listen's host).
+  for (const std::string& listen :
+       {options.listen, options.exchange_listen,
+        options.state_listen.empty() ? options.listen : options.state_listen}) {
+    if (listen.empty()) continue;
+    AQSWARM_RETURN_IF_ERROR(rpc::CheckListenSecurity(listen, options.tls.enabled(), options.insecure));
   }
   if (options.keep_checkpoints < 2) return absl::InvalidArgumentError("--keep_checkpoints must be >= 2");
   if (options.probe_bytes > kMaxProbeBytes) {

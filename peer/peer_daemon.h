@@ -111,6 +111,9 @@ struct PeerDaemonOptions {
   std::string metrics_listen;
   // Mutual TLS for every connection (coordinator, child, StateTransfer).
   rpc::TlsOptions tls;
+  // Allow plaintext servers on addresses other than loopback
+  // (rpc::CheckListenSecurity; `aqswarm peer --insecure`). Default: refused.
+  bool insecure = false;
   // The `aqswarm` binary that runs stages. Default: this executable.
   std::string executable;
   // Compute claim sent with Join (0 = unknown).

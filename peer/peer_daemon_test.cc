@@ -287,6 +287,26 @@ TEST_F(PeerDaemonTest, APeerTheCoordinatorForgotJoinsAgain) {
 // The data hashes a peer reports at join come from its own copy of the
 // job's data (hashed once per job); a peer that cannot read the data does
 // not join and says why.
+// Plaintext servers (StageLink, GradientExchange, StateTransfer) only on
+// loopback unless --insecure (rpc::CheckListenSecurity).
+TEST(PeerDaemonListenTest, PlaintextOffLoopbackIsRefusedUnlessInsecure) {
+  testing::ScratchDir dir;
+  for (const bool exchange : {false, true}) {
+    PeerDaemonOptions o = TestOptions(dir, std::make_shared<FakeCoordinator>(Job()), std::make_shared<FakeLauncher>());
+    const int port = testing::UniqueLoopbackPort();
+    (exchange ? o.exchange_listen : o.listen) = absl::StrCat("0.0.0.0:", port);
+    (exchange ? o.exchange_advertise : o.advertise) = absl::StrCat("127.0.0.1:", port);
+    auto refused = PeerDaemon::Create(o);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+    EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("--insecure"));
+    EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("0.0.0.0"));
+    o.insecure = true;
+    auto allowed = PeerDaemon::Create(o);
+    EXPECT_TRUE(allowed.ok()) << allowed.status();
+  }
+}
+
 class PeerDaemonDataTest : public ::testing::Test {
  protected:
   absl::Status RunUntil(std::function<absl::StatusOr<DataIdentity>(const v1::DataSpec&)> identify,

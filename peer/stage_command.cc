@@ -76,6 +76,7 @@ const std::vector<Flag>& Flags() {
       Number("replica_generation", &StageCommand::replica_generation),
       Number("plan", &StageCommand::plan),
       Boolean("die_with_parent", &StageCommand::die_with_parent),
+      Boolean("insecure", &StageCommand::insecure),
       Number("start_step", &StageCommand::start_step),
       Text("init_checkpoint", &StageCommand::init_checkpoint),
       Text("checkpoint_dir", &StageCommand::checkpoint_dir),
@@ -140,7 +141,7 @@ bool StageCommand::operator==(const StageCommand& o) const {
                     c.generation, c.next_generation, c.previous_generation, c.exchange_listen, c.replicas,
                     c.replica_generation, c.plan, c.die_with_parent, c.start_step, c.init_checkpoint,
                     c.checkpoint_dir, c.keep_checkpoints, c.link_timeout_s, c.metrics_listen, c.tls_dir, c.name,
-                    c.previous_peer, c.next_peer, c.replica_peers);
+                    c.previous_peer, c.next_peer, c.replica_peers, c.insecure);
   };
   return tie(*this) == tie(o);
 }

@@ -49,6 +49,7 @@ struct StageCommand {
   std::string previous_peer;           // --previous_peer: stage-1's peer (certificate) name
   std::string next_peer;               // --next_peer: stage+1's peer (certificate) name
   std::vector<std::string> replica_peers;  // --replica_peers (comma-separated, by pipeline)
+  bool insecure = false;               // --insecure: plaintext servers off loopback allowed (rpc::CheckListenSecurity)
 
   // {executable, "stage", "--flag=value"...}.
   std::vector<std::string> ToArgv(const std::string& executable) const;

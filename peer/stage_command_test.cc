@@ -41,6 +41,7 @@ StageCommand Full() {
   c.previous_peer = "gpu-3";
   c.next_peer = "gpu-9";
   c.replica_peers = {"gpu-1", "gpu-7"};
+  c.insecure = true;
   return c;
 }
 

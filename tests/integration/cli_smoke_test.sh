@@ -35,6 +35,15 @@ check slownet-bad-store 1 "bad mode 'aqsgd:3:6:ssd'" -- "$bin" bench slownet --s
 check slownet-bad-dp-option 1 "bad DP option '+dpu' in mode 'fp32+dpu+dpu'" -- "$bin" bench slownet --slownet_modes=fp32+dpu+dpu
 check link-bad-bits 1 "fw_bits in 2..8" -- "$bin" bench link --link_fw_bits=9
 check link-bad-thrash 1 "thrash_bytes >= 0" -- "$bin" bench link --link_thrash_bytes=-1
+# Plaintext servers only on loopback unless --insecure (issue 38).
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+check coordinator-plaintext-off-loopback 1 "pass --insecure" -- \
+  "$bin" coordinator --job "$root/examples/tiny_aqsgd.json" --listen 0.0.0.0:0 --state_dir "${TMPDIR:-/tmp}/cli-smoke-coord-$$"
+check stage-plaintext-off-loopback 1 "pass --insecure" -- \
+  "$bin" stage --job "$root/examples/tiny_aqsgd.json" --stage 3 --listen 0.0.0.0:0
+check peer-plaintext-off-loopback 1 "pass --insecure" -- \
+  "$bin" peer --coordinator 127.0.0.1:1 --join_token x --name p --listen 0.0.0.0:7101 --advertise 127.0.0.1:7101 \
+  --exchange_listen 127.0.0.1:7102 --work_dir "${TMPDIR:-/tmp}/cli-smoke-peer-$$"
 # A tiny real run: epoch 1's rows are AQ-SGD deltas against the FULL epoch 0 at both stores.
 check link-run 0 '"mode":"aqsgd","store":"memory".*"delta_rows":16,"full_rows":16' -- \
   "$bin" bench link --json --link_samples=16 --link_epochs=1 --repeats=1 --dir="${TMPDIR:-/tmp}"
