@@ -38,22 +38,30 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo; echo "demo: stopping (peers leave the swarm)"; exit 130' INT TERM
 
+# Mutual TLS on every connection, as a real swarm runs: a CA for this run and
+# a certificate per process (on one machine they share a directory; on many,
+# each machine gets ca.pem and only its own key, docs/SECURITY.md).
+TLS="$RUN/tls"
+$A certs init --tls_dir "$TLS" > /dev/null
+for n in coordinator admin peer1 peer2 peer3 peer4; do
+  $A certs issue --tls_dir "$TLS" --name "$n" --ip 127.0.0.1 > /dev/null
+done
 $A coordinator --job examples/swarm_demo.json --listen "127.0.0.1:$BASE" --state_dir "$RUN/coord" \
-  --lease_s 5 --metrics_listen "127.0.0.1:$((BASE + 90))" > "$RUN/coordinator.out" 2> "$RUN/coordinator.log" &
+  --tls_dir "$TLS" --name coordinator --lease_s 5 --metrics_listen "127.0.0.1:$((BASE + 90))" > "$RUN/coordinator.out" 2> "$RUN/coordinator.log" &
 pids+=($!)
 # Its first line says it is serving (polled: up to 30 s on a busy machine).
 for _ in $(seq 300); do [[ -s "$RUN/coordinator.out" ]] && break; sleep 0.1; done
 [[ -s "$RUN/coordinator.out" ]] || { echo "demo: the coordinator did not start; see $RUN/coordinator.log" >&2; exit 1; }
-TOKEN=$($A certs token --tls_dir "$RUN/coord" --swarm swarm-demo --any_peer 2>/dev/null)
 for i in 1 2 3 4; do
-  $A peer --coordinator "127.0.0.1:$BASE" --join_token "$TOKEN" --name "peer$i" \
+  TOKEN=$($A certs token --tls_dir "$TLS" --swarm swarm-demo --peer "peer$i" 2>/dev/null)
+  $A peer --coordinator "127.0.0.1:$BASE" --join_token "$TOKEN" --name "peer$i" --tls_dir "$TLS" \
     --listen "127.0.0.1:$((BASE + 10 * i))" --exchange_listen "127.0.0.1:$((BASE + 10 * i + 1))" \
     --work_dir "$RUN/peer$i" --metrics_listen "127.0.0.1:$((BASE + 90 + i))" \
     > "$RUN/peer$i.out" 2> "$RUN/peer$i.log" &
   pids+=($!)
 done
-echo "swarm: coordinator 127.0.0.1:$BASE + 4 peers (2 stages x 2 pipelines), links 100 Mbit/s + 5 ms"
+echo "swarm: coordinator 127.0.0.1:$BASE + 4 peers (2 stages x 2 pipelines), mutual TLS, links 100 Mbit/s + 5 ms"
 echo "metrics: http://127.0.0.1:$((BASE + 90))/metrics (coordinator), " \
      "http://127.0.0.1:$((BASE + 91))..$((BASE + 94))/metrics (peers' stages)"
-echo "status:  $A status --coordinator 127.0.0.1:$BASE      logs: $RUN/"
+echo "status:  $A status --coordinator 127.0.0.1:$BASE --tls_dir $TLS --name admin      logs: $RUN/"
 python3 scripts/swarm_demo.py "$RUN" 4 96
