@@ -89,6 +89,11 @@ struct PeerFamilies {
       "StateTransfer fetches refused, by reason: busy (served side: too many at once); fetching side: too_large, "
       "bad_chunk, checksum, sha256_mismatch, truncated.",
       {"reason"});
+  Family<Counter>& dp_robust = DeclareCounter(
+      "aqswarm_dp_robust_contributions_total",
+      "Replica contributions to the chunks this stage owns that robust aggregation (dp.robust) dropped "
+      "(not finite) or clipped, by action.",
+      {"link", "action"});
 };
 
 PeerFamilies& Families() {
@@ -102,7 +107,8 @@ constexpr const char* kRejectReasons[] = {"link_hello_mismatch",     "activation
                                           "link_wrong_peer",         "link_hello_silent",       "link_not_hello",
                                           "link_plan_older",         "link_plan_newer",         "link_too_many_candidates",
                                           "link_frames_over_cap",    "link_bytes_over_cap",     "link_step_out_of_window",
-                                          "dp_wrong_peer",           "dp_duplicate_chunk",      "dp_step_out_of_window"};
+                                          "dp_wrong_peer",           "dp_duplicate_chunk",      "dp_step_out_of_window",
+                                          "activation_nonfinite",    "gradient_nonfinite",      "norm_invalid"};
 
 // Growth of a cumulative counter since `*last` (0 when it went backwards:
 // the source was replaced).
@@ -140,6 +146,7 @@ absl::Status CountIfRejected(absl::string_view reason, absl::Status s) {
 
 struct StageMetrics::Last {
   uint64_t down_sent = 0, down_received = 0, up_sent = 0, up_received = 0, dp_sent = 0, dp_raw = 0;
+  uint64_t robust_dropped = 0, robust_clipped = 0;
   pipeline::LinkEndpointStats sender, receiver;
   storage::PrefetcherStats sender_prefetch, receiver_prefetch;
   storage::MessageStoreStats store;
@@ -262,6 +269,10 @@ void StageMetrics::ObserveStep(const StepObservation& s, const pipeline::Gradien
     const double raw = Delta(s.dp_raw_bytes, &l.dp_raw);
     bytes(dp_link_, "dp", "sent").Increment(wire);
     publish(dp_link_, "dp", raw, wire, 0, 0, false);
+  }
+  if (s.dp_robust_dropped > l.robust_dropped || s.dp_robust_clipped > l.robust_clipped) {
+    f.dp_robust.Add({{"link", dp_link_}, {"action", "dropped"}}).Increment(Delta(s.dp_robust_dropped, &l.robust_dropped));
+    f.dp_robust.Add({{"link", dp_link_}, {"action", "clipped"}}).Increment(Delta(s.dp_robust_clipped, &l.robust_clipped));
   }
 
   // Store and prefetchers; store stalls are carved out of compute time.

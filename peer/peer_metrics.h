@@ -67,6 +67,8 @@ struct StepObservation {
   double dp_seconds = 0;          // data-parallel exchange + step
   uint64_t dp_bytes_sent = 0;     // cumulative, from the StageWorker
   uint64_t dp_raw_bytes = 0;      // cumulative: the same updates as float32
+  uint64_t dp_robust_dropped = 0;  // cumulative: contributions robust aggregation dropped
+  uint64_t dp_robust_clipped = 0;  // cumulative: contributions it clipped
 };
 
 class StageMetrics {

@@ -82,7 +82,8 @@ TEST(PeerMetricsTest, ExposerServesInsideATorchLinkedProcess) {
     ASSERT_TRUE((*up)->Receive([](const v1::LinkFrame& x) { return x.has_activations(); }, absl::Seconds(10)).ok());
     pipeline::GradientCodecStats g{.tensors = 1, .payload_bytes = 40, .raw_bytes = 400, .error_sq = 1, .signal_sq = 100};
     metrics.ObserveStep({.step = step, .has_loss = true, .loss = 2.5, .tokens = 128, .step_seconds = 0.5,
-                         .compute_seconds = 0.3, .network_wait_seconds = 0.1, .dp_seconds = 0.1},
+                         .compute_seconds = 0.3, .network_wait_seconds = 0.1, .dp_seconds = 0.1,
+                         .dp_robust_dropped = static_cast<uint64_t>(step), .dp_robust_clipped = 3u * step},
                         g);
   }
   CountRejectedMessage("activation_invalid");
@@ -112,6 +113,9 @@ TEST(PeerMetricsTest, ExposerServesInsideATorchLinkedProcess) {
   EXPECT_EQ(Sample(t, "aqswarm_peer_info", {"job=\"metrics-test\"", "stage=\"1\""}), 1);
   EXPECT_EQ(Sample(t, "aqswarm_peer_rejected_messages_total", {"reason=\"activation_invalid\""}), 1);
   EXPECT_EQ(Sample(t, "aqswarm_peer_rejected_messages_total", {"reason=\"dp_mailbox_full\""}), 0);
+  EXPECT_EQ(Sample(t, "aqswarm_peer_rejected_messages_total", {"reason=\"activation_nonfinite\""}), 0);
+  EXPECT_EQ(Sample(t, "aqswarm_dp_robust_contributions_total", {"link=\"s1:dp\"", "action=\"dropped\""}), 1);
+  EXPECT_EQ(Sample(t, "aqswarm_dp_robust_contributions_total", {"link=\"s1:dp\"", "action=\"clipped\""}), 3);
 
   ASSERT_TRUE((*sender)->Close().ok());
   (*down)->CloseSend();

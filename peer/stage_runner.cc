@@ -458,7 +458,9 @@ class StageRunnerImpl final : public StageRunner {
     metrics_->ObserveStep({.step = gs, .has_loss = first_ || last_, .loss = out.loss, .tokens = tokens,
                            .step_seconds = secs, .compute_seconds = compute_s,
                            .network_wait_seconds = protocol_->wait_seconds(), .dp_seconds = dp_s,
-                           .dp_bytes_sent = worker_->dp_bytes_sent(), .dp_raw_bytes = worker_->dp_raw_bytes()},
+                           .dp_bytes_sent = worker_->dp_bytes_sent(), .dp_raw_bytes = worker_->dp_raw_bytes(),
+                           .dp_robust_dropped = worker_->dp_robust_dropped(),
+                           .dp_robust_clipped = worker_->dp_robust_clipped()},
                           out.gradient_stats);
     return e;
   }
