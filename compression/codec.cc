@@ -333,13 +333,13 @@ absl::Status Decode(const v1::EncodedTensor& msg, absl::Span<float> out, const W
     }
     case v1::CODEC_QSGD: {
       std::vector<float> norms(msg.scales().size() / 4);
-      std::memcpy(norms.data(), msg.scales().data(), msg.scales().size());
+      if (!msg.scales().empty()) std::memcpy(norms.data(), msg.scales().data(), msg.scales().size());
       QsgdDecode(payload, n, msg.bucket_size(), norms.data(), bits, out.data());
       break;
     }
     case v1::CODEC_MINMAX: {
       std::vector<float> mu(msg.scales().size() / 4);
-      std::memcpy(mu.data(), msg.scales().data(), msg.scales().size());
+      if (!msg.scales().empty()) std::memcpy(mu.data(), msg.scales().data(), msg.scales().size());
       MinMaxDecode(payload, n, msg.bucket_size(), mu.data(), bits, out.data());
       break;
     }
