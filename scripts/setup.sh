@@ -6,9 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# libclang-rt-14-dev: libFuzzer + sanitizer runtimes for clang 14 (scripts/fuzz.sh).
 PACKAGES=(
-  build-essential cmake ninja-build ccache pkg-config clang lld
-  libclang-rt-14-dev  # libFuzzer + sanitizer runtimes for clang 14 (scripts/fuzz.sh)
+  build-essential cmake ninja-build ccache pkg-config clang lld libclang-rt-14-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libtorch-dev prometheus-cpp-dev libssl-dev libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas0-openmp
