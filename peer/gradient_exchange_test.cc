@@ -7,6 +7,7 @@
 #include "grpcpp/grpcpp.h"
 #include "common/metrics.h"
 #include "gtest/gtest.h"
+#include "peer/peer_metrics_testing.h"
 #include "pipeline/dp_test_util.h"
 
 namespace aqswarm::peer {
@@ -151,19 +152,6 @@ TEST(GrpcReplicaExchangeTest, ChunksFromAnotherGroupOrImpossibleRanksAreRefused)
   c.set_from_rank(1);
   c.set_phase(v1::ExchangeChunk::PHASE_UNSPECIFIED);
   EXPECT_EQ(push(c).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-}
-
-// aqswarm_peer_rejected_messages_total{reason}, 0 when never counted.
-double Rejected(const std::string& reason) {
-  for (const auto& family : MetricsRegistry().Collect()) {
-    if (family.name != "aqswarm_peer_rejected_messages_total") continue;
-    for (const auto& m : family.metric) {
-      for (const auto& l : m.label) {
-        if (l.name == "reason" && l.value == reason) return m.counter.value;
-      }
-    }
-  }
-  return 0;
 }
 
 TEST(GrpcReplicaExchangeTest, TheFirstChunkWinsAndChunksOutsideTheStepWindowAreRefused) {

@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "common/metrics.h"
 #include "peer/gradient_exchange.h"
+#include "peer/peer_metrics_testing.h"
 #include "peer/link_handshake.h"
 #include "rpc/channel.h"
 #include "peer/link_transport.h"
@@ -30,19 +31,6 @@ v1::LinkFrame Commit(uint64_t step) {
   v1::LinkFrame f;
   f.mutable_commit()->set_step(step);
   return f;
-}
-
-// aqswarm_peer_rejected_messages_total{reason}, 0 when never counted.
-double Rejected(const std::string& reason) {
-  for (const auto& family : MetricsRegistry().Collect()) {
-    if (family.name != "aqswarm_peer_rejected_messages_total") continue;
-    for (const auto& m : family.metric) {
-      for (const auto& l : m.label) {
-        if (l.name == "reason" && l.value == reason) return m.counter.value;
-      }
-    }
-  }
-  return 0;
 }
 
 // A swarm CA dir with certificates "server", "client" and "intruder" for 127.0.0.1, and a

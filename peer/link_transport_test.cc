@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "common/metrics.h"
 #include "peer/link_handshake.h"
+#include "peer/peer_metrics_testing.h"
 #include "peer/state_transfer.h"
 #include "proto/job.pb.h"
 #include "rpc/clock.h"
@@ -338,19 +339,6 @@ TEST(LinkTransportTest, SecondUpstreamIsRefused) {
 TEST(LinkTransportTest, DialingNobodyFailsWithinTheTimeout) {
   auto c = LinkConnection::Dial("127.0.0.1:1", {}, absl::Milliseconds(300));
   EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable);
-}
-
-// aqswarm_peer_rejected_messages_total{reason}, 0 when never counted.
-double Rejected(const std::string& reason) {
-  for (const auto& family : MetricsRegistry().Collect()) {
-    if (family.name != "aqswarm_peer_rejected_messages_total") continue;
-    for (const auto& m : family.metric) {
-      for (const auto& l : m.label) {
-        if (l.name == "reason" && l.value == reason) return m.counter.value;
-      }
-    }
-  }
-  return 0;
 }
 
 v1::JobSpec SmallJob() {
