@@ -36,6 +36,7 @@
 #include "proto/exchange.grpc.pb.h"
 #include "proto/link.grpc.pb.h"
 #include "tests/testing/ports.h"
+#include "tests/integration/small_corpus.h"
 
 namespace aqswarm {
 namespace {
@@ -64,19 +65,7 @@ class HostileLinkTest : public ::testing::Test {
     if (!fs::exists(fs::path(kDataDir) / "sotu") || !fs::exists(fs::path(kDataDir) / "gpt2/encoder.json")) {
       GTEST_SKIP() << "no corpus or tokenizer in " << kDataDir << ": run scripts/fetch_data.sh";
     }
-    dir_ = fs::temp_directory_path() / absl::StrCat("aqswarm_hostile_link_", ::getpid(), "_",
-                                                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    RemoveTree(dir_).IgnoreError();
-    fs::create_directories(dir_ / "corpus");
-    std::vector<fs::path> files;
-    for (auto& e : fs::directory_iterator(fs::path(kDataDir) / "sotu")) files.push_back(e.path());
-    ASSERT_FALSE(files.empty());
-    std::sort(files.begin(), files.end());
-    std::ifstream in(files[0]);
-    std::string text(8000, '\0');
-    in.read(text.data(), text.size());
-    text.resize(in.gcount());
-    std::ofstream(dir_ / "corpus" / "small.txt") << text;
+    ASSERT_NO_FATAL_FAILURE(testing::MakeSmallCorpusDir("aqswarm_hostile_link_", kDataDir, 8000, &dir_));
     tls_ = (dir_ / "tls").string();
     ASSERT_TRUE(InitCaDir(tls_, {}).ok());
     for (const char* name : {"stage-a", "stage-b", "rep-0", "rep-1", "intruder"}) {

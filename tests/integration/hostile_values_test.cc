@@ -33,6 +33,7 @@
 #include "proto/event_json.h"
 #include "proto/link.grpc.pb.h"
 #include "storage/rocksdb_message_store.h"
+#include "tests/integration/small_corpus.h"
 
 namespace aqswarm {
 namespace {
@@ -90,19 +91,7 @@ class HostileValuesTest : public ::testing::Test {
     if (!fs::exists(fs::path(kDataDir) / "sotu") || !fs::exists(fs::path(kDataDir) / "gpt2/encoder.json")) {
       GTEST_SKIP() << "no corpus or tokenizer in " << kDataDir << ": run scripts/fetch_data.sh";
     }
-    dir_ = fs::temp_directory_path() / absl::StrCat("aqswarm_hostile_values_", ::getpid(), "_",
-                                                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    RemoveTree(dir_).IgnoreError();
-    fs::create_directories(dir_ / "corpus");
-    std::vector<fs::path> files;
-    for (auto& e : fs::directory_iterator(fs::path(kDataDir) / "sotu")) files.push_back(e.path());
-    ASSERT_FALSE(files.empty());
-    std::sort(files.begin(), files.end());
-    std::ifstream in(files[0]);
-    std::string text(6000, '\0');
-    in.read(text.data(), text.size());
-    text.resize(in.gcount());
-    std::ofstream(dir_ / "corpus" / "small.txt") << text;
+    ASSERT_NO_FATAL_FAILURE(testing::MakeSmallCorpusDir("aqswarm_hostile_values_", kDataDir, 6000, &dir_));
     // Two stages, AQ-SGD with m(xi) in RocksDB; epoch 1 sends DELTA rows.
     job_ = (dir_ / "job.json").string();
     std::ofstream(job_) << absl::StrCat(R"({"name":"hostile-values","seed":5,
