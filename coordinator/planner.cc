@@ -44,8 +44,12 @@ Planner::Planner(PlannerOptions options, const v1::JobSpec& job) : options_(std:
   const double mb = job.micro_batch_size() ? job.micro_batch_size() : 4;
   const auto& c = job.compression();
   const double fw_bits = c.mode() == v1::LinkCompression::fp32 ? 32 : (c.fw_bits() ? c.fw_bits() : 4);
-  const double dp_bits = job.dp().optimizer() == v1::DataParallelSpec::quantized_adam
-                             ? (job.dp().bits() ? job.dp().bits() : 4)
+  // Bits per parameter per step of the DP exchange: diloco exchanges once
+  // every inner_steps.
+  const double qbits = job.dp().bits() ? job.dp().bits() : 4;
+  const double dp_bits = job.dp().optimizer() == v1::DataParallelSpec::quantized_adam ? qbits
+                         : job.dp().optimizer() == v1::DataParallelSpec::diloco
+                             ? qbits / std::max<uint32_t>(1, job.dp().inner_steps())
                              : 32;
   const double layers_per_stage = std::ceil(static_cast<double>(num_layers_) / num_stages_);
   const double params_per_stage = 12 * d * d * layers_per_stage;

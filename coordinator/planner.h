@@ -90,7 +90,7 @@ struct PlannerOptions {
   // Cost-model inputs; 0 = derived from the job:
   //   activation_bytes   = micro_batches * micro_batch_size * seq_len * d_model * fw_bits / 8
   //   params_per_stage   = 12 * d_model^2 * ceil(n_layer / stages)
-  //   gradient_bytes     = params_per_stage * dp_bits / 8   (32 bits for adamw)
+  //   gradient_bytes     = params_per_stage * dp_bits / 8   (32 bits for adamw; bits / inner_steps for diloco)
   //   stage_state_bytes  = params_per_stage * 16            (weights, Adam m and v, error feedback)
   double activation_bytes = 0;
   double gradient_bytes = 0;

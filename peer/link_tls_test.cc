@@ -203,7 +203,9 @@ TEST_F(TlsTest, OnlyTheUpstreamTheAssignmentNamesGetsTheLink) {
   auto intruder = DialNext(address, want, {}, Swarm("intruder"), absl::Seconds(10));
   EXPECT_EQ(intruder.status().code(), absl::StatusCode::kPermissionDenied) << intruder.status();
   EXPECT_THAT(intruder.status().message(), HasSubstr("not the upstream"));
-  EXPECT_EQ(Rejected("link_wrong_peer"), wrong0 + 1);
+  // At least one refusal: the dialer may redial once when its hello write
+  // races the server's close, and that connection is refused too.
+  EXPECT_GE(Rejected("link_wrong_peer"), wrong0 + 1);
   // The named upstream gets the link.
   auto real = DialNext(address, want, {}, Swarm("client"), absl::Seconds(10));
   ASSERT_TRUE(real.ok()) << real.status();

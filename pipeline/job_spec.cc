@@ -80,12 +80,96 @@ void ApplyJobDefaults(v1::JobSpec* job) {
   if (dp->optimizer() == v1::DataParallelSpec::quantized_adam && !dp->has_variance_refresh_steps()) {
     dp->set_variance_refresh_steps(kDefaultVarianceRefreshSteps);
   }
+  if (dp->optimizer() == v1::DataParallelSpec::diloco) {
+    if (dp->inner_steps() == 0) dp->set_inner_steps(32);
+    if (!dp->has_outer_lr()) dp->set_outer_lr(0.7);
+    if (!dp->has_outer_momentum()) dp->set_outer_momentum(0.9);
+  }
+  if (dp->layerwise_every_steps() > 0) {
+    if (dp->layerwise_min_bits() == 0) dp->set_layerwise_min_bits(2);
+    if (dp->layerwise_max_bits() == 0) dp->set_layerwise_max_bits(8);
+  }
   if (job->eval_batches() == 0) job->set_eval_batches(8);
   if (job->schedule().empty()) job->set_schedule("adaptive");
 }
 
 // Slowest link rate a job may shape to, in Mbit/s (1 kbit/s).
 constexpr double kMinBandwidthMbps = 0.001;
+
+namespace {
+
+// The fields of 0/1 Adam's schedules, DiLoCo and layer-wise bits.
+absl::Status ValidateDataParallelSchedules(const v1::JobSpec& job) {
+  const auto& dp = job.dp();
+  const bool qadam = dp.optimizer() == v1::DataParallelSpec::quantized_adam;
+  const bool diloco = dp.optimizer() == v1::DataParallelSpec::diloco;
+  if (!v1::DataParallelSpec::Optimizer_IsValid(dp.optimizer())) return Invalid("dp.optimizer", "unknown value");
+  if (dp.refresh_growth() > 0 && !qadam) {
+    return Invalid("dp.refresh_growth", "grows quantized_adam's variance-refresh interval; set dp.optimizer to "
+                                        "quantized_adam or drop it");
+  }
+  if (dp.refresh_growth() > 0 && dp.variance_refresh_steps() == 0) {
+    return Invalid("dp.refresh_growth", "needs dp.variance_refresh_steps > 0 (the first interval)");
+  }
+  if (dp.refresh_growth() > 1000000) return Invalid("dp.refresh_growth", "at most 1000000");
+  if ((dp.max_local_steps() > 0 || dp.local_step_growth() > 0) && !qadam) {
+    return Invalid("dp.max_local_steps", "0/1 Adam's local steps are quantized_adam's; set dp.optimizer to "
+                                         "quantized_adam, or use dp.optimizer diloco with dp.inner_steps");
+  }
+  if (dp.max_local_steps() > 4096) return Invalid("dp.max_local_steps", "at most 4096");
+  if (dp.local_step_growth() > 1000000) return Invalid("dp.local_step_growth", "at most 1000000");
+  const bool diloco_field = dp.inner_steps() > 0 || dp.has_outer_lr() || dp.has_outer_momentum() || dp.fragments() > 0;
+  if (diloco_field && !diloco) {
+    return Invalid(dp.inner_steps() > 0 ? "dp.inner_steps" : dp.fragments() > 0 ? "dp.fragments" : "dp.outer_lr",
+                   "is diloco's; set dp.optimizer to diloco or drop it");
+  }
+  if (diloco) {
+    if (dp.inner_steps() < 1 || dp.inner_steps() > 100000) return Invalid("dp.inner_steps", "must be in [1, 100000]");
+    if (!(dp.outer_lr() > 0) || !std::isfinite(dp.outer_lr()) || dp.outer_lr() > 10) {
+      return Invalid("dp.outer_lr", absl::StrCat(dp.outer_lr(), " is not in (0, 10] (default 0.7)"));
+    }
+    if (!(dp.outer_momentum() >= 0) || !(dp.outer_momentum() < 1)) {
+      return Invalid("dp.outer_momentum", absl::StrCat(dp.outer_momentum(), " is not in [0, 1) (default 0.9)"));
+    }
+    if (dp.fragments() > dp.inner_steps()) {
+      return Invalid("dp.fragments", absl::StrCat(dp.fragments(), " fragments cannot be staggered over ",
+                                                  dp.inner_steps(), " inner steps (at most dp.inner_steps)"));
+    }
+    if (dp.codec() == v1::DataParallelSpec::global_qsgd && dp.robust() != v1::DataParallelSpec::robust_off &&
+        dp.robust() != v1::DataParallelSpec::ROBUST_UNSPECIFIED) {
+      return Invalid("dp.robust", "global_qsgd sums the replicas' codes without decoding them, so no contribution "
+                                  "can be clipped; use dp.codec minmax with dp.robust");
+    }
+    if (dp.delayed_update()) {
+      return Invalid("dp.delayed_update", "is for per-step exchanges; diloco already exchanges once every "
+                                          "dp.inner_steps (use dp.fragments to spread its exchanges)");
+    }
+  }
+  if (dp.layerwise_every_steps() > 0) {
+    if (!qadam && !diloco) {
+      return Invalid("dp.layerwise_every_steps", "chooses the bits of a compressed exchange (quantized_adam or "
+                                                 "diloco); dp.optimizer adamw exchanges float32");
+    }
+    if (dp.codec() == v1::DataParallelSpec::global_qsgd) {
+      return Invalid("dp.layerwise_every_steps", "chooses min-max bit widths; use dp.codec minmax");
+    }
+    if (dp.layerwise_min_bits() < 1 || dp.layerwise_max_bits() > 8 ||
+        dp.layerwise_min_bits() > dp.layerwise_max_bits()) {
+      return Invalid("dp.layerwise_min_bits", absl::StrCat("[", dp.layerwise_min_bits(), ", ",
+                                                           dp.layerwise_max_bits(), "] is not a range in [1, 8]"));
+    }
+    if (dp.bits() < dp.layerwise_min_bits() || dp.bits() > dp.layerwise_max_bits()) {
+      return Invalid("dp.bits", absl::StrCat(dp.bits(), " (the uniform plan whose error is the budget) is outside "
+                                             "[dp.layerwise_min_bits, dp.layerwise_max_bits]"));
+    }
+    if (dp.layerwise_every_steps() > 1000000) return Invalid("dp.layerwise_every_steps", "at most 1000000");
+  } else if (dp.layerwise_min_bits() > 0 || dp.layerwise_max_bits() > 0) {
+    return Invalid("dp.layerwise_min_bits", "needs dp.layerwise_every_steps > 0");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 DataSource DataSourceFor(const v1::DataSpec& data) {
   return DataSource{data.corpus(), data.tokenizer(), data.text_field(), data.cache_dir()};
@@ -192,9 +276,10 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
     return Invalid("dp.bucket_size", "must be in [8, 2^24]");
   }
   if (dp.codec() == v1::DataParallelSpec::global_qsgd) {
-    if (dp.optimizer() != v1::DataParallelSpec::quantized_adam) {
-      return Invalid("dp.codec", "global_qsgd compresses quantized_adam's momentum exchange, but dp.optimizer is "
-                                 "adamw (raw float32 gradients); set dp.optimizer to quantized_adam or drop dp.codec");
+    if (dp.optimizer() == v1::DataParallelSpec::adamw) {
+      return Invalid("dp.codec", "global_qsgd compresses quantized_adam's momentum or diloco's pseudo-gradient "
+                                 "exchange, but dp.optimizer is adamw (raw float32 gradients); set dp.optimizer to "
+                                 "quantized_adam or diloco, or drop dp.codec");
     }
     if (dp.bits() < 2) return Invalid("dp.bits", "global_qsgd needs 2..8 bits (1 bit is minmax only)");
     // The shared grid must hold the sums of every replica's codes: ask the
@@ -240,6 +325,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
                                                 "or drop dp.variance_refresh_steps");
   }
   if (dp.variance_refresh_steps() > 1000000) return Invalid("dp.variance_refresh_steps", "at most 1000000");
+  AQSWARM_RETURN_IF_ERROR(ValidateDataParallelSchedules(job));
   const bool shaped = s.bandwidth_mbps() > 0 || std::any_of(s.bandwidth_schedule_mbps().begin(),
                                                               s.bandwidth_schedule_mbps().end(),
                                                               [](double b) { return b > 0; });
@@ -387,6 +473,8 @@ int64_t EstimateStageBytes(const v1::JobSpec& job, int stage) {
   int64_t per_param = 16 + kCheckpointBytesPerParameter;
   if (job.precision() != "fp32") per_param += 2;  // compute copies of the weights
   if (job.data_parallel() > 1 && job.dp().optimizer() == v1::DataParallelSpec::quantized_adam) per_param += 8;
+  // diloco: the anchor, the outer momentum and two error buffers.
+  if (job.data_parallel() > 1 && job.dp().optimizer() == v1::DataParallelSpec::diloco) per_param += 16;
   if (job.data_parallel() > 1 && job.dp().delayed_update()) per_param += 8;
   int64_t bytes = params * per_param + kStageProcessBytes;
 

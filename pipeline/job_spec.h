@@ -74,7 +74,8 @@ int64_t StageParameterCount(const v1::ModelSpec& spec, int stage, int num_stages
 //   + 12 B per parameter while a state (checkpoint) is written: weights and
 //     m, v serialized into one buffer;
 //   + 2 B per parameter for the bf16/fp16 compute copies of the weights;
-//   + 8 B per parameter for quantized_adam's error-feedback buffers, and
+//   + 8 B per parameter for quantized_adam's error-feedback buffers (16 B
+//     for diloco's anchor, outer momentum and error buffers), and
 //     8 more for dp.delayed_update's copies of the parameters;
 //   + activations kept for backward for the micro-batches in flight at the
 //     stage (InFlightAt of the job's schedule; M for gpipe): per token and

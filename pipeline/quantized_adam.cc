@@ -95,6 +95,7 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
   const uint64_t s = static_cast<uint64_t>(step_);
   ++step_;
   if (!compressed) {
+    last_step_kind_ = options_.quantized ? "warmup" : "adamw";
     g_.resize(n_);
     AQSWARM_RETURN_IF_ERROR(
         AllReduceMean(ex, RawOptions(options_.compressed), s, options_.first_round, grads, absl::MakeSpan(g_), nullptr,
@@ -140,6 +141,7 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
   if (refresh > 0 && (step_ - std::max<int64_t>(options_.warmup_steps, 0)) % refresh == 0) {
     // Variance refresh: the float32 mean gradient, as in the warm-up; v takes
     // it with the weight of the `refresh` steps since the last one.
+    last_step_kind_ = "refresh";
     g_.resize(n_);
     AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, RawOptions(options_.compressed), s, options_.first_round, grads,
                                           absl::MakeSpan(g_), nullptr, nullptr, &stats_));
@@ -163,6 +165,7 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
   }
   // x = m (or the preconditioned momentum m / (sqrt(v_frozen) + eps), see the
   // header) is what travels; the means come back in g_.
+  last_step_kind_ = "compressed";
   const bool pre = options_.precondition_exchange;
   scratch_.resize(n_);
   g_.resize(n_);

@@ -145,6 +145,10 @@ class QuantizedAdam {
   int64_t step() const { return step_; }
   bool frozen() const { return frozen_; }
   const AllReduceStats& stats() const { return stats_; }
+  // What the last Step exchanged (events.proto StepDataParallel.kind):
+  // "adamw" (not quantized), "warmup", "compressed" or "refresh"; "" before
+  // the first step.
+  const std::string& last_step_kind() const { return last_step_kind_; }
   // Named flat buffers: "m", "v", "worker_error", "server_error",
   // "error_owner" ({rank, replicas} of the error buffers; empty: none yet).
   std::vector<std::pair<std::string, std::vector<float>*>> NamedState();
@@ -167,6 +171,7 @@ class QuantizedAdam {
   int64_t step_ = 0;
   bool frozen_ = false;
   AllReduceStats stats_;
+  std::string last_step_kind_;
 };
 
 }  // namespace aqswarm::pipeline
