@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "pipeline/layerwise_plan.h"
 
 namespace aqswarm::pipeline {
 namespace {
@@ -52,6 +53,14 @@ QuantizedAdamOptions QuantizedAdamOptionsFromJob(const v1::JobSpec& job) {
   o.compressed.codec.bucket_size = job.dp().bucket_size();
   o.raise_variance_at_bound = job.dp().frozen_variance() != v1::DataParallelSpec::fixed;
   o.variance_refresh_steps = job.dp().variance_refresh_steps();
+  o.refresh_growth = job.dp().refresh_growth();
+  o.max_local_steps = job.dp().max_local_steps();
+  o.local_step_growth = job.dp().local_step_growth();
+  o.layerwise_every_steps = job.dp().layerwise_every_steps();
+  if (o.layerwise_every_steps > 0) {
+    o.layerwise_min_bits = static_cast<int>(job.dp().layerwise_min_bits());
+    o.layerwise_max_bits = static_cast<int>(job.dp().layerwise_max_bits());
+  }
   switch (job.dp().robust()) {
     case v1::DataParallelSpec::clip_norm: o.compressed.robust = RobustAggregation::kClipNorm; break;
     case v1::DataParallelSpec::centered_clip: o.compressed.robust = RobustAggregation::kCenteredClip; break;
@@ -73,6 +82,30 @@ double AdamUpdateBound(double beta1, double beta2, int64_t step) {
   return (1 - beta1) / bc1 * std::sqrt(bc2 / (1 - beta2) * sum);
 }
 
+int64_t VarianceRefreshInterval(int64_t k, int64_t refresh_steps, int64_t growth) {
+  if (refresh_steps <= 0 || k <= 0) return 0;
+  if (growth <= 0) return k % refresh_steps == 0 ? refresh_steps : 0;
+  // Phase p: `growth` intervals of refresh_steps * 2^p, from `start`.
+  int64_t start = 0, interval = refresh_steps;
+  while (k > start + growth * interval) {
+    start += growth * interval;
+    interval *= 2;
+  }
+  return (k - start) % interval == 0 ? interval : 0;
+}
+
+bool LocalStepsSyncAt(int64_t k, int64_t max_local_steps, int64_t growth) {
+  if (max_local_steps <= 1) return true;
+  if (growth <= 0) return k % max_local_steps == 0;
+  int64_t start = 0, interval = 1;
+  while (interval < max_local_steps) {
+    if (k <= start + growth * interval) return (k - start) % interval == 0;
+    start += growth * interval;
+    interval = std::min(max_local_steps, interval * 2);
+  }
+  return (k - start) % interval == 0;
+}
+
 QuantizedAdam::QuantizedAdam(int64_t n, int64_t num_compressed, std::vector<uint8_t> decay,
                              const QuantizedAdamOptions& options, std::vector<int64_t> tensor_sizes)
     : n_(n),
@@ -81,7 +114,19 @@ QuantizedAdam::QuantizedAdam(int64_t n, int64_t num_compressed, std::vector<uint
       tensor_sizes_(tensor_sizes.empty() ? std::vector<int64_t>{n} : std::move(tensor_sizes)),
       options_(options),
       m_(n, 0.0f),
-      v_(n, 0.0f) {}
+      v_(n, 0.0f) {
+  int64_t off = 0;
+  for (int64_t len : tensor_sizes_) {
+    if (off >= num_compressed_) break;
+    compressed_sizes_.push_back(std::min(len, num_compressed_ - off));
+    off += len;
+  }
+}
+
+std::vector<int> QuantizedAdam::layerwise_bits() const {
+  if (layerwise_.size() < 2) return {};
+  return std::vector<int>(layerwise_.begin() + 1, layerwise_.end());
+}
 
 absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<float> params,
                                  absl::Span<const float> grads) {
@@ -92,6 +137,19 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
   const float eps = static_cast<float>(options_.eps), wd = static_cast<float>(lr * options_.weight_decay);
   const float flr = static_cast<float>(lr);
   const bool compressed = options_.quantized && step_ >= options_.warmup_steps;
+  // Post-freeze step k (1-based) and what it is: refresh, local step, or a
+  // compressed exchange (a sync when local steps are pending). The step
+  // before a refresh always syncs, so a refresh finds the replicas identical.
+  const int64_t k = step_ + 1 - std::max<int64_t>(options_.warmup_steps, 0);
+  const int64_t R = options_.variance_refresh_steps, G = options_.refresh_growth;
+  const int64_t refresh_interval = compressed ? VarianceRefreshInterval(k, R, G) : 0;
+  const bool local = compressed && refresh_interval == 0 && options_.max_local_steps > 1 &&
+                     !LocalStepsSyncAt(k, options_.max_local_steps, options_.local_step_growth) &&
+                     VarianceRefreshInterval(k + 1, R, G) == 0;
+  if (refresh_interval > 0 && !local_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("QuantizedAdam: local steps pending at the refresh of step ",
+                                                      step_ + 1, " (the state's schedule is not this job's)"));
+  }
   const uint64_t s = static_cast<uint64_t>(step_);
   ++step_;
   if (!compressed) {
@@ -128,27 +186,31 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
   // Coordinate i moves by u lr, bounded by `clip`. Where the bound binds, v
   // rises so that this step is exactly the bound and later ones decay with m,
   // as Adam's would: v is a function of the exchanged m only, the same on
-  // every replica.
-  auto apply = [&](int64_t i, float u) {
+  // every replica (so never at a local step, whose m is the replica's own).
+  auto bound = [&](int64_t i, float u, bool may_raise) {
     if (clip > 0 && std::fabs(u) > clip) {
-      if (raise) v_[i] = Square(std::fabs(m_[i]) / bc1 / clip);
+      if (raise && may_raise) v_[i] = Square(std::fabs(m_[i]) / bc1 / clip);
       u = std::copysign(clip, u);
     }
+    return u;
+  };
+  auto apply = [&](int64_t i, float u, bool may_raise) {
+    u = bound(i, u, may_raise);
     if (decay_[i] && wd > 0) params[i] *= 1 - wd;
     params[i] -= flr * u;
   };
-  const int64_t refresh = options_.variance_refresh_steps;
-  if (refresh > 0 && (step_ - std::max<int64_t>(options_.warmup_steps, 0)) % refresh == 0) {
+  const bool pre = options_.precondition_exchange;
+  if (refresh_interval > 0) {
     // Variance refresh: the float32 mean gradient, as in the warm-up; v takes
-    // it with the weight of the `refresh` steps since the last one.
+    // it with the weight of the `refresh_interval` steps since the last one.
     last_step_kind_ = "refresh";
     g_.resize(n_);
     AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, RawOptions(options_.compressed), s, options_.first_round, grads,
                                           absl::MakeSpan(g_), nullptr, nullptr, &stats_));
     const double t = static_cast<double>(step_);
-    const double keep = std::pow(options_.beta2, static_cast<double>(refresh));
+    const double keep = std::pow(options_.beta2, static_cast<double>(refresh_interval));
     const double bc2_now = 1 - std::pow(options_.beta2, t);
-    const double bc2_then = 1 - std::pow(options_.beta2, std::max(0.0, t - static_cast<double>(refresh)));
+    const double bc2_then = 1 - std::pow(options_.beta2, std::max(0.0, t - static_cast<double>(refresh_interval)));
     const float a = static_cast<float>(keep * bc2_then / bc2_now), c = static_cast<float>((1 - keep) / bc2_now);
     for (int64_t i = 0; i < n_; ++i) {
       const float g = g_[i];
@@ -160,18 +222,44 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
     // them (m itself is exact this step), as 0/1 Adam does at its switches.
     std::fill(worker_error_.begin(), worker_error_.end(), 0.0f);
     std::fill(server_error_.begin(), server_error_.end(), 0.0f);
-    for (int64_t i = 0; i < n_; ++i) apply(i, m_[i] / bc1 / (std::sqrt(v_[i]) + eps));
+    for (int64_t i = 0; i < n_; ++i) apply(i, m_[i] / bc1 / (std::sqrt(v_[i]) + eps), true);
+    return absl::OkStatus();
+  }
+  if (local) {
+    // A local step: this replica's own momentum and a step from the anchor's
+    // trajectory, no traffic; lr x is summed for the next sync.
+    last_step_kind_ = "local";
+    if (local_.empty()) {
+      anchor_.assign(params.begin(), params.end());
+      local_update_.assign(n_, 0.0f);
+      local_ = {0.0f, 1.0f};
+    }
+    for (int64_t i = 0; i < n_; ++i) {
+      const float denom = std::sqrt(v_[i]) + eps;
+      m_[i] = b1 * m_[i] + (1 - b1) * grads[i];
+      const float x = pre ? m_[i] / denom : m_[i];
+      local_update_[i] += flr * x;
+      apply(i, pre ? x / bc1 : m_[i] / bc1 / denom, false);
+    }
+    local_[0] += flr;
+    local_[1] *= 1 - wd;
     return absl::OkStatus();
   }
   // x = m (or the preconditioned momentum m / (sqrt(v_frozen) + eps), see the
-  // header) is what travels; the means come back in g_.
+  // header) is what travels; the means come back in g_. At a sync after local
+  // steps, the lr-weighted mean of x over the interval travels instead.
   last_step_kind_ = "compressed";
-  const bool pre = options_.precondition_exchange;
+  const bool sync = !local_.empty();
+  const float lr_sum = sync ? local_[0] + flr : flr;
   scratch_.resize(n_);
   g_.resize(n_);
   for (int64_t i = 0; i < n_; ++i) {
     m_[i] = b1 * m_[i] + (1 - b1) * grads[i];
     scratch_[i] = pre ? m_[i] / (std::sqrt(v_[i]) + eps) : m_[i];
+    if (sync) {
+      local_update_[i] += flr * scratch_[i];
+      scratch_[i] = local_update_[i] / lr_sum;
+    }
   }
   absl::Span<const float> x(scratch_);
   absl::Span<float> mean(g_);
@@ -192,9 +280,8 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
         server_error_.clear();
         error_owner_ = me;
       }
-      AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, options_.compressed, s, options_.first_round, x.subspan(0, num_compressed_),
-                                            mean.subspan(0, num_compressed_), &worker_error_, &server_error_,
-                                            &stats_));
+      AQSWARM_RETURN_IF_ERROR(
+          CompressedExchange(ex, s, x.subspan(0, num_compressed_), mean.subspan(0, num_compressed_)));
     }
   }
   if (num_compressed_ < n_) {
@@ -202,6 +289,9 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
                                           x.subspan(num_compressed_), mean.subspan(num_compressed_), nullptr, nullptr,
                                           &stats_));
   }
+  // After local steps every replica restarts from the anchor: decayed as the
+  // local steps and this one decayed, minus lr_sum times the mean's step.
+  const float decayed = sync ? local_[1] * (1 - wd) : 1;
   for (int64_t i = 0; i < n_; ++i) {
     const float denom = std::sqrt(v_[i]) + eps;
     float u;
@@ -212,8 +302,55 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
       m_[i] = g_[i];
       u = m_[i] / bc1 / denom;
     }
-    apply(i, u);
+    if (sync) {
+      params[i] = (decay_[i] ? anchor_[i] * decayed : anchor_[i]) - lr_sum * bound(i, u, true);
+    } else {
+      apply(i, u, true);
+    }
   }
+  if (sync) {
+    local_.clear();
+    anchor_.clear();
+    local_update_.clear();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status QuantizedAdam::CompressedExchange(ReplicaExchange& ex, uint64_t step, absl::Span<const float> x,
+                                               absl::Span<float> mean) {
+  const bool layerwise = options_.layerwise_every_steps > 0;
+  const std::vector<int> bits = layerwise_bits();
+  if (bits.empty()) {
+    AQSWARM_RETURN_IF_ERROR(
+        AllReduceMean(ex, options_.compressed, step, options_.first_round, x, mean, &worker_error_, &server_error_,
+                      &stats_));
+  } else {
+    AQSWARM_RETURN_IF_ERROR(AllReduceMeanLayerwise(ex, options_.compressed, compressed_sizes_, bits, step,
+                                                   16 + 8 * options_.first_round, x, mean, &worker_error_,
+                                                   &server_error_, &stats_));
+  }
+  if (!layerwise) return absl::OkStatus();
+  if (layerwise_.empty()) layerwise_ = {0.0f};
+  layerwise_[0] += 1;
+  if (static_cast<int64_t>(layerwise_[0]) % options_.layerwise_every_steps != 0) return absl::OkStatus();
+  // A new plan from this exchange's mean, which every replica decoded from
+  // the same bytes: the same plan everywhere.
+  LayerwisePlanOptions lo;
+  lo.codec = options_.compressed.codec;
+  lo.min_bits = options_.layerwise_min_bits;
+  lo.max_bits = options_.layerwise_max_bits;
+  lo.uniform_bits = options_.compressed.codec.bits;
+  lo.replicas = ex.size();
+  AQSWARM_ASSIGN_OR_RETURN(LayerwisePlan plan, ChooseLayerwiseBits(mean, compressed_sizes_, lo));
+  const std::vector<int> current = bits.empty() ? std::vector<int>(compressed_sizes_.size(), lo.uniform_bits) : bits;
+  if (plan.bits != current) {
+    // The error buffers are laid out (and their residues sized) by the old
+    // plan's groups: start them from zero, as a refresh does.
+    worker_error_.clear();
+    server_error_.clear();
+  }
+  layerwise_.resize(1);
+  layerwise_.insert(layerwise_.end(), plan.bits.begin(), plan.bits.end());
   return absl::OkStatus();
 }
 
@@ -222,7 +359,11 @@ std::vector<std::pair<std::string, std::vector<float>*>> QuantizedAdam::NamedSta
           {"v", &v_},
           {"worker_error", &worker_error_},
           {"server_error", &server_error_},
-          {"error_owner", &error_owner_}};
+          {"error_owner", &error_owner_},
+          {"local", &local_},
+          {"anchor", &anchor_},
+          {"local_update", &local_update_},
+          {"layerwise", &layerwise_}};
 }
 
 std::vector<std::pair<std::string, const std::vector<float>*>> QuantizedAdam::NamedState() const {
@@ -230,7 +371,11 @@ std::vector<std::pair<std::string, const std::vector<float>*>> QuantizedAdam::Na
           {"v", &v_},
           {"worker_error", &worker_error_},
           {"server_error", &server_error_},
-          {"error_owner", &error_owner_}};
+          {"error_owner", &error_owner_},
+          {"local", &local_},
+          {"anchor", &anchor_},
+          {"local_update", &local_update_},
+          {"layerwise", &layerwise_}};
 }
 
 absl::Status QuantizedAdam::LoadState(const std::vector<std::pair<std::string, std::vector<float>>>& state,
@@ -243,7 +388,8 @@ absl::Status QuantizedAdam::LoadState(const std::vector<std::pair<std::string, s
       if (k == name) found = &v;
     }
     if (found == nullptr) {
-      if (name == "error_owner") {  // older states: the owner is unknown
+      if (name == "error_owner" || name == "local" || name == "anchor" || name == "local_update" ||
+          name == "layerwise") {  // older states: the owner is unknown, nothing pending
         loads.emplace_back(buf, nullptr);
         continue;
       }
@@ -263,12 +409,42 @@ absl::Status QuantizedAdam::LoadState(const std::vector<std::pair<std::string, s
                                        (*found)[1] == std::floor((*found)[1])))) {
         want = "0 or 2 ({rank, replicas} with 0 <= rank < replicas)";
       }
+    } else if (name == "anchor" || name == "local_update") {
+      if (size != 0 && size != n) want = absl::StrCat("0 or ", n);
+    } else if (name == "local") {
+      if (size != 0 && (size != 2 || !((*found)[0] > 0 && std::isfinite((*found)[0]) && (*found)[1] > 0 &&
+                                       (*found)[1] <= 1))) {
+        want = "0 or 2 ({sum of lr > 0, decay product in (0, 1]})";
+      }
+    } else if (name == "layerwise") {
+      const size_t tensors = compressed_sizes_.size();
+      bool ok = size == 0 || ((size == 1 || size == 1 + tensors) && (*found)[0] >= 0 && (*found)[0] < (1 << 24) &&
+                              (*found)[0] == std::floor((*found)[0]));
+      for (size_t i = 1; ok && i < size; ++i) {
+        ok = (*found)[i] >= 1 && (*found)[i] <= 8 && (*found)[i] == std::floor((*found)[i]);
+      }
+      if (!ok) want = absl::StrCat("0, 1 or ", 1 + tensors, " ({exchanges, a width in [1, 8] per compressed tensor})");
     }
     if (!want.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("optimizer state ", name, " holds ", size, " values, expected ", want));
     }
     loads.emplace_back(buf, found);
+  }
+  // Pending local steps need their anchor and summed update.
+  const auto loaded_size = [&](std::vector<float>* buf) {
+    for (const auto& [b, from] : loads) {
+      if (b == buf) return from == nullptr ? size_t{0} : from->size();
+    }
+    return size_t{0};
+  };
+  const size_t pending = loaded_size(&local_) > 0 ? static_cast<size_t>(n_) : 0;
+  for (auto* buf : {&anchor_, &local_update_}) {
+    if (loaded_size(buf) != pending) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer state ", buf == &anchor_ ? "anchor" : "local_update",
+                                                     " holds ", loaded_size(buf), " values, expected ", pending,
+                                                     " (", pending > 0 ? "local steps pending" : "none pending", ")"));
+    }
   }
   for (auto& [buf, from] : loads) {
     if (from == nullptr) {

@@ -13,10 +13,33 @@
 //             m = x s;  u = clamp(x / bc1, -B, B)   (bc1 = 1 - b1^t keeps going after the freeze)
 //             p *= 1 - lr*wd (matrices);  p -= lr * u
 //             where |x / bc1| > B:  v = (m / bc1 / B)^2   (raise_variance_at_bound)
-//   refresh:  every R-th step after the freeze (variance_refresh_steps = R)
-//             exchanges g in float32 instead: m = b1 m + (1-b1) g;
-//             v = (b2^R bc2(t-R) v + (1 - b2^R) g^2) / bc2(t), zeros filled
+//   refresh:  at the end of each refresh interval I after the freeze (R =
+//             variance_refresh_steps, doubling after every refresh_growth
+//             refreshes: VarianceRefreshInterval) exchanges g in float32
+//             instead: m = b1 m + (1-b1) g;
+//             v = (b2^I bc2(t-I) v + (1 - b2^I) g^2) / bc2(t), zeros filled
 //             as at the freeze; the error buffers are zeroed; the step is as above.
+//   local:    with max_local_steps > 1, between two syncs (LocalStepsSyncAt;
+//             the step before a refresh always syncs) a replica steps alone:
+//             m = b1 m + (1-b1) g_local;  x = m / s;  acc += lr x;
+//             p *= 1 - lr*wd (matrices);  p -= lr * clamp(x / bc1, -B, B)
+//             (no traffic; v never raised: it must stay the same everywhere).
+//             The sync that ends the interval is a compressed step that
+//             exchanges y = (acc + lr x) / lr_sum (lr_sum: the lrs of the
+//             interval, this step's included; with no local step before it
+//             y = x, the plain step) and sets, on every replica,
+//             m = mean~(y) s;  p = anchor * prod(1 - lr*wd) - lr_sum * clamp(mean~(y) / bc1, -B, B)
+//             from the anchor (the parameters at the last sync), as 0/1
+//             Adam (Lu et al. 2022, Algorithm 1) resets its replicas to the
+//             anchor minus the mean of their accumulated updates. Error
+//             feedback carries over between plain steps and syncs (y and x
+//             are both in units of m / s).
+//   layer-wise: with layerwise_every_steps = N > 0 (min-max only), after
+//             every N compressed exchanges the tensors of the compressed part
+//             get new bit widths (pipeline/layerwise_plan.h) measured on that
+//             exchange's mean, which every replica decoded from the same
+//             bytes: the same plan everywhere. A changed plan zeroes both
+//             error buffers (their layout follows the plan's width groups).
 //   with B = AdamUpdateBound(b1, b2, t), the largest step Adam could take at
 //   step t (1.12 at t = 17, 1.83 at t = 65 for the default betas) and
 //   mean_replicas~ the compressed allreduce: min-max with error feedback on
@@ -41,15 +64,20 @@
 // its largest momenta and divided by the small sqrt(v) of its quiet
 // coordinates. Since v is the same on every replica, mean(m / s) = mean(m) /
 // s: lossless codecs give the same update either way. The refresh is 0/1
-// Adam's (Lu et al. 2022: v updated from full-precision gradients at growing
-// intervals; ours is fixed); one refresh costs a warm-up step's bytes.
+// Adam's (Lu et al. 2022: v updated from full-precision gradients at
+// growing intervals); one refresh costs a warm-up step's bytes.
 // Elements [0, num_compressed) are exchanged with the compressed codec after
 // warm-up; the rest (biases, LayerNorm: tiny tensors) always go raw.
 // All replicas apply the same decoded bytes and the same v, so parameters
 // stay bit-identical.
 //
 // State (checkpointed and handed to a joining replica): m, v, worker error,
-// server error, error owner, step, frozen flag (NamedState / LoadState).
+// server error, error owner, pending local steps (anchor, summed update,
+// lr sum, decay product), the layer-wise plan, step, frozen flag
+// (NamedState / LoadState). The schedules are functions of the step alone.
+// A joiner given another replica's state and parameters in the middle of a
+// local interval syncs with the group at its end (the anchor is the same on
+// every replica; its summed update counts the giver's local steps as its own).
 // After the freeze the error buffers are in units of m / s. m and v are the
 // same on every replica; the error buffers are not: they hold one replica's
 // quantization residues (the server error over the chunks its rank owns), and
@@ -100,11 +128,30 @@ struct QuantizedAdamOptions {
   // After the freeze, where the bound binds, raise v to (m / bc1 / bound)^2
   // (see the banner). Default: true.
   bool raise_variance_at_bound = true;
-  // After the freeze, every Nth step is a variance refresh (see the banner).
+  // After the freeze, the first variance refresh is at step R =
+  // variance_refresh_steps after it, then every R steps (see the banner).
   // 0 = never. Default: 0 (a job's default is 4, pipeline/job_spec.cc).
   int64_t variance_refresh_steps = 0;
+  // 0/1 Adam's growing refresh interval: it starts at R and doubles after
+  // every refresh_growth refreshes (VarianceRefreshInterval). 0 = fixed.
+  // Default: 0.
+  int64_t refresh_growth = 0;
+  // 0/1 Adam's local steps after the freeze (see the banner): the interval
+  // between syncs starts at 1 and doubles after every local_step_growth
+  // syncs, capped at max_local_steps (local_step_growth 0: max_local_steps
+  // from the start). max_local_steps <= 1 = every step syncs. Default: 0.
+  int64_t max_local_steps = 0;
+  int64_t local_step_growth = 0;
+  // Layer-wise bit widths of the min-max exchange (L-GreCo, see the banner):
+  // re-chosen after every layerwise_every_steps compressed exchanges within
+  // [layerwise_min_bits, layerwise_max_bits] against compressed.codec.bits
+  // everywhere. 0 = off. Ignored under Global-QSGD. Default: 0.
+  int64_t layerwise_every_steps = 0;
+  int layerwise_min_bits = 2;
+  int layerwise_max_bits = 8;
   // Exchange rounds this optimizer uses within a step: first_round and
-  // first_round + 1. Two optimizers sharing one exchange in the same step
+  // first_round + 1; with layer-wise widths also 16 + 8 first_round + bits - 1
+  // (bits 1..8: rounds 16..23 for first_round 0, 32..39 for 2). Two optimizers sharing one exchange in the same step
   // (a stage's parameters and its tied-embedding copy) use disjoint rounds;
   // the rounds also key the stochastic rounding, so optimizers with the same
   // first_round, inputs and state produce the same bytes. Default: 0.
@@ -131,6 +178,19 @@ QuantizedAdamOptions QuantizedAdamOptionsFromJob(const v1::JobSpec& job);
 // default betas 1.12 at step 17, 1.83 at 65, 7.27 in the limit.
 double AdamUpdateBound(double beta1, double beta2, int64_t step);
 
+// The length of the variance-refresh interval that ends at post-freeze step
+// k (1-based: the first step after the freeze is 1), or 0 when step k is no
+// refresh. Intervals: `refresh_steps` (R) `growth` (G) times, then 2R G
+// times, 4R, ... (G = 0: R forever; R = 0: never). For R = 4, G = 2 the
+// refreshes are at 4, 8, 16, 24, 40, 56, ... A function of k alone, so a
+// replica that loads the state at any step follows the same schedule.
+int64_t VarianceRefreshInterval(int64_t k, int64_t refresh_steps, int64_t growth);
+
+// Whether post-freeze step k (1-based) ends a local-step interval: intervals
+// 1 `growth` times, then 2 `growth` times, 4, ... capped at `max_local_steps`
+// (growth 0: max_local_steps from the start; max_local_steps <= 1: every step).
+bool LocalStepsSyncAt(int64_t k, int64_t max_local_steps, int64_t growth);
+
 class QuantizedAdam {
  public:
   // `decay[i]` says whether element i gets weight decay; elements
@@ -146,28 +206,48 @@ class QuantizedAdam {
   bool frozen() const { return frozen_; }
   const AllReduceStats& stats() const { return stats_; }
   // What the last Step exchanged (events.proto StepDataParallel.kind):
-  // "adamw" (not quantized), "warmup", "compressed" or "refresh"; "" before
-  // the first step.
+  // "adamw" (not quantized), "warmup", "compressed" (also a local-step
+  // sync), "refresh" or "local" (no traffic); "" before the first step.
   const std::string& last_step_kind() const { return last_step_kind_; }
+  // The layer-wise plan: bits per tensor of the compressed part (the tensors
+  // of `tensor_sizes` within [0, num_compressed)); empty while every tensor
+  // travels at compressed.codec.bits (layer-wise off, or no plan yet).
+  std::vector<int> layerwise_bits() const;
   // Named flat buffers: "m", "v", "worker_error", "server_error",
-  // "error_owner" ({rank, replicas} of the error buffers; empty: none yet).
+  // "error_owner" ({rank, replicas} of the error buffers; empty: none yet),
+  // "local" ({sum of lr, product of (1 - lr wd)} over the local steps since
+  // the last sync; empty: none pending), "anchor" (the parameters at the
+  // last sync) and "local_update" (sum of lr x since it), both empty unless
+  // local steps are pending, "layerwise" ({compressed exchanges so far,
+  // bits per tensor...}; empty: layer-wise off).
   std::vector<std::pair<std::string, std::vector<float>*>> NamedState();
   std::vector<std::pair<std::string, const std::vector<float>*>> NamedState() const;
   // m and v must hold n values; the error buffers none or at most
   // num_compressed (worker_error exactly num_compressed); "error_owner"
   // (optional: older states lack it) none or {rank, replicas} with
-  // 0 <= rank < replicas. Anything else is InvalidArgument naming the buffer
-  // and both sizes, and nothing is changed.
+  // 0 <= rank < replicas; "local", "anchor", "local_update", "layerwise"
+  // (optional) none, or {lr sum > 0, product in (0, 1]} with anchor and
+  // local_update of n values, and {count >= 0, one width in [1, 8] per
+  // compressed tensor} (or {count} before the first plan). Anything else is
+  // InvalidArgument naming the buffer and both sizes, and nothing is changed.
   absl::Status LoadState(const std::vector<std::pair<std::string, std::vector<float>>>& state, int64_t step,
                          bool frozen);
 
  private:
+  // The min-max exchange of the compressed part (uniform or layer-wise
+  // widths), and the layer-wise re-plan after it.
+  absl::Status CompressedExchange(ReplicaExchange& ex, uint64_t step, absl::Span<const float> x,
+                                  absl::Span<float> mean);
+
   const int64_t n_, num_compressed_;
   const std::vector<uint8_t> decay_;
   const std::vector<int64_t> tensor_sizes_;
+  std::vector<int64_t> compressed_sizes_;  // the tensors of [0, num_compressed) (the layer-wise plan's)
   const QuantizedAdamOptions options_;
   std::vector<float> m_, v_, worker_error_, server_error_, g_, scratch_;
   std::vector<float> error_owner_;  // {rank, replicas} whose residues the error buffers hold; empty: unknown
+  std::vector<float> local_, anchor_, local_update_;  // pending local steps (see NamedState)
+  std::vector<float> layerwise_;                      // {exchanges, bits...} (see NamedState)
   int64_t step_ = 0;
   bool frozen_ = false;
   AllReduceStats stats_;

@@ -2,6 +2,8 @@
 // a live replica's checkpoint).
 #include "pipeline/quantized_adam.h"
 
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -38,24 +40,41 @@ QuantizedAdamOptions Options() {
 struct Group {
   std::vector<std::unique_ptr<QuantizedAdam>> opt;
   std::vector<std::vector<float>> params;
-  Group() {
+  // Per step and replica: the step's kind and the bytes it sent.
+  std::vector<std::vector<std::string>> kinds;
+  std::vector<std::vector<uint64_t>> bytes;
+  // The gradient at step t of replica r: (t, r)-seeded noise + 0.2, times
+  // `scale` (per element, empty: 1), plus params - target when `target` is
+  // set (a quadratic around it).
+  std::vector<float> scale, target;
+  int scale_from = 0;  // steps before it are not scaled
+  explicit Group(const QuantizedAdamOptions& o = Options(), std::vector<int64_t> sizes = {}) {
     for (int r = 0; r < kReplicas; ++r) {
-      opt.push_back(std::make_unique<QuantizedAdam>(kN, kN, std::vector<uint8_t>(kN, 0), Options()));
+      opt.push_back(std::make_unique<QuantizedAdam>(kN, kN, std::vector<uint8_t>(kN, 0), o, sizes));
       params.push_back(RandomFloats(kN, 7));  // the same start everywhere
     }
   }
   // Steps [from, to): replica r's gradient at step t is seeded by (t, r).
-  absl::Status Run(int from, int to) {
+  absl::Status Run(int from, int to, double lr = 0.01) {
     for (int t = from; t < to; ++t) {
       Hub hub;
       std::vector<absl::Status> st(kReplicas);
       std::vector<std::thread> threads;
+      kinds.emplace_back(kReplicas);
+      bytes.emplace_back(kReplicas);
       for (int r = 0; r < kReplicas; ++r) {
         threads.emplace_back([&, r] {
           HubExchange ex(&hub, r, kReplicas);
           std::vector<float> g = RandomFloats(kN, 1000 * t + r);
-          for (float& x : g) x += 0.2f;
-          st[r] = opt[r]->Step(ex, 0.01, absl::MakeSpan(params[r]), g);
+          for (int64_t i = 0; i < kN; ++i) {
+            g[i] += 0.2f;
+            if (!scale.empty() && t >= scale_from) g[i] *= scale[i];
+            if (!target.empty()) g[i] += params[r][i] - target[i];
+          }
+          const uint64_t before = opt[r]->stats().bytes_sent;
+          st[r] = opt[r]->Step(ex, lr, absl::MakeSpan(params[r]), g);
+          kinds.back()[r] = opt[r]->last_step_kind();
+          bytes.back()[r] = opt[r]->stats().bytes_sent - before;
         });
       }
       for (auto& th : threads) th.join();
@@ -64,6 +83,12 @@ struct Group {
       }
     }
     return absl::OkStatus();
+  }
+  bool Identical() const {
+    for (int r = 1; r < kReplicas; ++r) {
+      if (std::memcmp(params[0].data(), params[r].data(), kN * sizeof(float)) != 0) return false;
+    }
+    return true;
   }
   State Save(int r) const {
     State s;
@@ -177,6 +202,13 @@ TEST(QuantizedAdamStateTest, BuffersOfTheWrongSizeAreRefusedByNameAndChangeNothi
       {Replace(good, "error_owner", {3, 3}), "error_owner"},
       {Replace(good, "error_owner", {0.5f, 3}), "error_owner"},
       {Replace(good, "error_owner", {1, 2, 3}), "error_owner"},
+      {Replace(good, "local", {0.01f, 1}), "anchor"},  // local steps pending without their anchor
+      {Replace(good, "anchor", std::vector<float>(kN)), "anchor"},  // an anchor with nothing pending
+      {Replace(Replace(Replace(good, "local", {-1, 1}), "anchor", std::vector<float>(kN)), "local_update",
+               std::vector<float>(kN)),
+       "local"},
+      {Replace(good, "layerwise", {3, 9}), "layerwise"},
+      {Replace(good, "layerwise", {3, 4, 4}), "layerwise"},
   };
   for (const Case& c : cases) {
     QuantizedAdam q(kN, kN, std::vector<uint8_t>(kN, 0), Options());
@@ -189,6 +221,223 @@ TEST(QuantizedAdamStateTest, BuffersOfTheWrongSizeAreRefusedByNameAndChangeNothi
   QuantizedAdam q(kN, kN, std::vector<uint8_t>(kN, 0), Options());
   EXPECT_EQ(q.LoadState(Without(good, "v"), 3, true).code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(q.LoadState(good, 3, true).ok());
+}
+
+
+TEST(QuantizedAdamScheduleTest, RefreshIntervalsDoubleAfterEveryGrowthRefreshes) {
+  std::vector<int64_t> at, len;
+  for (int64_t k = 1; k <= 130; ++k) {
+    if (const int64_t i = VarianceRefreshInterval(k, 4, 2)) {
+      at.push_back(k);
+      len.push_back(i);
+    }
+  }
+  EXPECT_EQ(at, (std::vector<int64_t>{4, 8, 16, 24, 40, 56, 88, 120}));
+  EXPECT_EQ(len, (std::vector<int64_t>{4, 4, 8, 8, 16, 16, 32, 32}));
+  // Fixed interval (G = 0), never (R = 0), and a step far out (G = 1:
+  // refreshes at 4 (2^j - 1), j >= 1).
+  EXPECT_EQ(VarianceRefreshInterval(12, 4, 0), 4);
+  EXPECT_EQ(VarianceRefreshInterval(13, 4, 0), 0);
+  EXPECT_EQ(VarianceRefreshInterval(8, 0, 0), 0);
+  EXPECT_EQ(VarianceRefreshInterval(4 * ((int64_t{1} << 40) - 1), 4, 1), 4 * (int64_t{1} << 39));
+  EXPECT_EQ(VarianceRefreshInterval(4 * ((int64_t{1} << 40) - 1) - 4, 4, 1), 0);
+}
+
+TEST(QuantizedAdamScheduleTest, LocalIntervalsDoubleAfterEveryGrowthSyncsUpToTheCap) {
+  std::vector<int64_t> syncs;
+  for (int64_t k = 1; k <= 22; ++k) {
+    if (LocalStepsSyncAt(k, 4, 2)) syncs.push_back(k);
+  }
+  EXPECT_EQ(syncs, (std::vector<int64_t>{1, 2, 4, 6, 10, 14, 18, 22}));
+  syncs.clear();
+  for (int64_t k = 1; k <= 12; ++k) {
+    if (LocalStepsSyncAt(k, 4, 0)) syncs.push_back(k);
+  }
+  EXPECT_EQ(syncs, (std::vector<int64_t>{4, 8, 12}));
+  for (int64_t k = 1; k <= 5; ++k) {
+    EXPECT_TRUE(LocalStepsSyncAt(k, 1, 3));
+    EXPECT_TRUE(LocalStepsSyncAt(k, 0, 0));
+  }
+}
+
+// Refreshes on the growing schedule (R = 4, G = 2) and local steps (L = 4,
+// K = 1) after one warm-up step: each step is the kind the schedule says;
+// local steps send nothing and leave the replicas apart; every other step
+// leaves all three bit-identical.
+QuantizedAdamOptions ZeroOneOptions() {
+  QuantizedAdamOptions o = Options();
+  o.variance_refresh_steps = 4;
+  o.refresh_growth = 2;
+  o.max_local_steps = 4;
+  o.local_step_growth = 1;
+  return o;
+}
+
+std::string ExpectedKind(int64_t k) {
+  if (k == 0) return "warmup";
+  if (VarianceRefreshInterval(k, 4, 2) > 0) return "refresh";
+  if (!LocalStepsSyncAt(k, 4, 1) && VarianceRefreshInterval(k + 1, 4, 2) == 0) return "local";
+  return "compressed";
+}
+
+TEST(QuantizedAdamLocalStepsTest, StepsFollowTheScheduleSendNothingLocallyAndSyncBitIdentical) {
+  // The schedule spelled out for the first post-freeze steps (k = 1..16).
+  const std::vector<std::string> first = {"compressed", "local", "compressed", "refresh", "local", "local",
+                                          "compressed", "refresh", "local", "local", "compressed", "local",
+                                          "local", "local", "compressed", "refresh"};
+  for (size_t k = 1; k <= first.size(); ++k) EXPECT_EQ(ExpectedKind(k), first[k - 1]) << "k = " << k;
+  Group g(ZeroOneOptions());
+  int apart = 0;
+  for (int t = 0; t < 45; ++t) {
+    ASSERT_TRUE(g.Run(t, t + 1).ok());
+    for (int r = 0; r < kReplicas; ++r) {
+      ASSERT_EQ(g.kinds[t][r], ExpectedKind(t)) << "step " << t << " replica " << r;
+      if (g.kinds[t][r] == "local") {
+        EXPECT_EQ(g.bytes[t][r], 0u) << "step " << t;
+      } else {
+        EXPECT_GT(g.bytes[t][r], 0u) << "step " << t;
+      }
+    }
+    if (g.kinds[t][0] == "local") {
+      apart += !g.Identical();
+    } else {
+      ASSERT_TRUE(g.Identical()) << "step " << t << " (" << g.kinds[t][0] << ")";
+    }
+    // Nothing is pending after a sync; something is during local steps.
+    EXPECT_EQ(g.opt[0]->NamedState()[5].second->empty(), g.kinds[t][0] != "local") << "step " << t;
+  }
+  EXPECT_GT(apart, 10) << "local steps should move each replica by its own gradient";
+}
+
+// Syncs with no local step before them are the plain compressed steps: with
+// L = 4, K = 2 the first two steps after the freeze sync (intervals of 1) and
+// match an optimizer without local steps bit for bit; the third is local.
+TEST(QuantizedAdamLocalStepsTest, SyncsWithNothingPendingAreThePlainCompressedSteps) {
+  QuantizedAdamOptions local = Options();
+  local.max_local_steps = 4;
+  local.local_step_growth = 2;
+  Group a, b(local);
+  ASSERT_TRUE(a.Run(0, 3).ok());
+  ASSERT_TRUE(b.Run(0, 4).ok());
+  EXPECT_EQ(b.kinds[2][0], "compressed");
+  EXPECT_EQ(b.kinds[3][0], "local");
+  Group c(local);
+  ASSERT_TRUE(c.Run(0, 3).ok());
+  ExpectSameParams(a, c);
+}
+
+// A joiner takes rank 0's state and parameters in the middle of a local
+// interval (steps k = 12, 13 are local): it follows the same schedule as the
+// undisturbed replica of its rank, sends nothing at local steps, and the
+// next sync leaves the whole group bit-identical.
+TEST(QuantizedAdamLocalStepsTest, AJoinerMidIntervalContinuesTheScheduleAndSyncsBitIdentical) {
+  Group base(ZeroOneOptions());
+  ASSERT_TRUE(base.Run(0, 14).ok());
+  ASSERT_EQ(base.kinds[13][0], "local");
+  ASSERT_FALSE(base.opt[0]->NamedState()[5].second->empty());
+  for (int joiner : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("joiner at rank ", joiner));
+    Group undisturbed(ZeroOneOptions()), joined(ZeroOneOptions());
+    for (int r = 0; r < kReplicas; ++r) {
+      const int from = r == joiner ? 0 : r;
+      for (Group* g : {&undisturbed, &joined}) {
+        g->params[r] = base.params[g == &joined ? from : r];
+        ASSERT_TRUE(g->opt[r]->LoadState(base.Save(g == &joined ? from : r), 14, true).ok());
+      }
+    }
+    ASSERT_TRUE(undisturbed.Run(14, 32).ok());
+    for (int t = 14; t < 32; ++t) {  // k = 14 .. 31: syncs at 15, 19, 23, 27, 31; a refresh at 16 and 24
+      const absl::Status js = joined.Run(t, t + 1);
+      ASSERT_TRUE(js.ok()) << js;
+      const std::string& kind = joined.kinds[t - 14][joiner];
+      EXPECT_EQ(kind, undisturbed.kinds[t - 14][joiner]) << "step " << t;
+      EXPECT_EQ(kind, ExpectedKind(t)) << "step " << t;
+      if (kind == "local") {
+        EXPECT_EQ(joined.bytes[t - 14][joiner], 0u) << "step " << t;
+      } else {
+        EXPECT_TRUE(joined.Identical()) << "step " << t << " (" << kind << ")";
+      }
+    }
+    EXPECT_EQ(joined.kinds.back()[joiner], "compressed");
+  }
+}
+
+// Layer-wise widths in the optimizer: tensors of 500, 300 and 200 values;
+// after the freeze the first one's gradients shrink a hundredfold and the
+// last one's grow, so its preconditioned momentum spans less (more) than the
+// others'. After every 3 compressed exchanges the replicas re-plan on the
+// exchanged mean: the same plan everywhere, bit-identical parameters across
+// the change, and fewer bytes per compressed step than the uniform 4 bits.
+TEST(QuantizedAdamLayerwiseTest, ReplicasShareThePlanStayIdenticalAndSendFewerBytes) {
+  QuantizedAdamOptions o = Options();
+  o.warmup_steps = 2;
+  o.layerwise_every_steps = 3;
+  const std::vector<int64_t> sizes = {500, 300, 200};
+  Group g(o, sizes);
+  g.scale.assign(kN, 1.0f);
+  std::fill(g.scale.begin(), g.scale.begin() + 500, 0.01f);
+  std::fill(g.scale.begin() + 800, g.scale.end(), 4.0f);
+  g.scale_from = 2;
+  std::vector<int> plan;
+  uint64_t uniform_bytes = 0, planned_bytes = 0;
+  for (int t = 0; t < 12; ++t) {
+    ASSERT_TRUE(g.Run(t, t + 1).ok());
+    ASSERT_TRUE(g.Identical()) << "step " << t;
+    const std::vector<int> bits = g.opt[0]->layerwise_bits();
+    for (int r = 1; r < kReplicas; ++r) ASSERT_EQ(g.opt[r]->layerwise_bits(), bits) << "step " << t;
+    // Compressed exchanges 1, 2, 3 are steps 2, 3, 4: the first plan comes after step 4.
+    EXPECT_EQ(bits.empty(), t < 4) << "step " << t;
+    if (t >= 2 && t <= 4) uniform_bytes = g.bytes[t][0];
+    if (t == 5) plan = bits;
+    if (t > 5) planned_bytes = g.bytes[t][0];
+  }
+  ASSERT_EQ(plan.size(), sizes.size());
+  std::printf("compressed step bytes (rank 0): uniform 4-bit %llu, layer-wise %llu, bits %d %d %d\n",
+              static_cast<unsigned long long>(uniform_bytes), static_cast<unsigned long long>(planned_bytes), plan[0],
+              plan[1], plan[2]);
+  EXPECT_LT(plan[0], 4);
+  EXPECT_GE(plan[2], plan[1]);
+  EXPECT_LT(planned_bytes, uniform_bytes);
+}
+
+// A small quadratic (gradient params - target + noise) converges under the
+// whole 0/1 Adam schedule with layer-wise widths about as well as under
+// plain data-parallel AdamW.
+TEST(QuantizedAdamLocalStepsTest, AQuadraticConvergesUnderTheWholeSchedule) {
+  QuantizedAdamOptions o = ZeroOneOptions();
+  o.warmup_steps = 10;
+  o.max_local_steps = 8;
+  o.local_step_growth = 2;
+  o.layerwise_every_steps = 5;
+  QuantizedAdamOptions plain = Options();
+  plain.quantized = false;
+  const std::vector<int64_t> sizes = {400, 600};
+  std::vector<float> target = RandomFloats(kN, 99);
+  for (float& x : target) x *= 4;
+  double start = 0, end[2] = {0, 0};
+  int k = 0;
+  for (const QuantizedAdamOptions* opts : {&o, &plain}) {
+    Group g(*opts, sizes);
+    g.target = target;
+    // The optimum: params = target - 0.2 - mean noise.
+    start = 0;
+    for (int64_t i = 0; i < kN; ++i) start += std::pow(g.params[0][i] - (target[i] - 0.2), 2);
+    int t = 0;
+    for (; t < 300 || g.kinds.back()[0] == "local"; ++t) ASSERT_TRUE(g.Run(t, t + 1, 0.02).ok());
+    for (int64_t i = 0; i < kN; ++i) end[k] += std::pow(g.params[0][i] - (target[i] - 0.2), 2);
+    if (opts == &o) {
+      EXPECT_NE(g.kinds.back()[0], "local");
+      EXPECT_TRUE(g.Identical());
+      EXPECT_FALSE(g.opt[0]->layerwise_bits().empty());
+      int local = 0;
+      for (const auto& kinds : g.kinds) local += kinds[0] == "local";
+      EXPECT_GT(local, 150) << "most steps after the freeze should be local";
+    }
+    ++k;
+  }
+  std::printf("squared distance to the optimum: start %.1f, 0/1 schedule %.3f, AdamW %.3f\n", start, end[0], end[1]);
+  EXPECT_LT(end[0], 0.01 * start);
+  EXPECT_LT(end[0], 3 * end[1] + 0.01 * start);
 }
 
 }  // namespace
