@@ -415,6 +415,7 @@ TEST(QuantizedAdamLocalStepsTest, AQuadraticConvergesUnderTheWholeSchedule) {
   std::vector<float> target = RandomFloats(kN, 99);
   for (float& x : target) x *= 4;
   double start = 0, end[2] = {0, 0};
+  uint64_t total_bytes[2] = {0, 0};
   int k = 0;
   for (const QuantizedAdamOptions* opts : {&o, &plain}) {
     Group g(*opts, sizes);
@@ -425,6 +426,7 @@ TEST(QuantizedAdamLocalStepsTest, AQuadraticConvergesUnderTheWholeSchedule) {
     int t = 0;
     for (; t < 300 || g.kinds.back()[0] == "local"; ++t) ASSERT_TRUE(g.Run(t, t + 1, 0.02).ok());
     for (int64_t i = 0; i < kN; ++i) end[k] += std::pow(g.params[0][i] - (target[i] - 0.2), 2);
+    total_bytes[k] = g.opt[0]->stats().bytes_sent;
     if (opts == &o) {
       EXPECT_NE(g.kinds.back()[0], "local");
       EXPECT_TRUE(g.Identical());
@@ -435,7 +437,12 @@ TEST(QuantizedAdamLocalStepsTest, AQuadraticConvergesUnderTheWholeSchedule) {
     }
     ++k;
   }
-  std::printf("squared distance to the optimum: start %.1f, 0/1 schedule %.3f, AdamW %.3f\n", start, end[0], end[1]);
+  std::printf("squared distance to the optimum: start %.1f, 0/1 schedule %.3f, AdamW %.3f; bytes sent by rank 0: "
+              "%llu vs %llu (%.1fx less)\n",
+              start, end[0], end[1], static_cast<unsigned long long>(total_bytes[0]),
+              static_cast<unsigned long long>(total_bytes[1]),
+              static_cast<double>(total_bytes[1]) / static_cast<double>(total_bytes[0]));
+  EXPECT_LT(total_bytes[0] * 5, total_bytes[1]);
   EXPECT_LT(end[0], 0.01 * start);
   EXPECT_LT(end[0], 3 * end[1] + 0.01 * start);
 }
