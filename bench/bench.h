@@ -204,6 +204,42 @@ struct CoordinatorBenchOptions {
 };
 absl::Status RunCoordinatorBench(const CoordinatorBenchOptions& options, std::ostream& out);
 
+// `aqswarm bench converge` (issue 39): time to a target validation loss.
+// Runs a base job (JSON) under each configuration (DP optimizer + link
+// compression) and each link shaping, one real `aqswarm pipeline` per run,
+// and prints one JSON object per run: steps and seconds to the target, final
+// validation loss and its gap to the baseline (AdamW + fp32 links, always
+// run first), DP and link bytes and their ratios to the baseline's. Shaped
+// runs are cut short and extrapolated (training is bit-identical under any
+// shaping; the bench checks it). See converge_bench.cc.
+struct ConvergeBenchOptions {
+  // The base job (JSON, proto/job.proto): data_parallel >= 2, stages >= 2.
+  // Relative data paths are read from the working directory.
+  std::string job;
+  // Comma-separated configurations OPT-LINK, OPT = adamw | qadam | diloco-hH
+  // (dp.innerSteps H), LINK = fp32 | aqsgd (fw3 bw6). adamw-fp32, the
+  // baseline, always runs first. Default: the issue's five.
+  std::string configs = "adamw-fp32,qadam-aqsgd,diloco-h16-aqsgd,diloco-h32-aqsgd,diloco-h64-aqsgd";
+  // Comma-separated link shapings MBIT/MS (bandwidth in Mbit/s, one-way
+  // latency in ms; 0/0 = unshaped, always run first). Default: the issue's.
+  std::string shapings = "0/0,100/50,10/50";
+  // Target validation loss; 0 = the baseline's final one x (1 + target_slack).
+  double target_val_loss = 0;
+  double target_slack = 0.01;
+  // A shaped run trains at least this many steps, and past the second step
+  // of every DP step kind the unshaped run shows after step 0 (the first of
+  // a kind that occurs once), rounded up
+  // to whole diloco outer periods; the rest of its time to target is
+  // extrapolated. Default: 8.
+  int shaped_steps = 8;
+  // Keep the runs (job files, run directories) here; empty = a temporary
+  // directory, removed after a successful bench.
+  std::string out_dir;
+  // Limit per pipeline run, seconds. Default: 3600.
+  int run_timeout_s = 3600;
+};
+absl::Status RunConvergeBench(const ConvergeBenchOptions& options, std::ostream& out);
+
 }  // namespace aqswarm::bench
 
 #endif  // AQSWARM_BENCH_BENCH_H_

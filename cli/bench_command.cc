@@ -1,5 +1,6 @@
 #include <iostream>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "bench/bench.h"
@@ -68,6 +69,19 @@ ABSL_FLAG(bool, slownet_sweep, true,
           "false: one run per cell.");
 ABSL_FLAG(std::string, slownet_out_dir, "", "Slownet bench: keep the raw runs here (default: a temporary "
           "directory, removed).");
+ABSL_FLAG(std::string, configs, "adamw-fp32,qadam-aqsgd,diloco-h16-aqsgd,diloco-h32-aqsgd,diloco-h64-aqsgd",
+          "Converge bench: configurations OPT-LINK (OPT adamw | qadam | diloco-hH; LINK fp32 | aqsgd); adamw-fp32, "
+          "the baseline, always runs first.");
+ABSL_FLAG(std::string, shapings, "0/0,100/50,10/50",
+          "Converge bench: link shapings MBIT/MS (Mbit/s / one-way ms; 0/0 = unshaped, always run first).");
+ABSL_FLAG(double, target_val_loss, 0,
+          "Converge bench: target validation loss (0 = the baseline's final one x (1 + --target_slack)).");
+ABSL_FLAG(double, target_slack, 0.01, "Converge bench: the default target's margin above the baseline's final val loss.");
+ABSL_FLAG(int32_t, shaped_steps, 8,
+          "Converge bench: least steps a shaped run trains before its time to target is extrapolated (it also runs "
+          "past the 2nd step of every DP step kind, in whole diloco outer periods).");
+ABSL_DECLARE_FLAG(std::string, job);
+ABSL_DECLARE_FLAG(std::string, out_dir);
 
 namespace aqswarm::cli {
 int BenchReport(const absl::Status& s, const char* name) {
@@ -192,6 +206,26 @@ std::vector<Command> BenchCommands() {
                    o.out_dir = absl::GetFlag(FLAGS_slownet_out_dir);
                    o.json = absl::GetFlag(FLAGS_json);
                    return BenchReport(bench::RunSlownetBench(o, std::cout), "slownet");
+                 }});
+  out.push_back({"bench converge",
+                 "Time to a target validation loss (issue 39): a base job under DP optimizers x link compression "
+                 "x link shapings, one JSON object per run, ratios against AdamW + fp32 links.",
+                 "Runs `aqswarm pipeline` per (configuration, shaping) on 127.0.0.1 from the working directory (the "
+                 "job's relative data paths). Shaped runs train their first steps only and must match the unshaped "
+                 "run's losses bit for bit; the rest of their time to target is extrapolated per DP step kind "
+                 "(bench/converge_bench.cc). --out_dir keeps the runs.",
+                 {"job", "configs", "shapings", "target_val_loss", "target_slack", "shaped_steps", "out_dir"},
+                 [](const std::vector<std::string>& args) {
+                   if (int rc = BenchNoArgs(args, "converge")) return rc;
+                   bench::ConvergeBenchOptions o;
+                   o.job = absl::GetFlag(FLAGS_job);
+                   o.configs = absl::GetFlag(FLAGS_configs);
+                   o.shapings = absl::GetFlag(FLAGS_shapings);
+                   o.target_val_loss = absl::GetFlag(FLAGS_target_val_loss);
+                   o.target_slack = absl::GetFlag(FLAGS_target_slack);
+                   o.shaped_steps = absl::GetFlag(FLAGS_shaped_steps);
+                   o.out_dir = absl::GetFlag(FLAGS_out_dir);
+                   return BenchReport(bench::RunConvergeBench(o, std::cout), "converge");
                  }});
   return out;
 }

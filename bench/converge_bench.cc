@@ -1,0 +1,595 @@
+// `aqswarm bench converge` (issue 39, item 4): time to a target validation
+// loss, per DP optimizer, link compression and link shaping.
+//
+// Every run is a real `aqswarm pipeline` (a private copy of this executable)
+// on a fresh directory, with the base job changed only in what the
+// configuration and the shaping name:
+//   adamw-fp32         dp.optimizer adamw, compression fp32 (the baseline)
+//   qadam-aqsgd        dp.optimizer quantized_adam on 0/1 Adam's growing
+//                      variance refresh (dp.varianceRefreshSteps, else 4;
+//                      dp.refreshGrowth kRefreshGrowth; dp.warmupSteps, else
+//                      a sixteenth of the job's steps), AQ-SGD fw3 bw6 links
+//   diloco-hH-aqsgd    dp.optimizer diloco, dp.innerSteps H, AQ-SGD fw3 bw6
+// (OPT-LINK in general: OPT adamw | qadam | diloco-hH, LINK fp32 | aqsgd).
+// dp.bits, bucket size and codec are the base job's; the shaping is the
+// job's `shaping` (stage links and the DP exchange alike).
+//
+// Measured, from the run's events.jsonl:
+//   val loss at step s     the mean over pipelines of the eval events after
+//                          step s (pipelines differ between diloco's outer
+//                          steps; they are identical after one and always
+//                          with adamw / quantized_adam)
+//   steps_to_target        s + 1 for the first eval step s whose val loss is
+//                          <= the target (null if none)
+//   seconds_to_target      the sum over steps 0..s of the step time: stage 0's
+//                          step_seconds, the max over pipelines (stage 0 runs
+//                          a step's first forward and last backward, so its
+//                          step spans the step; start-up is in step 0). The
+//                          evaluations' own time is not counted: the events
+//                          do not carry it.
+//   dp_bytes_per_replica   every stage's dp.bytes of every step, summed over
+//                          the stages of a pipeline, the mean over pipelines
+//   link bytes             every fw_bytes + bw_bytes of the run
+// Ratios are the baseline's quantity / the run's (> 1 = fewer bytes).
+//
+// Shaped runs. Shaping changes timing, not training: a shaped run's losses
+// and parameter hashes equal the unshaped run's at every step (the bench
+// checks every step and fails when they do not). So a shaped run trains only
+// its first N steps: at least shaped_steps, past the second occurrence (after
+// step 0; the first of a kind that occurs once) of every DP step kind of the
+// unshaped run (StepDataParallel.kind:
+// adamw; warmup, compressed, refresh; local, outer), rounded up to whole
+// diloco outer periods (H steps). Its steps_to_target is the unshaped run's;
+// seconds_to_target = its measured step times up to there, then, for every
+// later step up to the target, the shaped run's mean time of steps of that
+// step's kind (step 0, the start-up, left out of the means), with
+// "extrapolated": true. A run whose target step is within its N steps is not
+// extrapolated. AQ-SGD sends whole rows for samples a link has not seen
+// (epoch 0), so a window inside epoch 0 overestimates later steps' link time.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "bench/bench.h"
+#include "bench/bench_util.h"
+#include "common/file_util.h"
+#include "common/status_macros.h"
+#include "common/subprocess.h"
+#include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
+#include "pipeline/job_spec.h"
+#include "proto/event_json.h"
+
+namespace aqswarm::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kAqsgdFwBits = 3, kAqsgdBwBits = 6;
+// quantized_adam's refresh schedule when the base job does not set one: the
+// first interval, and refreshes per doubling of it (0/1 Adam's policy).
+constexpr uint32_t kRefreshSteps = 4, kRefreshGrowth = 1;
+
+struct Config {
+  std::string name;
+  v1::DataParallelSpec::Optimizer optimizer = v1::DataParallelSpec::adamw;
+  int inner_steps = 0;  // diloco: H
+  bool aqsgd = false;   // else fp32 links
+};
+
+absl::StatusOr<Config> ParseConfig(absl::string_view text) {
+  Config c;
+  c.name = std::string(text);
+  const size_t dash = text.rfind('-');
+  absl::string_view opt = text.substr(0, dash);
+  const absl::string_view link = dash == absl::string_view::npos ? "" : text.substr(dash + 1);
+  bool ok = link == "fp32" || link == "aqsgd";
+  c.aqsgd = link == "aqsgd";
+  if (opt == "qadam") {
+    c.optimizer = v1::DataParallelSpec::quantized_adam;
+  } else if (absl::ConsumePrefix(&opt, "diloco-h")) {
+    c.optimizer = v1::DataParallelSpec::diloco;
+    ok = ok && absl::SimpleAtoi(opt, &c.inner_steps) && c.inner_steps >= 1;
+  } else {
+    ok = ok && opt == "adamw";
+  }
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat("converge: unknown configuration '", text,
+                                                   "' (want OPT-LINK: OPT adamw, qadam or diloco-hH with H >= 1, "
+                                                   "LINK fp32 or aqsgd; e.g. adamw-fp32, diloco-h32-aqsgd)"));
+  }
+  return c;
+}
+
+// The configurations, the baseline adamw-fp32 first (added when missing).
+absl::StatusOr<std::vector<Config>> ParseConfigs(const std::string& list) {
+  std::vector<Config> out = {Config{.name = "adamw-fp32"}};
+  for (absl::string_view t : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    AQSWARM_ASSIGN_OR_RETURN(Config c, ParseConfig(absl::StripAsciiWhitespace(t)));
+    if (std::none_of(out.begin(), out.end(), [&](const Config& x) { return x.name == c.name; })) out.push_back(c);
+  }
+  return out;
+}
+
+struct Shaping {
+  double mbps = 0, latency_ms = 0;
+  bool unshaped() const { return mbps == 0 && latency_ms == 0; }
+  std::string Label() const { return absl::StrCat(mbps, "/", latency_ms); }
+};
+
+// "MBIT/MS" pairs; 0/0 (unshaped) always first.
+absl::StatusOr<std::vector<Shaping>> ParseShapings(const std::string& list) {
+  std::vector<Shaping> out = {Shaping{}};
+  for (absl::string_view t : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    t = absl::StripAsciiWhitespace(t);
+    std::vector<absl::string_view> parts = absl::StrSplit(t, '/');
+    Shaping s;
+    if (parts.size() != 2 || !absl::SimpleAtod(parts[0], &s.mbps) || !absl::SimpleAtod(parts[1], &s.latency_ms) ||
+        !std::isfinite(s.mbps) || !std::isfinite(s.latency_ms) || s.mbps < 0 || s.latency_ms < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "converge: bad shaping '", t, "' (want MBIT/MS: bandwidth in Mbit/s and one-way latency in ms, both >= 0, "
+                                        "e.g. 100/50; 0/0 = unshaped)"));
+    }
+    if (std::none_of(out.begin(), out.end(),
+                     [&](const Shaping& x) { return x.mbps == s.mbps && x.latency_ms == s.latency_ms; })) {
+      out.push_back(s);
+    }
+  }
+  return out;
+}
+
+// The base job under configuration `c`, validated.
+absl::StatusOr<v1::JobSpec> ConfigJob(const v1::JobSpec& base, const Config& c) {
+  v1::JobSpec job = base;
+  job.set_name(absl::StrCat(base.name(), "-", c.name));
+  v1::LinkCompression* comp = job.mutable_compression();
+  comp->set_mode(c.aqsgd ? v1::LinkCompression::aqsgd : v1::LinkCompression::fp32);
+  if (c.aqsgd) {
+    comp->set_fw_bits(kAqsgdFwBits);
+    comp->set_bw_bits(kAqsgdBwBits);
+  }
+  v1::DataParallelSpec* dp = job.mutable_dp();
+  const v1::DataParallelSpec& b = base.dp();
+  // What belongs to one optimizer only is the configuration's to set.
+  dp->set_optimizer(c.optimizer);
+  for (auto clear : {&v1::DataParallelSpec::clear_refresh_growth, &v1::DataParallelSpec::clear_max_local_steps,
+                     &v1::DataParallelSpec::clear_local_step_growth, &v1::DataParallelSpec::clear_inner_steps,
+                     &v1::DataParallelSpec::clear_outer_lr, &v1::DataParallelSpec::clear_outer_momentum,
+                     &v1::DataParallelSpec::clear_fragments, &v1::DataParallelSpec::clear_variance_refresh_steps,
+                     &v1::DataParallelSpec::clear_warmup_steps}) {
+    (dp->*clear)();
+  }
+  if (c.optimizer == v1::DataParallelSpec::quantized_adam) {
+    const uint32_t steps = job.max_steps() > 0 ? job.max_steps() : job.optimizer().total_steps();
+    dp->set_warmup_steps(b.warmup_steps() > 0 ? b.warmup_steps() : std::max<uint32_t>(1, steps / 16));
+    dp->set_variance_refresh_steps(b.has_variance_refresh_steps() && b.variance_refresh_steps() > 0
+                                       ? b.variance_refresh_steps()
+                                       : kRefreshSteps);
+    dp->set_refresh_growth(kRefreshGrowth);
+  }
+  if (c.optimizer == v1::DataParallelSpec::diloco) {
+    dp->set_inner_steps(c.inner_steps);
+    if (b.has_outer_lr()) dp->set_outer_lr(b.outer_lr());
+    if (b.has_outer_momentum()) dp->set_outer_momentum(b.outer_momentum());
+  }
+  if (c.optimizer == v1::DataParallelSpec::adamw) {
+    dp->clear_layerwise_every_steps();
+    dp->clear_layerwise_min_bits();
+    dp->clear_layerwise_max_bits();
+    dp->set_codec(v1::DataParallelSpec::minmax);
+  }
+  pipeline::ApplyJobDefaults(&job);
+  if (absl::Status s = pipeline::ValidateJobSpec(job); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("converge: configuration ", c.name, ": ", s.message()));
+  }
+  return job;
+}
+
+// What one pipeline run measured (events.jsonl).
+struct Run {
+  std::string dir;
+  int64_t steps = 0;
+  std::vector<double> step_seconds;  // per step: stage 0's, the max over pipelines
+  std::vector<std::string> kinds;    // per step: pipeline 0 stage 0's dp.kind
+  // (pipeline, stage, step) -> the step's loss and parameter hash.
+  std::map<std::tuple<int, int, int64_t>, std::pair<double, std::string>> fingerprint;
+  std::map<int64_t, double> val_loss;  // eval step -> mean over pipelines
+  double dp_bytes_per_replica = 0, link_bytes = 0;
+  double wall_seconds = 0;
+};
+
+absl::StatusOr<Run> ReadRun(const fs::path& events_path, int stages, int dp) {
+  std::ifstream in(events_path);
+  if (!in) return absl::DataLossError(absl::StrCat("converge: no ", events_path.string()));
+  Run r;
+  std::map<int64_t, int> lines;                       // step -> stage lines
+  std::map<int64_t, std::vector<double>> val;         // step -> stage 0's val loss per pipeline
+  std::map<int64_t, std::pair<double, std::string>> s0;  // step -> (max step_seconds, kind of pipeline 0)
+  double dp_bytes = 0;
+  for (std::string l; std::getline(in, l);) {
+    absl::StatusOr<v1::StageEvent> ev = events::ParseStageEvent(l);
+    if (!ev.ok()) return absl::DataLossError(absl::StrCat(events_path.string(), ": ", ev.status().message()));
+    if (ev->has_eval() && ev->eval().stage() == 0) {
+      const v1::EvalEvent& e = ev->eval();
+      val[e.step()].push_back(e.val_loss_not_finite() ? NAN : e.val_loss());
+    }
+    if (!ev->has_step()) continue;
+    const v1::StepEvent& e = ev->step();
+    ++lines[e.step()];
+    r.fingerprint[{static_cast<int>(e.pipeline()), static_cast<int>(e.stage()), e.step()}] = {
+        e.loss_not_finite() ? NAN : e.loss(), e.dp().param_hash()};
+    dp_bytes += static_cast<double>(e.dp().bytes());
+    r.link_bytes += static_cast<double>(e.fw_bytes()) + static_cast<double>(e.bw_bytes());
+    if (e.stage() == 0) {
+      auto& [secs, kind] = s0[e.step()];
+      secs = std::max(secs, e.step_seconds());
+      if (e.pipeline() == 0) kind = e.dp().kind();
+    }
+  }
+  r.steps = static_cast<int64_t>(lines.size());
+  for (const auto& [step, n] : lines) {
+    if (step >= r.steps || n != stages * dp) {
+      return absl::DataLossError(absl::StrCat(events_path.string(), ": step ", step, " has ", n,
+                                              " stage lines, want ", stages * dp, " (steps 0..", r.steps - 1, ")"));
+    }
+    r.step_seconds.push_back(s0[step].first);
+    r.kinds.push_back(s0[step].second);
+  }
+  for (const auto& [step, v] : val) {
+    if (static_cast<int>(v.size()) != dp) {
+      return absl::DataLossError(absl::StrCat(events_path.string(), ": eval after step ", step, " has ", v.size(),
+                                              " pipelines, want ", dp));
+    }
+    double sum = 0;
+    for (double x : v) sum += x;
+    r.val_loss[step] = sum / dp;
+  }
+  if (r.steps == 0 || r.val_loss.empty()) {
+    return absl::DataLossError(absl::StrCat(events_path.string(), ": no ", r.steps == 0 ? "step" : "eval",
+                                            " events (set the job's evalEverySteps)"));
+  }
+  r.dp_bytes_per_replica = dp_bytes / dp;
+  return r;
+}
+
+// Runs `job` with `aqswarm pipeline` in <dir>/run (the job in <dir>/job.json,
+// the launcher's output in <dir>/pipeline.out and .err).
+absl::StatusOr<Run> RunJob(const std::string& exe, const v1::JobSpec& job, const fs::path& dir, int timeout_s) {
+  aqswarm::RemoveTree(dir).IgnoreError();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat("converge: cannot create ", dir.string()));
+  std::string json;
+  google::protobuf::util::JsonPrintOptions po;
+  po.add_whitespace = true;
+  if (auto s = google::protobuf::util::MessageToJsonString(job, &json, po); !s.ok()) {
+    return absl::InternalError(absl::StrCat("converge: cannot print the job: ", s.ToString()));
+  }
+  const fs::path job_path = dir / "job.json";
+  std::ofstream(job_path) << json;
+  const auto t0 = std::chrono::steady_clock::now();
+  AQSWARM_ASSIGN_OR_RETURN(
+      auto child, Subprocess::Spawn({exe, "pipeline", "--job=" + job_path.string(), "--out_dir=" + (dir / "run").string()},
+                                    {.capture_stdout = true, .stderr_path = (dir / "pipeline.err").string()}));
+  std::ofstream log(dir / "pipeline.out");
+  const absl::Time deadline = absl::Now() + absl::Seconds(timeout_s);
+  for (std::string line;;) {
+    absl::Status s = child->ReadLine(&line, std::max(deadline - absl::Now(), absl::Seconds(1)));
+    if (absl::IsOutOfRange(s)) break;
+    if (!s.ok()) {
+      child->Signal(SIGTERM);
+      (void)child->Wait(absl::Seconds(15));
+      return absl::DeadlineExceededError(
+          absl::StrCat("converge: ", job.name(), " ran past ", timeout_s, " s; see ", dir.string()));
+    }
+    log << line << "\n";
+  }
+  absl::StatusOr<int> code = child->Wait(absl::Seconds(60));
+  if (!code.ok() || *code != 0) {
+    std::ifstream err(dir / "pipeline.err");
+    std::stringstream ss;
+    ss << err.rdbuf();
+    return absl::InternalError(absl::StrCat("converge: ", job.name(), ": aqswarm pipeline failed (exit ",
+                                            code.ok() ? *code : -1, "): ", ss.str().substr(0, 2000)));
+  }
+  AQSWARM_ASSIGN_OR_RETURN(Run r, ReadRun(dir / "run" / "events.jsonl", static_cast<int>(job.stages()),
+                                          static_cast<int>(job.data_parallel())));
+  r.dir = dir.string();
+  r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+// Steps a shaped run of `c` trains (see the file comment).
+int64_t ShapedSteps(const Run& unshaped, const Config& c, int min_steps) {
+  int64_t n = min_steps;
+  std::map<std::string, std::vector<int64_t>> at;  // kind -> its steps after step 0
+  for (int64_t t = 1; t < unshaped.steps; ++t) at[unshaped.kinds[t]].push_back(t);
+  for (const auto& [kind, steps] : at) n = std::max(n, steps[std::min<size_t>(1, steps.size() - 1)] + 1);
+  if (c.inner_steps > 0) n = (n + c.inner_steps - 1) / c.inner_steps * c.inner_steps;
+  return std::min(n, unshaped.steps);
+}
+
+// FailedPrecondition unless `shaped` trained exactly as `unshaped` did at
+// every step it ran (losses, parameter hashes, step kinds, val losses).
+absl::Status CheckSameTraining(const Run& shaped, const Run& unshaped, const std::string& name) {
+  auto fail = [&](const std::string& what) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "converge: ", name, ": ", what,
+        ": training under this shaping is not bit-identical to the unshaped run, so its time to target cannot be "
+        "taken from the unshaped run's steps (runs in ", shaped.dir, " and ", unshaped.dir, ")"));
+  };
+  if (shaped.steps > unshaped.steps) return fail(absl::StrCat(shaped.steps, " steps, unshaped ", unshaped.steps));
+  for (const auto& [key, v] : shaped.fingerprint) {
+    const auto& [p, s, step] = key;
+    auto it = unshaped.fingerprint.find(key);
+    const bool same = it != unshaped.fingerprint.end() && it->second.second == v.second &&
+                      (it->second.first == v.first || (std::isnan(it->second.first) && std::isnan(v.first)));
+    if (!same) {
+      return fail(absl::StrFormat("step %d pipeline %d stage %d: loss %.17g, parameters %s; unshaped %s", step, p, s,
+                                  v.first, v.second,
+                                  it == unshaped.fingerprint.end()
+                                      ? std::string("has no such step")
+                                      : absl::StrFormat("loss %.17g, parameters %s", it->second.first,
+                                                        it->second.second)));
+    }
+  }
+  for (int64_t t = 0; t < shaped.steps; ++t) {
+    if (shaped.kinds[t] != unshaped.kinds[t]) {
+      return fail(absl::StrCat("step ", t, " exchanged '", shaped.kinds[t], "', unshaped '", unshaped.kinds[t], "'"));
+    }
+  }
+  for (const auto& [step, v] : shaped.val_loss) {
+    auto it = unshaped.val_loss.find(step);
+    if (it != unshaped.val_loss.end() && it->second != v && !(std::isnan(v) && std::isnan(it->second))) {
+      return fail(absl::StrFormat("val loss after step %d: %.17g, unshaped %.17g", step, v, it->second));
+    }
+  }
+  return absl::OkStatus();
+}
+
+struct Timing {
+  std::optional<int64_t> steps_to_target;
+  std::optional<double> seconds_to_target;
+  bool extrapolated = false;
+};
+
+// Steps and seconds to `target` of a run of `measured` (the run under its
+// shaping: its first measured.steps steps) of the training `unshaped` shows.
+absl::StatusOr<Timing> ToTarget(const Run& measured, const Run& unshaped, double target) {
+  Timing t;
+  for (const auto& [step, v] : unshaped.val_loss) {
+    if (v <= target) {
+      t.steps_to_target = step + 1;
+      break;
+    }
+  }
+  if (!t.steps_to_target) return t;
+  const int64_t n = *t.steps_to_target;
+  double secs = 0;
+  for (int64_t s = 0; s < std::min(n, measured.steps); ++s) secs += measured.step_seconds[s];
+  if (n > measured.steps) {
+    std::map<std::string, std::pair<double, int>> by_kind;  // kind -> (sum, count), step 0 left out
+    for (int64_t s = 1; s < measured.steps; ++s) {
+      auto& [sum, count] = by_kind[measured.kinds[s]];
+      sum += measured.step_seconds[s];
+      ++count;
+    }
+    for (int64_t s = measured.steps; s < n; ++s) {
+      auto it = by_kind.find(unshaped.kinds[s]);
+      if (it == by_kind.end()) {
+        return absl::InternalError(absl::StrCat("converge: step ", s, " exchanges '", unshaped.kinds[s],
+                                                "', a kind the shaped run's ", measured.steps,
+                                                " steps never timed (raise --shaped_steps)"));
+      }
+      secs += it->second.first / it->second.second;
+    }
+    t.extrapolated = true;
+  }
+  t.seconds_to_target = secs;
+  return t;
+}
+
+nlohmann::json Num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+
+const char* OptimizerName(v1::DataParallelSpec::Optimizer o) {
+  switch (o) {
+    case v1::DataParallelSpec::quantized_adam:
+      return "quantized_adam";
+    case v1::DataParallelSpec::diloco:
+      return "diloco";
+    default:
+      return "adamw";
+  }
+}
+
+void PrintBanner(const v1::JobSpec& base, const ConvergeBenchOptions& o, std::ostream& err) {
+  err << absl::StrFormat(
+      "aqswarm bench converge: job %s (%s d_model %d, %d layers, seq %d; %d stages x %d pipelines; micro-batch %d x "
+      "%d; %d steps, eval every %d)\n",
+      o.job, base.model().family(), base.model().d_model(), base.model().n_layer(), base.model().seq_len(),
+      base.stages(), base.data_parallel(), base.micro_batch_size(), base.micro_batches_per_step(), base.max_steps(),
+      base.eval_every_steps());
+  err << "  target: " << (o.target_val_loss > 0 ? absl::StrCat(o.target_val_loss)
+                                                 : absl::StrCat("adamw-fp32's final val loss x (1 + ", o.target_slack,
+                                                                ")"))
+      << "; steps_to_target: first eval step at or below it (+1); seconds_to_target: stage 0's step_seconds summed\n"
+         "  (max over pipelines; start-up in step 0; evaluation time not counted).\n"
+         "  Shaped runs train only their first N steps (>= --shaped_steps, past the 2nd step of every DP step kind,\n"
+         "  whole diloco periods), must match the unshaped run's losses and parameter hashes at every step (checked),\n"
+         "  and extrapolate the steps after N at their own mean time per step of the same kind (\"extrapolated\").\n";
+}
+
+}  // namespace
+
+absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) {
+  if (o.job.empty()) return absl::InvalidArgumentError("converge: --job is required (the base job, JSON)");
+  if (!(o.target_slack >= 0) || !std::isfinite(o.target_slack) || !(o.target_val_loss >= 0) ||
+      !std::isfinite(o.target_val_loss)) {
+    return absl::InvalidArgumentError(absl::StrCat("converge: --target_val_loss (", o.target_val_loss,
+                                                   ") and --target_slack (", o.target_slack, ") must be >= 0"));
+  }
+  if (o.shaped_steps < 1 || o.run_timeout_s < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("converge: --shaped_steps (", o.shaped_steps,
+                                                   ") and the run timeout (", o.run_timeout_s, " s) must be >= 1"));
+  }
+  AQSWARM_ASSIGN_OR_RETURN(const std::vector<Config> configs, ParseConfigs(o.configs));
+  AQSWARM_ASSIGN_OR_RETURN(const std::vector<Shaping> shapings, ParseShapings(o.shapings));
+  absl::StatusOr<v1::JobSpec> base = pipeline::LoadJobSpec(o.job);
+  if (!base.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("converge: job '", o.job, "': ", base.status().message()));
+  }
+  if (base->data_parallel() < 2 || base->stages() < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("converge: job '", o.job, "' has ", base->stages(), " stages x ", base->data_parallel(),
+                     " pipelines; the bench compares DP optimizers and link compression: want dataParallel >= 2 "
+                     "and stages >= 2"));
+  }
+  if (base->eval_every_steps() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("converge: job '", o.job, "' has evalEverySteps 0: the target is a validation loss"));
+  }
+  base->mutable_shaping()->Clear();
+  std::vector<v1::JobSpec> jobs;  // checked before anything runs
+  for (const Config& c : configs) {
+    AQSWARM_ASSIGN_OR_RETURN(v1::JobSpec j, ConfigJob(*base, c));
+    jobs.push_back(std::move(j));
+  }
+  for (const Shaping& sh : shapings) {
+    v1::JobSpec j = *base;
+    j.mutable_shaping()->set_bandwidth_mbps(sh.mbps);
+    j.mutable_shaping()->set_latency_ms(sh.latency_ms);
+    if (absl::Status s = pipeline::ValidateJobSpec(j); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("converge: shaping ", sh.Label(), ": ", s.message()));
+    }
+  }
+
+  const bool keep = !o.out_dir.empty();
+  fs::path root = o.out_dir;
+  std::error_code ec;
+  if (keep) {
+    fs::create_directories(root, ec);
+    if (ec) return absl::PermissionDeniedError(absl::StrCat("converge: cannot create ", root.string()));
+  } else {
+    AQSWARM_ASSIGN_OR_RETURN(std::string tmp, MakeTempDir("", "aqswarm-converge-"));
+    root = tmp;
+  }
+  // A private copy of this executable: the build directory may be relinked
+  // while the bench runs.
+  const std::string exe = (root / "aqswarm-converge-exe").string();
+  fs::copy_file(SelfExecutable(), exe, fs::copy_options::overwrite_existing, ec);
+  if (ec) return absl::InternalError(absl::StrCat("converge: cannot copy ", SelfExecutable(), ": ", ec.message()));
+
+  PrintBanner(*base, o, std::cerr);
+  const auto start = std::chrono::steady_clock::now();
+  double target = o.target_val_loss, base_final = NAN, base_dp = NAN, base_link = NAN;
+  const int total = static_cast<int>(configs.size() * shapings.size());
+  int done = 0;
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const Config& c = configs[i];
+    const v1::JobSpec& job = jobs[i];
+    Run unshaped;
+    for (const Shaping& sh : shapings) {
+      const std::string name = absl::StrCat(c.name, "@", sh.Label());
+      std::string dir_name = name;
+      std::replace(dir_name.begin(), dir_name.end(), '/', '_');
+      v1::JobSpec j = job;
+      if (!sh.unshaped()) {
+        j.mutable_shaping()->set_bandwidth_mbps(sh.mbps);
+        j.mutable_shaping()->set_latency_ms(sh.latency_ms);
+        j.set_max_steps(static_cast<uint32_t>(ShapedSteps(unshaped, c, o.shaped_steps)));
+      }
+      absl::StatusOr<Run> run = RunJob(exe, j, root / dir_name, o.run_timeout_s);
+      if (!run.ok()) {
+        std::cerr << "converge: runs kept in " << root.string() << "\n";
+        return run.status();
+      }
+      if (sh.unshaped()) {
+        unshaped = *run;
+        if (i == 0) {
+          base_final = unshaped.val_loss.rbegin()->second;
+          base_dp = unshaped.dp_bytes_per_replica;
+          base_link = unshaped.link_bytes;
+          if (!(target > 0)) target = base_final * (1 + o.target_slack);
+        }
+      } else if (absl::Status s = CheckSameTraining(*run, unshaped, name); !s.ok()) {
+        std::cerr << "converge: runs kept in " << root.string() << "\n";
+        return s;
+      }
+      AQSWARM_ASSIGN_OR_RETURN(const Timing t, ToTarget(*run, unshaped, target));
+      double per_step = 0;
+      for (int64_t s = 1; s < run->steps; ++s) per_step += run->step_seconds[s];
+      per_step = run->steps > 1 ? per_step / (run->steps - 1) : run->step_seconds[0];
+      double measured = 0;
+      for (double s : run->step_seconds) measured += s;
+      const double final_val = unshaped.val_loss.rbegin()->second;
+      const bool fp32_links = job.compression().mode() == v1::LinkCompression::fp32;
+      nlohmann::json row = {
+          {"bench", "converge"},
+          {"run", name},
+          {"config", c.name},
+          {"dp_optimizer", OptimizerName(c.optimizer)},
+          {"inner_steps", c.inner_steps},
+          {"dp_bits", c.optimizer == v1::DataParallelSpec::adamw ? 32 : static_cast<int>(job.dp().bits())},
+          {"link_mode", c.aqsgd ? "aqsgd" : "fp32"},
+          {"fw_bits", fp32_links ? 32 : static_cast<int>(job.compression().fw_bits())},
+          {"bw_bits", fp32_links ? 32 : static_cast<int>(job.compression().bw_bits())},
+          {"bandwidth_mbps", sh.mbps},
+          {"latency_ms", sh.latency_ms},
+          {"steps", run->steps},
+          {"job_steps", unshaped.steps},
+          {"target_val_loss", Num(target)},
+          {"steps_to_target", t.steps_to_target ? nlohmann::json(*t.steps_to_target) : nlohmann::json(nullptr)},
+          {"seconds_to_target", t.seconds_to_target ? Num(*t.seconds_to_target) : nlohmann::json(nullptr)},
+          {"extrapolated", t.extrapolated},
+          {"seconds_measured", measured},
+          {"seconds_per_step", per_step},
+          {"final_val_loss", Num(final_val)},
+          {"val_loss_vs_baseline", Num((final_val - base_final) / base_final)},
+          {"dp_bytes_per_replica", unshaped.dp_bytes_per_replica},
+          {"dp_bytes_ratio_vs_adamw", Num(base_dp / unshaped.dp_bytes_per_replica)},
+          {"link_bytes", unshaped.link_bytes},
+          {"link_bytes_ratio_vs_fp32", Num(base_link / unshaped.link_bytes)},
+          {"training_checked_steps", sh.unshaped() ? 0 : run->steps},
+          {"wall_seconds", run->wall_seconds},
+      };
+      if (keep) row["run_dir"] = run->dir;
+      out << row.dump() << "\n";
+      out.flush();
+      std::cerr << absl::StrFormat("converge [%d/%d] %-22s %5d steps %8.1f s  to target: %s%s\n", ++done, total, name,
+                                   run->steps, run->wall_seconds,
+                                   t.seconds_to_target ? absl::StrFormat("%.1f s at step %d", *t.seconds_to_target,
+                                                                         *t.steps_to_target)
+                                                       : std::string("not reached"),
+                                   t.extrapolated ? " (extrapolated)" : "");
+    }
+  }
+  std::cerr << absl::StrFormat("converge: %.0f s in all; runs %s\n",
+                               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                               keep ? "in " + root.string() : std::string("removed"));
+  if (!keep) aqswarm::RemoveTree(root).IgnoreError();
+  return absl::OkStatus();
+}
+
+}  // namespace aqswarm::bench
