@@ -354,7 +354,7 @@ absl::Status QuantizedAdam::CompressedExchange(ReplicaExchange& ex, uint64_t ste
   return absl::OkStatus();
 }
 
-std::vector<std::pair<std::string, std::vector<float>*>> QuantizedAdam::NamedState() {
+std::vector<std::pair<std::string, std::vector<float>*>> QuantizedAdam::AllState() {
   return {{"m", &m_},
           {"v", &v_},
           {"worker_error", &worker_error_},
@@ -366,23 +366,25 @@ std::vector<std::pair<std::string, std::vector<float>*>> QuantizedAdam::NamedSta
           {"layerwise", &layerwise_}};
 }
 
+std::vector<std::pair<std::string, std::vector<float>*>> QuantizedAdam::NamedState() {
+  std::vector<std::pair<std::string, std::vector<float>*>> all = AllState();
+  // "m" .. "error_owner" always; the rest only when they hold something (see the header).
+  all.erase(std::remove_if(all.begin() + 5, all.end(), [](const auto& e) { return e.second->empty(); }), all.end());
+  return all;
+}
+
 std::vector<std::pair<std::string, const std::vector<float>*>> QuantizedAdam::NamedState() const {
-  return {{"m", &m_},
-          {"v", &v_},
-          {"worker_error", &worker_error_},
-          {"server_error", &server_error_},
-          {"error_owner", &error_owner_},
-          {"local", &local_},
-          {"anchor", &anchor_},
-          {"local_update", &local_update_},
-          {"layerwise", &layerwise_}};
+  std::vector<std::pair<std::string, const std::vector<float>*>> out;
+  // The same list; const_cast only to share it (nothing is written through it).
+  for (const auto& [name, buf] : const_cast<QuantizedAdam*>(this)->NamedState()) out.emplace_back(name, buf);
+  return out;
 }
 
 absl::Status QuantizedAdam::LoadState(const std::vector<std::pair<std::string, std::vector<float>>>& state,
                                       int64_t step, bool frozen) {
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("optimizer state: step ", step, " is negative"));
   std::vector<std::pair<std::vector<float>*, const std::vector<float>*>> loads;
-  for (auto& [name, buf] : NamedState()) {
+  for (auto& [name, buf] : AllState()) {
     const std::vector<float>* found = nullptr;
     for (const auto& [k, v] : state) {
       if (k == name) found = &v;

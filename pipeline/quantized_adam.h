@@ -219,7 +219,9 @@ class QuantizedAdam {
   // the last sync; empty: none pending), "anchor" (the parameters at the
   // last sync) and "local_update" (sum of lr x since it), both empty unless
   // local steps are pending, "layerwise" ({compressed exchanges so far,
-  // bits per tensor...}; empty: layer-wise off).
+  // bits per tensor...}; empty: layer-wise off). The last four are listed
+  // only when they hold something (a checkpoint's safetensors reader takes
+  // an empty tensor that shares its offset with the next one for an overlap).
   std::vector<std::pair<std::string, std::vector<float>*>> NamedState();
   std::vector<std::pair<std::string, const std::vector<float>*>> NamedState() const;
   // m and v must hold n values; the error buffers none or at most
@@ -238,6 +240,9 @@ class QuantizedAdam {
   // widths), and the layer-wise re-plan after it.
   absl::Status CompressedExchange(ReplicaExchange& ex, uint64_t step, absl::Span<const float> x,
                                   absl::Span<float> mean);
+
+  // Every buffer of NamedState, the empty ones included.
+  std::vector<std::pair<std::string, std::vector<float>*>> AllState();
 
   const int64_t n_, num_compressed_;
   const std::vector<uint8_t> decay_;
