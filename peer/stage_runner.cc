@@ -439,6 +439,7 @@ class StageRunnerImpl final : public StageRunner {
       ev.mutable_dp()->set_bytes(worker_->dp_bytes_sent() - dp0);
       ev.mutable_dp()->set_raw_bytes(worker_->dp_raw_bytes() - dpraw0);
       ev.mutable_dp()->set_param_hash(absl::StrFormat("%016x", worker_->ParameterHash()));
+      ev.mutable_dp()->set_kind(worker_->dp_step_kind());
     }
     if (worker_->holds_tied_copy()) ev.set_tied_hash(absl::StrFormat("%016x", worker_->TiedEmbeddingHash()));
     if (down_) {  // passive measurement of the forward link (peer/link_transport.h), cumulative

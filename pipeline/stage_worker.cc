@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -14,6 +15,7 @@
 #include "common/status_macros.h"
 #include "pipeline/stage_model.h"
 #include "pipeline/job_spec.h"
+#include "pipeline/diloco.h"
 #include "pipeline/optimizer.h"
 #include "pipeline/quantized_adam.h"
 #include "pipeline/safetensors.h"
@@ -255,7 +257,7 @@ class StageWorkerImpl final : public StageWorker {
     const bool delayed = job_.dp().delayed_update();
     return Guard("data-parallel step", [&]() -> absl::Status {
       torch::NoGradGuard ng;
-      if (dp_ == nullptr) InitDataParallel();
+      if (!dp_ready()) InitDataParallel();
       const double norm = std::sqrt(total_sq);
       const double clip = job_.optimizer().grad_clip();
       const float scale = (clip > 0 && norm > clip) ? static_cast<float>(clip / (norm + 1e-6)) : 1.0f;
@@ -331,6 +333,10 @@ class StageWorkerImpl final : public StageWorker {
   }
 
   uint64_t dp_bytes_sent() const override { return stats_.bytes_sent; }
+  std::string dp_step_kind() const override {
+    if (diloco_ != nullptr) return diloco_->last_step_kind();
+    return dp_ != nullptr ? dp_->last_step_kind() : "";
+  }
   uint64_t dp_raw_bytes() const override { return stats_.raw_bytes; }
   uint64_t dp_robust_dropped() const override { return stats_.robust_dropped; }
   uint64_t dp_robust_clipped() const override { return stats_.robust_clipped; }
@@ -343,6 +349,11 @@ class StageWorkerImpl final : public StageWorker {
 
   uint64_t ParameterHash() const override {
     Checksummer c;
+    if (diloco_ != nullptr) {  // the anchors: the replicas' common state (see the header)
+      if (diloco_tied_ != nullptr) c.Update(diloco_tied_->anchor().data(), diloco_tied_->anchor().size() * sizeof(float));
+      c.Update(diloco_->anchor().data(), diloco_->anchor().size() * sizeof(float));
+      return c.Digest();
+    }
     for (const auto& [name, p] : model_->named_params()) {
       torch::Tensor t = p.detach().to(torch::kCPU).contiguous();
       c.Update(t.data_ptr<float>(), t.numel() * sizeof(float));
@@ -359,6 +370,16 @@ class StageWorkerImpl final : public StageWorker {
     ExtraCheckpointState extra;
     if (loss_scale_ > 0) {
       extra.metadata = {{kLossScale, absl::StrCat(loss_scale_)}, {kGoodSteps, absl::StrCat(good_steps_)}};
+    }
+    if (diloco_ != nullptr) {
+      for (const auto& [name, buf] : std::as_const(*diloco_).NamedState()) extra.tensors.emplace_back("dp/" + name, *buf);
+      if (diloco_tied_ != nullptr) {
+        for (const auto& [name, buf] : std::as_const(*diloco_tied_).NamedState()) {
+          extra.tensors.emplace_back(kTiedState + name, *buf);
+        }
+      }
+      extra.metadata["dp_step"] = std::to_string(diloco_->step());
+      extra.metadata[kDpOptimizer] = "diloco";
     }
     if (dp_ != nullptr) {
       AQSWARM_RETURN_IF_ERROR(JoinUpdate());
@@ -387,7 +408,17 @@ class StageWorkerImpl final : public StageWorker {
       }
     }
     if (extra.tensors.empty()) return absl::OkStatus();
-    if (dp_ == nullptr) InitDataParallel();
+    // A DiLoCo state has an anchor and no frozen variance: it does not fit
+    // QuantizedAdam, nor the other way round.
+    const bool job_diloco = job_.dp().optimizer() == v1::DataParallelSpec::diloco;
+    const bool saved_diloco = extra.metadata[kDpOptimizer] == "diloco";
+    if (job_diloco != saved_diloco) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, ": its data-parallel optimizer state is ", saved_diloco ? "diloco's" : "quantized_adam's (or adamw's)",
+          " but the job's dp.optimizer is ", v1::DataParallelSpec::Optimizer_Name(job_.dp().optimizer()),
+          "; resume with the optimizer the state was saved with"));
+    }
+    if (!dp_ready()) InitDataParallel();
     std::vector<std::pair<std::string, std::vector<float>>> state, tied_state;
     for (auto& [name, values] : extra.tensors) {
       if (name.rfind("dp/", 0) == 0) {
@@ -410,6 +441,24 @@ class StageWorkerImpl final : public StageWorker {
     int64_t step = 0;
     if (!absl::SimpleAtoi(extra.metadata["dp_step"], &step) || step < 0) {
       return absl::DataLossError(absl::StrCat(path, ": bad dp_step"));
+    }
+    if (diloco_ != nullptr) {
+      AQSWARM_RETURN_IF_ERROR(diloco_->LoadState(state, step));
+      if (diloco_tied_ != nullptr) {
+        AQSWARM_RETURN_IF_ERROR(diloco_tied_->LoadState(tied_state, step));
+        // The tied copy's inner progress (parameters, m, v) is this
+        // pipeline's own, and the two ends of a pipeline may load states of
+        // different replicas (a joiner takes another pipeline's): both
+        // restart it from the anchor, the same everywhere.
+        const torch::Tensor tied = model_->tied_embedding();
+        std::vector<float> p(tied_n_);
+        AQSWARM_RETURN_IF_ERROR(diloco_tied_->RestartFromAnchor(absl::MakeSpan(p)));
+        if (!diloco_tied_->anchor().empty()) {
+          tied.detach().copy_(torch::from_blob(p.data(), tied.sizes(), torch::kFloat32));
+        }
+      }
+      stats_ = {};
+      return absl::OkStatus();
     }
     AQSWARM_RETURN_IF_ERROR(dp_->LoadState(state, step, extra.metadata["dp_frozen"] == "1"));
     if (dp_tied_ != nullptr) {
@@ -497,6 +546,28 @@ class StageWorkerImpl final : public StageWorker {
     }
     dp_params_.resize(tied_n_ + n);
     dp_grads_.resize(tied_n_ + n);
+    if (job_.dp().optimizer() == v1::DataParallelSpec::diloco) {
+      const DiLoCoOptions options = DiLoCoOptionsFromJob(job_);
+      diloco_ = std::make_unique<DiLoCo>(n, nbig, std::move(decay), options, std::move(sizes));
+      if (tied_n_ > 0) {
+        // As QuantizedAdam's tied copy below: the same rounds, inputs and
+        // state at both ends, Global-QSGD (no error feedback: the anchor,
+        // the outer momentum and the step are all the state that is not the
+        // pipeline's own, see LoadCheckpoint), its own rounds, one fragment.
+        DiLoCoOptions to = options;
+        to.first_round = 2;
+        to.fragments = 1;
+        to.compressed.codec.codec = v1::CODEC_GLOBAL_QSGD;
+        to.compressed.codec.bits = std::max(to.compressed.codec.bits, 2);
+        // Global-QSGD sums codes without decoding them: under dp.robust the
+        // tied copy's pseudo-gradient goes float32.
+        if (to.compressed.robust != RobustAggregation::kOff) to.compressed.codec.codec = v1::CODEC_RAW_F32;
+        diloco_tied_ = std::make_unique<DiLoCo>(
+            tied_n_, tied_n_ >= compression::kDefaultMinCompressElements ? tied_n_ : 0,
+            std::vector<uint8_t>(tied_n_, 1), to, std::vector<int64_t>{tied_n_});
+      }
+      return;
+    }
     const QuantizedAdamOptions options = QuantizedAdamOptionsFromJob(job_);
     dp_ = std::make_unique<QuantizedAdam>(n, nbig, std::move(decay), options, std::move(sizes));
     if (tied_n_ > 0) {
@@ -526,6 +597,13 @@ class StageWorkerImpl final : public StageWorker {
   absl::Status StepOptimizers(ReplicaExchange& ex, double lr) {
     const auto params = absl::MakeSpan(dp_params_);
     const auto grads = absl::MakeConstSpan(dp_grads_);
+    if (diloco_ != nullptr) {
+      if (diloco_tied_ != nullptr) {
+        AQSWARM_RETURN_IF_ERROR(
+            diloco_tied_->Step(ex, lr, params.subspan(0, tied_n_), grads.subspan(0, tied_n_)));
+      }
+      return diloco_->Step(ex, lr, params.subspan(tied_n_), grads.subspan(tied_n_));
+    }
     if (dp_tied_ != nullptr) {
       AQSWARM_RETURN_IF_ERROR(dp_tied_->Step(ex, lr, params.subspan(0, tied_n_), grads.subspan(0, tied_n_)));
     }
@@ -533,15 +611,19 @@ class StageWorkerImpl final : public StageWorker {
   }
 
   AllReduceStats OptimizerStats() const {
-    AllReduceStats st = dp_->stats();
-    if (dp_tied_ != nullptr) {
-      st.bytes_sent += dp_tied_->stats().bytes_sent;
-      st.raw_bytes += dp_tied_->stats().raw_bytes;
-      st.robust_dropped += dp_tied_->stats().robust_dropped;
-      st.robust_clipped += dp_tied_->stats().robust_clipped;
+    AllReduceStats st = diloco_ != nullptr ? diloco_->stats() : dp_->stats();
+    const AllReduceStats* tied = diloco_tied_ != nullptr ? &diloco_tied_->stats()
+                                 : dp_tied_ != nullptr   ? &dp_tied_->stats()
+                                                         : nullptr;
+    if (tied != nullptr) {
+      st.bytes_sent += tied->bytes_sent;
+      st.raw_bytes += tied->raw_bytes;
+      st.robust_dropped += tied->robust_dropped;
+      st.robust_clipped += tied->robust_clipped;
     }
     return st;
   }
+  bool dp_ready() const { return dp_ != nullptr || diloco_ != nullptr; }
 
   // Copies dp_params_ into the model's parameters and zeroes their gradients.
   // predict (delayed updates, once an update has landed): dp_params_ plus the
@@ -575,6 +657,7 @@ class StageWorkerImpl final : public StageWorker {
   static constexpr char kDelayedParams[] = "delayed/params";
   static constexpr char kDelayedPrevParams[] = "delayed/prev_params";
   static constexpr char kTiedState[] = "dp_tied/";
+  static constexpr char kDpOptimizer[] = "dp_optimizer";
   static constexpr char kLossScale[] = "loss_scale";
   static constexpr char kGoodSteps[] = "loss_scale_good_steps";
 
@@ -615,6 +698,9 @@ class StageWorkerImpl final : public StageWorker {
   // Data-parallel optimizer over a flat copy of the parameters.
   std::unique_ptr<QuantizedAdam> dp_;
   std::unique_ptr<QuantizedAdam> dp_tied_;  // the tied-embedding copy's (first and last stage), or null
+  // dp.optimizer diloco: these instead of dp_ and dp_tied_.
+  std::unique_ptr<DiLoCo> diloco_;
+  std::unique_ptr<DiLoCo> diloco_tied_;
   int64_t tied_n_ = 0;                      // its elements, at the front of dp_params_
   // Dynamic loss scaling (optimizer.lossScale): the scale (0 = off), good
   // steps since it last changed, and whether this step overflowed here.

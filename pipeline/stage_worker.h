@@ -100,6 +100,10 @@ class StageWorker {
   // by its pipeline's whole-model norm, then AdamW on the replicas' mean
   // gradient for dp.warmup_steps, then QuantizedAdam (pipeline/quantized_adam.h)
   // over `exchange`. Replicas that start equal stay bit-identical.
+  // With dp.optimizer diloco, DiLoCo (pipeline/diloco.h) instead: this
+  // replica's own AdamW every step, an outer step over `exchange` every
+  // dp.inner_steps (per fragment); the anchors stay bit-identical, the
+  // parameters between syncs are the pipeline's own.
   //
   // With dp.delayed_update the exchange and optimizer step of `step` run on a
   // background thread and this returns once the PREVIOUS step's update is
@@ -116,6 +120,11 @@ class StageWorker {
   // Bytes this stage sent to its replicas so far (encoded) and their fp32 size.
   virtual uint64_t dp_bytes_sent() const = 0;
   virtual uint64_t dp_raw_bytes() const = 0;
+  // What the last data-parallel step exchanged (events.proto
+  // StepDataParallel.kind): QuantizedAdam's "adamw", "warmup", "compressed"
+  // or "refresh"; DiLoCo's "local" (no traffic) or "outer"; "" before the
+  // first step.
+  virtual std::string dp_step_kind() const = 0;
   // dp.robust, since the worker started: contributions of other replicas
   // dropped as non-finite and contributions clipped, at the chunks this
   // replica owns (pipeline/dp_allreduce.h AllReduceStats).
@@ -124,6 +133,11 @@ class StageWorker {
 
   virtual int64_t num_parameters() const = 0;
   // XXH3 of all parameter bytes: replicas compare it to prove bit-identity.
+  // Under dp.optimizer diloco (once it has stepped) the XXH3 of the anchors
+  // instead (the tied copy's, then the stage's: the parameters at the last
+  // outer step, pipeline/diloco.h): between outer steps each pipeline's
+  // parameters are its own, the anchors are what every replica shares. With
+  // one fragment the parameters equal the anchor right after an outer step.
   virtual uint64_t ParameterHash() const = 0;
 
   // With a delayed update in flight, waits for it first and saves the
