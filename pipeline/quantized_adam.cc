@@ -258,7 +258,7 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
     scratch_[i] = pre ? m_[i] / (std::sqrt(v_[i]) + eps) : m_[i];
     if (sync) {
       local_update_[i] += flr * scratch_[i];
-      scratch_[i] = local_update_[i] / lr_sum;
+      if (lr_sum > 0) scratch_[i] = local_update_[i] / lr_sum;  // lr 0 throughout (min_lr 0): x itself
     }
   }
   absl::Span<const float> x(scratch_);
@@ -414,9 +414,9 @@ absl::Status QuantizedAdam::LoadState(const std::vector<std::pair<std::string, s
     } else if (name == "anchor" || name == "local_update") {
       if (size != 0 && size != n) want = absl::StrCat("0 or ", n);
     } else if (name == "local") {
-      if (size != 0 && (size != 2 || !((*found)[0] > 0 && std::isfinite((*found)[0]) && (*found)[1] > 0 &&
+      if (size != 0 && (size != 2 || !((*found)[0] >= 0 && std::isfinite((*found)[0]) && (*found)[1] > 0 &&
                                        (*found)[1] <= 1))) {
-        want = "0 or 2 ({sum of lr > 0, decay product in (0, 1]})";
+        want = "0 or 2 ({sum of lr >= 0, decay product in (0, 1]})";
       }
     } else if (name == "layerwise") {
       const size_t tensors = compressed_sizes_.size();

@@ -228,7 +228,7 @@ class QuantizedAdam {
   // num_compressed (worker_error exactly num_compressed); "error_owner"
   // (optional: older states lack it) none or {rank, replicas} with
   // 0 <= rank < replicas; "local", "anchor", "local_update", "layerwise"
-  // (optional) none, or {lr sum > 0, product in (0, 1]} with anchor and
+  // (optional) none, or {lr sum >= 0, product in (0, 1]} with anchor and
   // local_update of n values, and {count >= 0, one width in [1, 8] per
   // compressed tensor} (or {count} before the first plan). Anything else is
   // InvalidArgument naming the buffer and both sizes, and nothing is changed.

@@ -339,6 +339,23 @@ TEST(QuantizedAdamLocalStepsTest, SyncsWithNothingPendingAreThePlainCompressedSt
   ExpectSameParams(a, c);
 }
 
+// A learning rate of 0 (a schedule's min_lr) through a local interval: the
+// sync divides by no zero sum, nothing moves, and the pending state loads.
+TEST(QuantizedAdamLocalStepsTest, ALearningRateOfZeroThroughALocalIntervalMovesNothing) {
+  Group g(ZeroOneOptions());
+  ASSERT_TRUE(g.Run(0, 9).ok());  // k = 8: a refresh
+  const std::vector<float> before = g.params[0];
+  ASSERT_TRUE(g.Run(9, 11, 0.0).ok());  // k = 9, 10: local, lr 0
+  ASSERT_EQ(g.kinds.back()[0], "local");
+  QuantizedAdam q(kN, kN, std::vector<uint8_t>(kN, 0), ZeroOneOptions());
+  const absl::Status load = q.LoadState(g.Save(0), 11, true);
+  EXPECT_TRUE(load.ok()) << load;
+  ASSERT_TRUE(g.Run(11, 12, 0.0).ok());  // k = 11: the sync
+  ASSERT_EQ(g.kinds.back()[0], "compressed");
+  EXPECT_TRUE(g.Identical());
+  EXPECT_EQ(g.params[0], before);
+}
+
 // A joiner takes rank 0's state and parameters in the middle of a local
 // interval (steps k = 12, 13 are local): it follows the same schedule as the
 // undisturbed replica of its rank, sends nothing at local steps, and the
