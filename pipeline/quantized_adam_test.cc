@@ -357,17 +357,22 @@ TEST(QuantizedAdamLocalStepsTest, ALearningRateOfZeroThroughALocalIntervalMovesN
 }
 
 // A joiner takes rank 0's state and parameters in the middle of a local
-// interval (steps k = 12, 13 are local): it follows the same schedule as the
-// undisturbed replica of its rank, sends nothing at local steps, and the
-// next sync leaves the whole group bit-identical.
+// interval (steps k = 12, 13 are local) with a layer-wise plan in force: it
+// follows the same schedule as the undisturbed replica of its rank, sends
+// nothing at local steps, the next sync leaves the whole group bit-identical,
+// and every replica keeps the same plan.
 TEST(QuantizedAdamLocalStepsTest, AJoinerMidIntervalContinuesTheScheduleAndSyncsBitIdentical) {
-  Group base(ZeroOneOptions());
+  QuantizedAdamOptions o = ZeroOneOptions();
+  o.layerwise_every_steps = 2;  // compressed exchanges at k = 1, 3, 7, 11: a plan after 3 and 11
+  const std::vector<int64_t> sizes = {400, 600};
+  Group base(o, sizes);
   ASSERT_TRUE(base.Run(0, 14).ok());
   ASSERT_EQ(base.kinds[13][0], "local");
   ASSERT_FALSE(Buffer(*base.opt[0], "anchor").empty());
+  ASSERT_EQ(base.opt[0]->layerwise_bits().size(), sizes.size());
   for (int joiner : {1, 2}) {
     SCOPED_TRACE(absl::StrCat("joiner at rank ", joiner));
-    Group undisturbed(ZeroOneOptions()), joined(ZeroOneOptions());
+    Group undisturbed(o, sizes), joined(o, sizes);
     for (int r = 0; r < kReplicas; ++r) {
       const int from = r == joiner ? 0 : r;
       for (Group* g : {&undisturbed, &joined}) {
@@ -386,6 +391,9 @@ TEST(QuantizedAdamLocalStepsTest, AJoinerMidIntervalContinuesTheScheduleAndSyncs
         EXPECT_EQ(joined.bytes[t - 14][joiner], 0u) << "step " << t;
       } else {
         EXPECT_TRUE(joined.Identical()) << "step " << t << " (" << kind << ")";
+      }
+      for (int r = 1; r < kReplicas; ++r) {
+        EXPECT_EQ(joined.opt[r]->layerwise_bits(), joined.opt[0]->layerwise_bits()) << "step " << t;
       }
     }
     EXPECT_EQ(joined.kinds.back()[joiner], "compressed");
