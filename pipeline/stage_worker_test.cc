@@ -84,6 +84,33 @@ TEST(StageWorkerTest, ReplicasWithTheSameSeedHashEqual) {
 namespace aqswarm::pipeline {
 namespace {
 
+// One data-parallel step of a one-stage job: replica `a` at rank 0 and `c`
+// at rank 1, each on its own tokens (seeded by the worker's index `ia`/`ic`);
+// their ParameterHash must agree after it.
+void StepReplicas(const v1::JobSpec& job, StageWorker& a, StageWorker& c, int s, int ia = 0, int ic = 1) {
+  const int b = job.micro_batch_size(), t = job.model().seq_len();
+  for (auto [w, r] : {std::pair{&a, ia}, std::pair{&c, ic}}) {
+    double loss;
+    ASSERT_TRUE(w->ForwardLoss(0, {}, Tokens(0, s + 7 * r, b * t), Tokens(1, s + 7 * r, b * t), b, &loss).ok());
+    ASSERT_TRUE(w->Backward(0, {}, nullptr).ok());
+  }
+  testing::Hub hub;
+  absl::Status sa, sc;
+  std::thread ta([&] {
+    testing::HubExchange ex(&hub, 0, 2);
+    sa = a.StepDataParallel(s, a.GradSquaredNorm(), ex);
+  });
+  std::thread tc([&] {
+    testing::HubExchange ex(&hub, 1, 2);
+    sc = c.StepDataParallel(s, c.GradSquaredNorm(), ex);
+  });
+  ta.join();
+  tc.join();
+  ASSERT_TRUE(sa.ok()) << sa;
+  ASSERT_TRUE(sc.ok()) << sc;
+  ASSERT_EQ(a.ParameterHash(), c.ParameterHash()) << "step " << s;
+}
+
 // Data parallelism in one process: two replicas of a one-stage job exchange
 // through the in-process hub; a third worker restored from replica 0's
 // checkpoint takes replica 1's place.
@@ -95,29 +122,7 @@ TEST(StageWorkerDataParallelTest, ReplicasStayBitIdenticalAndACheckpointedJoiner
   job.mutable_dp()->set_bits(4);
   std::vector<std::unique_ptr<StageWorker>> w;
   for (int r = 0; r < 3; ++r) w.push_back(*StageWorker::Create(job, 0));
-  const int b = job.micro_batch_size(), t = job.model().seq_len();
-  auto step = [&](int a, int c, int s) {
-    for (int r : {a, c}) {
-      double loss;
-      ASSERT_TRUE(w[r]->ForwardLoss(0, {}, Tokens(0, s + 7 * r, b * t), Tokens(1, s + 7 * r, b * t), b, &loss).ok());
-      ASSERT_TRUE(w[r]->Backward(0, {}, nullptr).ok());
-    }
-    testing::Hub hub;
-    absl::Status sa, sc;
-    std::thread ta([&] {
-      testing::HubExchange ex(&hub, 0, 2);
-      sa = w[a]->StepDataParallel(s, w[a]->GradSquaredNorm(), ex);
-    });
-    std::thread tc([&] {
-      testing::HubExchange ex(&hub, 1, 2);
-      sc = w[c]->StepDataParallel(s, w[c]->GradSquaredNorm(), ex);
-    });
-    ta.join();
-    tc.join();
-    ASSERT_TRUE(sa.ok()) << sa;
-    ASSERT_TRUE(sc.ok()) << sc;
-    ASSERT_EQ(w[a]->ParameterHash(), w[c]->ParameterHash()) << "step " << s;
-  };
+  auto step = [&](int a, int c, int s) { StepReplicas(job, *w[a], *w[c], s, a, c); };
   const uint64_t initial = w[0]->ParameterHash();
   for (int s = 0; s < 4; ++s) step(0, 1, s);  // two warm-up steps, two compressed
   EXPECT_NE(w[0]->ParameterHash(), initial);
@@ -128,6 +133,55 @@ TEST(StageWorkerDataParallelTest, ReplicasStayBitIdenticalAndACheckpointedJoiner
   ASSERT_TRUE(w[2]->LoadCheckpoint(path).ok());
   EXPECT_EQ(w[2]->ParameterHash(), w[0]->ParameterHash());
   for (int s = 4; s < 6; ++s) step(0, 2, s);  // replica 1 is gone; the joiner keeps lockstep
+}
+
+// dp.optimizer diloco (H = 2): the replicas' anchors (ParameterHash under
+// diloco) agree after every step, local and outer; a joiner restored from
+// replica 0's checkpoint keeps them agreeing; a QuantizedAdam state does not
+// load into a DiLoCo worker, nor the other way round.
+TEST(StageWorkerDataParallelTest, DiLoCoAnchorsStayIdenticalAndStatesOfTheOtherOptimizerAreRefused) {
+  v1::JobSpec job = Job(1);
+  job.set_data_parallel(2);
+  job.mutable_dp()->set_optimizer(v1::DataParallelSpec::diloco);
+  job.mutable_dp()->set_inner_steps(2);
+  job.mutable_dp()->set_outer_lr(0.7);
+  job.mutable_dp()->set_outer_momentum(0.9);
+  job.mutable_dp()->set_bits(4);
+  std::vector<std::unique_ptr<StageWorker>> w;
+  for (int r = 0; r < 3; ++r) w.push_back(*StageWorker::Create(job, 0));
+  uint64_t before = 0;
+  for (int s = 0; s < 4; ++s) {
+    StepReplicas(job, *w[0], *w[1], s);
+    const bool outer = s % 2 == 1;
+    EXPECT_EQ(w[0]->dp_step_kind(), outer ? "outer" : "local") << "step " << s;
+    // The anchor moves at outer steps only.
+    if (s > 0) EXPECT_EQ(w[0]->ParameterHash() != before, outer) << "step " << s;
+    before = w[0]->ParameterHash();
+  }
+  const ::aqswarm::testing::ScratchDir scratch;
+  const std::string path = scratch.Sub("diloco.safetensors");
+  ASSERT_TRUE(w[0]->SaveCheckpoint(path).ok());
+  ASSERT_TRUE(w[2]->LoadCheckpoint(path).ok());
+  EXPECT_EQ(w[2]->ParameterHash(), w[0]->ParameterHash());
+  for (int s = 4; s < 8; ++s) StepReplicas(job, *w[0], *w[2], s, 0, 2);
+
+  v1::JobSpec qjob = job;
+  qjob.mutable_dp()->clear_inner_steps();
+  qjob.mutable_dp()->clear_outer_lr();
+  qjob.mutable_dp()->clear_outer_momentum();
+  qjob.mutable_dp()->set_optimizer(v1::DataParallelSpec::quantized_adam);
+  std::vector<std::unique_ptr<StageWorker>> q;
+  for (int r = 0; r < 2; ++r) q.push_back(*StageWorker::Create(qjob, 0));
+  StepReplicas(qjob, *q[0], *q[1], 0);
+  const std::string qpath = scratch.Sub("qadam.safetensors");
+  ASSERT_TRUE(q[0]->SaveCheckpoint(qpath).ok());
+  const absl::Status into_diloco = w[1]->LoadCheckpoint(qpath);
+  EXPECT_TRUE(absl::IsFailedPrecondition(into_diloco)) << into_diloco;
+  EXPECT_NE(into_diloco.message().find("quantized_adam's"), std::string::npos) << into_diloco;
+  EXPECT_NE(into_diloco.message().find("dp.optimizer is diloco"), std::string::npos) << into_diloco;
+  const absl::Status into_qadam = q[1]->LoadCheckpoint(path);
+  EXPECT_TRUE(absl::IsFailedPrecondition(into_qadam)) << into_qadam;
+  EXPECT_NE(into_qadam.message().find("diloco's"), std::string::npos) << into_qadam;
 }
 
 // A replica whose gradient norm is NaN or infinite stops the step before it

@@ -258,6 +258,13 @@ TEST_F(PipelineTest, TwoByTwoGridWithDelayedUpdatesTrainsAndKeepsReplicasBitIden
   ExpectGridTrains("delayed", R"("optimizer":"quantized_adam","warmupSteps":3,"bits":4,"delayedUpdate":true)");
 }
 
+// dp.optimizer diloco, 2 inner steps, 2 fragments synced on alternate steps:
+// the launcher compares the anchors (ParameterHash under diloco) after every
+// step; the job trains.
+TEST_F(PipelineTest, TwoByTwoGridWithDiLoCoTrainsAndKeepsAnchorsBitIdentical) {
+  ExpectGridTrains("diloco", R"("optimizer":"diloco","innerSteps":2,"fragments":2,"bits":4)");
+}
+
 // dp.transport nccl on a machine without a GPU (CI), with one GPU (both
 // replicas on it) or a build without NCCL: the stages fail at their first DP
 // step with a status that says why, and the launcher exits non-zero instead of
