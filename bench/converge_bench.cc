@@ -7,7 +7,8 @@
 //   adamw-fp32         dp.optimizer adamw, compression fp32 (the baseline)
 //   qadam-aqsgd        dp.optimizer quantized_adam on 0/1 Adam's growing
 //                      variance refresh (dp.varianceRefreshSteps, else 4;
-//                      dp.refreshGrowth kRefreshGrowth; dp.warmupSteps, else
+//                      dp.refreshGrowth 2: refreshes 4, 8, 16, 24, 40, ... steps
+//                      after the freeze; dp.warmupSteps, else
 //                      a sixteenth of the job's steps), AQ-SGD fw3 bw6 links
 //   diloco-hH-aqsgd    dp.optimizer diloco, dp.innerSteps H, AQ-SGD fw3 bw6
 // (OPT-LINK in general: OPT adamw | qadam | diloco-hH, LINK fp32 | aqsgd).
@@ -30,7 +31,9 @@
 //   dp_bytes_per_replica   every stage's dp.bytes of every step, summed over
 //                          the stages of a pipeline, the mean over pipelines
 //   link bytes             every fw_bytes + bw_bytes of the run
-// Ratios are the baseline's quantity / the run's (> 1 = fewer bytes).
+// Ratios are the baseline's quantity / the run's (> 1 = fewer bytes);
+// all_bytes_ratio_vs_baseline counts every byte on the wire (links + DP of
+// every replica). val_curve is the unshaped run's [steps, val loss].
 //
 // Shaped runs. Shaping changes timing, not training: a shaped run's losses
 // and parameter hashes equal the unshaped run's at every step (the bench
@@ -90,7 +93,7 @@ namespace fs = std::filesystem;
 constexpr int kAqsgdFwBits = 3, kAqsgdBwBits = 6;
 // quantized_adam's refresh schedule when the base job does not set one: the
 // first interval, and refreshes per doubling of it (0/1 Adam's policy).
-constexpr uint32_t kRefreshSteps = 4, kRefreshGrowth = 1;
+constexpr uint32_t kRefreshSteps = 4, kRefreshGrowth = 2;
 
 struct Config {
   std::string name;
@@ -504,6 +507,7 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
   PrintBanner(*base, o, std::cerr);
   const auto start = std::chrono::steady_clock::now();
   double target = o.target_val_loss, base_final = NAN, base_dp = NAN, base_link = NAN;
+  const double d = base->data_parallel();
   const int total = static_cast<int>(configs.size() * shapings.size());
   int done = 0;
   for (size_t i = 0; i < configs.size(); ++i) {
@@ -545,6 +549,8 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
       for (double s : run->step_seconds) measured += s;
       const double final_val = unshaped.val_loss.rbegin()->second;
       const bool fp32_links = job.compression().mode() == v1::LinkCompression::fp32;
+      nlohmann::json curve = nlohmann::json::array();  // [steps trained, val loss] of the unshaped run
+      for (const auto& [step, v] : unshaped.val_loss) curve.push_back({step + 1, Num(v)});
       nlohmann::json row = {
           {"bench", "converge"},
           {"run", name},
@@ -571,6 +577,9 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
           {"dp_bytes_ratio_vs_adamw", Num(base_dp / unshaped.dp_bytes_per_replica)},
           {"link_bytes", unshaped.link_bytes},
           {"link_bytes_ratio_vs_fp32", Num(base_link / unshaped.link_bytes)},
+          {"all_bytes_ratio_vs_baseline",
+           Num((base_link + base_dp * d) / (unshaped.link_bytes + unshaped.dp_bytes_per_replica * d))},
+          {"val_curve", curve},
           {"training_checked_steps", sh.unshaped() ? 0 : run->steps},
           {"wall_seconds", run->wall_seconds},
       };
