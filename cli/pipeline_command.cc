@@ -448,8 +448,12 @@ int RunPipeline(const std::vector<std::string>& args) {
         auto& row = steps[step];
         row[i] = ev->step();
         if (static_cast<int>(row.size()) < n) continue;
-        // Every replica of a stage must hold bit-identical weights.
+        // Every replica of a stage must hold bit-identical weights (diloco:
+        // its anchor), except after a local step (quantized_adam's
+        // dp.max_local_steps), which moves each replica on its own until the
+        // next sync.
         for (int s = 0; s < k && d > 1; ++s) {
+          if (row[s].dp().kind() == "local") continue;
           for (int p = 1; p < d; ++p) {
             if (row[p * k + s].dp().param_hash() != row[s].dp().param_hash()) {
               std::cerr << "aqswarm pipeline: replicas of stage " << s << " diverged at step " << step << "\n";

@@ -117,6 +117,10 @@ absl::Status ValidateDataParallelSchedules(const v1::JobSpec& job) {
                                          "quantized_adam, or use dp.optimizer diloco with dp.inner_steps");
   }
   if (dp.max_local_steps() > 4096) return Invalid("dp.max_local_steps", "at most 4096");
+  if (dp.local_step_growth() > 0 && dp.max_local_steps() <= 1) {
+    return Invalid("dp.local_step_growth", "grows the interval between syncs up to dp.max_local_steps, which is "
+                                           "0 or 1 (no local steps); set dp.max_local_steps > 1 or drop it");
+  }
   if (dp.local_step_growth() > 1000000) return Invalid("dp.local_step_growth", "at most 1000000");
   const bool diloco_field = dp.inner_steps() > 0 || dp.has_outer_lr() || dp.has_outer_momentum() || dp.fragments() > 0;
   if (diloco_field && !diloco) {

@@ -142,6 +142,47 @@ TEST(JobSpecTest, FrozenVarianceDefaultsToRaiseAtBoundAndRefreshToEveryFourthSte
   EXPECT_TRUE(QuantizedAdamOptionsFromJob(*plain).raise_variance_at_bound);
 }
 
+TEST(JobSpecTest, DiLoCoAndZeroOneAdamFieldsHaveDefaultsAndPreciseErrors) {
+  auto diloco = ParseJobSpec(R"({"dataParallel":2,"dp":{"optimizer":"diloco"}})");
+  ASSERT_TRUE(diloco.ok()) << diloco.status();
+  EXPECT_EQ(diloco->dp().inner_steps(), 32u);
+  EXPECT_DOUBLE_EQ(diloco->dp().outer_lr(), 0.7);
+  EXPECT_DOUBLE_EQ(diloco->dp().outer_momentum(), 0.9);
+  auto zero_momentum = ParseJobSpec(R"({"dataParallel":2,"dp":{"optimizer":"diloco","outerMomentum":0}})");
+  ASSERT_TRUE(zero_momentum.ok()) << zero_momentum.status();
+  EXPECT_EQ(zero_momentum->dp().outer_momentum(), 0.0);  // explicitly 0 stays 0
+  auto layerwise = ParseJobSpec(R"({"dataParallel":2,"dp":{"optimizer":"quantized_adam","layerwiseEverySteps":8}})");
+  ASSERT_TRUE(layerwise.ok()) << layerwise.status();
+  EXPECT_EQ(layerwise->dp().layerwise_min_bits(), 2u);
+  EXPECT_EQ(layerwise->dp().layerwise_max_bits(), 8u);
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"dp":{"innerSteps":8}})", "dp.inner_steps"},  // adamw
+      {R"({"dp":{"optimizer":"quantized_adam","outerLr":0.5}})", "dp.outer_lr"},
+      {R"({"dp":{"optimizer":"diloco","innerSteps":200000}})", "dp.inner_steps"},
+      {R"({"dp":{"optimizer":"diloco","outerLr":0}})", "dp.outer_lr"},
+      {R"({"dp":{"optimizer":"diloco","outerMomentum":1}})", "dp.outer_momentum"},
+      {R"({"dp":{"optimizer":"diloco","innerSteps":4,"fragments":8}})", "dp.fragments"},
+      {R"({"dp":{"optimizer":"diloco","delayedUpdate":true}})", "dp.delayed_update"},
+      {R"({"dp":{"optimizer":"diloco","codec":"global_qsgd","robust":"clip_norm"}})", "dp.robust"},
+      {R"({"dp":{"refreshGrowth":2}})", "dp.refresh_growth"},
+      {R"({"dp":{"optimizer":"quantized_adam","varianceRefreshSteps":0,"refreshGrowth":2}})", "dp.refresh_growth"},
+      {R"({"dp":{"maxLocalSteps":4}})", "dp.max_local_steps"},
+      {R"({"dp":{"optimizer":"quantized_adam","localStepGrowth":2}})", "dp.local_step_growth"},
+      {R"({"dp":{"layerwiseEverySteps":4}})", "dp.layerwise_every_steps"},  // adamw
+      {R"({"dp":{"optimizer":"quantized_adam","codec":"global_qsgd","layerwiseEverySteps":4}})",
+       "dp.layerwise_every_steps"},
+      {R"({"dp":{"optimizer":"quantized_adam","layerwiseEverySteps":4,"layerwiseMinBits":6,"layerwiseMaxBits":3}})",
+       "dp.layerwise_min_bits"},
+      {R"({"dp":{"optimizer":"quantized_adam","bits":2,"layerwiseEverySteps":4,"layerwiseMinBits":3}})", "dp.bits"},
+      {R"({"dp":{"optimizer":"quantized_adam","layerwiseMaxBits":4}})", "dp.layerwise_min_bits"},
+  };
+  for (const auto& [json, field] : bad) {
+    auto job = ParseJobSpec(json);
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << json;
+    EXPECT_THAT(job.status().message(), ::testing::HasSubstr(field)) << json;
+  }
+}
+
 TEST(JobSpecTest, MissingFileIsNotFound) {
   EXPECT_EQ(LoadJobSpec("/nonexistent/job.json").status().code(), absl::StatusCode::kNotFound);
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
@@ -125,7 +126,10 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Parse(std::str
     }
     f->entries_.push_back(std::move(e));
   }
-  std::sort(f->entries_.begin(), f->entries_.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  // By (begin, end): an empty tensor sharing its offset with the next one
+  // sorts first, so it is not taken for an overlap.
+  std::sort(f->entries_.begin(), f->entries_.end(),
+            [](const Entry& a, const Entry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
   for (size_t i = 1; i < f->entries_.size(); ++i) {
     if (f->entries_[i].begin < f->entries_[i - 1].end) {
       return Corrupt(absl::StrCat("tensors '", f->entries_[i - 1].name, "' and '", f->entries_[i].name, "' overlap"));
