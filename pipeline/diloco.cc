@@ -38,26 +38,17 @@ bool ValidOwner(const std::vector<float>& o) {
 }  // namespace
 
 DiLoCoOptions DiLoCoOptionsFromJob(const v1::JobSpec& job) {
+  const QuantizedAdamOptions q = QuantizedAdamOptionsFromJob(job);
   DiLoCoOptions o;
-  o.beta1 = job.optimizer().beta1();
-  o.beta2 = job.optimizer().beta2();
-  o.eps = job.optimizer().eps();
-  o.weight_decay = job.optimizer().weight_decay();
+  o.beta1 = q.beta1;
+  o.beta2 = q.beta2;
+  o.eps = q.eps;
+  o.weight_decay = q.weight_decay;
+  o.compressed = q.compressed;
   o.inner_steps = std::max<int64_t>(job.dp().inner_steps(), 1);
   o.outer_lr = job.dp().outer_lr();
   o.outer_momentum = job.dp().outer_momentum();
   o.fragments = std::max<int64_t>(job.dp().fragments(), 1);
-  o.compressed.codec.codec =
-      job.dp().codec() == v1::DataParallelSpec::global_qsgd ? v1::CODEC_GLOBAL_QSGD : v1::CODEC_MINMAX;
-  o.compressed.codec.levels = v1::LEVELS_EXPONENTIAL;  // Global-QSGD only
-  o.compressed.codec.bits = static_cast<int>(job.dp().bits());
-  o.compressed.codec.bucket_size = job.dp().bucket_size();
-  switch (job.dp().robust()) {
-    case v1::DataParallelSpec::clip_norm: o.compressed.robust = RobustAggregation::kClipNorm; break;
-    case v1::DataParallelSpec::centered_clip: o.compressed.robust = RobustAggregation::kCenteredClip; break;
-    default: o.compressed.robust = RobustAggregation::kOff; break;
-  }
-  o.compressed.robust_clip = job.dp().robust_clip() > 0 ? job.dp().robust_clip() : 2.0;
   return o;
 }
 
@@ -195,7 +186,7 @@ std::vector<std::pair<std::string, std::vector<float>*>> DiLoCo::NamedState() {
 
 std::vector<std::pair<std::string, const std::vector<float>*>> DiLoCo::NamedState() const {
   std::vector<std::pair<std::string, const std::vector<float>*>> out;
-  for (const auto& [name, buf] : const_cast<DiLoCo*>(this)->NamedState()) out.emplace_back(name, buf);
+  for (const auto& [name, buf] : const_cast<DiLoCo*>(this)->NamedState()) out.emplace_back(name, buf);  // read only
   return out;
 }
 

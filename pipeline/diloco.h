@@ -51,6 +51,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "pipeline/dp_allreduce.h"
+#include "pipeline/quantized_adam.h"
 #include "proto/job.pb.h"
 
 namespace aqswarm::pipeline {
@@ -75,18 +76,14 @@ struct DiLoCoOptions {
   // rounds also key the stochastic rounding. Default: 0.
   uint32_t first_round = 0;
   // Codec and buckets of the pseudo-gradient exchange (min-max: with error
-  // feedback; Global-QSGD: without). Default: min-max, 4 bits, buckets of 512.
-  AllReduceOptions compressed = [] {
-    AllReduceOptions a;
-    a.codec.codec = v1::CODEC_MINMAX;
-    a.codec.bits = 4;
-    a.codec.bucket_size = 512;
-    return a;
-  }();
+  // feedback; Global-QSGD: without). Default: QuantizedAdam's (min-max, 4
+  // bits, buckets of 512).
+  AllReduceOptions compressed = QuantizedAdamOptions().compressed;
 };
 
-// From a job: optimizer betas/eps/decay + dp.{inner_steps, outer_lr,
-// outer_momentum, fragments, codec, bits, bucket_size, robust, robust_clip}.
+// From a job: what QuantizedAdamOptionsFromJob takes (optimizer
+// betas/eps/decay, dp.{codec, bits, bucket_size, robust, robust_clip}) +
+// dp.{inner_steps, outer_lr, outer_momentum, fragments}.
 DiLoCoOptions DiLoCoOptionsFromJob(const v1::JobSpec& job);
 
 class DiLoCo {

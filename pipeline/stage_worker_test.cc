@@ -84,6 +84,27 @@ TEST(StageWorkerTest, ReplicasWithTheSameSeedHashEqual) {
 namespace aqswarm::pipeline {
 namespace {
 
+// The data-parallel step of replica `a` (rank 0) and `c` (rank 1) of one
+// stage, given their pipelines' squared gradient norms; their
+// ParameterHash must agree after it.
+void ExchangeStep(StageWorker& a, StageWorker& c, int s, double sq_a, double sq_c) {
+  testing::Hub hub;
+  absl::Status sa, sc;
+  std::thread ta([&] {
+    testing::HubExchange ex(&hub, 0, 2);
+    sa = a.StepDataParallel(s, sq_a, ex);
+  });
+  std::thread tc([&] {
+    testing::HubExchange ex(&hub, 1, 2);
+    sc = c.StepDataParallel(s, sq_c, ex);
+  });
+  ta.join();
+  tc.join();
+  ASSERT_TRUE(sa.ok()) << sa;
+  ASSERT_TRUE(sc.ok()) << sc;
+  ASSERT_EQ(a.ParameterHash(), c.ParameterHash()) << "step " << s;
+}
+
 // One data-parallel step of a one-stage job: replica `a` at rank 0 and `c`
 // at rank 1, each on its own tokens (seeded by the worker's index `ia`/`ic`);
 // their ParameterHash must agree after it.
@@ -94,21 +115,7 @@ void StepReplicas(const v1::JobSpec& job, StageWorker& a, StageWorker& c, int s,
     ASSERT_TRUE(w->ForwardLoss(0, {}, Tokens(0, s + 7 * r, b * t), Tokens(1, s + 7 * r, b * t), b, &loss).ok());
     ASSERT_TRUE(w->Backward(0, {}, nullptr).ok());
   }
-  testing::Hub hub;
-  absl::Status sa, sc;
-  std::thread ta([&] {
-    testing::HubExchange ex(&hub, 0, 2);
-    sa = a.StepDataParallel(s, a.GradSquaredNorm(), ex);
-  });
-  std::thread tc([&] {
-    testing::HubExchange ex(&hub, 1, 2);
-    sc = c.StepDataParallel(s, c.GradSquaredNorm(), ex);
-  });
-  ta.join();
-  tc.join();
-  ASSERT_TRUE(sa.ok()) << sa;
-  ASSERT_TRUE(sc.ok()) << sc;
-  ASSERT_EQ(a.ParameterHash(), c.ParameterHash()) << "step " << s;
+  ExchangeStep(a, c, s, a.GradSquaredNorm(), c.GradSquaredNorm());
 }
 
 // Data parallelism in one process: two replicas of a one-stage job exchange
@@ -182,6 +189,57 @@ TEST(StageWorkerDataParallelTest, DiLoCoAnchorsStayIdenticalAndStatesOfTheOtherO
   const absl::Status into_qadam = q[1]->LoadCheckpoint(path);
   EXPECT_TRUE(absl::IsFailedPrecondition(into_qadam)) << into_qadam;
   EXPECT_NE(into_qadam.message().find("diloco's"), std::string::npos) << into_qadam;
+}
+
+// A 2 x 2 diloco grid (H = 4) with tied embeddings across the two stages:
+// after every step the replicas' anchors agree and each pipeline's two tied
+// copies are bit-identical. Then a re-plan at a step between outer steps:
+// as the swarm does, every replica of a stage resumes from one state, stage
+// 0 from pipeline 0's and stage 1 from pipeline 1's, so each pipeline's ends
+// hold different inner progress of the tied copy; both restart it from its
+// anchor and the copies stay identical.
+TEST(StageWorkerDataParallelTest, DiLoCoGridKeepsTiedCopiesIdenticalThroughAResumeFromMixedStates) {
+  v1::JobSpec job = Job(2);
+  job.mutable_model()->set_tie_embeddings(true);
+  job.set_data_parallel(2);
+  job.mutable_dp()->set_optimizer(v1::DataParallelSpec::diloco);
+  job.mutable_dp()->set_inner_steps(4);
+  job.mutable_dp()->set_outer_lr(0.7);
+  job.mutable_dp()->set_outer_momentum(0.9);
+  job.mutable_dp()->set_bits(4);
+  std::vector<std::unique_ptr<testing::WorkerPipeline>> pipes;
+  for (int p = 0; p < 2; ++p) pipes.push_back(std::make_unique<testing::WorkerPipeline>(job));
+  const auto train = [&](int from, int to) {
+    for (int s = from; s < to; ++s) {
+      std::vector<double> sq;
+      for (int p = 0; p < 2; ++p) {
+        sq.push_back(pipes[p]->Run(s, [p](int mb, int step, int n) {
+          return testing::Batch{Tokens(mb, step + 11 * p, n), Tokens(mb, step + 11 * p + 1, n)};
+        }).grad_sq);
+      }
+      for (int stage = 0; stage < 2; ++stage) {
+        ExchangeStep(*pipes[0]->w[stage], *pipes[1]->w[stage], s, sq[0], sq[1]);
+      }
+      for (int p = 0; p < 2; ++p) {
+        ASSERT_EQ(pipes[p]->w[0]->TiedEmbeddingHash(), pipes[p]->w[1]->TiedEmbeddingHash())
+            << "step " << s << " pipeline " << p;
+      }
+    }
+  };
+  train(0, 6);
+  // Pipelines differ between outer steps: their tied copies too.
+  ASSERT_NE(pipes[0]->w[0]->TiedEmbeddingHash(), pipes[1]->w[0]->TiedEmbeddingHash());
+  const ::aqswarm::testing::ScratchDir scratch;
+  const std::string s0 = scratch.Sub("stage0.safetensors"), s1 = scratch.Sub("stage1.safetensors");
+  ASSERT_TRUE(pipes[0]->w[0]->SaveCheckpoint(s0).ok());
+  ASSERT_TRUE(pipes[1]->w[1]->SaveCheckpoint(s1).ok());
+  for (int p = 0; p < 2; ++p) {
+    pipes[p] = std::make_unique<testing::WorkerPipeline>(job);
+    ASSERT_TRUE(pipes[p]->w[0]->LoadCheckpoint(s0).ok());
+    ASSERT_TRUE(pipes[p]->w[1]->LoadCheckpoint(s1).ok());
+    ASSERT_EQ(pipes[p]->w[0]->TiedEmbeddingHash(), pipes[p]->w[1]->TiedEmbeddingHash());
+  }
+  train(6, 12);
 }
 
 // A replica whose gradient norm is NaN or infinite stops the step before it
