@@ -49,6 +49,12 @@ check link-run 0 '"mode":"aqsgd","store":"memory".*"delta_rows":16,"full_rows":1
   "$bin" bench link --json --link_samples=16 --link_epochs=1 --repeats=1 --dir="${TMPDIR:-/tmp}"
 check link-run-cold 0 '"mode":"aqsgd","store":"memory".*"thrash_bytes":65536.*"delta_rows":16' -- \
   "$bin" bench link --json --link_samples=16 --link_epochs=1 --repeats=1 --link_thrash_bytes=65536 --dir="${TMPDIR:-/tmp}"
+# The DiLoCo example (2 x 2, tied embeddings): the launcher fails the run if
+# the replicas' anchors or a pipeline's tied copies ever differ.
+diloco_out="${TMPDIR:-/tmp}/cli-smoke-diloco-$$"
+check tiny-diloco 0 "step    15 .*replicas identical  tied copies identical" -- \
+  bash -c 'cd "$1" && "$2" pipeline --job examples/tiny_diloco.json --out_dir "$3"' _ "$root" "$bin" "$diloco_out"
+rm -rf "$diloco_out"
 check version-arg 2 "no arguments" -- "$bin" version x
 # --dry_run (every command): flags are checked, nothing runs (a coordinator
 # without --job would otherwise fail), bad flags and values still fail.
