@@ -319,6 +319,20 @@ class StageWorkerImpl final : public StageWorker {
   }
 
   absl::Status FinishDataParallel() override {
+    if (diloco_ != nullptr && !diloco_->anchor().empty()) {
+      // The job ends on the anchors, the model every replica shares (see the
+      // header).
+      if (diloco_tied_ != nullptr) {
+        const std::vector<float>& a = diloco_tied_->anchor();
+        if (!a.empty()) std::copy(a.begin(), a.end(), dp_params_.begin());
+      }
+      std::copy(diloco_->anchor().begin(), diloco_->anchor().end(), dp_params_.begin() + tied_n_);
+      return Guard("data-parallel finish", [&] {
+        torch::NoGradGuard ng;
+        ApplyMaster();
+        return absl::OkStatus();
+      });
+    }
     AQSWARM_RETURN_IF_ERROR(JoinUpdate());
     if (!master_) return absl::OkStatus();
     return Guard("data-parallel finish", [&] {

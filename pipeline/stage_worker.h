@@ -115,7 +115,10 @@ class StageWorker {
   virtual absl::Status StepDataParallel(int64_t step, double total_grad_squared_norm, ReplicaExchange& exchange) = 0;
   // Waits for a delayed update still in flight and applies it, so the
   // parameters are the latest (after the last step, before evaluating or
-  // exporting them). A no-op without one.
+  // exporting them). A no-op without one. Under dp.optimizer diloco, sets
+  // the parameters to the anchors (the model all replicas share; the inner
+  // steps since each fragment's last outer step are dropped: none when the
+  // job's last step is an outer step of every fragment).
   virtual absl::Status FinishDataParallel() = 0;
   // Bytes this stage sent to its replicas so far (encoded) and their fp32 size.
   virtual uint64_t dp_bytes_sent() const = 0;

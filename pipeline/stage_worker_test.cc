@@ -197,7 +197,8 @@ TEST(StageWorkerDataParallelTest, DiLoCoAnchorsStayIdenticalAndStatesOfTheOtherO
 // as the swarm does, every replica of a stage resumes from one state, stage
 // 0 from pipeline 0's and stage 1 from pipeline 1's, so each pipeline's ends
 // hold different inner progress of the tied copy; both restart it from its
-// anchor and the copies stay identical.
+// anchor and the copies stay identical. Finishing between outer steps puts
+// all four copies on the anchor.
 TEST(StageWorkerDataParallelTest, DiLoCoGridKeepsTiedCopiesIdenticalThroughAResumeFromMixedStates) {
   v1::JobSpec job = Job(2);
   job.mutable_model()->set_tie_embeddings(true);
@@ -239,7 +240,17 @@ TEST(StageWorkerDataParallelTest, DiLoCoGridKeepsTiedCopiesIdenticalThroughAResu
     ASSERT_TRUE(pipes[p]->w[1]->LoadCheckpoint(s1).ok());
     ASSERT_EQ(pipes[p]->w[0]->TiedEmbeddingHash(), pipes[p]->w[1]->TiedEmbeddingHash());
   }
-  train(6, 12);
+  train(6, 10);
+  // The job ends between outer steps: finishing puts every copy on the anchor.
+  ASSERT_NE(pipes[0]->w[0]->TiedEmbeddingHash(), pipes[1]->w[0]->TiedEmbeddingHash());
+  for (int p = 0; p < 2; ++p) {
+    for (int stage = 0; stage < 2; ++stage) ASSERT_TRUE(pipes[p]->w[stage]->FinishDataParallel().ok());
+  }
+  for (int p = 0; p < 2; ++p) {
+    for (int stage = 0; stage < 2; ++stage) {
+      EXPECT_EQ(pipes[p]->w[stage]->TiedEmbeddingHash(), pipes[0]->w[0]->TiedEmbeddingHash());
+    }
+  }
 }
 
 // A replica whose gradient norm is NaN or infinite stops the step before it
