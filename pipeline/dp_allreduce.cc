@@ -164,6 +164,12 @@ int64_t OwnedElements(int64_t n, int rank, int size, int64_t bucket_elements) {
   return owned;
 }
 
+uint64_t Float32AllReduceBytes(int64_t n, int rank, int size, int64_t bucket_elements) {
+  if (size < 2 || n <= 0) return 0;
+  const int64_t owned = OwnedElements(n, rank, size, bucket_elements);
+  return static_cast<uint64_t>(4 * ((n - owned) + static_cast<int64_t>(size - 1) * owned));
+}
+
 absl::Status AllReduceMean(ReplicaExchange& ex, const AllReduceOptions& options, uint64_t step, uint32_t round,
                            absl::Span<const float> in, absl::Span<float> out, std::vector<float>* worker_error,
                            std::vector<float>* server_error, AllReduceStats* stats) {

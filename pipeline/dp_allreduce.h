@@ -98,6 +98,13 @@ std::pair<int64_t, int64_t> ChunkRange(int64_t bucket_len, int rank, int size);
 // length of its server error buffer).
 int64_t OwnedElements(int64_t n, int rank, int size, int64_t bucket_elements);
 
+// The bytes a float32 AllReduceMean of an n-vector sends from `rank`
+// (AllReduceStats::raw_bytes of such a call): the other owners' chunks
+// scattered plus its own chunks' means gathered to the size - 1 others. The
+// data-parallel baseline every optimizer's traffic is compared to (AdamW
+// sends it every step).
+uint64_t Float32AllReduceBytes(int64_t n, int rank, int size, int64_t bucket_elements);
+
 struct AllReduceStats {
   uint64_t bytes_sent = 0;  // encoded scales+payload sent to other replicas
   uint64_t raw_bytes = 0;   // float32 bytes of the same chunks

@@ -48,10 +48,15 @@ TEST(AllReduceTest, RawMeanIsExactUpToRoundingAndBitIdenticalOnEveryReplica) {
     for (int r = 0; r < d; ++r) in[r] = Random(n, r + 1);
     AllReduceOptions o;
     o.bucket_elements = 3000;  // several buckets, ragged chunks
+    std::vector<AllReduceStats> stats(d);
     auto st = RunReplicas(d, hub, [&](int r, ReplicaExchange& ex) {
-      return AllReduceMean(ex, o, 7, 0, in[r], absl::MakeSpan(out[r]), nullptr, nullptr);
+      return AllReduceMean(ex, o, 7, 0, in[r], absl::MakeSpan(out[r]), nullptr, nullptr, &stats[r]);
     });
     for (auto& s : st) ASSERT_TRUE(s.ok()) << s;
+    for (int r = 0; r < d; ++r) {
+      EXPECT_EQ(stats[r].raw_bytes, Float32AllReduceBytes(n, r, d, o.bucket_elements)) << "d=" << d << " r=" << r;
+      EXPECT_EQ(stats[r].bytes_sent, stats[r].raw_bytes) << "float32 sends its raw size";
+    }
     for (int64_t i = 0; i < n; ++i) {
       double mean = 0;
       for (int r = 0; r < d; ++r) mean += in[r][i];

@@ -52,8 +52,9 @@ while len(finished) < n:
                 count(f"pipeline {p} stage {st}->{st + 1} activations", e["fw_bytes"], dense)
             if e["bw_bytes"]:
                 count(f"pipeline {p} stage {st}->{st - 1} gradients", e["bw_bytes"], dense)
-            if e.get("dp", {}).get("bytes"):
-                count(f"stage {st} all-reduce, pipeline {p}'s sends", e["dp"]["bytes"], e["dp"]["raw_bytes"])
+            dp = e.get("dp", {})
+            if dp.get("bytes") or dp.get("raw_bytes"):  # a diloco inner step sends nothing
+                count(f"stage {st} all-reduce, pipeline {p}'s sends", dp.get("bytes", 0), dp.get("raw_bytes", 0))
     while len(steps.get(next_step, {})) == 4 or (next_step in steps and len(finished) == n):
         rows = steps.pop(next_step)
         last = max(k[0] for k in rows)
