@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "pipeline/layerwise_plan.h"
 
 namespace aqswarm::pipeline {
 namespace {
@@ -45,6 +46,9 @@ DiLoCoOptions DiLoCoOptionsFromJob(const v1::JobSpec& job) {
   o.eps = q.eps;
   o.weight_decay = q.weight_decay;
   o.compressed = q.compressed;
+  o.layerwise_every_steps = q.layerwise_every_steps;
+  o.layerwise_min_bits = q.layerwise_min_bits;
+  o.layerwise_max_bits = q.layerwise_max_bits;
   o.inner_steps = std::max<int64_t>(job.dp().inner_steps(), 1);
   o.outer_lr = job.dp().outer_lr();
   o.outer_momentum = job.dp().outer_momentum();
@@ -59,6 +63,63 @@ DiLoCo::DiLoCo(int64_t n, int64_t num_compressed, std::vector<uint8_t> decay, co
   for (int64_t s : tensor_sizes) total += s;
   if (total != n) tensor_sizes = {n};
   bounds_ = FragmentBounds(n, tensor_sizes, options.fragments);
+  // Each fragment's compressed part [b, min(e, num_compressed)) as pieces of tensors.
+  int64_t next = num_fragments();
+  for (int f = 0; f < num_fragments(); ++f) {
+    const int64_t b = bounds_[f], ce = std::clamp(num_compressed_, b, bounds_[f + 1]);
+    std::vector<int64_t> pieces;
+    int64_t off = 0;
+    for (int64_t len : tensor_sizes) {
+      const int64_t lo = std::max(off, b), hi = std::min(off + len, ce);
+      if (hi > lo) pieces.push_back(hi - lo);
+      off += len;
+    }
+    piece_begin_.push_back(next);
+    next += static_cast<int64_t>(pieces.size());
+    pieces_.push_back(std::move(pieces));
+  }
+}
+
+std::vector<int> DiLoCo::FragmentBits(int f) const {
+  if (layerwise_.empty()) return {};
+  std::vector<int> bits;
+  for (size_t i = 0; i < pieces_[f].size(); ++i) {
+    const int b = static_cast<int>(layerwise_[piece_begin_[f] + i]);
+    if (b == 0) return {};
+    bits.push_back(b);
+  }
+  return bits;
+}
+
+int64_t DiLoCo::OwnedOf(int f, int rank, int size) const {
+  const int64_t b = bounds_[f], ce = std::clamp(num_compressed_, b, bounds_[f + 1]);
+  const int64_t bucket = options_.compressed.bucket_elements;
+  const std::vector<int> bits = FragmentBits(f);
+  return bits.empty() ? OwnedElements(ce - b, rank, size, bucket)
+                      : LayerwiseOwnedElements(pieces_[f], bits, rank, size, bucket);
+}
+
+absl::Status DiLoCo::UpdatePlan(ReplicaExchange& ex, int f, absl::Span<const float> momentum) {
+  if (options_.layerwise_every_steps <= 0 || pieces_[f].empty()) return absl::OkStatus();
+  if (layerwise_.empty()) layerwise_.assign(piece_begin_.back() + pieces_.back().size(), 0.0f);
+  layerwise_[f] += 1;
+  if (static_cast<int64_t>(layerwise_[f]) % options_.layerwise_every_steps != 0) return absl::OkStatus();
+  LayerwisePlanOptions lo;
+  lo.codec = options_.compressed.codec;
+  lo.min_bits = options_.layerwise_min_bits;
+  lo.max_bits = options_.layerwise_max_bits;
+  lo.uniform_bits = options_.compressed.codec.bits;
+  lo.replicas = ex.size();
+  AQSWARM_ASSIGN_OR_RETURN(LayerwisePlan plan, ChooseLayerwiseBits(momentum, pieces_[f], lo));
+  std::vector<int> current = FragmentBits(f);
+  if (current.empty()) current.assign(pieces_[f].size(), lo.uniform_bits);
+  if (plan.bits != current) {
+    // The error buffers are laid out by the plans: start them from zero.
+    worker_error_.clear();
+    server_error_.clear();
+  }
+  for (size_t i = 0; i < plan.bits.size(); ++i) layerwise_[piece_begin_[f] + i] = static_cast<float>(plan.bits[i]);
+  return absl::OkStatus();
 }
 
 absl::Status DiLoCo::Step(ReplicaExchange& ex, double lr, absl::Span<float> params, absl::Span<const float> grads) {
@@ -116,11 +177,9 @@ absl::Status DiLoCo::SyncFragment(ReplicaExchange& ex, int f, uint64_t s, absl::
                                                       mean.subspan(0, ce - b), &stats_));
     } else {
       // The server error concatenates every fragment's owned chunks.
-      const int64_t bucket = options_.compressed.bucket_elements;
       int64_t se_begin = 0, se_total = 0;
       for (int g = 0; g < num_fragments(); ++g) {
-        const int64_t gb = bounds_[g], gce = std::clamp(num_compressed_, gb, bounds_[g + 1]);
-        const int64_t owned = OwnedElements(gce - gb, ex.rank(), ex.size(), bucket);
+        const int64_t owned = OwnedOf(g, ex.rank(), ex.size());
         if (g < f) se_begin += owned;
         se_total += owned;
       }
@@ -133,11 +192,18 @@ absl::Status DiLoCo::SyncFragment(ReplicaExchange& ex, int f, uint64_t s, absl::
         server_error_.assign(se_total, 0.0f);
         error_owner_ = me;
       }
-      const int64_t se_len = OwnedElements(ce - b, ex.rank(), ex.size(), bucket);
+      const int64_t se_len = OwnedOf(f, ex.rank(), ex.size());
       we_.assign(worker_error_.begin() + b, worker_error_.begin() + ce);
       se_.assign(server_error_.begin() + se_begin, server_error_.begin() + se_begin + se_len);
-      AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, options_.compressed, s, options_.first_round, d.subspan(0, ce - b),
-                                            mean.subspan(0, ce - b), &we_, &se_, &stats_));
+      const std::vector<int> bits = FragmentBits(f);
+      if (bits.empty()) {
+        AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, options_.compressed, s, options_.first_round, d.subspan(0, ce - b),
+                                              mean.subspan(0, ce - b), &we_, &se_, &stats_));
+      } else {
+        AQSWARM_RETURN_IF_ERROR(AllReduceMeanLayerwise(ex, options_.compressed, pieces_[f], bits, s,
+                                                       16 + 8 * options_.first_round, d.subspan(0, ce - b),
+                                                       mean.subspan(0, ce - b), &we_, &se_, &stats_));
+      }
       std::copy(we_.begin(), we_.end(), worker_error_.begin() + b);
       std::copy(se_.begin(), se_.end(), server_error_.begin() + se_begin);
     }
@@ -157,6 +223,9 @@ absl::Status DiLoCo::SyncFragment(ReplicaExchange& ex, int f, uint64_t s, absl::
     momentum_[j] = mu * momentum_[j] + mean_[i];
     anchor_[j] -= olr * (mean_[i] + mu * momentum_[j]);
     params[j] = anchor_[j];
+  }
+  if (ce > b && options_.compressed.codec.codec == v1::CODEC_MINMAX) {
+    AQSWARM_RETURN_IF_ERROR(UpdatePlan(ex, f, absl::MakeConstSpan(momentum_).subspan(b, ce - b)));
   }
   return absl::OkStatus();
 }
@@ -181,7 +250,8 @@ std::vector<std::pair<std::string, std::vector<float>*>> DiLoCo::NamedState() {
           {"worker_error", &worker_error_},
           {"server_error", &server_error_},
           {"error_owner", &error_owner_},
-          {"adam_step", &adam_step_}};
+          {"adam_step", &adam_step_},
+          {"layerwise", &layerwise_}};
 }
 
 std::vector<std::pair<std::string, const std::vector<float>*>> DiLoCo::NamedState() const {
@@ -198,7 +268,7 @@ absl::Status DiLoCo::LoadState(const std::vector<std::pair<std::string, std::vec
     for (const auto& [k, v] : state) {
       if (k == name) found = &v;
     }
-    const bool optional = name == "error_owner" || name == "adam_step";
+    const bool optional = name == "error_owner" || name == "adam_step" || name == "layerwise";
     if (found == nullptr && !optional) return absl::NotFoundError(absl::StrCat("DiLoCo state lacks ", name));
     const size_t size = found == nullptr ? 0 : found->size();
     const size_t n = static_cast<size_t>(n_), nc = static_cast<size_t>(num_compressed_);
@@ -217,6 +287,23 @@ absl::Status DiLoCo::LoadState(const std::vector<std::pair<std::string, std::vec
       if (found != nullptr &&
           (size != 1 || !((*found)[0] >= 0 && (*found)[0] <= step && (*found)[0] == std::floor((*found)[0])))) {
         want = absl::StrCat("1 (a whole number of steps in [0, ", step, "])");
+      }
+    } else if (name == "layerwise" && size != 0) {
+      const size_t want_size = piece_begin_.back() + pieces_.back().size();
+      bool ok = size == want_size;
+      for (int f = 0; ok && f < num_fragments(); ++f) {
+        const float c = (*found)[f];
+        ok = c >= 0 && c < (1 << 24) && c == std::floor(c);
+        const size_t p0 = piece_begin_[f], p1 = p0 + pieces_[f].size();
+        const bool planned = p1 > p0 && (*found)[p0] != 0;
+        for (size_t i = p0; ok && i < p1; ++i) {
+          const float w = (*found)[i];
+          ok = w == std::floor(w) && (planned ? w >= 1 && w <= 8 : w == 0);
+        }
+      }
+      if (!ok) {
+        want = absl::StrCat("0 or ", want_size, " (an exchange count per fragment, then its tensors' widths: all 0 or "
+                            "all in [1, 8])");
       }
     }
     if (!want.empty()) {

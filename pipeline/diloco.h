@@ -19,6 +19,18 @@
 // unbiased, no error feedback), over elements [0, num_compressed); the rest
 // (biases, LayerNorm: tiny tensors) go float32 in a second round.
 //
+// Layer-wise bits (L-GreCo, pipeline/layerwise_plan.h; min-max only): with
+// layerwise_every_steps = N > 0, after every N-th outer exchange of a
+// fragment its compressed tensors get new widths in [layerwise_min_bits,
+// layerwise_max_bits], chosen at no more measured error than
+// compressed.codec.bits everywhere from the fragment's outer momentum after
+// that step (the same everywhere: the same plan on every replica). Not from
+// the exchanged mean: it lies on the exchange's own min-max grid, so
+// re-encoding it at the current width measures no error and no narrower
+// width ever fits the budget (with outer_momentum 0 the momentum is that
+// mean, and the widths stay). A new plan zeroes the error buffers (of every
+// fragment: their layout follows the plans).
+//
 // Streaming: the vector is cut into `fragments` F contiguous groups of whole
 // tensors of about n / F elements each; fragment f's offset is f * H / F, so
 // with F <= H no two fragments sync on the same step and a stage's
@@ -34,7 +46,8 @@
 //
 // State (checkpointed and handed to a joining replica): m, v (this
 // replica's inner AdamW), anchor, outer momentum, worker error, server error,
-// error owner, inner Adam step, step (NamedState / LoadState). The error
+// error owner, inner Adam step, layer-wise plans, step (NamedState /
+// LoadState). The error
 // buffers follow QuantizedAdam's "error_owner" rule: a replica whose error
 // buffers were another rank's (or of unknown owner) starts its error feedback
 // from zero buffers at its next compressed exchange.
@@ -75,6 +88,11 @@ struct DiLoCoOptions {
   // stage's parameters and its tied-embedding copy) use disjoint rounds; the
   // rounds also key the stochastic rounding. Default: 0.
   uint32_t first_round = 0;
+  // Layer-wise widths (see the banner). 0 = off (compressed.codec.bits
+  // everywhere). Default: 0.
+  int64_t layerwise_every_steps = 0;
+  int layerwise_min_bits = 2;
+  int layerwise_max_bits = 8;
   // Codec and buckets of the pseudo-gradient exchange (min-max: with error
   // feedback; Global-QSGD: without). Default: QuantizedAdam's (min-max, 4
   // bits, buckets of 512).
@@ -82,8 +100,8 @@ struct DiLoCoOptions {
 };
 
 // From a job: what QuantizedAdamOptionsFromJob takes (optimizer
-// betas/eps/decay, dp.{codec, bits, bucket_size, robust, robust_clip}) +
-// dp.{inner_steps, outer_lr, outer_momentum, fragments}.
+// betas/eps/decay, dp.{codec, bits, bucket_size, robust, robust_clip,
+// layerwise_*}) + dp.{inner_steps, outer_lr, outer_momentum, fragments}.
 DiLoCoOptions DiLoCoOptionsFromJob(const v1::JobSpec& job);
 
 class DiLoCo {
@@ -119,27 +137,42 @@ class DiLoCo {
 
   // Named flat buffers: "m", "v", "anchor", "outer_momentum",
   // "worker_error", "server_error", "error_owner" ({rank, replicas}; empty:
-  // none yet), "adam_step" ({inner Adam steps since the last restart}).
+  // none yet), "adam_step" ({inner Adam steps since the last restart}),
+  // "layerwise" (empty: none yet; else F exchange counts, then a width per
+  // compressed tensor piece, fragment by fragment, 0 = dp.bits).
   std::vector<std::pair<std::string, std::vector<float>*>> NamedState();
   std::vector<std::pair<std::string, const std::vector<float>*>> NamedState() const;
   // m and v must hold n values; anchor and outer_momentum none or n;
   // worker_error none or num_compressed; server_error at most
   // num_compressed; error_owner none or {rank, replicas} with
   // 0 <= rank < replicas; adam_step (optional: absent = `step`) one value
-  // in [0, step]. Anything else is InvalidArgument naming the buffer and
+  // in [0, step]; layerwise (optional) none or F + pieces values, each
+  // fragment's widths all 0 or all in [1, 8]. Anything else is InvalidArgument naming the buffer and
   // both sizes, and nothing is changed.
   absl::Status LoadState(const std::vector<std::pair<std::string, std::vector<float>>>& state, int64_t step);
 
  private:
   absl::Status SyncFragment(ReplicaExchange& ex, int f, uint64_t s, absl::Span<float> params);
+  // Fragment f's layer-wise widths (empty: dp.bits for all).
+  std::vector<int> FragmentBits(int f) const;
+  // Its server error length at rank/size under its current widths.
+  int64_t OwnedOf(int f, int rank, int size) const;
+  // After fragment f's outer step (its compressed part's outer momentum):
+  // count it and, every layerwise_every_steps, re-plan its widths.
+  absl::Status UpdatePlan(ReplicaExchange& ex, int f, absl::Span<const float> momentum);
 
   const int64_t n_, num_compressed_;
   const std::vector<uint8_t> decay_;
   const DiLoCoOptions options_;
   std::vector<int64_t> bounds_;  // fragment f is [bounds_[f], bounds_[f + 1])
+  // Fragment f's compressed tensor pieces (sizes) and where its widths start
+  // in layerwise_ (after the F counts).
+  std::vector<std::vector<int64_t>> pieces_;
+  std::vector<int64_t> piece_begin_;
   std::vector<float> m_, v_, anchor_, momentum_, worker_error_, server_error_;
   std::vector<float> error_owner_;  // {rank, replicas} whose residues the error buffers hold; empty: unknown
   std::vector<float> adam_step_;    // {inner Adam steps since the last restart}
+  std::vector<float> layerwise_;    // see NamedState
   std::vector<float> delta_, mean_, we_, se_;  // scratch of an outer step
   int64_t step_ = 0;
   AllReduceStats stats_;

@@ -249,6 +249,40 @@ TEST(DiLoCoTest, ConvergesOnAQuadraticWithReplicasGettingDifferentGradients) {
   EXPECT_LT(distance(g.opt[0]->anchor()), 0.05 * start);
 }
 
+// Layer-wise widths (every outer exchange re-plans, from the outer
+// momentum): half the vector gets a constant gradient, so its momentum is
+// flat and cheap at 2 bits. The first plan is 4 bits everywhere (the first
+// momentum is the first mean, on the exchange's grid: see the header); the
+// third exchange, under the second plan, sends fewer bytes than the first.
+// The plans and the anchors are the same on both replicas.
+TEST(DiLoCoTest, LayerwiseWidthsCutTheOuterBytesAndKeepAnchorsIdentical) {
+  constexpr int64_t kN = 4096;
+  DiLoCoOptions o = Options(2);
+  o.layerwise_every_steps = 1;
+  Group g(2, kN, o, kN, {kN / 2, kN / 2});
+  const GradFn grad = [](int r, int t, const std::vector<float>& p) {
+    std::vector<float> x = RandomGrad(r, t, p);
+    std::fill(x.begin() + kN / 2, x.end(), 0.3f);
+    return x;
+  };
+  std::vector<uint64_t> bytes;  // per outer exchange
+  for (int t = 0; t < 6; ++t) {
+    const uint64_t before = g.opt[0]->stats().bytes_sent;
+    ASSERT_TRUE(g.Step(t, grad).ok());
+    if (t % 2 == 1) bytes.push_back(g.opt[0]->stats().bytes_sent - before);
+    EXPECT_TRUE(SameBits(g.opt[0]->anchor(), g.opt[1]->anchor())) << "step " << t + 1;
+    EXPECT_EQ(Buffer(*g.opt[0], "layerwise"), Buffer(*g.opt[1], "layerwise")) << "step " << t + 1;
+  }
+  ASSERT_EQ(bytes.size(), 3u);
+  EXPECT_EQ(bytes[1], bytes[0]);
+  EXPECT_LT(bytes[2], bytes[0]);
+  const std::vector<float>& plan = Buffer(*g.opt[0], "layerwise");
+  ASSERT_EQ(plan.size(), 3u);  // one exchange count, two widths
+  EXPECT_EQ(plan[0], 3);
+  EXPECT_EQ(plan[2], 2) << "the flat half";
+  EXPECT_GE(plan[1], 4) << "the random half";
+}
+
 // Wrong sizes are refused with the buffer and both sizes named, and
 // nothing changes; a valid state loads and the run goes on as the original.
 TEST(DiLoCoTest, LoadStateRejectsWrongSizesAndKeepsItsState) {
@@ -268,6 +302,7 @@ TEST(DiLoCoTest, LoadStateRejectsWrongSizesAndKeepsItsState) {
       {"server_error", std::vector<float>(401), "server_error holds 401 values, expected at most 400"},
       {"error_owner", {2, 2}, "error_owner holds 2 values"},
       {"adam_step", {7}, "adam_step holds 1 value, expected 1 (a whole number of steps in [0, 3])"},
+      {"layerwise", {1, 4, 4}, "layerwise holds 3 values, expected 0 or 2"},
   };
   for (const auto& b : bad) {
     const absl::Status s = g.opt[0]->LoadState(Replace(before, b.name, b.value), 3);
