@@ -449,11 +449,12 @@ int RunPipeline(const std::vector<std::string>& args) {
         row[i] = ev->step();
         if (static_cast<int>(row.size()) < n) continue;
         // Every replica of a stage must hold bit-identical weights (diloco:
-        // its anchor), except after a local step (quantized_adam's
-        // dp.max_local_steps), which moves each replica on its own until the
-        // next sync.
+        // its anchors, identical at every step), except after quantized_adam's
+        // local steps (dp.max_local_steps), which move each replica on its
+        // own until the next sync.
+        const bool qadam = job->dp().optimizer() == v1::DataParallelSpec::quantized_adam;
         for (int s = 0; s < k && d > 1; ++s) {
-          if (row[s].dp().kind() == "local") continue;
+          if (qadam && row[s].dp().kind() == "local") continue;
           for (int p = 1; p < d; ++p) {
             if (row[p * k + s].dp().param_hash() != row[s].dp().param_hash()) {
               std::cerr << "aqswarm pipeline: replicas of stage " << s << " diverged at step " << step << "\n";

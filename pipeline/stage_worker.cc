@@ -293,6 +293,13 @@ class StageWorkerImpl final : public StageWorker {
                                                           s.message(), "; nothing was sent to the replicas"));
       }
       const double lr = LearningRateAt(job_.optimizer(), step);
+      // The baseline of the DP traffic: AdamW's float32 all-reduce of the
+      // whole stage (tied copy included), every step, whatever this
+      // optimizer sent.
+      const int64_t raw_bucket = QuantizedAdamOptionsFromJob(job_).compressed.bucket_elements;
+      dp_raw_total_ += Float32AllReduceBytes(tied_n_, ex.rank(), ex.size(), raw_bucket) +
+                       Float32AllReduceBytes(static_cast<int64_t>(dp_params_.size()) - tied_n_, ex.rank(), ex.size(),
+                                             raw_bucket);
       if (delayed) {
         // The model takes the previous step's result, extrapolated by that
         // update (the next one, in flight, is about as large: Adam's steps
@@ -351,7 +358,7 @@ class StageWorkerImpl final : public StageWorker {
     if (diloco_ != nullptr) return diloco_->last_step_kind();
     return dp_ != nullptr ? dp_->last_step_kind() : "";
   }
-  uint64_t dp_raw_bytes() const override { return stats_.raw_bytes; }
+  uint64_t dp_raw_bytes() const override { return dp_raw_total_; }
   uint64_t dp_robust_dropped() const override { return stats_.robust_dropped; }
   uint64_t dp_robust_clipped() const override { return stats_.robust_clipped; }
 
@@ -723,7 +730,8 @@ class StageWorkerImpl final : public StageWorker {
   bool overflow_ = false;
   std::vector<torch::Tensor> dp_order_;
   std::vector<float> dp_params_, dp_grads_;
-  AllReduceStats stats_;  // dp_'s, as of the last update this thread saw finish
+  AllReduceStats stats_;
+  uint64_t dp_raw_total_ = 0;  // dp_raw_bytes()  // dp_'s, as of the last update this thread saw finish
   // dp.delayed_update: dp_params_ holds the optimizer's parameters (one update
   // ahead of the model's while update_ runs or until the next step applies it).
   bool master_ = false;

@@ -120,7 +120,10 @@ class StageWorker {
   // steps since each fragment's last outer step are dropped: none when the
   // job's last step is an outer step of every fragment).
   virtual absl::Status FinishDataParallel() = 0;
-  // Bytes this stage sent to its replicas so far (encoded) and their fp32 size.
+  // Bytes this stage sent to its replicas so far (encoded), and what AdamW's
+  // float32 all-reduce of the whole stage would have sent over the same steps
+  // (pipeline/dp_allreduce.h Float32AllReduceBytes; a diloco inner step or a
+  // local step counts it too, though it sends nothing).
   virtual uint64_t dp_bytes_sent() const = 0;
   virtual uint64_t dp_raw_bytes() const = 0;
   // What the last data-parallel step exchanged (events.proto
