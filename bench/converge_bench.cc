@@ -49,6 +49,11 @@
 // "extrapolated": true. A run whose target step is within its N steps is not
 // extrapolated. AQ-SGD sends whole rows for samples a link has not seen
 // (epoch 0), so a window inside epoch 0 overestimates later steps' link time.
+//
+// A configuration whose run fails (or whose shaped run does not train as its
+// unshaped run did) gets a row {"run", ..., "error": why}, its other
+// shapings are skipped, the bench goes on and exits with an error at the
+// end; a failed baseline stops it at once.
 #include <unistd.h>
 
 #include <algorithm>
@@ -70,6 +75,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
@@ -510,6 +516,7 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
   const double d = base->data_parallel();
   const int total = static_cast<int>(configs.size() * shapings.size());
   int done = 0;
+  std::vector<std::string> failed;  // "run: why" of configurations that failed (a row each)
   for (size_t i = 0; i < configs.size(); ++i) {
     const Config& c = configs[i];
     const v1::JobSpec& job = jobs[i];
@@ -525,9 +532,25 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
         j.set_max_steps(static_cast<uint32_t>(ShapedSteps(unshaped, c, o.shaped_steps)));
       }
       absl::StatusOr<Run> run = RunJob(exe, j, root / dir_name, o.run_timeout_s);
-      if (!run.ok()) {
-        std::cerr << "converge: runs kept in " << root.string() << "\n";
-        return run.status();
+      absl::Status checked = run.ok() && !sh.unshaped() ? CheckSameTraining(*run, unshaped, name) : run.status();
+      if (!checked.ok()) {
+        // Without the baseline nothing else can be measured; any other
+        // configuration's failure is a row, and its other shapings are skipped.
+        if (i == 0) {
+          std::cerr << "converge: runs kept in " << root.string() << "\n";
+          return checked;
+        }
+        out << nlohmann::json({{"bench", "converge"}, {"run", name}, {"config", c.name},
+                               {"dp_optimizer", OptimizerName(c.optimizer)}, {"inner_steps", c.inner_steps},
+                               {"bandwidth_mbps", sh.mbps}, {"latency_ms", sh.latency_ms},
+                               {"error", std::string(checked.message())}})
+                   .dump()
+            << "\n";
+        out.flush();
+        std::cerr << "converge [" << ++done << "/" << total << "] " << name << " FAILED: " << checked << "\n";
+        failed.push_back(absl::StrCat(name, ": ", checked.message()));
+        done += static_cast<int>(shapings.size()) - (&sh - shapings.data()) - 1;
+        break;
       }
       if (sh.unshaped()) {
         unshaped = *run;
@@ -537,9 +560,6 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
           base_link = unshaped.link_bytes;
           if (!(target > 0)) target = base_final * (1 + o.target_slack);
         }
-      } else if (absl::Status s = CheckSameTraining(*run, unshaped, name); !s.ok()) {
-        std::cerr << "converge: runs kept in " << root.string() << "\n";
-        return s;
       }
       AQSWARM_ASSIGN_OR_RETURN(const Timing t, ToTarget(*run, unshaped, target));
       double per_step = 0;
@@ -597,6 +617,11 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
   std::cerr << absl::StrFormat("converge: %.0f s in all; runs %s\n",
                                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
                                keep ? "in " + root.string() : std::string("removed"));
+  if (!failed.empty()) {
+    std::cerr << "converge: runs kept in " << root.string() << "\n";
+    return absl::InternalError(absl::StrCat("converge: ", failed.size(), " configuration(s) failed (an \"error\" row "
+                                            "each): ", absl::StrJoin(failed, "; ")));
+  }
   if (!keep) aqswarm::RemoveTree(root).IgnoreError();
   return absl::OkStatus();
 }

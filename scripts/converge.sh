@@ -9,11 +9,15 @@
 #   scripts/converge.sh            # run the bench, then render
 #   scripts/converge.sh --render   # only redraw the section from docs/data/converge.jsonl
 #
-# Environment: CONFIGS, SHAPINGS (the bench's --configs / --shapings), OUT
+# Environment: CONFIGS (default: the issue's five plus diloco-h8-aqsgd, the
+# largest H that runs today: a replica's GradientExchange mailbox refuses chunks
+# more than 8 steps from the step it last took, so H > 8 fails at the second
+# outer step), SHAPINGS (the bench's --configs / --shapings), OUT
 # (where the runs are kept; default runs/converge), AQSWARM_BIN (default build/aqswarm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 AQSWARM_BIN="${AQSWARM_BIN:-build/aqswarm}"
+CONFIGS="${CONFIGS:-adamw-fp32,qadam-aqsgd,diloco-h8-aqsgd,diloco-h16-aqsgd,diloco-h32-aqsgd,diloco-h64-aqsgd}"
 OUT="${OUT:-runs/converge}"
 data=docs/data/converge.jsonl
 meta=docs/data/converge.meta
@@ -29,10 +33,14 @@ if [[ "${1:-}" != --render ]]; then
   cp "$AQSWARM_BIN" "$OUT/aqswarm"
   AQSWARM_BIN="$OUT/aqswarm"
   start=$(date +%s)
+  # A configuration that fails is a row with "error" (the bench then exits 1):
+  # keep the data and render it, failures included.
+  rc=0
   "$AQSWARM_BIN" bench converge --job examples/converge.json --out_dir "$OUT" \
-    ${CONFIGS:+--configs "$CONFIGS"} ${SHAPINGS:+--shapings "$SHAPINGS"} > "$data.tmp"
+    --configs "$CONFIGS" ${SHAPINGS:+--shapings "$SHAPINGS"} > "$data.tmp" || rc=$?
+  [[ -s "$data.tmp" ]] || { echo "the bench printed nothing (exit $rc)" >&2; exit 1; }
   mv "$data.tmp" "$data"
-  # Run-to-run noise: the baseline again with another seed (initial weights and
+  # {"" if not failures else "Failed (no measurement): " + "; ".join(f'`{r["run"]}`: {r["error"]}' for r in failures) + chr(10) + chr(10)}Run-to-run noise: the baseline again with another seed (initial weights and
   # sample order); the runs are deterministic, so the same seed would repeat
   # every number.
   python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); j["seed"]=int(sys.argv[2]); json.dump(j,open(sys.argv[3],"w"))' \
@@ -46,6 +54,8 @@ python3 - "$data" "$meta" docs/CONVERGENCE.md "$noise" <<'PY'
 import json, os, sys
 data, meta, doc, noise_file = sys.argv[1:5]
 rows = [json.loads(l) for l in open(data) if l.strip()]
+failures = [r for r in rows if "error" in r]
+rows = [r for r in rows if "error" not in r]
 meta_line = open(meta).read().strip()
 by = {(r["config"], r["bandwidth_mbps"], r["latency_ms"]): r for r in rows}
 base = rows[0]
@@ -96,7 +106,7 @@ if dil:
     goals.append(f'- DiLoCo, DP bytes >= 50x below AdamW at final val loss within 1%: **{"met" if ok else "not met"}**'
                  f'{" (" + ", ".join(r["config"] for r in ok) + ")" if ok else ""}. {detail}.')
 else:
-    goals.append("- DiLoCo, >= 50x at equal loss: **not measured** (no diloco configuration in this run).")
+    goals.append("- DiLoCo, >= 50x at equal loss: **not measured** (no diloco configuration ran to its end).")
 qa = [r for r in unshaped if r["dp_optimizer"] == "quantized_adam"]
 if qa:
     r = qa[0]
@@ -132,7 +142,8 @@ The headline metric: how long each configuration takes to reach a validation los
 bandwidth and latency. Reproduce: `scripts/converge.sh` (about 25 minutes on 2 cores; `--render` redraws this
 section from `docs/data/converge.jsonl`), which runs
 
-    build/aqswarm bench converge --job examples/converge.json --out_dir runs/converge
+    build/aqswarm bench converge --job examples/converge.json --out_dir runs/converge \\
+      --configs adamw-fp32,qadam-aqsgd,diloco-h8-aqsgd,diloco-h16-aqsgd,diloco-h32-aqsgd,diloco-h64-aqsgd
 
 Run: {meta_line}
 
@@ -162,7 +173,7 @@ ratios are AdamW + fp32 links' bytes / the run's.
 
 {chr(10).join(lines)}
 
-Run-to-run noise: {"not measured" if noise is None else f"AdamW + fp32 links rerun with another seed (`docs/data/converge_noise.jsonl`): final val loss {base['final_val_loss']:.4f} vs {seed_row['final_val_loss']:.4f}, {100 * noise:.2f}% apart"}; a loss gap smaller than that is inside noise.
+{"" if not failures else "Failed (no measurement): " + "; ".join(f'`{r["run"]}`: {r["error"]}' for r in failures) + chr(10) + chr(10)}Run-to-run noise: {"not measured" if noise is None else f"AdamW + fp32 links rerun with another seed (`docs/data/converge_noise.jsonl`): final val loss {base['final_val_loss']:.4f} vs {seed_row['final_val_loss']:.4f}, {100 * noise:.2f}% apart"}; a loss gap smaller than that is inside noise.
 
 Goals of the issue (one run, against AdamW + fp32 links of the same job):
 
