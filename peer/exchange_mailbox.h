@@ -9,7 +9,9 @@
 //
 // Step window: once Take has asked for step s, only chunks of steps within
 // `step_window` of the highest s asked for are accepted (a replica runs at
-// most a step or two apart from this one); buffered chunks that fall behind
+// most a step or two past this one's last exchange, or one diloco inner
+// period / 0/1 Adam local interval: the stage widens the window by it);
+// buffered chunks that fall behind
 // the window are dropped. A Take of step kUnanchoredStep (the NCCL
 // bootstrap's, before any training step) does not move the window. First
 // chunk wins: a chunk whose key was already

@@ -198,6 +198,12 @@ class StageRunnerImpl final : public StageRunner {
       eo.timeout = o_.link_timeout;
       eo.tls = o_.tls;
       eo.peer_names = o_.replica_peers;
+      // Replicas exchange once every diloco inner_steps (or 0/1 Adam local
+      // interval): the first to reach the next exchange sends chunks that
+      // many steps past the other's last one.
+      eo.step_window = ExchangeMailbox::kStepWindow +
+                       (job_.dp().optimizer() == v1::DataParallelSpec::diloco ? job_.dp().inner_steps()
+                                                                               : job_.dp().max_local_steps());
       if (job_.dp().transport() == v1::DataParallelSpec::nccl && o_.tls.enabled()) {
         return absl::InvalidArgumentError("dp.transport nccl does not encrypt, but this stage runs with mutual TLS "
                                           "(--tls_dir): use dp.transport gradient_exchange");

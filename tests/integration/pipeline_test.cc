@@ -128,15 +128,16 @@ class PipelineTest : public ::testing::Test {
   // the loss falls and the launcher, which compares every stage's parameter
   // hash across replicas after every step (and fails the run on a
   // mismatch), reports them identical at every step.
-  void ExpectGridTrains(const std::string& name, const std::string& dp) {
+  void ExpectGridTrains(const std::string& name, const std::string& dp, size_t steps = 8) {
     const std::string out = (dir_ / name).string();
-    const std::string job = WriteJob(name, "aqsgd", 2, 8, 10, 3, absl::StrCat(R"(,"dataParallel":2,"dp":{)", dp, "}"));
+    const std::string job = WriteJob(name, "aqsgd", 2, static_cast<int>(steps), 10, 3,
+                                     absl::StrCat(R"(,"dataParallel":2,"dp":{)", dp, "}"));
     ASSERT_EQ(RunPipeline(job, out), 0) << output_;
     size_t identical = 0;
     for (size_t pos = 0; (pos = output_.find("replicas identical", pos)) != std::string::npos; ++pos) ++identical;
-    EXPECT_EQ(identical, 8u) << output_;
+    EXPECT_EQ(identical, steps) << output_;
     std::vector<double> loss = Losses(out);
-    ASSERT_EQ(loss.size(), 8u);
+    ASSERT_EQ(loss.size(), steps);
     EXPECT_LT(loss.back(), loss.front() - 0.1) << output_;
   }
 
@@ -263,6 +264,13 @@ TEST_F(PipelineTest, TwoByTwoGridWithDelayedUpdatesTrainsAndKeepsReplicasBitIden
 // step; the job trains.
 TEST_F(PipelineTest, TwoByTwoGridWithDiLoCoTrainsAndKeepsAnchorsBitIdentical) {
   ExpectGridTrains("diloco", R"("optimizer":"diloco","innerSteps":2,"fragments":2,"bits":4)");
+}
+
+// Outer steps farther apart than the exchange's default step window (8): the
+// replicas' mailboxes accept the next outer step's chunks (the window grows
+// with dp.innerSteps), whichever replica gets there first.
+TEST_F(PipelineTest, DiLoCoOuterStepsFartherApartThanTheDefaultStepWindowGoThrough) {
+  ExpectGridTrains("diloco-h10", R"("optimizer":"diloco","innerSteps":10,"bits":4)", 20);
 }
 
 // dp.transport nccl on a machine without a GPU (CI), with one GPU (both
