@@ -2,8 +2,11 @@
 # The aqswarm demo: a coordinator and 4 peer daemons on this machine form a
 # 2-stage x 2-pipeline swarm, links shaped to 100 Mbit/s + 5 ms, and train a
 # small GPT on State of the Union speeches with AQ-SGD (3-bit activation
-# deltas forward, 6-bit gradients back) and QuantizedAdam (4-bit all-reduce).
-# One line per step; at the end, bytes on the wire vs fp32 and a loss curve.
+# deltas forward, 6-bit gradients back) and DiLoCo (each pipeline takes 16
+# AdamW steps on its own, then the replicas all-reduce their 4-bit
+# pseudo-gradients and take an outer Nesterov step). One line per step; at
+# the end, bytes on the wire vs fp32 links and a float32 all-reduce every
+# step (about 90x fewer in all), and a loss curve.
 # Ctrl-C stops every process (peers leave the swarm); runs start clean.
 #   scripts/demo.sh            # the swarm demo (~2-4 minutes)
 #   scripts/demo.sh pipeline   # 4 local stage processes without a coordinator

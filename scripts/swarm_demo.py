@@ -83,7 +83,7 @@ if losses:
     subprocess.run(["gnuplot", "-e",
                     f"set terminal pngcairo size 800,480; set output '{png}'; set xlabel 'step'; "
                     f"set ylabel 'training loss'; set title 'aqswarm demo: 2 stages x 2 pipelines, "
-                    f"AQ-SGD + QuantizedAdam, links at 100 Mbit/s'; "
+                    f"AQ-SGD + DiLoCo, links at 100 Mbit/s'; "
                     f"plot '{run}/loss.dat' with lines lw 2 title 'loss'"],
                    check=False, stderr=subprocess.DEVNULL)
     print(f"\nloss {losses[0][1]:.4f} (step {losses[0][0]}) -> {losses[-1][1]:.4f} (step {losses[-1][0]}); "

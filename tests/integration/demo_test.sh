@@ -17,7 +17,7 @@ fail() {
   exit 1
 }
 [[ $rc == 0 ]] || fail "scripts/demo.sh exited with $rc"
-# The summary's last line: "loss 10.8481 (step 0) -> 2.8152 (step 79); curve: ..."
+# The summary's last line: "loss 10.8481 (step 0) -> 3.0347 (step 79); curve: ..."
 line=$(grep -E '^loss [0-9.]+ \(step 0\) -> [0-9.]+ \(step [0-9]+\)' "$tmp/out.txt" | tail -n 1)
 [[ -n $line ]] || fail "no final loss line"
 read -r first last < <(sed -E 's/^loss ([0-9.]+) \(step 0\) -> ([0-9.]+).*/\1 \2/' <<< "$line")
