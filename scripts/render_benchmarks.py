@@ -19,7 +19,7 @@ import sys
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 DATA = os.path.join(ROOT, "docs", "data")
 DOC = os.path.join(ROOT, "docs", "BENCHMARKS.md")
-ORDER = ["intro", "slownet", "link", "compression", "store", "allreduce", "scheduler", "coordinator"]
+ORDER = ["intro", "converge", "slownet", "link", "compression", "store", "allreduce", "scheduler", "coordinator"]
 
 
 def load(name):
