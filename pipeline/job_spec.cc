@@ -186,7 +186,11 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   if (m.n_head() == 0 || m.d_model() % m.n_head() != 0) {
     return Invalid("model.d_model", absl::StrCat(m.d_model(), " is not divisible by n_head ", m.n_head()));
   }
-  if (m.n_layer() == 0) return Invalid("model.n_layer", "must be >= 1");
+  if (m.n_layer() == 0 || m.n_layer() > 4096) return Invalid("model.n_layer", "must be in [1, 4096]");
+  // Bounds that keep every parameter count well inside int64.
+  if (m.vocab_size() > (1u << 24)) return Invalid("model.vocab_size", "at most 2^24");
+  if (m.d_model() > (1u << 16)) return Invalid("model.d_model", "at most 65536");
+  if (m.d_ff() > (1u << 20)) return Invalid("model.d_ff", "at most 2^20");
   if (m.family() != "gpt2" && m.family() != "llama") {
     return Invalid("model.family", absl::StrCat("'", m.family(), "' is not gpt2 or llama"));
   }
@@ -472,7 +476,7 @@ int64_t TotalParameterCount(const v1::ModelSpec& spec) { return StageParameterCo
 int64_t EstimateStageBytes(const v1::JobSpec& job, int stage) {
   const v1::ModelSpec& s = job.model();
   const int num_stages = static_cast<int>(std::max<uint32_t>(1, job.stages()));
-  const int64_t params = StageParameterCount(s, stage, num_stages);
+  const double params = static_cast<double>(StageParameterCount(s, stage, num_stages));
   // Weights, gradients, AdamW m and v (float32), and writing a checkpoint.
   int64_t per_param = 16 + kCheckpointBytesPerParameter;
   if (job.precision() != "fp32") per_param += 2;  // compute copies of the weights
@@ -480,31 +484,33 @@ int64_t EstimateStageBytes(const v1::JobSpec& job, int stage) {
   // diloco: the anchor, the outer momentum and two error buffers.
   if (job.data_parallel() > 1 && job.dp().optimizer() == v1::DataParallelSpec::diloco) per_param += 16;
   if (job.data_parallel() > 1 && job.dp().delayed_update()) per_param += 8;
-  int64_t bytes = params * per_param + kStageProcessBytes;
+  // In double: a validated spec may still describe a model whose bytes do not
+  // fit an int64 (the result is clamped), and nothing here may overflow.
+  double bytes = params * static_cast<double>(per_param) + kStageProcessBytes;
 
-  const int64_t tokens = int64_t{job.micro_batch_size()} * s.seq_len();  // per micro-batch
-  const int64_t blocks = StageBlocks(s, stage, num_stages);
-  const int64_t elem = job.precision() == "fp32" ? 4 : 2;
+  const double tokens = static_cast<double>(job.micro_batch_size()) * s.seq_len();  // per micro-batch
+  const double blocks = static_cast<double>(StageBlocks(s, stage, num_stages));
+  const double elem = job.precision() == "fp32" ? 4 : 2;
   const absl::StatusOr<StepSchedule> schedule = StepScheduleFromJob(job);
-  const int64_t in_flight =
-      schedule.ok() ? InFlightAt(*schedule, stage) : std::max<int64_t>(1, job.micro_batches_per_step());
-  const int64_t block_set = tokens * KeptValuesPerTokenAndBlock(s) * elem;  // one block, one micro-batch
+  const double in_flight = static_cast<double>(
+      schedule.ok() ? InFlightAt(*schedule, stage) : std::max<int64_t>(1, job.micro_batches_per_step()));
+  const double block_set = tokens * static_cast<double>(KeptValuesPerTokenAndBlock(s)) * elem;  // one block, one micro-batch
   if (s.recompute()) {
     bytes += in_flight * tokens * blocks * s.d_model() * 4 + (blocks > 0 ? block_set : 0);
   } else {
     bytes += in_flight * blocks * block_set;
   }
   if (s.tie_embeddings() && num_stages > 1) {
-    bytes += kTiedGradientCopies * int64_t{s.vocab_size()} * s.d_model() * 4;
+    bytes += kTiedGradientCopies * static_cast<double>(s.vocab_size()) * s.d_model() * 4;
   }
-  if (stage == num_stages - 1) bytes += kLogitsCopies * tokens * int64_t{s.vocab_size()} * 4;
+  if (stage == num_stages - 1) bytes += kLogitsCopies * tokens * static_cast<double>(s.vocab_size()) * 4;
   if (job.compression().mode() == v1::LinkCompression::aqsgd) {
-    const int64_t resident = job.compression().has_resident_bytes()
-                                 ? static_cast<int64_t>(job.compression().resident_bytes())
-                                 : kDefaultResidentBytes;
+    const double resident = job.compression().has_resident_bytes()
+                                ? static_cast<double>(job.compression().resident_bytes())
+                                : static_cast<double>(kDefaultResidentBytes);
     bytes += resident * ((stage > 0 ? 1 : 0) + (stage < num_stages - 1 ? 1 : 0));
   }
-  return bytes;
+  return bytes >= 9.0e18 ? int64_t{9'000'000'000'000'000'000} : static_cast<int64_t>(bytes);
 }
 
 absl::StatusOr<int64_t> AvailableMemoryBytes() {

@@ -51,6 +51,10 @@ TEST(JobSpecTest, PreciseErrors) {
       {R"({"dp":{"optimizer":"quantized_adam","codec":"global_qsgd","bits":1}})", "dp.bits"},
       {R"({"dataParallel":2,"dp":{"optimizer":"quantized_adam","codec":"global_qsgd","bits":2}})", "dp.bits"},
       {R"({"dp":{"codec":"zstd"}})", "zstd"},
+      {R"({"model":{"dModel":131072,"nHead":4}})", "model.d_model"},  // counts must fit int64
+      {R"({"model":{"nLayer":5000}})", "model.n_layer"},
+      {R"({"model":{"vocabSize":20000000}})", "model.vocab_size"},
+      {R"({"model":{"dFf":2000000}})", "model.d_ff"},
       {R"({"dp":{"varianceRefreshSteps":4}})", "dp.variance_refresh_steps"},  // adamw: nothing frozen
       {R"({"dp":{"optimizer":"quantized_adam","varianceRefreshSteps":2000000}})", "dp.variance_refresh_steps"},
       {R"({"dp":{"optimizer":"quantized_adam","frozenVariance":"thawed"}})", "thawed"},
