@@ -213,12 +213,15 @@ absl::Status RunCoordinatorBench(const CoordinatorBenchOptions& options, std::os
 // runs are cut short and extrapolated (training is bit-identical under any
 // shaping; the bench checks it). See converge_bench.cc.
 struct ConvergeBenchOptions {
-  // The base job (JSON, proto/job.proto): data_parallel >= 2, stages >= 2.
+  // The base job (JSON, proto/job.proto): stages >= 2; data_parallel >= 2 for
+  // configurations whose optimizer is not adamw.
   // Relative data paths are read from the working directory.
   std::string job;
   // Comma-separated configurations OPT-LINK, OPT = adamw | qadam | diloco-hH
-  // (dp.innerSteps H), LINK = fp32 | aqsgd (fw3 bw6). adamw-fp32, the
-  // baseline, always runs first. Default: the issue's five.
+  // (dp.innerSteps H), LINK = fp32 | directq | aqsgd (fw3 bw6) | tiledB
+  // (tiled fw B bw 6) | aqsgd_tiledB (tiled first visits at B bits), all but
+  // fp32 optionally + _ent (zstd-coded codes). adamw-fp32, the baseline,
+  // always runs first. Default: issue 39's five.
   std::string configs = "adamw-fp32,qadam-aqsgd,diloco-h16-aqsgd,diloco-h32-aqsgd,diloco-h64-aqsgd";
   // Comma-separated link shapings MBIT/MS (bandwidth in Mbit/s, one-way
   // latency in ms; 0/0 = unshaped, always run first). Default: the issue's.

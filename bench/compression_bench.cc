@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench.h"
@@ -87,6 +88,27 @@ std::vector<Cell> Cells(const std::string& filter) {
       for (v1::Rounding r : {v1::ROUNDING_NEAREST, v1::ROUNDING_STOCHASTIC}) add(c, b, r, v1::LEVELS_UNIFORM, false);
     }
   }
+  if (want(v1::CODEC_TILED)) {
+    // The first-visit codec: tiles of 64; the "levels" column names the
+    // rotation, and "+zstd" entropy coding.
+    auto tiled = [&](int bits, compression::TileRotation rot, bool entropy) {
+      add(v1::CODEC_TILED, bits, v1::ROUNDING_NEAREST, v1::LEVELS_UNIFORM, false);
+      Cell& c = cells.back();
+      c.options.bucket_size = 64;
+      c.options.rotation = rot;
+      c.options.entropy = entropy;
+      c.levels = absl::StrCat(compression::TileRotationName(rot), entropy ? "+zstd" : "");
+    };
+    for (int b : {2, 3, 4}) tiled(b, compression::TileRotation::kOutliers, false);
+    tiled(3, compression::TileRotation::kAll, false);
+    tiled(3, compression::TileRotation::kNone, false);
+    tiled(3, compression::TileRotation::kOutliers, true);
+  }
+  if (want(v1::CODEC_FIXED_POINT)) {
+    add(v1::CODEC_FIXED_POINT, 3, v1::ROUNDING_NEAREST, v1::LEVELS_UNIFORM, false);
+    cells.back().options.entropy = true;
+    cells.back().levels = "+zstd";
+  }
   if (want(v1::CODEC_GLOBAL_QSGD)) {
     for (v1::LevelFamily lv : {v1::LEVELS_UNIFORM, v1::LEVELS_EXPONENTIAL}) {
       for (int b : {2, 4, 8}) add(v1::CODEC_GLOBAL_QSGD, b, v1::ROUNDING_STOCHASTIC, lv, true);
@@ -111,7 +133,7 @@ absl::Status RunCompressionBench(const CompressionBenchOptions& options, std::os
   if (!options.json) {
     out << absl::StrFormat("compression bench: %d x %d float32 (%.1f MiB), best of %d, one thread\n",
                            rows, kChannels, bytes / (1 << 20), options.repeats);
-    out << absl::StrFormat("%-12s %4s %-10s %-11s %9s %9s %9s %7s %7s %7s\n", "codec", "bits",
+    out << absl::StrFormat("%-12s %4s %-10s %-13s %9s %9s %9s %7s %7s %7s\n", "codec", "bits",
                            "rounding", "levels", "enc GB/s", "dec GB/s", "memcpy", "enc %", "dec %", "ratio");
   }
   for (const Cell& cell : cells) {
@@ -138,7 +160,7 @@ absl::Status RunCompressionBench(const CompressionBenchOptions& options, std::os
           cell.codec, cell.bits, cell.rounding, cell.levels, enc, dec, cpy, ratio, 100 * enc / cpy,
           100 * dec / cpy, options.mebibytes, options.repeats);
     } else {
-      out << absl::StrFormat("%-12s %4d %-10s %-11s %9.2f %9.2f %9.2f %6.0f%% %6.0f%% %7.2f\n", cell.codec,
+      out << absl::StrFormat("%-12s %4d %-10s %-13s %9.2f %9.2f %9.2f %6.0f%% %6.0f%% %7.2f\n", cell.codec,
                              cell.bits, cell.rounding, cell.levels, enc, dec, cpy, 100 * enc / cpy,
                              100 * dec / cpy, ratio);
     }

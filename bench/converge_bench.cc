@@ -11,7 +11,13 @@
 //                      after the freeze; dp.warmupSteps, else
 //                      a sixteenth of the job's steps), AQ-SGD fw3 bw6 links
 //   diloco-hH-aqsgd    dp.optimizer diloco, dp.innerSteps H, AQ-SGD fw3 bw6
-// (OPT-LINK in general: OPT adamw | qadam | diloco-hH, LINK fp32 | aqsgd).
+// (OPT-LINK in general: OPT adamw | qadam | diloco-hH; LINK one of
+//   fp32            raw float32 links
+//   directq         fixed point fw3 bw6, no state
+//   aqsgd           AQ-SGD fw3 bw6, first visits raw (fp16)
+//   tiledB          the tiled codec, fw B bits, bw 6 (compression.mode tiled)
+//   aqsgd_tiledB    AQ-SGD fw3 bw6 with first visits tiled at B bits
+// each but fp32 optionally followed by _ent: zstd over the codes, both ways).
 // dp.bits, bucket size and codec are the base job's; the shaping is the
 // job's `shaping` (stage links and the DP exchange alike).
 //
@@ -47,8 +53,9 @@
 // later step up to the target, the shaped run's mean time of steps of that
 // step's kind (step 0, the start-up, left out of the means), with
 // "extrapolated": true. A run whose target step is within its N steps is not
-// extrapolated. AQ-SGD sends whole rows for samples a link has not seen
-// (epoch 0), so a window inside epoch 0 overestimates later steps' link time.
+// extrapolated. AQ-SGD sends first visits (epoch 0) whole or tiled and
+// deltas later: with AQ-SGD links, epoch 0's steps are a kind of their own
+// ("<kind> epoch 0"), so its shaped runs train past epoch 0 and time both.
 //
 // A configuration whose run fails (or whose shaped run does not train as its
 // unshaped run did) gets a row {"run", ..., "error": why}, its other
@@ -105,8 +112,37 @@ struct Config {
   std::string name;
   v1::DataParallelSpec::Optimizer optimizer = v1::DataParallelSpec::adamw;
   int inner_steps = 0;  // diloco: H
-  bool aqsgd = false;   // else fp32 links
+  // The links (see the file comment).
+  v1::LinkCompression::Mode link_mode = v1::LinkCompression::fp32;
+  int fw_bits = 32, bw_bits = 32;
+  int first_visit_bits = 0;  // aqsgd_tiledB: B; else 0 (raw first visits)
+  bool entropy = false;
 };
+
+// LINK of a configuration name into `c`; false when it is not one.
+bool ParseLink(absl::string_view link, Config* c) {
+  c->entropy = absl::ConsumeSuffix(&link, "_ent");
+  int bits = 0;
+  if (link == "fp32") {
+    return !c->entropy;
+  } else if (link == "directq" || link == "aqsgd") {
+    c->link_mode = link == "aqsgd" ? v1::LinkCompression::aqsgd : v1::LinkCompression::directq;
+    c->fw_bits = kAqsgdFwBits;
+  } else if (absl::ConsumePrefix(&link, "aqsgd_tiled")) {
+    if (!absl::SimpleAtoi(link, &bits) || bits < 1 || bits > 8) return false;
+    c->link_mode = v1::LinkCompression::aqsgd;
+    c->fw_bits = kAqsgdFwBits;
+    c->first_visit_bits = bits;
+  } else if (absl::ConsumePrefix(&link, "tiled")) {
+    if (!absl::SimpleAtoi(link, &bits) || bits < 1 || bits > 8) return false;
+    c->link_mode = v1::LinkCompression::tiled;
+    c->fw_bits = bits;
+  } else {
+    return false;
+  }
+  c->bw_bits = kAqsgdBwBits;
+  return true;
+}
 
 absl::StatusOr<Config> ParseConfig(absl::string_view text) {
   Config c;
@@ -114,8 +150,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text) {
   const size_t dash = text.rfind('-');
   absl::string_view opt = text.substr(0, dash);
   const absl::string_view link = dash == absl::string_view::npos ? "" : text.substr(dash + 1);
-  bool ok = link == "fp32" || link == "aqsgd";
-  c.aqsgd = link == "aqsgd";
+  bool ok = ParseLink(link, &c);
   if (opt == "qadam") {
     c.optimizer = v1::DataParallelSpec::quantized_adam;
   } else if (absl::ConsumePrefix(&opt, "diloco-h")) {
@@ -127,7 +162,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text) {
   if (!ok) {
     return absl::InvalidArgumentError(absl::StrCat("converge: unknown configuration '", text,
                                                    "' (want OPT-LINK: OPT adamw, qadam or diloco-hH with H >= 1, "
-                                                   "LINK fp32 or aqsgd; e.g. adamw-fp32, diloco-h32-aqsgd)"));
+                                                   "LINK fp32, directq, aqsgd, tiledB or aqsgd_tiledB (B bits 1..8), all but fp32 optionally "
+                                                   "with _ent; e.g. adamw-fp32, diloco-h32-aqsgd, adamw-aqsgd_tiled3_ent)"));
   }
   return c;
 }
@@ -174,11 +210,16 @@ absl::StatusOr<v1::JobSpec> ConfigJob(const v1::JobSpec& base, const Config& c) 
   v1::JobSpec job = base;
   job.set_name(absl::StrCat(base.name(), "-", c.name));
   v1::LinkCompression* comp = job.mutable_compression();
-  comp->set_mode(c.aqsgd ? v1::LinkCompression::aqsgd : v1::LinkCompression::fp32);
-  if (c.aqsgd) {
-    comp->set_fw_bits(kAqsgdFwBits);
-    comp->set_bw_bits(kAqsgdBwBits);
+  comp->set_mode(c.link_mode);
+  if (c.link_mode != v1::LinkCompression::fp32) {
+    comp->set_fw_bits(c.fw_bits);
+    comp->set_bw_bits(c.bw_bits);
   }
+  if (c.first_visit_bits > 0) {
+    comp->set_first_visit("tiled");
+    comp->set_first_visit_bits(c.first_visit_bits);
+  }
+  comp->set_entropy_coding(c.entropy);
   v1::DataParallelSpec* dp = job.mutable_dp();
   const v1::DataParallelSpec& b = base.dp();
   // What belongs to one optimizer only is the configuration's to set.
@@ -225,11 +266,13 @@ struct Run {
   // (pipeline, stage, step) -> the step's loss and parameter hash.
   std::map<std::tuple<int, int, int64_t>, std::pair<double, std::string>> fingerprint;
   std::map<int64_t, double> val_loss;  // eval step -> mean over pipelines
-  double dp_bytes_per_replica = 0, link_bytes = 0;
+  double dp_bytes_per_replica = 0, link_bytes = 0, fw_bytes = 0;
   double wall_seconds = 0;
 };
 
-absl::StatusOr<Run> ReadRun(const fs::path& events_path, int stages, int dp) {
+// `first_epoch_kind`: steps of epoch 0 get their own kind ("<dp kind> epoch
+// 0"), so a shaped AQ-SGD run times steps after its first epoch too.
+absl::StatusOr<Run> ReadRun(const fs::path& events_path, int stages, int dp, bool first_epoch_kind) {
   std::ifstream in(events_path);
   if (!in) return absl::DataLossError(absl::StrCat("converge: no ", events_path.string()));
   Run r;
@@ -251,10 +294,11 @@ absl::StatusOr<Run> ReadRun(const fs::path& events_path, int stages, int dp) {
         e.loss_not_finite() ? NAN : e.loss(), e.dp().param_hash()};
     dp_bytes += static_cast<double>(e.dp().bytes());
     r.link_bytes += static_cast<double>(e.fw_bytes()) + static_cast<double>(e.bw_bytes());
+    r.fw_bytes += static_cast<double>(e.fw_bytes());
     if (e.stage() == 0) {
       auto& [secs, kind] = s0[e.step()];
       secs = std::max(secs, e.step_seconds());
-      if (e.pipeline() == 0) kind = e.dp().kind();
+      if (e.pipeline() == 0) kind = first_epoch_kind && e.epoch() == 0 ? e.dp().kind() + " epoch 0" : e.dp().kind();
     }
   }
   r.steps = static_cast<int64_t>(lines.size());
@@ -324,7 +368,8 @@ absl::StatusOr<Run> RunJob(const std::string& exe, const v1::JobSpec& job, const
                                             code.ok() ? *code : -1, "): ", ss.str().substr(0, 2000)));
   }
   AQSWARM_ASSIGN_OR_RETURN(Run r, ReadRun(dir / "run" / "events.jsonl", static_cast<int>(job.stages()),
-                                          static_cast<int>(job.data_parallel())));
+                                          static_cast<int>(job.data_parallel()),
+                                          job.compression().mode() == v1::LinkCompression::aqsgd));
   r.dir = dir.string();
   r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
@@ -469,11 +514,17 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
   if (!base.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("converge: job '", o.job, "': ", base.status().message()));
   }
-  if (base->data_parallel() < 2 || base->stages() < 2) {
+  if (base->stages() < 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("converge: job '", o.job, "' has ", base->stages(), " stages x ", base->data_parallel(),
-                     " pipelines; the bench compares DP optimizers and link compression: want dataParallel >= 2 "
-                     "and stages >= 2"));
+                     " pipelines; the bench compares link compression: want stages >= 2"));
+  }
+  for (const Config& c : configs) {
+    if (c.optimizer != v1::DataParallelSpec::adamw && base->data_parallel() < 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("converge: configuration ", c.name, " compares DP optimizers, but job '", o.job, "' has ",
+                       base->stages(), " stages x ", base->data_parallel(), " pipelines: want dataParallel >= 2"));
+    }
   }
   if (base->eval_every_steps() == 0) {
     return absl::InvalidArgumentError(
@@ -512,7 +563,7 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
 
   PrintBanner(*base, o, std::cerr);
   const auto start = std::chrono::steady_clock::now();
-  double target = o.target_val_loss, base_final = NAN, base_dp = NAN, base_link = NAN;
+  double target = o.target_val_loss, base_final = NAN, base_dp = NAN, base_link = NAN, base_fw = NAN;
   const double d = base->data_parallel();
   const int total = static_cast<int>(configs.size() * shapings.size());
   int done = 0;
@@ -558,6 +609,7 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
           base_final = unshaped.val_loss.rbegin()->second;
           base_dp = unshaped.dp_bytes_per_replica;
           base_link = unshaped.link_bytes;
+          base_fw = unshaped.fw_bytes;
           if (!(target > 0)) target = base_final * (1 + o.target_slack);
         }
       }
@@ -569,6 +621,10 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
       for (double s : run->step_seconds) measured += s;
       const double final_val = unshaped.val_loss.rbegin()->second;
       const bool fp32_links = job.compression().mode() == v1::LinkCompression::fp32;
+      // Tokens each forward link carried over the run (every link carries
+      // every token of its pipeline once a step).
+      const double link_tokens = static_cast<double>(unshaped.steps) * job.data_parallel() * (job.stages() - 1) *
+                                 job.micro_batch_size() * job.micro_batches_per_step() * job.model().seq_len();
       nlohmann::json curve = nlohmann::json::array();  // [steps trained, val loss] of the unshaped run
       for (const auto& [step, v] : unshaped.val_loss) curve.push_back({step + 1, Num(v)});
       nlohmann::json row = {
@@ -578,7 +634,9 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
           {"dp_optimizer", OptimizerName(c.optimizer)},
           {"inner_steps", c.inner_steps},
           {"dp_bits", c.optimizer == v1::DataParallelSpec::adamw ? 32 : static_cast<int>(job.dp().bits())},
-          {"link_mode", c.aqsgd ? "aqsgd" : "fp32"},
+          {"link_mode", v1::LinkCompression::Mode_Name(c.link_mode)},
+          {"first_visit_bits", c.first_visit_bits},
+          {"entropy_coding", c.entropy},
           {"fw_bits", fp32_links ? 32 : static_cast<int>(job.compression().fw_bits())},
           {"bw_bits", fp32_links ? 32 : static_cast<int>(job.compression().bw_bits())},
           {"bandwidth_mbps", sh.mbps},
@@ -597,6 +655,10 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
           {"dp_bytes_ratio_vs_adamw", Num(base_dp / unshaped.dp_bytes_per_replica)},
           {"link_bytes", unshaped.link_bytes},
           {"link_bytes_ratio_vs_fp32", Num(base_link / unshaped.link_bytes)},
+          {"fw_bytes", unshaped.fw_bytes},
+          {"fw_bytes_ratio_vs_fp32", Num(base_fw / unshaped.fw_bytes)},
+          {"fw_bytes_per_token_per_link", Num(unshaped.fw_bytes / link_tokens)},
+          {"bw_bytes_per_token_per_link", Num((unshaped.link_bytes - unshaped.fw_bytes) / link_tokens)},
           {"all_bytes_ratio_vs_baseline",
            Num((base_link + base_dp * d) / (unshaped.link_bytes + unshaped.dp_bytes_per_replica * d))},
           {"val_curve", curve},

@@ -150,11 +150,12 @@ TEST_F(ConvergeBenchTest, ACorruptJobFileFailsWithItsName) {
   EXPECT_THAT(r.err, HasSubstr("converge: job '" + path + "'"));
 }
 
-TEST_F(ConvergeBenchTest, AJobWithoutDataParallelismIsRefused) {
-  Result r = Bench({"--job=" + WriteJob(/*data_parallel=*/1), "--configs=adamw-fp32"});
+TEST_F(ConvergeBenchTest, AJobWithoutDataParallelismRunsOnlyLinkConfigurations) {
+  Result r = Bench({"--job=" + WriteJob(/*data_parallel=*/1), "--configs=adamw-fp32,qadam-aqsgd"});
   EXPECT_EQ(r.code, 1);
-  EXPECT_THAT(r.err, HasSubstr("2 stages x 1 pipelines"));
-  EXPECT_THAT(r.err, HasSubstr("want dataParallel >= 2"));
+  EXPECT_TRUE(r.rows.empty());
+  EXPECT_THAT(r.err, HasSubstr("configuration qadam-aqsgd compares DP optimizers"));
+  EXPECT_THAT(r.err, HasSubstr("2 stages x 1 pipelines: want dataParallel >= 2"));
 }
 
 TEST_F(ConvergeBenchTest, BadFlagsGiveClearErrorsBeforeAnythingRuns) {
@@ -169,10 +170,14 @@ TEST_F(ConvergeBenchTest, BadFlagsGiveClearErrorsBeforeAnythingRuns) {
   EXPECT_THAT(config.err, HasSubstr("unknown configuration 'sgd-fp32'"));
   Result link = Bench({"--job=" + job, "--configs=diloco-h0-aqsgd"});
   EXPECT_THAT(link.err, HasSubstr("unknown configuration 'diloco-h0-aqsgd'"));
+  Result tiled = Bench({"--job=" + job, "--configs=adamw-tiled9,adamw-fp32_ent"});
+  EXPECT_THAT(tiled.err, HasSubstr("unknown configuration 'adamw-tiled9'"));
+  Result fp32_ent = Bench({"--job=" + job, "--configs=adamw-fp32_ent"});
+  EXPECT_THAT(fp32_ent.err, HasSubstr("unknown configuration 'adamw-fp32_ent'"));
   Result no_job = Bench({});
   EXPECT_EQ(no_job.code, 1);
   EXPECT_THAT(no_job.err, HasSubstr("--job is required"));
-  for (const Result* r : {&shaping, &one, &config, &link, &no_job}) {
+  for (const Result* r : {&shaping, &one, &config, &link, &tiled, &fp32_ent, &no_job}) {
     EXPECT_TRUE(r->rows.empty());
     EXPECT_THAT(r->err, ::testing::Not(HasSubstr("aqswarm bench converge: job")));  // nothing ran: no banner
   }

@@ -70,8 +70,8 @@ ABSL_FLAG(bool, slownet_sweep, true,
 ABSL_FLAG(std::string, slownet_out_dir, "", "Slownet bench: keep the raw runs here (default: a temporary "
           "directory, removed).");
 ABSL_FLAG(std::string, configs, "adamw-fp32,qadam-aqsgd,diloco-h16-aqsgd,diloco-h32-aqsgd,diloco-h64-aqsgd",
-          "Converge bench: configurations OPT-LINK (OPT adamw | qadam | diloco-hH; LINK fp32 | aqsgd); adamw-fp32, "
-          "the baseline, always runs first.");
+          "Converge bench: configurations OPT-LINK (OPT adamw | qadam | diloco-hH; LINK fp32 | directq | aqsgd | "
+          "tiledB | aqsgd_tiledB, all but fp32 optionally with _ent); adamw-fp32, the baseline, always runs first.");
 ABSL_FLAG(std::string, shapings, "0/0,100/50,10/50",
           "Converge bench: link shapings MBIT/MS (Mbit/s / one-way ms; 0/0 = unshaped, always run first).");
 ABSL_FLAG(double, target_val_loss, 0,

@@ -10,6 +10,7 @@ namespace aqswarm::compression {
 
 absl::StatusOr<std::unique_ptr<AqsgdLinkCodec>> AqsgdLinkCodec::Create(const AqsgdLinkOptions& o) {
   AQSWARM_RETURN_IF_ERROR(ValidateCodecOptions(o.quantizer));
+  if (o.first_visit.has_value()) AQSWARM_RETURN_IF_ERROR(ValidateCodecOptions(*o.first_visit));
   if (o.warmup_epochs < 0) return absl::InvalidArgumentError("warmup_epochs < 0");
   if (!IsValidRowPrecision(static_cast<uint8_t>(o.stored))) {
     return absl::InvalidArgumentError("unknown stored precision");
@@ -62,13 +63,23 @@ absl::Status AqsgdLinkCodec::EncodeRow(const RowContext& ctx, absl::Span<const f
   AQSWARM_RETURN_IF_ERROR(CheckSize(m, rows, cols));
   const size_t n = a.size();
   if (!ctx.seen || ctx.force_full || ctx.epoch < options_.warmup_epochs) {
-    CodecOptions raw;
-    raw.codec = options_.stored == RowPrecision::kFloat16 ? v1::CODEC_RAW_F16 : v1::CODEC_RAW_F32;
-    raw.min_compress_elements = 0;
     msg.set_kind(v1::AqsgdRow::KIND_FULL);
-    AQSWARM_RETURN_IF_ERROR(Encode(raw, a, shape, rng_key, msg.mutable_tensor()));
-    std::copy(a.begin(), a.end(), m.begin());
-    RoundRowInPlace(options_.stored, rows, cols, m);
+    if (options_.first_visit.has_value()) {
+      // m starts from what the receiver decodes, not from a.
+      AQSWARM_RETURN_IF_ERROR(Encode(*options_.first_visit, a, shape, rng_key, msg.mutable_tensor()));
+      scratch_.resize(n);
+      AQSWARM_RETURN_IF_ERROR(Decode(msg.tensor(), absl::MakeSpan(scratch_), options_.limits));
+      RoundRowInPlace(options_.stored, rows, cols, absl::MakeSpan(scratch_));
+      AQSWARM_RETURN_IF_ERROR(CheckReceivedFinite(scratch_, "AQ-SGD first visit (stored precision)"));
+      std::copy(scratch_.begin(), scratch_.end(), m.begin());
+    } else {
+      CodecOptions raw;
+      raw.codec = options_.stored == RowPrecision::kFloat16 ? v1::CODEC_RAW_F16 : v1::CODEC_RAW_F32;
+      raw.min_compress_elements = 0;
+      AQSWARM_RETURN_IF_ERROR(Encode(raw, a, shape, rng_key, msg.mutable_tensor()));
+      std::copy(a.begin(), a.end(), m.begin());
+      RoundRowInPlace(options_.stored, rows, cols, m);
+    }
     *out = std::move(msg);
     return absl::OkStatus();
   }

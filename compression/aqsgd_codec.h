@@ -8,6 +8,8 @@
 //         warmup_epochs, or the receiver asked for a resend:
 //           tensor = a as raw f16 (p = fp16) or raw f32 (fp32, int8), i.e.
 //           lossless w.r.t. what is stored;  m = Round_p(a)
+//         or, with a `first_visit` codec (tiled first visits):
+//           tensor = F(a);  m = Round_p(D(tensor)), what the receiver gets
 //   DELTA otherwise:  c = Q(a - m);  base_checksum = RowChecksum(m);
 //           m = Round_p(m + D(c))
 // Receiver:
@@ -74,6 +76,9 @@ struct AqsgdLinkOptions {
   int64_t warmup_epochs = 1;
   // Limits applied to incoming tensors.
   WireLimits limits;
+  // How FULL rows are encoded when set (e.g. the tiled codec); unset: raw at
+  // the stored precision.
+  std::optional<CodecOptions> first_visit;
 };
 
 struct RowContext {

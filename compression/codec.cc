@@ -16,6 +16,8 @@
 #include "compression/bucketed.h"
 #include "compression/fixed_point.h"
 #include "compression/global_qsgd.h"
+#include "compression/tiled.h"
+#include "zstd.h"
 
 namespace aqswarm::compression {
 namespace {
@@ -86,6 +88,52 @@ size_t FirstNonFiniteFloat(const uint8_t* payload, size_t n) {
   return n;
 }
 
+// zstd level for the codes: 1, the fastest; its Huffman literals already
+// reach most of what the codes' entropy allows.
+constexpr int kZstdLevel = 1;
+
+// ENTROPY_ZSTD: replaces the packed payload of `msg` by a zstd frame of its
+// codes, one byte each, when that frame is smaller.
+absl::Status EntropyCode(v1::EncodedTensor* msg) {
+  const size_t n = msg->num_elements();
+  const int bits = static_cast<int>(msg->bits());
+  if (n == 0) return absl::OkStatus();
+  std::vector<uint8_t> codes(n);
+  UnpackBits(reinterpret_cast<const uint8_t*>(msg->payload().data()), n, bits, codes.data());
+  std::string frame(ZSTD_compressBound(n), '\0');
+  const size_t size = ZSTD_compress(frame.data(), frame.size(), codes.data(), n, kZstdLevel);
+  if (ZSTD_isError(size)) {
+    return absl::InternalError(absl::StrCat("zstd: ", ZSTD_getErrorName(size)));
+  }
+  if (size >= msg->payload().size()) return absl::OkStatus();
+  frame.resize(size);
+  *msg->mutable_payload() = std::move(frame);
+  msg->set_entropy(v1::ENTROPY_ZSTD);
+  return absl::OkStatus();
+}
+
+// The packed codes of an ENTROPY_ZSTD message (validated: one frame whose
+// content is num_elements bytes), into `packed`.
+absl::Status EntropyDecode(const v1::EncodedTensor& msg, std::vector<uint8_t>* packed) {
+  const size_t n = msg.num_elements();
+  const int bits = static_cast<int>(msg.bits());
+  std::vector<uint8_t> codes(n);
+  const size_t got = ZSTD_decompress(codes.data(), n, msg.payload().data(), msg.payload().size());
+  if (ZSTD_isError(got) || got != n) {
+    return absl::DataLossError(absl::StrCat("EncodedTensor: zstd payload does not decode to ", n, " codes",
+                                            ZSTD_isError(got) ? absl::StrCat(" (", ZSTD_getErrorName(got), ")")
+                                                              : ""));
+  }
+  uint8_t high = 0;
+  for (uint8_t c : codes) high |= c;
+  if (bits < 8 && (high >> bits) != 0) {
+    return absl::DataLossError(absl::StrCat("EncodedTensor: a zstd-coded code exceeds ", bits, " bits"));
+  }
+  packed->resize(PackedBytes(n, bits));
+  PackBits(codes.data(), n, bits, packed->data());
+  return absl::OkStatus();
+}
+
 class CodecCompressor final : public Compressor {
  public:
   CodecCompressor(const CodecOptions& options, const WireLimits& limits)
@@ -114,18 +162,19 @@ const char* CodecName(v1::Codec codec) {
     case v1::CODEC_QSGD: return "qsgd";
     case v1::CODEC_MINMAX: return "minmax";
     case v1::CODEC_GLOBAL_QSGD: return "global_qsgd";
+    case v1::CODEC_TILED: return "tiled";
     default: return "unknown";
   }
 }
 
 absl::StatusOr<v1::Codec> ParseCodec(std::string_view name) {
   for (v1::Codec c : {v1::CODEC_RAW_F32, v1::CODEC_RAW_F16, v1::CODEC_FIXED_POINT, v1::CODEC_QSGD,
-                      v1::CODEC_MINMAX, v1::CODEC_GLOBAL_QSGD}) {
+                      v1::CODEC_MINMAX, v1::CODEC_GLOBAL_QSGD, v1::CODEC_TILED}) {
     if (name == CodecName(c)) return c;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown codec '", std::string(name),
                                                  "' (want raw_f32, raw_f16, fixed_point, qsgd, "
-                                                 "minmax or global_qsgd)"));
+                                                 "minmax, global_qsgd or tiled)"));
 }
 
 absl::Status ValidateCodecOptions(const CodecOptions& o) {
@@ -137,6 +186,13 @@ absl::Status ValidateCodecOptions(const CodecOptions& o) {
     case v1::CODEC_FIXED_POINT:
     case v1::CODEC_MINMAX:
       if (b < 1 || b > 8) return absl::InvalidArgumentError(absl::StrCat("bits ", b, " not in 1..8"));
+      break;
+    case v1::CODEC_TILED:
+      if (b < 1 || b > 8) return absl::InvalidArgumentError(absl::StrCat("tiled bits ", b, " not in 1..8"));
+      if (!IsValidTileSize(static_cast<uint64_t>(o.bucket_size))) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tiled: tile size (bucket_size) ", o.bucket_size, " is not a power of two in 2..4096"));
+      }
       break;
     case v1::CODEC_QSGD:
       if (b < 2 || b > 8) return absl::InvalidArgumentError(absl::StrCat("qsgd bits ", b, " not in 2..8"));
@@ -255,8 +311,21 @@ absl::Status Encode(const CodecOptions& o, absl::Span<const float> values,
                    MutableBytes(msg.mutable_payload(), PackedBytes(n, o.bits)));
       break;
     }
+    case v1::CODEC_TILED: {
+      const size_t tile = static_cast<size_t>(o.bucket_size);
+      msg.set_bits(o.bits);
+      msg.set_bucket_size(tile);
+      msg.set_rounding(o.rounding);
+      AQSWARM_RETURN_IF_ERROR(TiledEncode(values, tile, o.bits, o.rotation, stochastic, rng_key,
+                                          MutableBytes(msg.mutable_scales(), TiledScalesBytes(n, tile)),
+                                          MutableBytes(msg.mutable_payload(), PackedBytes(n, o.bits))));
+      break;
+    }
     default:
       return absl::InternalError("unhandled codec");
+  }
+  if (o.entropy && codec != v1::CODEC_RAW_F32 && codec != v1::CODEC_RAW_F16) {
+    AQSWARM_RETURN_IF_ERROR(EntropyCode(&msg));
   }
   if (o.checksum) msg.set_checksum(EncodedTensorChecksum(msg));
   return absl::OkStatus();
@@ -292,6 +361,11 @@ absl::Status Decode(const v1::EncodedTensor& msg, absl::Span<float> out, const W
   }
   const uint8_t* payload = reinterpret_cast<const uint8_t*>(msg.payload().data());
   const int bits = static_cast<int>(msg.bits());
+  std::vector<uint8_t> packed;
+  if (msg.entropy() == v1::ENTROPY_ZSTD) {
+    AQSWARM_RETURN_IF_ERROR(EntropyDecode(msg, &packed));
+    payload = packed.data();
+  }
   // Raw payloads are checked before anything is written; the quantized
   // codecs' values are finite codes times finite scales (ValidateEncodedTensor)
   // but may still overflow, so their output is checked after decoding.
@@ -343,6 +417,10 @@ absl::Status Decode(const v1::EncodedTensor& msg, absl::Span<float> out, const W
       MinMaxDecode(payload, n, msg.bucket_size(), mu.data(), bits, out.data());
       break;
     }
+    case v1::CODEC_TILED:
+      TiledDecode(reinterpret_cast<const uint8_t*>(msg.scales().data()), payload, n, msg.bucket_size(), bits,
+                  out.data());
+      break;
     case v1::CODEC_GLOBAL_QSGD:
       DecodeGlobalQsgd(msg, out);
       break;

@@ -11,6 +11,12 @@
 //   CODEC_MINMAX        bucketed.h     per-bucket (min, unit)   (bits 1..8)
 //   CODEC_GLOBAL_QSGD   global_qsgd.h  caller's shared scales; here, Encode
 //                       uses local scales (a single worker's message)
+//   CODEC_TILED         tiled.h        per-tile fp16 scales, Hadamard-rotated
+//                       outlier tiles (bits 1..8, bucket_size = tile)
+// With `entropy`, the codes of a fixed-point, QSGD, min-max or tiled
+// message travel as one zstd frame of one byte per code (ENTROPY_ZSTD) when
+// that is smaller than packing them; Decode unpacks either form. Lossless:
+// entropy coding never changes a decoded value.
 // Tensors with fewer than `min_compress_elements` values are sent as
 // CODEC_RAW_F32 whatever the codec (biases, LayerNorm: not worth it).
 //
@@ -40,6 +46,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "compression/tiled.h"
 #include "compression/wire.h"
 #include "proto/tensor.pb.h"
 
@@ -65,6 +72,10 @@ struct CodecOptions {
   bool checksum = false;
   // Tensors smaller than this many values go raw float32. Default: 1024.
   int64_t min_compress_elements = kDefaultMinCompressElements;
+  // Tiled codec: which tiles are rotated (tiled.h). Default: outliers.
+  TileRotation rotation = TileRotation::kOutliers;
+  // zstd-code the quantized codes when that saves bytes. Default: off.
+  bool entropy = false;
 };
 
 // InvalidArgument if the options are inconsistent (e.g. bits 1 for QSGD).
@@ -99,7 +110,7 @@ inline uint64_t EncodedBytes(const v1::EncodedTensor& msg) {
   return msg.scales().size() + msg.payload().size();
 }
 
-// "raw_f32", "raw_f16", "fixed_point", "qsgd", "minmax", "global_qsgd".
+// "raw_f32", "raw_f16", "fixed_point", "qsgd", "minmax", "global_qsgd", "tiled".
 const char* CodecName(v1::Codec codec);
 absl::StatusOr<v1::Codec> ParseCodec(std::string_view name);
 

@@ -5,10 +5,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
+#include "common/status_macros.h"
 #include "compression/bit_pack.h"
 #include "compression/bucketed.h"
 #include "compression/global_qsgd.h"
 #include "common/half.h"
+#include "compression/tiled.h"
+#include "zstd.h"
 
 namespace aqswarm::compression {
 namespace {
@@ -33,8 +36,12 @@ absl::StatusOr<ExpectedSizes> ExpectedEncodedSizes(const v1::EncodedTensor& msg,
     return Bad(absl::StrCat("unknown codec ", static_cast<int>(codec)));
   }
   if (!v1::Rounding_IsValid(msg.rounding()) || !v1::LevelFamily_IsValid(msg.levels()) ||
-      !v1::NormKind_IsValid(msg.norm())) {
-    return Bad("unknown rounding, levels or norm enum value");
+      !v1::NormKind_IsValid(msg.norm()) || !v1::Entropy_IsValid(msg.entropy())) {
+    return Bad("unknown rounding, levels, norm or entropy enum value");
+  }
+  if (msg.entropy() != v1::ENTROPY_NONE && codec != v1::CODEC_FIXED_POINT && codec != v1::CODEC_QSGD &&
+      codec != v1::CODEC_MINMAX && codec != v1::CODEC_TILED) {
+    return Bad("entropy coding is for fixed_point, qsgd, minmax and tiled codes only");
   }
   const uint32_t bits = msg.bits();
   switch (codec) {
@@ -47,6 +54,12 @@ absl::StatusOr<ExpectedSizes> ExpectedEncodedSizes(const v1::EncodedTensor& msg,
     case v1::CODEC_FIXED_POINT:
     case v1::CODEC_MINMAX:
       if (bits < 1 || bits > 8) return Bad(absl::StrCat("bits ", bits, " not in 1..8"));
+      break;
+    case v1::CODEC_TILED:
+      if (bits < 1 || bits > 8) return Bad(absl::StrCat("tiled bits ", bits, " not in 1..8"));
+      if (!IsValidTileSize(msg.bucket_size())) {
+        return Bad(absl::StrCat("tiled tile size ", msg.bucket_size(), " is not a power of two in 2..4096"));
+      }
       break;
     case v1::CODEC_QSGD:
       if (bits < 2 || bits > 8) return Bad(absl::StrCat("qsgd bits ", bits, " not in 2..8"));
@@ -135,6 +148,10 @@ absl::StatusOr<ExpectedSizes> ExpectedEncodedSizes(const v1::EncodedTensor& msg,
       sz.scales_bytes = 4 * NumBuckets(n, msg.bucket_size());
       sz.payload_bytes = bits == 16 ? 2 * n : PackedBytes(n, bits);
       break;
+    case v1::CODEC_TILED:
+      sz.scales_bytes = TiledScalesBytes(n, msg.bucket_size());
+      sz.payload_bytes = PackedBytes(n, bits);
+      break;
     default: break;
   }
   return sz;
@@ -154,7 +171,18 @@ absl::Status ValidateEncodedTensor(const v1::EncodedTensor& msg, const WireLimit
     return absl::DataLossError(absl::StrCat("EncodedTensor: scales has ", msg.scales().size(),
                                             " bytes, codec needs ", sizes->scales_bytes));
   }
-  if (msg.payload().size() != sizes->payload_bytes) {
+  if (msg.entropy() == v1::ENTROPY_ZSTD) {
+    // One zstd frame, nothing after it, whose content is one byte per code
+    // (the frame header says so; decoding checks it again).
+    const char* p = msg.payload().data();
+    const size_t len = msg.payload().size();
+    const unsigned long long content = ZSTD_getFrameContentSize(p, len);
+    if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN ||
+        content != msg.num_elements() || ZSTD_findFrameCompressedSize(p, len) != len) {
+      return absl::DataLossError(absl::StrCat("EncodedTensor: zstd payload of ", len,
+                                              " bytes is not one frame of ", msg.num_elements(), " codes"));
+    }
+  } else if (msg.payload().size() != sizes->payload_bytes) {
     return absl::DataLossError(absl::StrCat("EncodedTensor: payload has ", msg.payload().size(),
                                             " bytes, codec needs ", sizes->payload_bytes));
   }
@@ -162,7 +190,10 @@ absl::Status ValidateEncodedTensor(const v1::EncodedTensor& msg, const WireLimit
   // garbage on one peer and be silently accepted; refuse it instead.
   const char* sp = msg.scales().data();
   const size_t sb = msg.scales().size();
-  if (msg.codec() == v1::CODEC_FIXED_POINT) {
+  if (msg.codec() == v1::CODEC_TILED) {
+    AQSWARM_RETURN_IF_ERROR(ValidateTiledScales(reinterpret_cast<const uint8_t*>(sp), msg.num_elements(),
+                                                msg.bucket_size()));
+  } else if (msg.codec() == v1::CODEC_FIXED_POINT) {
     for (size_t i = 0; i < sb; i += 2) {
       uint16_t h;
       std::memcpy(&h, sp + i, 2);

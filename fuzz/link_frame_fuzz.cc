@@ -79,7 +79,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return (*receiver)->Begin(/*step=*/0, micro_batch, samples);
   };
   if (!begin().ok()) return 0;
-  const pipeline::GradientCodec grads(mode, bw_bits, o.link.rows, o.link.cols);
+  v1::LinkCompression compression;
+  compression.set_mode(mode);
+  compression.set_bw_bits(bw_bits);
+  const pipeline::GradientCodec grads(compression, o.link.rows, o.link.cols);
   v1::LinkHello want;
   want.set_job_name("fuzz");
   want.set_seq_len(o.link.rows);

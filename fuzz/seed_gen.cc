@@ -162,7 +162,10 @@ void LinkFrameSeeds() {
       Check((*sender)->Encode(0, m, 0, samples, Values(mb * rows * cols, m), f.mutable_activations()), "encode");
       out.Record(f.SerializeAsString());
     }
-    const pipeline::GradientCodec grads(link_mode, 6, rows, cols);
+    v1::LinkCompression compression;
+    compression.set_mode(link_mode);
+    compression.set_bw_bits(6);
+    const pipeline::GradientCodec grads(compression, rows, cols);
     v1::LinkFrame g;
     g.mutable_gradients()->set_step(0);
     g.mutable_gradients()->set_partial_grad_sq_norm(1.5);

@@ -13,13 +13,8 @@
 namespace aqswarm::peer {
 namespace {
 
-const char* ModeName(v1::LinkCompression::Mode m) {
-  switch (m) {
-    case v1::LinkCompression::aqsgd: return "aqsgd";
-    case v1::LinkCompression::directq: return "directq";
-    default: return "fp32";
-  }
-}
+// The proto's name of the mode: "fp32", "directq", "aqsgd", "tiled".
+std::string ModeName(v1::LinkCompression::Mode m) { return v1::LinkCompression::Mode_Name(m); }
 
 }  // namespace
 

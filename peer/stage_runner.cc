@@ -292,8 +292,7 @@ class StageRunnerImpl final : public StageRunner {
     po.micro_batch_size = job_.micro_batch_size();
     po.seq_len = job_.model().seq_len();
     po.d_model = job_.model().d_model();
-    po.mode = job_.compression().mode();
-    po.bw_bits = job_.compression().bw_bits();
+    po.compression = job_.compression();
     po.schedule = schedule_;
     po.tie_embeddings = job_.model().tie_embeddings() && num_stages_ > 1;
     po.tied_elements = static_cast<int64_t>(job_.model().vocab_size()) * job_.model().d_model();

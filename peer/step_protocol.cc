@@ -107,7 +107,7 @@ absl::StatusOr<v1::LinkFrame> StepProtocol::FromDown(const StageLink::Match& m) 
 
 absl::StatusOr<StepOutcome> StepProtocol::RunStep(const StepInput& in) {
   StepState st{in};
-  pipeline::GradientCodec grads(o_.mode, o_.bw_bits, o_.seq_len, o_.d_model);
+  pipeline::GradientCodec grads(o_.compression, o_.seq_len, o_.d_model);
   // Every schedule runs backwards in increasing micro-batch order, so the
   // last one, micro-batch M-1, is where the partial gradient norm and the
   // loss are complete: its gradient carries them upstream.

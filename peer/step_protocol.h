@@ -90,8 +90,8 @@ struct StepProtocolOptions {
   int64_t micro_batch_size = 1;
   int64_t seq_len = 1;
   int64_t d_model = 1;
-  v1::LinkCompression::Mode mode = v1::LinkCompression::fp32;  // of the gradients sent upstream
-  int bw_bits = 8;
+  // The job's: how gradients sent upstream are encoded (unset mode: fp32).
+  v1::LinkCompression compression;
   pipeline::StepSchedule schedule;
   // model.tie_embeddings with num_stages > 1: the last stage's tied-head
   // gradient travels up with micro-batch M-1's gradient, stage 0 adds it

@@ -16,6 +16,12 @@
 namespace aqswarm::peer {
 namespace {
 
+v1::LinkCompression Fp32Links() {
+  v1::LinkCompression c;
+  c.set_mode(v1::LinkCompression::fp32);
+  return c;
+}
+
 constexpr int kStages = 3, kM = 4;
 constexpr int64_t kB = 2, kT = 3, kD = 4;
 
@@ -262,7 +268,7 @@ TEST_F(StageZeroTest, AResendRequestIsAnsweredWithTheRowsAgain) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->activations().micro_batch(), 0u);
   // Then the gradients, M-1 carrying the norm below and the loss.
-  pipeline::GradientCodec codec(v1::LinkCompression::fp32, 8, kT, kD);
+  pipeline::GradientCodec codec(Fp32Links(), kT, kD);
   for (int mb = 0; mb < kM; ++mb) {
     v1::LinkFrame g;
     g.mutable_gradients()->set_step(0);
@@ -324,7 +330,7 @@ TEST_F(StageZeroTest, AGradientOfTheWrongShapeIsRefusedAndCounted) {
   v1::LinkFrame g;
   g.mutable_gradients()->set_step(0);
   g.mutable_gradients()->set_micro_batch(0);
-  pipeline::GradientCodec small(v1::LinkCompression::fp32, 8, kT, kD - 1);
+  pipeline::GradientCodec small(Fp32Links(), kT, kD - 1);
   ASSERT_TRUE(small.Encode(std::vector<float>(kB * kT * (kD - 1), 1.0f), kB, 1, g.mutable_gradients()->mutable_grad()).ok());
   ASSERT_TRUE(down_end().Send(g, absl::Seconds(1)).ok());
   absl::StatusOr<StepOutcome> out = s0.Step(0, SampleIds(0));
@@ -334,7 +340,7 @@ TEST_F(StageZeroTest, AGradientOfTheWrongShapeIsRefusedAndCounted) {
 
 TEST_F(StageZeroTest, ATiedGradientLargerThanTheMatrixIsRefusedAndCounted) {
   Stage s0(0, pipeline::StepSchedule::kGpipe, nullptr, links_.first.get(), absl::Seconds(10), /*tie=*/true);
-  pipeline::GradientCodec codec(v1::LinkCompression::fp32, 8, kT, kD);
+  pipeline::GradientCodec codec(Fp32Links(), kT, kD);
   for (int mb = 0; mb < kM; ++mb) {
     v1::LinkFrame g;
     g.mutable_gradients()->set_step(0);
@@ -363,7 +369,7 @@ TEST_F(StageZeroTest, APartialNormThatIsNotFiniteOrNegativeIsRefusedAndCounted) 
   for (double bad : {std::nan(""), -1.0, HUGE_VAL}) {
     auto links = InProcessStageLink::Pair("link 0");
     Stage s0(0, pipeline::StepSchedule::kGpipe, nullptr, links.first.get());
-    pipeline::GradientCodec codec(v1::LinkCompression::fp32, 8, kT, kD);
+    pipeline::GradientCodec codec(Fp32Links(), kT, kD);
     for (int mb = 0; mb < kM; ++mb) {
       v1::LinkFrame g;
       g.mutable_gradients()->set_step(0);
@@ -385,7 +391,7 @@ TEST_F(StageZeroTest, APartialNormThatIsNotFiniteOrNegativeIsRefusedAndCounted) 
 // the step naming the step and micro-batch, before the backward runs.
 TEST_F(StageZeroTest, ANonFiniteGradientIsRefusedNamingTheMicroBatch) {
   Stage s0(0, pipeline::StepSchedule::kGpipe, nullptr, links_.first.get());
-  pipeline::GradientCodec codec(v1::LinkCompression::fp32, 8, kT, kD);
+  pipeline::GradientCodec codec(Fp32Links(), kT, kD);
   v1::LinkFrame g;
   g.mutable_gradients()->set_step(0);
   g.mutable_gradients()->set_micro_batch(0);
@@ -405,7 +411,7 @@ TEST_F(StageZeroTest, ANonFiniteGradientIsRefusedNamingTheMicroBatch) {
 TEST_F(StageZeroTest, AStageWhoseOwnGradientIsNotFiniteStopsTheStepWithoutCommitting) {
   Stage s0(0, pipeline::StepSchedule::kGpipe, nullptr, links_.first.get());
   s0.compute.own_sq_override = std::nan("");
-  pipeline::GradientCodec codec(v1::LinkCompression::fp32, 8, kT, kD);
+  pipeline::GradientCodec codec(Fp32Links(), kT, kD);
   for (int mb = 0; mb < kM; ++mb) {
     v1::LinkFrame g;
     g.mutable_gradients()->set_step(0);

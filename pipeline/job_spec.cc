@@ -12,6 +12,7 @@
 #include "common/row_format.h"
 #include "common/status_macros.h"
 #include "compression/global_qsgd.h"
+#include "compression/tiled.h"
 #include "google/protobuf/util/json_util.h"
 #include "pipeline/step_schedule.h"
 
@@ -251,6 +252,24 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   if (!ParseRowPrecision(c.m_precision()).ok()) {
     return Invalid("compression.m_precision",
                    absl::StrCat("'", c.m_precision(), "' is not fp32, fp16 or int8"));
+  }
+  if (!c.first_visit().empty() && c.first_visit() != "raw" && c.first_visit() != "tiled") {
+    return Invalid("compression.first_visit", absl::StrCat("'", c.first_visit(), "' is not raw or tiled"));
+  }
+  if (c.first_visit() == "tiled" && c.mode() != v1::LinkCompression::aqsgd) {
+    return Invalid("compression.first_visit", "tiled first visits are for mode aqsgd (mode tiled is tiled throughout)");
+  }
+  if (c.first_visit_bits() > 8) {
+    return Invalid("compression.first_visit_bits", absl::StrCat(c.first_visit_bits(), " is not in [1, 8]"));
+  }
+  if (c.tile_size() != 0 && (c.tile_size() < 16 || c.tile_size() > 1024 || (c.tile_size() & (c.tile_size() - 1)) != 0)) {
+    return Invalid("compression.tile_size", absl::StrCat(c.tile_size(), " is not a power of two in [16, 1024]"));
+  }
+  if (!c.rotation().empty() && !compression::ParseTileRotation(c.rotation()).ok()) {
+    return Invalid("compression.rotation", absl::StrCat("'", c.rotation(), "' is not none, outliers or all"));
+  }
+  if (c.entropy_coding() && c.mode() == v1::LinkCompression::fp32) {
+    return Invalid("compression.entropy_coding", "fp32 links send raw floats; it needs mode directq, aqsgd or tiled");
   }
   if (c.store() != "rocksdb" && c.store() != "memory") {
     return Invalid("compression.store", absl::StrCat("'", c.store(), "' is not rocksdb or memory"));

@@ -226,6 +226,18 @@ void ResidentRows::Updated(Row* row) {
   row->checksum = compression::AqsgdLinkCodec::RowChecksum(link_.precision, link_.rows, link_.cols, row->m, &scratch_);
 }
 
+compression::CodecOptions TiledCodecOptions(const v1::LinkCompression& c, int bits) {
+  compression::CodecOptions o;
+  o.codec = v1::CODEC_TILED;
+  o.bits = bits;
+  o.bucket_size = c.tile_size() ? c.tile_size() : kDefaultTileSize;
+  // The job spec has validated the name; an unknown one keeps the default.
+  o.rotation = compression::ParseTileRotation(c.rotation()).value_or(compression::TileRotation::kOutliers);
+  o.min_compress_elements = 1;
+  o.entropy = c.entropy_coding();
+  return o;
+}
+
 absl::StatusOr<LinkEndpointOptions> LinkOptionsFromJob(const v1::JobSpec& job, uint32_t pipeline,
                                                        uint32_t boundary, uint64_t generation) {
   LinkEndpointOptions o;
@@ -239,12 +251,23 @@ absl::StatusOr<LinkEndpointOptions> LinkOptionsFromJob(const v1::JobSpec& job, u
     case v1::LinkCompression::directq: o.codec.mode = LinkMode::kDirectQ; break;
     default: o.codec.mode = LinkMode::kFp32; break;
   }
-  o.codec.quantizer.codec = v1::CODEC_FIXED_POINT;
-  o.codec.quantizer.bits = static_cast<int>(job.compression().fw_bits());
-  // A link row is one sample's activations: always quantize it, however small
-  // (the codec's default raw pass-through for tiny tensors is meant for
-  // biases and norms, not for rows; below 1024 values it silently sent fp32).
-  o.codec.quantizer.min_compress_elements = 1;
+  const v1::LinkCompression& c = job.compression();
+  if (c.mode() == v1::LinkCompression::tiled) {
+    o.codec.mode = LinkMode::kDirectQ;
+    o.codec.quantizer = TiledCodecOptions(c, static_cast<int>(c.fw_bits()));
+  } else {
+    o.codec.quantizer.codec = v1::CODEC_FIXED_POINT;
+    o.codec.quantizer.bits = static_cast<int>(c.fw_bits());
+    // A link row is one sample's activations: always quantize it, however small
+    // (the codec's default raw pass-through for tiny tensors is meant for
+    // biases and norms, not for rows; below 1024 values it silently sent fp32).
+    o.codec.quantizer.min_compress_elements = 1;
+    o.codec.quantizer.entropy = c.entropy_coding();
+  }
+  if (c.mode() == v1::LinkCompression::aqsgd && c.first_visit() == "tiled") {
+    o.codec.first_visit = TiledCodecOptions(c, static_cast<int>(c.first_visit_bits() ? c.first_visit_bits()
+                                                                                      : c.fw_bits()));
+  }
   o.codec.stored = o.link.precision;
   o.codec.warmup_epochs = job.compression().warmup_epochs();
   if (job.compression().has_resident_bytes()) o.resident_bytes = job.compression().resident_bytes();
@@ -573,14 +596,18 @@ absl::Span<float> ActivationReceiver::Row(size_t i) {
 
 // ---------------------------------------------------------------- gradients
 
-GradientCodec::GradientCodec(v1::LinkCompression::Mode mode, int bw_bits, int64_t seq_len, int64_t d_model)
+GradientCodec::GradientCodec(const v1::LinkCompression& compression, int64_t seq_len, int64_t d_model)
     : seq_len_(seq_len), d_model_(d_model) {
-  if (mode == v1::LinkCompression::fp32) {
+  if (compression.mode() == v1::LinkCompression::fp32 ||
+      compression.mode() == v1::LinkCompression::MODE_UNSPECIFIED) {
     options_.codec = v1::CODEC_RAW_F32;
+  } else if (compression.mode() == v1::LinkCompression::tiled) {
+    options_ = TiledCodecOptions(compression, static_cast<int>(compression.bw_bits()));
   } else {
     options_.codec = v1::CODEC_FIXED_POINT;
-    options_.bits = bw_bits;
+    options_.bits = static_cast<int>(compression.bw_bits());
     options_.min_compress_elements = 1;
+    options_.entropy = compression.entropy_coding();
   }
 }
 

@@ -128,7 +128,15 @@ class ResidentRows {
   std::string scratch_;  // RowChecksum's encoding
 };
 
-// Builds endpoint options from a job: mode, fw bits, m precision, warm-up.
+// Tiles of the tiled codec when the job leaves compression.tile_size unset.
+inline constexpr uint32_t kDefaultTileSize = 64;
+
+// The tiled codec of a job's links at `bits` (tile size, rotation, entropy
+// coding from `c`): the `tiled` mode's messages and AQ-SGD's tiled first visits.
+compression::CodecOptions TiledCodecOptions(const v1::LinkCompression& c, int bits);
+
+// Builds endpoint options from a job: mode, fw bits, m precision, warm-up,
+// first visits.
 absl::StatusOr<LinkEndpointOptions> LinkOptionsFromJob(const v1::JobSpec& job, uint32_t pipeline,
                                                        uint32_t boundary, uint64_t generation);
 
@@ -250,7 +258,9 @@ class GradientCodec {
  public:
   // Micro-batch gradients are quantized whatever their size (no raw
   // pass-through for small tensors).
-  GradientCodec(v1::LinkCompression::Mode mode, int bw_bits, int64_t seq_len, int64_t d_model);
+  // fp32 links (and an unset mode) send raw float32; tiled links the tiled codec at bw_bits;
+  // the others fixed point at bw_bits; entropy_coding applies to both.
+  GradientCodec(const v1::LinkCompression& compression, int64_t seq_len, int64_t d_model);
   absl::Status Encode(absl::Span<const float> grad, int64_t batch, uint32_t rng_key, v1::EncodedTensor* out) const;
   // Validates the shape [batch, seq_len, d_model] and decodes.
   absl::Status Decode(const v1::EncodedTensor& msg, int64_t batch, std::vector<float>* out) const;

@@ -487,7 +487,10 @@ TEST(LinkValidationTest, NonFiniteRowsAreRefusedAndMStaysBitIdentical) {
 }
 
 TEST(GradientCodecTest, ShapeAndCodecAreChecked) {
-  GradientCodec g(v1::LinkCompression::aqsgd, 6, kRows, kCols);
+  v1::LinkCompression compression;
+  compression.set_mode(v1::LinkCompression::aqsgd);
+  compression.set_bw_bits(6);
+  GradientCodec g(compression, kRows, kCols);
   std::vector<float> grad(2 * kRows * kCols, 0.25f), out;
   v1::EncodedTensor msg;
   ASSERT_TRUE(g.Encode(grad, 2, 1, &msg).ok());

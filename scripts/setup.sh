@@ -12,7 +12,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libtorch-dev prometheus-cpp-dev libssl-dev libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas0-openmp
-  libxxhash-dev libpcre2-dev libicu-dev nlohmann-json3-dev
+  libxxhash-dev libzstd-dev libpcre2-dev libicu-dev nlohmann-json3-dev
   prometheus gnuplot-nox iproute2 curl ca-certificates python3-yaml python3-protobuf
 )
 

@@ -59,14 +59,15 @@ class PipelineTest : public ::testing::Test {
   void TearDown() override { aqswarm::RemoveTree(dir_).IgnoreError(); }
 
   std::string WriteJob(const std::string& name, const std::string& mode, int stages, int max_steps, int epochs,
-                       int fw_bits = 3, const std::string& extra = "", const std::string& store = "rocksdb") {
+                       int fw_bits = 3, const std::string& extra = "", const std::string& store = "rocksdb",
+                       const std::string& compression_extra = "") {
     const std::string json = absl::StrCat(R"({"name":")", name, R"(","seed":5,
       "model":{"seqLen":32,"dModel":32,"nLayer":3,"nHead":2},
       "data":{"corpus":")", (dir_ / "corpus").string(), R"(","tokenizer":")", kDataDir, R"(/gpt2",
               "cacheDir":")", (dir_ / "cache").string(), R"("},
       "optimizer":{"lr":0.003,"warmupSteps":2,"gradClip":1.0},
       "microBatchSize":4,"microBatchesPerStep":2,"epochs":)", epochs, R"(,"maxSteps":)", max_steps, R"(,
-      "compression":{"mode":")", mode, R"(","fwBits":)", fw_bits, R"(,"bwBits":6,"warmupEpochs":0,"store":")", store, R"("},
+      "compression":{"mode":")", mode, R"(","fwBits":)", fw_bits, R"(,"bwBits":6,"warmupEpochs":0,"store":")", store, "\"", compression_extra, R"(},
       "stages":)", stages, R"(,"evalEverySteps":0,"evalBatches":1,"device":")", TestDevice(), "\"", extra, "}");
     const std::string path = (dir_ / absl::StrCat(name, "-", mode, "-", stages, "-", fw_bits, ".json")).string();
     std::ofstream(path) << json;
@@ -124,6 +125,50 @@ class PipelineTest : public ::testing::Test {
     }
   }
 
+  // Runs a 3-stage AQ-SGD `job` for its 2 epochs, keeping the stores: the
+  // loss falls, epoch 1 sent deltas, and both ends of each forward link hold
+  // bit-identical m(xi) for every sample.
+  void ExpectStoresBitIdentical(const std::string& job) {
+    const std::string out = (dir_ / "run").string();
+    ASSERT_EQ(RunPipeline(job, out, {"--keep_stores"}), 0) << output_;
+    std::vector<double> loss = Losses(out);
+    ASSERT_GE(loss.size(), 8u) << output_;
+    EXPECT_LT(loss.back(), loss.front());
+    // Epoch 1 sent deltas on both forward links.
+    ExpectDeltaRowsOnEveryLink(out, 3);
+    for (uint32_t boundary = 0; boundary < 2; ++boundary) {
+      std::unique_ptr<storage::RocksDbMessageStore> a, b;
+      {
+        auto sa = storage::RocksDbMessageStore::Open({.path = absl::StrCat(out, "/store-p0-s", boundary)});
+        auto sb = storage::RocksDbMessageStore::Open({.path = absl::StrCat(out, "/store-p0-s", boundary + 1)});
+        ASSERT_TRUE(sa.ok() && sb.ok()) << sa.status() << sb.status();
+        a = std::move(*sa);
+        b = std::move(*sb);
+      }
+      storage::LinkSpec spec;
+      spec.link = {0, boundary};
+      spec.generation = 1;
+      spec.rows = 32;
+      spec.cols = 32;
+      spec.precision = RowPrecision::kFloat16;
+      int found = 0;
+      for (uint64_t id = 0; id < 80; ++id) {
+        std::vector<float> ra(32 * 32), rb(32 * 32);
+        std::vector<absl::Span<float>> oa = {absl::MakeSpan(ra)}, ob = {absl::MakeSpan(rb)};
+        std::vector<storage::RowRead> reads_a(1), reads_b(1);
+        const uint64_t ids[] = {id};
+        ASSERT_TRUE(a->GetBatch(spec, ids, oa, absl::MakeSpan(reads_a)).ok());
+        ASSERT_TRUE(b->GetBatch(spec, ids, ob, absl::MakeSpan(reads_b)).ok());
+        ASSERT_EQ(reads_a[0].status.ok(), reads_b[0].status.ok()) << "sample " << id << " boundary " << boundary;
+        if (!reads_a[0].status.ok()) continue;
+        ++found;
+        EXPECT_EQ(0, std::memcmp(ra.data(), rb.data(), ra.size() * 4)) << "sample " << id;
+        EXPECT_EQ(reads_a[0].payload_checksum, reads_b[0].payload_checksum);
+      }
+      EXPECT_GE(found, 32) << "boundary " << boundary;
+    }
+  }
+
   // A 2 stages x 2 replicas AQ-SGD job with job.dp = {dp} trains 8 steps:
   // the loss falls and the launcher, which compares every stage's parameter
   // hash across replicas after every step (and fails the run on a
@@ -146,44 +191,26 @@ class PipelineTest : public ::testing::Test {
 };
 
 TEST_F(PipelineTest, AqsgdStoresOnBothEndsOfEveryLinkAreBitIdenticalAfterTwoEpochs) {
+  ExpectStoresBitIdentical(WriteJob("aq", "aqsgd", 3, 0, 2));
+}
+
+// Tiled first visits (3 bits, every whole tile rotated) with zstd-coded
+// codes in both directions: m(xi) starts from the decoded first visit on
+// both ends and stays bit-identical through the deltas.
+TEST_F(PipelineTest, AqsgdWithTiledFirstVisitsAndEntropyCodingKeepsBothEndsBitIdentical) {
+  ExpectStoresBitIdentical(WriteJob("aqtiled", "aqsgd", 3, 0, 2, 3, "", "rocksdb",
+                                    R"(,"firstVisit":"tiled","tileSize":16,"rotation":"all","entropyCoding":true)"));
+}
+
+// compression.mode tiled: the tiled codec both ways (fw 2 bits), no state.
+TEST_F(PipelineTest, TiledLinksWithEntropyCodingTrainAndTheLossFalls) {
   const std::string out = (dir_ / "run").string();
-  ASSERT_EQ(RunPipeline(WriteJob("aq", "aqsgd", 3, 0, 2), out, {"--keep_stores"}), 0) << output_;
+  ASSERT_EQ(RunPipeline(WriteJob("tiled", "tiled", 2, 0, 2, 2, "", "rocksdb", R"(,"entropyCoding":true)"), out), 0)
+      << output_;
   std::vector<double> loss = Losses(out);
   ASSERT_GE(loss.size(), 8u) << output_;
   EXPECT_LT(loss.back(), loss.front());
-  // Epoch 1 sent deltas on both forward links.
-  ExpectDeltaRowsOnEveryLink(out, 3);
-  for (uint32_t boundary = 0; boundary < 2; ++boundary) {
-    std::unique_ptr<storage::RocksDbMessageStore> a, b;
-    {
-      auto sa = storage::RocksDbMessageStore::Open({.path = absl::StrCat(out, "/store-p0-s", boundary)});
-      auto sb = storage::RocksDbMessageStore::Open({.path = absl::StrCat(out, "/store-p0-s", boundary + 1)});
-      ASSERT_TRUE(sa.ok() && sb.ok()) << sa.status() << sb.status();
-      a = std::move(*sa);
-      b = std::move(*sb);
-    }
-    storage::LinkSpec spec;
-    spec.link = {0, boundary};
-    spec.generation = 1;
-    spec.rows = 32;
-    spec.cols = 32;
-    spec.precision = RowPrecision::kFloat16;
-    int found = 0;
-    for (uint64_t id = 0; id < 80; ++id) {
-      std::vector<float> ra(32 * 32), rb(32 * 32);
-      std::vector<absl::Span<float>> oa = {absl::MakeSpan(ra)}, ob = {absl::MakeSpan(rb)};
-      std::vector<storage::RowRead> reads_a(1), reads_b(1);
-      const uint64_t ids[] = {id};
-      ASSERT_TRUE(a->GetBatch(spec, ids, oa, absl::MakeSpan(reads_a)).ok());
-      ASSERT_TRUE(b->GetBatch(spec, ids, ob, absl::MakeSpan(reads_b)).ok());
-      ASSERT_EQ(reads_a[0].status.ok(), reads_b[0].status.ok()) << "sample " << id << " boundary " << boundary;
-      if (!reads_a[0].status.ok()) continue;
-      ++found;
-      EXPECT_EQ(0, std::memcmp(ra.data(), rb.data(), ra.size() * 4)) << "sample " << id;
-      EXPECT_EQ(reads_a[0].payload_checksum, reads_b[0].payload_checksum);
-    }
-    EXPECT_GE(found, 32) << "boundary " << boundary;
-  }
+  EXPECT_FALSE(fs::exists(fs::path(out) / "store-p0-s0" / "CURRENT"));
 }
 
 // compression.store = memory: m(xi) in RAM instead of RocksDB trains to the

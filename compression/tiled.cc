@@ -1,0 +1,247 @@
+#include "compression/tiled.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/half.h"
+#include "common/random.h"
+#include "compression/bit_pack.h"
+#include "compression/max_abs.h"
+
+namespace aqswarm::compression {
+namespace {
+
+// Values per pack/unpack chunk: a multiple of every tile size (<= 4096) and
+// of 8, so chunks start on tile and byte boundaries.
+constexpr size_t kChunk = 4096;
+// max^2 > kOutlierRatio2 * mean(x^2): a tile with an outlier (max above 4 RMS).
+constexpr float kOutlierRatio2 = 16.0f;
+
+// Sum of x^2 in 8 interleaved partial sums (vectorises; len is a tile).
+__attribute__((target_clones("avx2", "default")))
+float SumSquares(const float* x, size_t len) {
+  float acc[8] = {};
+  size_t j = 0;
+  for (; j + 8 <= len; j += 8) {
+    for (size_t k = 0; k < 8; ++k) acc[k] += x[j + k] * x[j + k];
+  }
+  float s = 0.0f;
+  for (; j < len; ++j) s += x[j] * x[j];
+  for (float a : acc) s += a;
+  return s;
+}
+
+__attribute__((target_clones("avx2", "default")))
+void QuantizeNearest(const float* y, size_t len, float mul, float half_range, int max_code,
+                     uint8_t* codes) {
+  const float top = static_cast<float>(max_code);
+  for (size_t j = 0; j < len; ++j) {
+    float t = y[j] * mul + half_range + 0.5f;
+    t = t < 0.0f ? 0.0f : t;
+    t = t > top ? top : t;
+    codes[j] = static_cast<uint8_t>(static_cast<int>(t));  // t >= 0: truncation is floor
+  }
+}
+
+void QuantizeStochastic(const float* y, size_t len, float mul, float half_range, int max_code,
+                        uint32_t key, uint32_t index0, uint8_t* codes) {
+  const float top = static_cast<float>(max_code);
+  for (size_t j = 0; j < len; ++j) {
+    float t = y[j] * mul + half_range + DrawUnit(key, index0 + static_cast<uint32_t>(j));
+    t = t < 0.0f ? 0.0f : t;
+    t = t > top ? top : t;
+    codes[j] = static_cast<uint8_t>(static_cast<int>(t));
+  }
+}
+
+__attribute__((target_clones("avx2", "default")))
+void Dequantize(const uint8_t* codes, size_t len, int max_code, float h, float* out) {
+  for (size_t j = 0; j < len; ++j) {
+    out[j] = static_cast<float>(2 * static_cast<int>(codes[j]) - max_code) * h;
+  }
+}
+
+__attribute__((target_clones("avx2", "default")))
+void Scale(float* x, size_t len, float f) {
+  for (size_t j = 0; j < len; ++j) x[j] *= f;
+}
+
+// binary16 bits of m rounded up (m finite, >= 0); 0x7c00 when above 65504.
+uint16_t HalfAtLeast(float m) {
+  uint16_t h = FloatToHalf(m);
+  if (HalfToFloat(h) < m) ++h;
+  return h;
+}
+
+bool BitmapGet(const uint8_t* bitmap, size_t i) { return (bitmap[i / 8] >> (i % 8)) & 1u; }
+
+}  // namespace
+
+absl::StatusOr<TileRotation> ParseTileRotation(std::string_view name) {
+  if (name == "none") return TileRotation::kNone;
+  if (name == "outliers" || name.empty()) return TileRotation::kOutliers;
+  if (name == "all") return TileRotation::kAll;
+  return absl::InvalidArgumentError(
+      absl::StrCat("tile rotation '", std::string(name), "' is not one of none, outliers, all"));
+}
+
+const char* TileRotationName(TileRotation rotation) {
+  switch (rotation) {
+    case TileRotation::kNone: return "none";
+    case TileRotation::kOutliers: return "outliers";
+    case TileRotation::kAll: return "all";
+  }
+  return "?";
+}
+
+__attribute__((target_clones("avx2", "default")))
+void WalshHadamard(float* x, size_t len) {
+  // Stages h = 1, 2, 4 touch each block of 8 values alone: run them block by
+  // block, unrolled; the wider stages' inner loops are contiguous and
+  // vectorise. Every value sees the same additions in the same order as the
+  // plain stage-by-stage loop, so the result is the same bits.
+  size_t h = 1;
+  if (len >= 8) {
+    for (size_t i = 0; i < len; i += 8) {
+      float* v = x + i;
+      for (size_t j = 0; j < 8; j += 2) {
+        const float a = v[j], b = v[j + 1];
+        v[j] = a + b;
+        v[j + 1] = a - b;
+      }
+      for (size_t j : {size_t{0}, size_t{1}, size_t{4}, size_t{5}}) {
+        const float a = v[j], b = v[j + 2];
+        v[j] = a + b;
+        v[j + 2] = a - b;
+      }
+      for (size_t j = 0; j < 4; ++j) {
+        const float a = v[j], b = v[j + 4];
+        v[j] = a + b;
+        v[j + 4] = a - b;
+      }
+    }
+    h = 8;
+  }
+  for (; h < len; h *= 2) {
+    for (size_t i = 0; i < len; i += 2 * h) {
+      float* lo = x + i;
+      float* hi = x + i + h;
+      for (size_t j = 0; j < h; ++j) {
+        const float a = lo[j], b = hi[j];
+        lo[j] = a + b;
+        hi[j] = a - b;
+      }
+    }
+  }
+}
+
+absl::Status TiledEncode(absl::Span<const float> values, size_t tile, int bits, TileRotation rotation,
+                         bool stochastic, uint32_t rng_key, uint8_t* scales, uint8_t* payload) {
+  const size_t n = values.size();
+  const size_t tiles = NumTiles(n, tile);
+  uint8_t* bitmap = scales + 2 * tiles;
+  std::memset(bitmap, 0, (tiles + 7) / 8);
+  const int max_code = (1 << bits) - 1;
+  const float half_range = 0.5f * static_cast<float>(max_code);
+  std::vector<float> rotated(tile);
+  uint8_t codes[kChunk];
+  for (size_t start = 0; start < n; start += kChunk) {
+    const size_t end = std::min(n, start + kChunk);
+    for (size_t i = start; i < end; i += tile) {
+      const size_t len = std::min(tile, end - i);
+      const size_t k = i / tile;
+      const float* x = values.data() + i;
+      const uint32_t mx_bits = internal::MaxAbsBits(x, len);
+      if (mx_bits >= 0x7f800000u) {
+        return absl::InvalidArgumentError(absl::StrCat("tiled: non-finite value (NaN/Inf) in tile ", k));
+      }
+      const float mx = BitsToFloat(mx_bits);
+      const float* y = x;
+      float ymax = mx;
+      bool rotate = len == tile && mx > 0.0f &&
+                    (rotation == TileRotation::kAll ||
+                     (rotation == TileRotation::kOutliers &&
+                      mx * mx * static_cast<float>(len) > kOutlierRatio2 * SumSquares(x, len)));
+      if (rotate) {
+        std::copy(x, x + len, rotated.begin());
+        WalshHadamard(rotated.data(), len);
+        const float rmax = BitsToFloat(internal::MaxAbsBits(rotated.data(), len));
+        if (HalfAtLeast(rmax) < 0x7c00u) {
+          y = rotated.data();
+          ymax = rmax;
+        } else {
+          rotate = false;  // the rotated scale would not fit binary16
+        }
+      }
+      const uint16_t h = HalfAtLeast(ymax);
+      if (h >= 0x7c00u) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tiled: tile ", k, " max-abs ", mx, " exceeds the binary16 scale range"));
+      }
+      std::memcpy(scales + 2 * k, &h, 2);
+      if (rotate) bitmap[k / 8] |= static_cast<uint8_t>(1u << (k % 8));
+      const float s = HalfToFloat(h);
+      const float mul = s > 0.0f ? half_range / s : 0.0f;
+      if (stochastic) {
+        QuantizeStochastic(y, len, mul, half_range, max_code, rng_key, static_cast<uint32_t>(i),
+                           codes + (i - start));
+      } else {
+        QuantizeNearest(y, len, mul, half_range, max_code, codes + (i - start));
+      }
+    }
+    PackBits(codes, end - start, bits, payload + start / 8 * bits);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTiledScales(const uint8_t* scales, size_t n, size_t tile) {
+  const size_t tiles = NumTiles(n, tile);
+  for (size_t k = 0; k < tiles; ++k) {
+    uint16_t h;
+    std::memcpy(&h, scales + 2 * k, 2);
+    if ((h & 0x7c00u) == 0x7c00u || (h & 0x8000u)) {
+      return absl::DataLossError(absl::StrCat("tiled: scale of tile ", k, " is negative or non-finite"));
+    }
+  }
+  const uint8_t* bitmap = scales + 2 * tiles;
+  const size_t whole = n / tile;
+  for (size_t k = whole; k < (tiles + 7) / 8 * 8; ++k) {
+    if (BitmapGet(bitmap, k)) {
+      return absl::DataLossError(absl::StrCat("tiled: rotation bit set for tile ", k,
+                                              ", which is not a whole tile"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void TiledDecode(const uint8_t* scales, const uint8_t* payload, size_t n, size_t tile, int bits,
+                 float* out) {
+  const size_t tiles = NumTiles(n, tile);
+  const uint8_t* bitmap = scales + 2 * tiles;
+  const int max_code = (1 << bits) - 1;
+  const float levels_minus_one = static_cast<float>(max_code);
+  const float inv_tile = 1.0f / static_cast<float>(tile);  // exact: a power of two
+  uint8_t codes[kChunk];
+  for (size_t start = 0; start < n; start += kChunk) {
+    const size_t end = std::min(n, start + kChunk);
+    UnpackBits(payload + start / 8 * bits, end - start, bits, codes);
+    for (size_t i = start; i < end; i += tile) {
+      const size_t len = std::min(tile, end - i);
+      const size_t k = i / tile;
+      uint16_t hbits;
+      std::memcpy(&hbits, scales + 2 * k, 2);
+      const float h = HalfToFloat(hbits) / levels_minus_one;
+      Dequantize(codes + (i - start), len, max_code, h, out + i);
+      if (BitmapGet(bitmap, k)) {
+        WalshHadamard(out + i, len);
+        Scale(out + i, len, inv_tile);
+      }
+    }
+  }
+}
+
+}  // namespace aqswarm::compression

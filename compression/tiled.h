@@ -1,0 +1,92 @@
+// Tiled quantizer (CODEC_TILED): a direct codec for activations with no
+// previous message (AQ-SGD's first visits, and the `tiled` link mode), after
+// TAH-Quant (arXiv 2506.01352). Low-level kernels over raw buffers; most
+// callers use Encode()/Decode() in compression/codec.h with CODEC_TILED.
+//
+// The flat values are cut into tiles of T values (T = bucket_size, a power of
+// two; the last tile may be shorter). Per tile:
+//   rotate  = TileRotation says so, the tile is whole, and the rotated tile's
+//             scale fits binary16 (kOutliers: max|x|^2 > 16 * mean(x^2),
+//             i.e. max |x| above 4 RMS, where one big value would stretch the
+//             grid for the other T - 1)
+//   y       = rotate ? H x : x      (H: the unnormalised Walsh-Hadamard
+//             transform, entries +-1, which spreads an outlier over the tile)
+//   scale   = max |y| rounded UP to the next binary16 value (> 65504: error)
+//   L = 2^b levels on a symmetric grid without a zero level:
+//   h       = (float)scale / (float)(L - 1)        (one IEEE division)
+//   t       = y * ((L - 1) / (2 * scale)) + (L - 1) / 2
+//   nearest q = floor(t + 0.5), stochastic q = floor(t + u_i) (u_i =
+//   DrawUnit(rng_key, i), i the flat index), clamped to [0, L - 1].
+// Wire: scales = the tiles' binary16 scales, then one bit per tile (LSB
+// first) set for rotated tiles; payload = the codes, bit-packed
+// (bit_pack.h).
+//
+// Decode (the bit-exact contract; evaluated exactly like this everywhere):
+//   v = (float)(2q - (L - 1)) * h                 (one IEEE multiply)
+//   rotated tile: x = WalshHadamard(v) * (1/T)    (the butterflies below in
+//   their fixed order, then an exact power-of-two multiply); else x = v.
+//
+// Example:
+//   std::vector<uint8_t> scales(TiledScalesBytes(n, 64)), payload(PackedBytes(n, 3));
+//   AQSWARM_RETURN_IF_ERROR(TiledEncode(x, 64, 3, TileRotation::kOutliers, false, 0,
+//                                       scales.data(), payload.data()));
+//   TiledDecode(scales.data(), payload.data(), n, 64, 3, out.data());
+#ifndef AQSWARM_COMPRESSION_TILED_H_
+#define AQSWARM_COMPRESSION_TILED_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace aqswarm::compression {
+
+enum class TileRotation {
+  kNone,      // never rotate
+  kOutliers,  // rotate tiles whose max |x| is above 4 RMS
+  kAll,       // rotate every whole tile
+};
+
+// "none" | "outliers" | "all".
+absl::StatusOr<TileRotation> ParseTileRotation(std::string_view name);
+const char* TileRotationName(TileRotation rotation);
+
+// Tile sizes the wire accepts: powers of two in 2..4096.
+inline bool IsValidTileSize(uint64_t tile) {
+  return tile >= 2 && tile <= 4096 && (tile & (tile - 1)) == 0;
+}
+
+inline size_t NumTiles(size_t n, size_t tile) { return (n + tile - 1) / tile; }
+
+// Bytes of a tiled message's `scales`: 2 per tile + the rotation bitmap.
+inline size_t TiledScalesBytes(size_t n, size_t tile) {
+  const size_t tiles = NumTiles(n, tile);
+  return 2 * tiles + (tiles + 7) / 8;
+}
+
+// Encodes `values` into TiledScalesBytes(n, tile) bytes of `scales` and
+// PackedBytes(n, bits) bytes of `payload`. InvalidArgument on NaN/Inf or a
+// tile whose max |x| exceeds the binary16 range. tile: IsValidTileSize;
+// bits: 1..8.
+absl::Status TiledEncode(absl::Span<const float> values, size_t tile, int bits, TileRotation rotation,
+                         bool stochastic, uint32_t rng_key, uint8_t* scales, uint8_t* payload);
+
+// DataLoss unless every scale is a finite non-negative binary16 and the
+// rotation bitmap flags only whole tiles (its padding bits zero).
+absl::Status ValidateTiledScales(const uint8_t* scales, size_t n, size_t tile);
+
+// Decodes n values (scales validated); see the header comment.
+void TiledDecode(const uint8_t* scales, const uint8_t* payload, size_t n, size_t tile, int bits,
+                 float* out);
+
+// In-place unnormalised Walsh-Hadamard transform of `len` (a power of two)
+// values: for h = 1, 2, 4, ... < len, each pair (a, b) at distance h becomes
+// (a + b, a - b). Applying it twice multiplies by len.
+void WalshHadamard(float* x, size_t len);
+
+}  // namespace aqswarm::compression
+
+#endif  // AQSWARM_COMPRESSION_TILED_H_

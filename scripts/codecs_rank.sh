@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Link codecs ranked by time to target (issue 41): runs `aqswarm bench converge`
+# with AdamW and each link codec on two jobs, unshaped, 100 Mbit/s + 50 ms and
+# 10 Mbit/s + 50 ms:
+#   single pass   examples/converge_single_pass.json  (all 233 speeches, 1 epoch:
+#                 every sample is seen once)
+#   multi-epoch   examples/converge_multi_epoch.json  (10 speeches, ~9 epochs)
+# then the baseline again with another seed (run-to-run noise). Writes
+# docs/data/codecs_{single_pass,multi_epoch}.jsonl (+ _noise.jsonl) and
+# docs/data/codecs.meta, and renders docs/CONVERGENCE.md, section
+# "Link codecs by time to target (issue 41)". About an hour on 2 cores.
+#
+#   scripts/codecs_rank.sh            # run, then render
+#   scripts/codecs_rank.sh --render   # only redraw the section from docs/data
+#
+# Environment: SINGLE_CONFIGS, MULTI_CONFIGS, SHAPINGS, OUT (default
+# runs/codecs), AQSWARM_BIN (default build/aqswarm).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+AQSWARM_BIN="${AQSWARM_BIN:-build/aqswarm}"
+OUT="${OUT:-runs/codecs}"
+SHAPINGS="${SHAPINGS:-0/0,100/50,10/50}"
+SINGLE_CONFIGS="${SINGLE_CONFIGS:-adamw-fp32,adamw-directq,adamw-aqsgd,adamw-tiled3,adamw-tiled2,adamw-tiled2_ent,adamw-aqsgd_tiled3,adamw-aqsgd_tiled3_ent}"
+MULTI_CONFIGS="${MULTI_CONFIGS:-adamw-fp32,adamw-directq,adamw-aqsgd,adamw-tiled3,adamw-tiled2,adamw-aqsgd_tiled3,adamw-aqsgd_tiled3_ent}"
+meta=docs/data/codecs.meta
+if [[ "${1:-}" != --render ]]; then
+  [[ -x "$AQSWARM_BIN" ]] || { [[ "$AQSWARM_BIN" == build/aqswarm ]] && scripts/setup.sh; }
+  [[ -x "$AQSWARM_BIN" ]] || { echo "no binary at $AQSWARM_BIN" >&2; exit 1; }
+  ls data/sotu/*.txt > /dev/null || { echo "no corpus: run scripts/fetch_data.sh" >&2; exit 1; }
+  build=$(git rev-parse --short HEAD 2>/dev/null || echo "?")
+  [[ -z $(git status --porcelain --untracked-files=no 2>/dev/null) ]] || build+="+local changes"
+  mkdir -p docs/data "$OUT"
+  cp "$AQSWARM_BIN" "$OUT/aqswarm"
+  AQSWARM_BIN="$OUT/aqswarm"
+  start=$(date +%s)
+  for regime in single_pass multi_epoch; do
+    job=examples/converge_${regime}.json
+    configs=$SINGLE_CONFIGS
+    [[ $regime == multi_epoch ]] && configs=$MULTI_CONFIGS
+    data=docs/data/codecs_${regime}.jsonl
+    rc=0
+    "$AQSWARM_BIN" bench converge --job "$job" --out_dir "$OUT/$regime" --configs "$configs" \
+      --shapings "$SHAPINGS" > "$data.tmp" || rc=$?
+    [[ -s "$data.tmp" ]] || { echo "the $regime bench printed nothing (exit $rc)" >&2; exit 1; }
+    mv "$data.tmp" "$data"
+    python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); j["seed"]=int(sys.argv[2]); json.dump(j,open(sys.argv[3],"w"))' \
+      "$job" "${NOISE_SEED:-8}" "$OUT/$regime-noise-seed.json"
+    "$AQSWARM_BIN" bench converge --job "$OUT/$regime-noise-seed.json" --out_dir "$OUT/$regime-noise" \
+      --configs adamw-fp32 --shapings 0/0 > "docs/data/codecs_${regime}_noise.jsonl.tmp"
+    mv "docs/data/codecs_${regime}_noise.jsonl.tmp" "docs/data/codecs_${regime}_noise.jsonl"
+  done
+  echo "build $build, finished $(date -u +%Y-%m-%dT%H:%MZ), $(( $(date +%s) - start )) s, $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at the end." > "$meta"
+fi
+python3 - "$meta" docs/CONVERGENCE.md <<'PY'
+import json, sys
+meta_file, doc = sys.argv[1:3]
+meta = open(meta_file).read().strip()
+
+def load(path):
+    return [json.loads(l) for l in open(path) if l.strip()]
+
+def pct(v):
+    return "-" if v is None else f"{100 * v:+.2f}%"
+
+def x(v):
+    return "-" if v is None else f"{v:.1f}x"
+
+LINK = {"fp32": "fp32", "directq": "DirectQ fw3 bw6", "aqsgd": "AQ-SGD fw3 bw6"}
+
+def link_name(r):
+    if r["link_mode"] == "tiled":
+        name = f"tiled fw{r['fw_bits']} bw{r['bw_bits']}"
+    elif r["link_mode"] == "aqsgd" and r.get("first_visit_bits"):
+        name = f"AQ-SGD fw3 bw6, tiled first visits {r['first_visit_bits']}-bit"
+    else:
+        name = LINK[r["link_mode"]]
+    return name + (" + zstd" if r.get("entropy_coding") else "")
+
+def section(regime, title):
+    rows = load(f"docs/data/codecs_{regime}.jsonl")
+    noise = load(f"docs/data/codecs_{regime}_noise.jsonl")
+    failures = [r for r in rows if "error" in r]
+    rows = [r for r in rows if "error" not in r]
+    by = {(r["config"], r["bandwidth_mbps"]): r for r in rows}
+    base = by[("adamw-fp32", 0)]
+    spread = abs(noise[0]["final_val_loss"] - base["final_val_loss"]) / base["final_val_loss"]
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    out = [f"### {title}", "",
+           f"Target: {base['target_val_loss']:.4f} (fp32 links' final validation loss {base['final_val_loss']:.4f} + 1%); "
+           f"run-to-run noise of the final loss (another seed): {100 * spread:.2f}%. Ratios are fp32 links' value / the row's "
+           "in the same run (> 1 = fewer bytes, faster).", "",
+           "| links | fw B/token/link | bw B/token/link | fw bytes vs fp32 | all link bytes vs fp32 | final val | vs fp32 | steps to target "
+           "| s/step unshaped | time to target 100 Mbit/s | vs fp32 | time to target 10 Mbit/s | vs fp32 |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    def t(r):
+        return None if r is None or r.get("seconds_to_target") is None else r["seconds_to_target"]
+    for c in configs:
+        u = by[(c, 0)]
+        s100, s10 = by.get((c, 100)), by.get((c, 10))
+        b100, b10 = by.get(("adamw-fp32", 100)), by.get(("adamw-fp32", 10))
+        def cell(s, b):
+            if t(s) is None:
+                return "not reached", "-"
+            e = "~" if s.get("extrapolated") else ""
+            return f"{e}{t(s):.0f} s", (x(t(b) / t(s)) if t(b) else "-")
+        c100, r100 = cell(s100, b100)
+        c10, r10 = cell(s10, b10)
+        out.append(f"| {link_name(u)} | {u['fw_bytes_per_token_per_link']:.1f} | {u['bw_bytes_per_token_per_link']:.1f} "
+                   f"| {x(u['fw_bytes_ratio_vs_fp32'])} | {x(u['link_bytes_ratio_vs_fp32'])} | {u['final_val_loss']:.4f} "
+                   f"| {pct(u['val_loss_vs_baseline'])} | {u['steps_to_target'] or 'not reached'} | {u['seconds_per_step']:.2f} "
+                   f"| {c100} | {r100} | {c10} | {r10} |")
+    if failures:
+        out += ["", "Failed (no measurement): " + "; ".join(f"`{r['run']}`: {r['error']}" for r in failures)]
+    return out, by, spread
+
+single, sby, s_spread = section("single_pass", "Single pass (each sample once)")
+multi, mby, m_spread = section("multi_epoch", "Multi-epoch fine-tuning (~9 epochs)")
+
+goals = []
+# Single pass: forward bytes >= 12x below fp32 at final val within 1%; time to target at 10 Mbit/s >= 5x.
+best = None
+for (c, bw), r in sby.items():
+    if bw != 0 or c == "adamw-fp32":
+        continue
+    ok_bytes = r["fw_bytes_ratio_vs_fp32"] >= 12 and r["val_loss_vs_baseline"] <= 0.01
+    s10, b10 = sby.get((c, 10)), sby.get(("adamw-fp32", 10))
+    speed = (b10["seconds_to_target"] / s10["seconds_to_target"]) if s10 and b10 and s10.get("seconds_to_target") else None
+    desc = (f"`{c}`: fw {r['fw_bytes_ratio_vs_fp32']:.1f}x, final val {pct(r['val_loss_vs_baseline'])}, "
+            f"time to target at 10 Mbit/s {x(speed)}")
+    if best is None or (ok_bytes, speed or 0) > (best[0], best[1] or 0):
+        best = (ok_bytes, speed, desc)
+    goals.append(desc)
+met1 = best and best[0] and (best[1] or 0) >= 5
+lines = ["", "Goals:", "",
+         f"- Single pass, forward bytes >= 12x below fp32 within 1% of its final loss and time to target at 10 Mbit/s >= 5x: "
+         f"**{'met' if met1 else 'not met'}** (best: {best[2] if best else '-'}; noise {100 * s_spread:.2f}%). All rows: "
+         + "; ".join(goals) + "."]
+a, e = mby.get(("adamw-aqsgd", 0)), mby.get(("adamw-aqsgd_tiled3_ent", 0))
+if a and e:
+    ratio = a["link_bytes"] / e["link_bytes"]
+    dl = (e["final_val_loss"] - a["final_val_loss"]) / a["final_val_loss"]
+    met2 = ratio >= 2 and abs(dl) <= 0.005
+    lines.append(f"- Multi-epoch, AQ-SGD with tiled first visits and zstd >= 2x fewer link bytes than AQ-SGD fw3 bw6 at equal "
+                 f"loss (+-0.5%): **{'met' if met2 else 'not met'}**: {ratio:.2f}x fewer bytes over the run, final val "
+                 f"{pct(dl)} vs AQ-SGD (noise {100 * m_spread:.2f}%).")
+
+body = ["## Link codecs by time to target (issue 41)", "",
+        "AdamW on one pipeline of 2 stages, no data parallelism (`examples/converge_single_pass.json`, "
+        "`examples/converge_multi_epoch.json`: GPT d64, 4 layers, seq 64, 256 steps), each link codec in turn, unshaped and "
+        "shaped to 100 and 10 Mbit/s with 50 ms one-way latency (FIFO per direction). Time to target is stage 0's step time "
+        "summed up to the first evaluation at or below the target; shaped runs train their first steps (AQ-SGD: past epoch 0) and "
+        "extrapolate the rest at their own mean step time (\"~\"). Bytes per token per link count every byte of the "
+        "messages' scales and codes.", "",
+        "    scripts/codecs_rank.sh            # ~1 h on 2 cores; --render redraws from docs/data/codecs_*.jsonl", "",
+        f"Measured: {meta}", ""] + single + [""] + multi + lines + [""]
+text = open(doc).read()
+head = "## Link codecs by time to target (issue 41)"
+if head in text:
+    start = text.index(head)
+    nxt = text.find("\n## ", start + len(head))
+    text = text[:start] + "\n".join(body) + ("\n" + text[nxt + 1:] if nxt != -1 else "")
+else:
+    text = text.rstrip("\n") + "\n\n" + "\n".join(body)
+open(doc, "w").write(text)
+print("rendered", doc)
+PY
