@@ -17,7 +17,8 @@
 //   aqsgd           AQ-SGD fw3 bw6, first visits raw (fp16)
 //   tiledB          the tiled codec, fw B bits, bw 6 (compression.mode tiled)
 //   aqsgd_tiledB    AQ-SGD fw3 bw6 with first visits tiled at B bits
-// each but fp32 optionally followed by _ent: zstd over the codes, both ways).
+// tiled ones optionally followed by _tok: tiles along tokens (compression.tileAlong
+// tokens), then each but fp32 optionally by _ent: zstd over the codes, both ways).
 // dp.bits, bucket size and codec are the base job's; the shaping is the
 // job's `shaping` (stage links and the DP exchange alike).
 //
@@ -79,6 +80,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -117,11 +119,14 @@ struct Config {
   int fw_bits = 32, bw_bits = 32;
   int first_visit_bits = 0;  // aqsgd_tiledB: B; else 0 (raw first visits)
   bool entropy = false;
+  bool tiles_along_tokens = false;  // _tok
 };
 
 // LINK of a configuration name into `c`; false when it is not one.
 bool ParseLink(absl::string_view link, Config* c) {
   c->entropy = absl::ConsumeSuffix(&link, "_ent");
+  c->tiles_along_tokens = absl::ConsumeSuffix(&link, "_tok");
+  if (c->tiles_along_tokens && !absl::StrContains(link, "tiled")) return false;
   int bits = 0;
   if (link == "fp32") {
     return !c->entropy;
@@ -220,6 +225,7 @@ absl::StatusOr<v1::JobSpec> ConfigJob(const v1::JobSpec& base, const Config& c) 
     comp->set_first_visit_bits(c.first_visit_bits);
   }
   comp->set_entropy_coding(c.entropy);
+  if (c.tiles_along_tokens) comp->set_tile_along("tokens");
   v1::DataParallelSpec* dp = job.mutable_dp();
   const v1::DataParallelSpec& b = base.dp();
   // What belongs to one optimizer only is the configuration's to set.
@@ -637,6 +643,7 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
           {"link_mode", v1::LinkCompression::Mode_Name(c.link_mode)},
           {"first_visit_bits", c.first_visit_bits},
           {"entropy_coding", c.entropy},
+          {"tile_along", c.tiles_along_tokens ? "tokens" : "channels"},
           {"fw_bits", fp32_links ? 32 : static_cast<int>(job.compression().fw_bits())},
           {"bw_bits", fp32_links ? 32 : static_cast<int>(job.compression().bw_bits())},
           {"bandwidth_mbps", sh.mbps},

@@ -172,12 +172,14 @@ TEST_F(ConvergeBenchTest, BadFlagsGiveClearErrorsBeforeAnythingRuns) {
   EXPECT_THAT(link.err, HasSubstr("unknown configuration 'diloco-h0-aqsgd'"));
   Result tiled = Bench({"--job=" + job, "--configs=adamw-tiled9,adamw-fp32_ent"});
   EXPECT_THAT(tiled.err, HasSubstr("unknown configuration 'adamw-tiled9'"));
-  Result fp32_ent = Bench({"--job=" + job, "--configs=adamw-fp32_ent"});
+  Result fp32_ent = Bench({"--job=" + job, "--configs=adamw-fp32_ent,adamw-tiled3_tok_ent"});
   EXPECT_THAT(fp32_ent.err, HasSubstr("unknown configuration 'adamw-fp32_ent'"));
+  Result tok = Bench({"--job=" + job, "--configs=adamw-aqsgd_tok"});  // _tok is for tiled links
+  EXPECT_THAT(tok.err, HasSubstr("unknown configuration 'adamw-aqsgd_tok'"));
   Result no_job = Bench({});
   EXPECT_EQ(no_job.code, 1);
   EXPECT_THAT(no_job.err, HasSubstr("--job is required"));
-  for (const Result* r : {&shaping, &one, &config, &link, &tiled, &fp32_ent, &no_job}) {
+  for (const Result* r : {&shaping, &one, &config, &link, &tiled, &fp32_ent, &tok, &no_job}) {
     EXPECT_TRUE(r->rows.empty());
     EXPECT_THAT(r->err, ::testing::Not(HasSubstr("aqswarm bench converge: job")));  // nothing ran: no banner
   }

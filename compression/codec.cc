@@ -1,6 +1,7 @@
 #include "compression/codec.h"
 #include "compression/max_abs.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string_view>
@@ -86,6 +87,26 @@ size_t FirstNonFiniteFloat(const uint8_t* payload, size_t n) {
     if ((u & 0x7f800000u) == 0x7f800000u) return i;
   }
   return n;
+}
+
+// Channels of a tensor: its last dim (a scalar has one). Callers have checked
+// that the shape's product is the number of values, so a tensor with values
+// has no zero dim.
+template <typename Shape>
+size_t Channels(const Shape& shape) {
+  return shape.empty() ? 1 : static_cast<size_t>(shape[shape.size() - 1]);
+}
+
+// out[c * rows + r] = in[r * cols + c]: [rows, cols] to [cols, rows].
+void Transpose(const float* in, size_t rows, size_t cols, float* out) {
+  constexpr size_t kBlock = 32;
+  for (size_t r0 = 0; r0 < rows; r0 += kBlock) {
+    for (size_t c0 = 0; c0 < cols; c0 += kBlock) {
+      for (size_t r = r0; r < std::min(rows, r0 + kBlock); ++r) {
+        for (size_t c = c0; c < std::min(cols, c0 + kBlock); ++c) out[c * rows + r] = in[r * cols + c];
+      }
+    }
+  }
 }
 
 // zstd level for the codes: 1, the fastest; its Huffman literals already
@@ -316,7 +337,14 @@ absl::Status Encode(const CodecOptions& o, absl::Span<const float> values,
       msg.set_bits(o.bits);
       msg.set_bucket_size(tile);
       msg.set_rounding(o.rounding);
-      AQSWARM_RETURN_IF_ERROR(TiledEncode(values, tile, o.bits, o.rotation, stochastic, rng_key,
+      msg.set_tile_order(o.tile_order);
+      std::vector<float> columns;
+      if (o.tile_order == v1::TILES_DOWN_COLUMNS && n > 0) {
+        columns.resize(n);
+        Transpose(values.data(), n / Channels(shape), Channels(shape), columns.data());
+      }
+      AQSWARM_RETURN_IF_ERROR(TiledEncode(columns.empty() ? values : absl::MakeConstSpan(columns), tile, o.bits,
+                                          o.rotation, stochastic, rng_key,
                                           MutableBytes(msg.mutable_scales(), TiledScalesBytes(n, tile)),
                                           MutableBytes(msg.mutable_payload(), PackedBytes(n, o.bits))));
       break;
@@ -362,7 +390,7 @@ absl::Status Decode(const v1::EncodedTensor& msg, absl::Span<float> out, const W
   const uint8_t* payload = reinterpret_cast<const uint8_t*>(msg.payload().data());
   const int bits = static_cast<int>(msg.bits());
   std::vector<uint8_t> packed;
-  if (msg.entropy() == v1::ENTROPY_ZSTD) {
+  if (msg.entropy() == v1::ENTROPY_ZSTD && n > 0) {
     AQSWARM_RETURN_IF_ERROR(EntropyDecode(msg, &packed));
     payload = packed.data();
   }
@@ -417,10 +445,18 @@ absl::Status Decode(const v1::EncodedTensor& msg, absl::Span<float> out, const W
       MinMaxDecode(payload, n, msg.bucket_size(), mu.data(), bits, out.data());
       break;
     }
-    case v1::CODEC_TILED:
-      TiledDecode(reinterpret_cast<const uint8_t*>(msg.scales().data()), payload, n, msg.bucket_size(), bits,
-                  out.data());
+    case v1::CODEC_TILED: {
+      const auto* scales = reinterpret_cast<const uint8_t*>(msg.scales().data());
+      if (msg.tile_order() == v1::TILES_DOWN_COLUMNS && n > 0) {
+        std::vector<float> columns(n);
+        TiledDecode(scales, payload, n, msg.bucket_size(), bits, columns.data());
+        const size_t c = Channels(msg.shape());
+        Transpose(columns.data(), c, n / c, out.data());
+      } else {
+        TiledDecode(scales, payload, n, msg.bucket_size(), bits, out.data());
+      }
       break;
+    }
     case v1::CODEC_GLOBAL_QSGD:
       DecodeGlobalQsgd(msg, out);
       break;

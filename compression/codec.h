@@ -74,6 +74,9 @@ struct CodecOptions {
   int64_t min_compress_elements = kDefaultMinCompressElements;
   // Tiled codec: which tiles are rotated (tiled.h). Default: outliers.
   TileRotation rotation = TileRotation::kOutliers;
+  // Tiled codec: tiles along rows (T channels of a token; the default) or
+  // down columns (T tokens of a channel).
+  v1::TileOrder tile_order = v1::TILES_ALONG_ROWS;
   // zstd-code the quantized codes when that saves bytes. Default: off.
   bool entropy = false;
 };

@@ -104,25 +104,21 @@ void WalshHadamard(float* x, size_t len) {
   // block, unrolled; the wider stages' inner loops are contiguous and
   // vectorise. Every value sees the same additions in the same order as the
   // plain stage-by-stage loop, so the result is the same bits.
+  // In a block, stage h's lane j is v[j] + v[j + h] (bit h of j clear) or
+  // v[j - h] + (-v[j]) = v[j - h] - v[j] (set): two shuffles, an exact sign
+  // flip and one add per stage.
+  typedef float V8 __attribute__((vector_size(32)));
+  typedef int I8 __attribute__((vector_size(32)));
   size_t h = 1;
   if (len >= 8) {
+    const V8 s1 = {1, -1, 1, -1, 1, -1, 1, -1}, s2 = {1, 1, -1, -1, 1, 1, -1, -1}, s4 = {1, 1, 1, 1, -1, -1, -1, -1};
     for (size_t i = 0; i < len; i += 8) {
-      float* v = x + i;
-      for (size_t j = 0; j < 8; j += 2) {
-        const float a = v[j], b = v[j + 1];
-        v[j] = a + b;
-        v[j + 1] = a - b;
-      }
-      for (size_t j : {size_t{0}, size_t{1}, size_t{4}, size_t{5}}) {
-        const float a = v[j], b = v[j + 2];
-        v[j] = a + b;
-        v[j + 2] = a - b;
-      }
-      for (size_t j = 0; j < 4; ++j) {
-        const float a = v[j], b = v[j + 4];
-        v[j] = a + b;
-        v[j + 4] = a - b;
-      }
+      V8 v;
+      std::memcpy(&v, x + i, sizeof(v));
+      v = __builtin_shuffle(v, I8{0, 0, 2, 2, 4, 4, 6, 6}) + __builtin_shuffle(v, I8{1, 1, 3, 3, 5, 5, 7, 7}) * s1;
+      v = __builtin_shuffle(v, I8{0, 1, 0, 1, 4, 5, 4, 5}) + __builtin_shuffle(v, I8{2, 3, 2, 3, 6, 7, 6, 7}) * s2;
+      v = __builtin_shuffle(v, I8{0, 1, 2, 3, 0, 1, 2, 3}) + __builtin_shuffle(v, I8{4, 5, 6, 7, 4, 5, 6, 7}) * s4;
+      std::memcpy(x + i, &v, sizeof(v));
     }
     h = 8;
   }

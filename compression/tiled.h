@@ -4,7 +4,9 @@
 // callers use Encode()/Decode() in compression/codec.h with CODEC_TILED.
 //
 // The flat values are cut into tiles of T values (T = bucket_size, a power of
-// two; the last tile may be shorter). Per tile:
+// two; the last tile may be shorter); with TILES_DOWN_COLUMNS (codec.h) the
+// flat values are the tensor [R, C] read column by column, so a tile is T
+// tokens of one channel. Per tile:
 //   rotate  = TileRotation says so, the tile is whole, and the rotated tile's
 //             scale fits binary16 (kOutliers: max|x|^2 > 16 * mean(x^2),
 //             i.e. max |x| above 4 RMS, where one big value would stretch the

@@ -1,6 +1,7 @@
 // The first-visit codecs (ctest label `codecs`): the tiled codec's round
 // trip and rotation, zstd entropy coding of codes, AQ-SGD's tiled first
 // visits keeping both ends bit-identical, and hostile input to the decoder.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -129,6 +130,34 @@ TEST(TiledCodecTest, RotationSpreadsAnOutlierAndShrinksItsTilesError) {
   // 40: its other 63 values mostly land on the two inner levels.
   EXPECT_LT(SquaredError(x, y_out, 64, 128) * 3, SquaredError(x, y_none, 64, 128));
   EXPECT_EQ(SquaredError(y_out, y_none, 0, 64), 0.0);  // untouched tiles decode the same
+}
+
+TEST(TiledCodecTest, TilesDownColumnsKeepAnOutlierChannelOutOfTheOtherChannelsScales) {
+  // [128 tokens, 64 channels]; channel 5 is 30x larger in every token (an
+  // outlier channel, as in a transformer's residual stream).
+  std::vector<float> x = Gaussian(128 * 64, 10);
+  for (size_t t = 0; t < 128; ++t) x[t * 64 + 5] *= 30.0f;
+  CodecOptions rows = Tiled(3, TileRotation::kNone), columns = rows;
+  columns.tile_order = v1::TILES_DOWN_COLUMNS;
+  v1::EncodedTensor a, b;
+  const auto y_rows = RoundTrip(rows, x, {128, 64}, &a);
+  const auto y_cols = RoundTrip(columns, x, {128, 64}, &b);
+  EXPECT_EQ(b.tile_order(), v1::TILES_DOWN_COLUMNS);
+  EXPECT_EQ(a.scales().size(), b.scales().size());
+  double e_rows = 0, e_cols = 0;  // error outside the outlier channel
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (i % 64 == 5) continue;
+    e_rows += (x[i] - y_rows[i]) * double(x[i] - y_rows[i]);
+    e_cols += (x[i] - y_cols[i]) * double(x[i] - y_cols[i]);
+  }
+  EXPECT_LT(e_cols * 20, e_rows);
+  // A column tile of 64 holds tokens 0..63 of channel 0: its scale is that column's max.
+  float m = 0;
+  for (size_t t = 0; t < 64; ++t) m = std::max(m, std::fabs(x[t * 64]));
+  uint16_t h;
+  std::memcpy(&h, b.scales().data(), 2);
+  EXPECT_GE(HalfToFloat(h), m);
+  EXPECT_LT(HalfToFloat(h), m * 1.001f);
 }
 
 TEST(TiledCodecTest, StochasticRoundingIsUnbiasedAndNearestIsDeterministic) {
@@ -278,12 +307,18 @@ TEST(TiledHostileInputTest, MalformedTiledAndEntropyMessagesAreRefusedWithoutTou
   m = good;
   m.set_entropy(static_cast<v1::Entropy>(9));
   EXPECT_TRUE(refused(m));
+  m = good;
+  m.set_tile_order(static_cast<v1::TileOrder>(5));
+  EXPECT_TRUE(refused(m));
   // Entropy coding is for packed quantized codes only.
   v1::EncodedTensor raw;
   CodecOptions r;
   r.codec = v1::CODEC_RAW_F32;
   ASSERT_TRUE(Encode(r, x, {200}, 1, &raw).ok());
   raw.set_entropy(v1::ENTROPY_ZSTD);
+  EXPECT_TRUE(refused(raw));
+  raw.set_entropy(v1::ENTROPY_NONE);
+  raw.set_tile_order(v1::TILES_DOWN_COLUMNS);
   EXPECT_TRUE(refused(raw));
   // NaN in, a clear error out.
   std::vector<float> bad = x;

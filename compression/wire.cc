@@ -36,8 +36,12 @@ absl::StatusOr<ExpectedSizes> ExpectedEncodedSizes(const v1::EncodedTensor& msg,
     return Bad(absl::StrCat("unknown codec ", static_cast<int>(codec)));
   }
   if (!v1::Rounding_IsValid(msg.rounding()) || !v1::LevelFamily_IsValid(msg.levels()) ||
-      !v1::NormKind_IsValid(msg.norm()) || !v1::Entropy_IsValid(msg.entropy())) {
-    return Bad("unknown rounding, levels, norm or entropy enum value");
+      !v1::NormKind_IsValid(msg.norm()) || !v1::Entropy_IsValid(msg.entropy()) ||
+      !v1::TileOrder_IsValid(msg.tile_order())) {
+    return Bad("unknown rounding, levels, norm, entropy or tile order enum value");
+  }
+  if (msg.tile_order() != v1::TILES_ALONG_ROWS && codec != v1::CODEC_TILED) {
+    return Bad("tile_order is for the tiled codec only");
   }
   if (msg.entropy() != v1::ENTROPY_NONE && codec != v1::CODEC_FIXED_POINT && codec != v1::CODEC_QSGD &&
       codec != v1::CODEC_MINMAX && codec != v1::CODEC_TILED) {

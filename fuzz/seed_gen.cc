@@ -96,6 +96,25 @@ void CodecSeeds() {
     Check(compression::EncodeGlobalQsgd(o, v, shape, scales, 3, &t), "global qsgd");
     Write("codec_decode", k++, t.SerializeAsString());
   }
+  // The tiled codec (tiles of 16, every tile rotated), then zstd-coded codes
+  // of a row zstd shrinks (three values repeated).
+  std::vector<float> repeated(256);
+  for (size_t i = 0; i < repeated.size(); ++i) repeated[i] = static_cast<float>(i % 3);
+  const int64_t repeated_shape[] = {4, 64};
+  for (bool entropy : {false, true}) {
+    compression::CodecOptions o;
+    o.codec = v1::CODEC_TILED;
+    o.bits = 3;
+    o.bucket_size = 16;
+    o.rotation = compression::TileRotation::kAll;
+    o.min_compress_elements = 1;
+    o.entropy = entropy;
+    v1::EncodedTensor t;
+    Check(entropy ? compression::Encode(o, repeated, repeated_shape, 7, &t) : compression::Encode(o, v, shape, 7, &t),
+          "tiled");
+    if (entropy && t.entropy() != v1::ENTROPY_ZSTD) Check(absl::InternalError("zstd did not shrink the seed"), "zstd");
+    Write("codec_decode", k++, t.SerializeAsString());
+  }
 }
 
 void AqsgdRowSeeds() {

@@ -268,6 +268,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   if (!c.rotation().empty() && !compression::ParseTileRotation(c.rotation()).ok()) {
     return Invalid("compression.rotation", absl::StrCat("'", c.rotation(), "' is not none, outliers or all"));
   }
+  if (!c.tile_along().empty() && c.tile_along() != "channels" && c.tile_along() != "tokens") {
+    return Invalid("compression.tile_along", absl::StrCat("'", c.tile_along(), "' is not channels or tokens"));
+  }
   if (c.entropy_coding() && c.mode() == v1::LinkCompression::fp32) {
     return Invalid("compression.entropy_coding", "fp32 links send raw floats; it needs mode directq, aqsgd or tiled");
   }

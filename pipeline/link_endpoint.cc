@@ -233,6 +233,7 @@ compression::CodecOptions TiledCodecOptions(const v1::LinkCompression& c, int bi
   o.bucket_size = c.tile_size() ? c.tile_size() : kDefaultTileSize;
   // The job spec has validated the name; an unknown one keeps the default.
   o.rotation = compression::ParseTileRotation(c.rotation()).value_or(compression::TileRotation::kOutliers);
+  o.tile_order = c.tile_along() == "tokens" ? v1::TILES_DOWN_COLUMNS : v1::TILES_ALONG_ROWS;
   o.min_compress_elements = 1;
   o.entropy = c.entropy_coding();
   return o;

@@ -194,12 +194,14 @@ TEST_F(PipelineTest, AqsgdStoresOnBothEndsOfEveryLinkAreBitIdenticalAfterTwoEpoc
   ExpectStoresBitIdentical(WriteJob("aq", "aqsgd", 3, 0, 2));
 }
 
-// Tiled first visits (3 bits, every whole tile rotated) with zstd-coded
-// codes in both directions: m(xi) starts from the decoded first visit on
-// both ends and stays bit-identical through the deltas.
+// Tiled first visits (3 bits, tiles of 16 tokens of a channel, every whole
+// tile rotated) with zstd-coded codes in both directions: m(xi) starts from
+// the decoded first visit on both ends and stays bit-identical through the
+// deltas.
 TEST_F(PipelineTest, AqsgdWithTiledFirstVisitsAndEntropyCodingKeepsBothEndsBitIdentical) {
-  ExpectStoresBitIdentical(WriteJob("aqtiled", "aqsgd", 3, 0, 2, 3, "", "rocksdb",
-                                    R"(,"firstVisit":"tiled","tileSize":16,"rotation":"all","entropyCoding":true)"));
+  ExpectStoresBitIdentical(
+      WriteJob("aqtiled", "aqsgd", 3, 0, 2, 3, "", "rocksdb",
+               R"(,"firstVisit":"tiled","tileSize":16,"rotation":"all","tileAlong":"tokens","entropyCoding":true)"));
 }
 
 // compression.mode tiled: the tiled codec both ways (fw 2 bits), no state.
