@@ -108,16 +108,18 @@ void WalshHadamard(float* x, size_t len) {
   // v[j - h] + (-v[j]) = v[j - h] - v[j] (set): two shuffles, an exact sign
   // flip and one add per stage.
   typedef float V8 __attribute__((vector_size(32)));
-  typedef int I8 __attribute__((vector_size(32)));
   size_t h = 1;
   if (len >= 8) {
     const V8 s1 = {1, -1, 1, -1, 1, -1, 1, -1}, s2 = {1, 1, -1, -1, 1, 1, -1, -1}, s4 = {1, 1, 1, 1, -1, -1, -1, -1};
     for (size_t i = 0; i < len; i += 8) {
       V8 v;
       std::memcpy(&v, x + i, sizeof(v));
-      v = __builtin_shuffle(v, I8{0, 0, 2, 2, 4, 4, 6, 6}) + __builtin_shuffle(v, I8{1, 1, 3, 3, 5, 5, 7, 7}) * s1;
-      v = __builtin_shuffle(v, I8{0, 1, 0, 1, 4, 5, 4, 5}) + __builtin_shuffle(v, I8{2, 3, 2, 3, 6, 7, 6, 7}) * s2;
-      v = __builtin_shuffle(v, I8{0, 1, 2, 3, 0, 1, 2, 3}) + __builtin_shuffle(v, I8{4, 5, 6, 7, 4, 5, 6, 7}) * s4;
+      v = __builtin_shufflevector(v, v, 0, 0, 2, 2, 4, 4, 6, 6) +
+          __builtin_shufflevector(v, v, 1, 1, 3, 3, 5, 5, 7, 7) * s1;
+      v = __builtin_shufflevector(v, v, 0, 1, 0, 1, 4, 5, 4, 5) +
+          __builtin_shufflevector(v, v, 2, 3, 2, 3, 6, 7, 6, 7) * s2;
+      v = __builtin_shufflevector(v, v, 0, 1, 2, 3, 0, 1, 2, 3) +
+          __builtin_shufflevector(v, v, 4, 5, 6, 7, 4, 5, 6, 7) * s4;
       std::memcpy(x + i, &v, sizeof(v));
     }
     h = 8;
