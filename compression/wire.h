@@ -11,7 +11,12 @@
 //   product of dims (overflow-checked) == num_elements <= limits.max_elements;
 //   Global-QSGD: num_levels, num_summed, exponent_shift and the accumulator
 //   width rule; scales and payload lengths exactly as ExpectedSizes says;
-//   then the scale values (finite, and >= 0 where they are magnitudes);
+//   ENTROPY_ZSTD (fixed point, QSGD, min-max, tiled only): the payload is
+//   exactly one zstd frame whose declared content is num_elements bytes;
+//   tiled: tile size a power of two in 2..4096, tile_order known (and
+//   TILES_ALONG_ROWS for every other codec);
+//   then the scale values (finite, and >= 0 where they are magnitudes; tiled:
+//   rotation bits only on whole tiles);
 //   then the checksum (XXH3-64 of scales||payload) when present.
 //
 // Example:
