@@ -222,7 +222,11 @@ void LinkConnection::WriterLoop() {
     frame.set_hold_micros(wire_done > now ? absl::ToInt64Microseconds(wire_done - now) : 0);
     bytes_sent_ += frame.ByteSizeLong();  // before the write: the peer may read it first
     if (!WriteFrame(frame)) {
-      MarkBroken(absl::UnavailableError(absl::StrCat("link ", name_, ": write failed (peer gone)")));
+      absl::MutexLock l(&mu_);
+      if (broken_.ok()) {
+        broken_ = absl::UnavailableError(absl::StrCat("link ", name_, ": write failed (peer gone)"));
+        broken_by_write_ = true;
+      }
       break;
     }
     last_done = std::max(clock_->Now(), wire_done);
@@ -276,7 +280,7 @@ void LinkConnection::ReaderLoop() {
   }
   absl::Status final_status = FinalStatus();
   absl::MutexLock l(&mu_);
-  if (broken_.ok() && !final_status.ok()) broken_ = final_status;
+  if ((broken_.ok() || broken_by_write_) && !final_status.ok()) broken_ = final_status;
   reader_done_ = true;
   if (arrivals_ != nullptr) arrivals_->Notify();
 }

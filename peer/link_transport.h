@@ -214,6 +214,9 @@ class LinkConnection : public StageLink {
   bool writer_done_ ABSL_GUARDED_BY(mu_) = false;
   bool reader_done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);  // first failure, sticky
+  // broken_ is only this end's failed write: the peer's own reason for
+  // ending the stream (its final status) replaces it once the reader has it.
+  bool broken_by_write_ ABSL_GUARDED_BY(mu_) = false;
   FrameArrivals* arrivals_ ABSL_GUARDED_BY(mu_) = nullptr;
   static constexpr size_t kMaxQueuedFrames = 64;
   std::thread writer_;
