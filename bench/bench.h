@@ -204,6 +204,34 @@ struct CoordinatorBenchOptions {
 };
 absl::Status RunCoordinatorBench(const CoordinatorBenchOptions& options, std::ostream& out);
 
+// `aqswarm bench swarmsim` (issue 40): N simulated peers speaking the real
+// protocol to the real coordinator (gRPC on loopback, RocksDB) under Poisson
+// churn, on a virtual clock; one JSON line per N with re-plan time, peers
+// moved per membership change, join-to-assignment time, heartbeat latency
+// and honest leases lost. See swarmsim_bench.cc.
+struct SwarmsimOptions {
+  // Comma-separated swarm sizes. Default: "100,300,1000".
+  std::string sizes = "100,300,1000";
+  // Virtual seconds of churn after the swarm formed. Default: 600.
+  double virtual_seconds = 600;
+  // Virtual seconds per driver tick (at most lease/3). Default: 0.5.
+  double tick_seconds = 0.5;
+  double lease_seconds = 10;
+  // Departures per live peer per virtual hour (arrivals match). Default: 2.
+  double churn_per_peer_hour = 2;
+  // Share of departures that are kills (no Leave). Default: 0.5.
+  double kill_fraction = 0.5;
+  // The job's grid: stages x data-parallel pipelines. Default: 8 x 8.
+  int stages = 8;
+  int data_parallel = 8;
+  // Heartbeat client threads (one connection each). Default: 8.
+  int client_threads = 8;
+  uint64_t seed = 1;
+  // Parent of the temporary state dir. Default: $TMPDIR or /tmp.
+  std::string dir;
+};
+absl::Status RunSwarmsimBench(const SwarmsimOptions& options, std::ostream& out);
+
 // `aqswarm bench converge` (issue 39): time to a target validation loss.
 // Runs a base job (JSON) under each configuration (DP optimizer + link
 // compression) and each link shaping, one real `aqswarm pipeline` per run,

@@ -9,6 +9,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -37,6 +38,7 @@ ABSL_DECLARE_FLAG(std::string, tls_dir);
 ABSL_DECLARE_FLAG(std::string, name);
 ABSL_DECLARE_FLAG(std::string, swarm);
 ABSL_DECLARE_FLAG(bool, json);
+ABSL_DECLARE_FLAG(uint64_t, seed);
 
 ABSL_FLAG(std::string, state_dir, "", "Coordinator state dir (RocksDB in <dir>/db; join.secret here unless --tls_dir). "
                                       "Restarting on the same dir resumes the job, members and assignment version.");
@@ -47,6 +49,10 @@ ABSL_FLAG(bool, mirror_checkpoints, false,
 ABSL_FLAG(double, probe_max_age_s, 600,
           "Coordinator: heartbeats ask peers to probe links unmeasured or older than this (0 = no probing).");
 ABSL_FLAG(int32_t, probes_per_heartbeat, 2, "Coordinator: at most this many probe requests per heartbeat answer.");
+ABSL_FLAG(double, replan_min_gain, 0.2,
+          "Coordinator: re-plan on measured links when the predicted step time drops by at least this fraction "
+          "(and the gain repays moving state within 500 steps); 0 = only re-plan when a placed peer is lost.");
+ABSL_FLAG(double, replan_hold_s, 600, "Coordinator: no re-plan on measurements within this many seconds of a plan change.");
 ABSL_FLAG(bool, insecure, false,
           "Serve plaintext (no --tls_dir) on a listen address other machines can reach. Without it, plaintext "
           "is refused unless the listen address is loopback (127.0.0.0/8, ::1, localhost).");
@@ -64,6 +70,11 @@ ABSL_FLAG(double, flood_seconds, 0,
           "against a loopback coordinator while honest peers heartbeat).");
 ABSL_FLAG(int32_t, flood_per_second, 600, "Coordinator flood soak: hostile calls per second.");
 ABSL_FLAG(int32_t, honest_peers, 50, "Coordinator flood soak: honest peers heartbeating at 1 Hz.");
+ABSL_FLAG(std::string, swarmsim_sizes, "100,300,1000", "Swarm simulation: comma-separated swarm sizes.");
+ABSL_FLAG(double, swarmsim_seconds, 600, "Swarm simulation: virtual seconds of churn after the swarm formed.");
+ABSL_FLAG(double, swarmsim_churn, 2, "Swarm simulation: departures per live peer per virtual hour (arrivals match).");
+ABSL_FLAG(double, swarmsim_kill_fraction, 0.5, "Swarm simulation: share of departures that are kills (no Leave).");
+ABSL_FLAG(std::string, swarmsim_grid, "8x8", "Swarm simulation: the job's STAGESxPIPELINES.");
 
 namespace aqswarm::cli {
 namespace {
@@ -85,6 +96,13 @@ int RunCoordinator(const std::vector<std::string>& args) {
   const double probe_age = absl::GetFlag(FLAGS_probe_max_age_s);
   if (!(probe_age >= 0 && probe_age <= 30 * 86400)) {
     return Fail("coordinator", absl::InvalidArgumentError("--probe_max_age_s must be in [0, 2592000]"));
+  }
+  const double min_gain = absl::GetFlag(FLAGS_replan_min_gain), hold = absl::GetFlag(FLAGS_replan_hold_s);
+  if (!(min_gain >= 0 && min_gain < 1)) {
+    return Fail("coordinator", absl::InvalidArgumentError("--replan_min_gain must be in [0, 1)"));
+  }
+  if (!(hold >= 0 && hold <= 30 * 24 * 3600)) {
+    return Fail("coordinator", absl::InvalidArgumentError("--replan_hold_s must be in [0, 2592000]"));
   }
   const int probes = absl::GetFlag(FLAGS_probes_per_heartbeat);
   if (probes < 0 || probes > 64) {
@@ -126,6 +144,9 @@ int RunCoordinator(const std::vector<std::string>& args) {
   o.mirror_checkpoints = absl::GetFlag(FLAGS_mirror_checkpoints);
   o.probe_max_age = absl::Seconds(probe_age);
   o.probes_per_heartbeat = probes;
+  if (min_gain == 0) o.improve_interval = absl::ZeroDuration();
+  o.improve_min_gain = min_gain;
+  o.improve_hold = absl::Seconds(hold);
   auto coord = coordinator::SwarmCoordinator::Create(std::move(o));
   if (!coord.ok()) return Fail("coordinator", coord.status());
   const std::string swarm_id = (*coord)->options().swarm_id;
@@ -242,6 +263,23 @@ int RunBenchCoordinator(const std::vector<std::string>& args) {
   return s.ok() ? 0 : Fail("bench coordinator", s);
 }
 
+int RunBenchSwarmsim(const std::vector<std::string>& args) {
+  if (!args.empty()) return Fail("bench swarmsim", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  bench::SwarmsimOptions o;
+  o.sizes = absl::GetFlag(FLAGS_swarmsim_sizes);
+  o.virtual_seconds = absl::GetFlag(FLAGS_swarmsim_seconds);
+  o.churn_per_peer_hour = absl::GetFlag(FLAGS_swarmsim_churn);
+  o.kill_fraction = absl::GetFlag(FLAGS_swarmsim_kill_fraction);
+  o.lease_seconds = absl::GetFlag(FLAGS_lease_s);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  const std::vector<std::string> grid = absl::StrSplit(absl::GetFlag(FLAGS_swarmsim_grid), 'x');
+  if (grid.size() != 2 || !absl::SimpleAtoi(grid[0], &o.stages) || !absl::SimpleAtoi(grid[1], &o.data_parallel)) {
+    return Fail("bench swarmsim", absl::InvalidArgumentError("--swarmsim_grid must be STAGESxPIPELINES, e.g. 8x8"));
+  }
+  absl::Status s = bench::RunSwarmsimBench(o, std::cout);
+  return s.ok() ? 0 : Fail("bench swarmsim", s);
+}
+
 }  // namespace
 
 std::vector<Command> CoordinatorCommands() {
@@ -252,7 +290,8 @@ std::vector<Command> CoordinatorCommands() {
        "example: aqswarm coordinator --job job.json --listen 127.0.0.1:7000 --state_dir ./coord "
        "[--tls_dir ./tls --name coordinator] [--lease_s 10]",
        {"job", "stages", "dp", "listen", "state_dir", "tls_dir", "name", "swarm", "insecure", "admin_names", "lease_s",
-        "mirror_checkpoints", "probe_max_age_s", "probes_per_heartbeat", "metrics_listen"},
+        "mirror_checkpoints", "probe_max_age_s", "probes_per_heartbeat", "replan_min_gain", "replan_hold_s",
+        "metrics_listen"},
        RunCoordinator},
       {"status", "Ask a coordinator for the swarm: peers, stages, links, assignment version, step, loss, tokens/s.",
        "example: aqswarm status --coordinator 127.0.0.1:7000 [--json] [--tls_dir ./tls --name admin]",
@@ -264,6 +303,14 @@ std::vector<Command> CoordinatorCommands() {
        "example: aqswarm bench coordinator --flood_seconds 60 --flood_per_second 600 --honest_peers 50",
        {"json", "coord_sizes", "coord_seconds", "coord_threads", "flood_seconds", "flood_per_second", "honest_peers"},
        RunBenchCoordinator},
+      {"bench swarmsim",
+       "A swarm of N simulated peers under churn against the real coordinator (gRPC, RocksDB), on a virtual clock.",
+       "Prints one JSON line per size: re-plan seconds (p50/p99), peers moved per membership change,\n"
+       "join-to-assignment seconds, heartbeat latency, honest leases lost, resident memory.\n"
+       "example: aqswarm bench swarmsim --swarmsim_sizes 1000 --swarmsim_seconds 600 --swarmsim_churn 2",
+       {"swarmsim_sizes", "swarmsim_seconds", "swarmsim_churn", "swarmsim_kill_fraction", "swarmsim_grid", "lease_s",
+        "seed"},
+       RunBenchSwarmsim},
   };
 }
 

@@ -328,6 +328,9 @@ void CoordinatorServer::ExpiryLoop() {
       AQSWARM_LOG(ERROR) << "lease sweep failed (will retry): " << expired.status();
     }
     if (expired.ok()) CountLeaseExpiries(expired->size());
+    if (absl::StatusOr<bool> improved = coordinator_->ImprovePlan(); !improved.ok()) {
+      AQSWARM_LOG(ERROR) << "re-plan on measurements failed (will retry): " << improved.status();
+    }
     if (absl::Now() - last_flush >= options_.persist_interval) {
       if (absl::Status f = coordinator_->FlushReports(); !f.ok()) {
         AQSWARM_LOG(ERROR) << "persisting reports failed (will retry): " << f;

@@ -91,8 +91,8 @@ struct CoordinatorServerOptions {
   std::string listen = "127.0.0.1:0";
   // Mutual TLS (rpc/tls.h). Default: plaintext.
   rpc::TlsOptions tls;
-  // Real time between two lease sweeps (SwarmCoordinator::ExpireLeases, which
-  // reads the injected clock). Default: 200 ms.
+  // Real time between two lease sweeps (SwarmCoordinator::ExpireLeases, then
+  // ImprovePlan; both read the injected clock). Default: 200 ms.
   absl::Duration expiry_interval = absl::Milliseconds(200);
   // Longest a WatchAssignment stream waits before re-checking cancellation. Default: 250 ms.
   absl::Duration watch_poll = absl::Milliseconds(250);

@@ -58,33 +58,23 @@ Planner::Planner(PlannerOptions options, const v1::JobSpec& job) : options_(std:
   if (options_.stage_state_bytes <= 0) options_.stage_state_bytes = params_per_stage * 16;
 }
 
-absl::StatusOr<Grid> Planner::Replan(const Grid& previous_in, const std::vector<PlannerPeer>& peers,
-                                     const LinkMatrix& links, uint64_t* next_generation) const {
+absl::StatusOr<Planner::Solved> Planner::Solve(const Grid& grid, const std::vector<PlannerPeer>& peers,
+                                               const LinkMatrix& links) const {
   const int S = num_stages_, P = num_pipelines_;
-  Grid previous = previous_in;
-  if (previous.num_stages != S || previous.num_pipelines != P || previous.slots.size() != size_t(S) * P) {
-    previous = Grid::Empty(S, P);
-  }
   std::unordered_map<uint64_t, const PlannerPeer*> alive;
   for (const auto& p : peers) alive[p.id] = &p;
-  Grid grid = previous;
-  for (auto& s : grid.slots) {
-    if (s != 0 && !alive.count(s)) s = 0;  // lost peers leave holes
-  }
-  if (grid.complete()) return grid;
-
   auto eligible = [&](const PlannerPeer& p) {
     return options_.stage_memory_bytes <= 0 || p.memory_bytes == 0 ||
            static_cast<double>(p.memory_bytes) >= options_.stage_memory_bytes;
   };
-  // Candidates: surviving holders, then eligible standbys fastest first.
-  std::vector<uint64_t> candidates;
+  // Candidates: the peers placed in `grid`, then eligible standbys fastest first.
+  Solved out;
   std::vector<int> previous_stage;
   std::set<uint64_t> placed;
   for (int j = 0; j < S; ++j) {
     for (int p = 0; p < P; ++p) {
       if (uint64_t id = grid.at(j, p)) {
-        candidates.push_back(id);
+        out.candidates.push_back(id);
         previous_stage.push_back(j);
         placed.insert(id);
       }
@@ -94,30 +84,30 @@ absl::StatusOr<Grid> Planner::Replan(const Grid& previous_in, const std::vector<
   for (const auto& p : peers) {
     if (!placed.count(p.id) && eligible(p)) standbys.push_back(&p);
   }
-  if (candidates.size() + standbys.size() < size_t(S) * P) return grid;  // incomplete: hold still
+  if (out.candidates.size() + standbys.size() < size_t(S) * P) return out;  // too few: no plan
   std::sort(standbys.begin(), standbys.end(), [](const PlannerPeer* a, const PlannerPeer* b) {
     return a->seconds_per_layer != b->seconds_per_layer ? a->seconds_per_layer < b->seconds_per_layer
                                                         : a->id < b->id;
   });
   const size_t cap = std::max<size_t>(std::max(options_.max_candidates, 1), size_t(S) * P);
   for (const PlannerPeer* s : standbys) {
-    if (candidates.size() >= cap) break;
-    candidates.push_back(s->id);
+    if (out.candidates.size() >= cap) break;
+    out.candidates.push_back(s->id);
     previous_stage.push_back(-1);
   }
 
-  const int n = static_cast<int>(candidates.size());
-  PlacementProblem problem;
+  const int n = static_cast<int>(out.candidates.size());
+  PlacementProblem& problem = out.problem;
   problem.latency_seconds.assign(n, std::vector<double>(n, 0));
   problem.bandwidth_bytes_per_second.assign(n, std::vector<double>(n, 0));
   problem.peers.resize(n);
   for (int a = 0; a < n; ++a) {
-    const PlannerPeer& pa = *alive.at(candidates[a]);
+    const PlannerPeer& pa = *alive.at(out.candidates[a]);
     problem.peers[a].seconds_per_layer = pa.seconds_per_layer;
     if (pa.memory_bytes > 0) problem.peers[a].memory_bytes = static_cast<double>(pa.memory_bytes);
     for (int b = 0; b < n; ++b) {
       if (a == b) continue;
-      const LinkEstimate e = links.Get(candidates[a], candidates[b]);
+      const LinkEstimate e = links.Get(out.candidates[a], out.candidates[b]);
       problem.latency_seconds[a][b] = e.rtt_seconds / 2;
       problem.bandwidth_bytes_per_second[a][b] = e.bandwidth_bytes_per_second;
     }
@@ -134,7 +124,13 @@ absl::StatusOr<Grid> Planner::Replan(const Grid& previous_in, const std::vector<
   problem.migration_weight = options_.migration_weight;
   problem.checkpoint_bandwidth_bytes_per_second = options_.checkpoint_bandwidth_bytes_per_second;
   AQSWARM_ASSIGN_OR_RETURN(Plan plan, SolvePlacement(problem, options_.solver));
+  out.plan = std::move(plan);
+  return out;
+}
 
+Grid Planner::ToGrid(const Solved& solved, const Grid& kept, const Grid& previous, const LinkMatrix& links,
+                     uint64_t* next_generation) const {
+  const int S = num_stages_, P = num_pipelines_;
   // One-way-averaged forward+backward cost of the link a <-> b (as the solver's e(d, d')).
   auto edge = [&](uint64_t a, uint64_t b) {
     const LinkEstimate ab = links.Get(a, b), ba = links.Get(b, a);
@@ -148,15 +144,15 @@ absl::StatusOr<Grid> Planner::Replan(const Grid& previous_in, const std::vector<
   for (int j = 0; j < S; ++j) {
     std::vector<uint64_t> fresh;  // new to stage j
     for (int p = 0; p < P; ++p) {
-      const uint64_t id = candidates[plan.stages[j][p]];
-      bool kept = false;
-      for (int q = 0; q < P && !kept; ++q) {
-        if (grid.at(j, q) == id) {
+      const uint64_t id = solved.candidates[solved.plan.stages[j][p]];
+      bool stays = false;
+      for (int q = 0; q < P && !stays; ++q) {
+        if (kept.at(j, q) == id) {
           next.slots[j * P + q] = id;
-          kept = true;
+          stays = true;
         }
       }
-      if (!kept) fresh.push_back(id);
+      if (!stays) fresh.push_back(id);
     }
     // Fill free pipeline indices greedily: cheapest (upstream + kept downstream) link first.
     while (!fresh.empty()) {
@@ -168,7 +164,7 @@ absl::StatusOr<Grid> Planner::Replan(const Grid& previous_in, const std::vector<
         for (size_t f = 0; f < fresh.size(); ++f) {
           double c = 0;
           if (j > 0 && next.at(j - 1, q)) c += edge(next.at(j - 1, q), fresh[f]);
-          if (j + 1 < S && grid.at(j + 1, q)) c += edge(fresh[f], grid.at(j + 1, q));
+          if (j + 1 < S && kept.at(j + 1, q)) c += edge(fresh[f], kept.at(j + 1, q));
           if (best_q < 0 || c < best) {
             best = c;
             best_f = f;
@@ -198,6 +194,56 @@ absl::StatusOr<Grid> Planner::Replan(const Grid& previous_in, const std::vector<
     if (before != after || next.replica_generation[j] == 0) next.replica_generation[j] = (*next_generation)++;
   }
   return next;
+}
+
+absl::StatusOr<Grid> Planner::Replan(const Grid& previous_in, const std::vector<PlannerPeer>& peers,
+                                     const LinkMatrix& links, uint64_t* next_generation) const {
+  const int S = num_stages_, P = num_pipelines_;
+  Grid previous = previous_in;
+  if (previous.num_stages != S || previous.num_pipelines != P || previous.slots.size() != size_t(S) * P) {
+    previous = Grid::Empty(S, P);
+  }
+  std::set<uint64_t> alive;
+  for (const auto& p : peers) alive.insert(p.id);
+  Grid grid = previous;
+  for (auto& s : grid.slots) {
+    if (s != 0 && !alive.count(s)) s = 0;  // lost peers leave holes
+  }
+  if (grid.complete()) return grid;
+  AQSWARM_ASSIGN_OR_RETURN(Solved solved, Solve(grid, peers, links));
+  if (solved.plan.stages.empty()) return grid;  // incomplete: hold still
+  return ToGrid(solved, grid, previous, links, next_generation);
+}
+
+absl::StatusOr<std::optional<Improvement>> Planner::Improve(const Grid& current, const std::vector<PlannerPeer>& peers,
+                                                            const LinkMatrix& links,
+                                                            uint64_t* next_generation) const {
+  const int S = num_stages_, P = num_pipelines_;
+  if (current.num_stages != S || current.num_pipelines != P || !current.complete()) return std::nullopt;
+  std::set<uint64_t> alive;
+  for (const auto& p : peers) alive.insert(p.id);
+  for (uint64_t s : current.slots) {
+    if (!alive.count(s)) return std::nullopt;  // a lost peer: Replan's business
+  }
+  AQSWARM_ASSIGN_OR_RETURN(Solved solved, Solve(current, peers, links));
+  if (solved.plan.stages.empty()) return std::nullopt;
+  // The current grid's groups are the first S x P candidates, stage by stage.
+  std::vector<std::vector<int>> groups(S);
+  for (int j = 0; j < S; ++j) {
+    for (int p = 0; p < P; ++p) groups[j].push_back(j * P + p);
+  }
+  AQSWARM_ASSIGN_OR_RETURN(Plan now, EvaluateGroups(solved.problem, groups, options_.solver.held_karp_max_stages));
+  auto step_seconds = [&](const PlanCost& c) { return c.total_seconds - options_.migration_weight * c.migration_seconds; };
+  Improvement out;
+  out.step_seconds_before = step_seconds(now.cost);
+  out.step_seconds_after = step_seconds(solved.plan.cost);
+  out.migration_seconds = solved.plan.cost.migration_seconds;
+  if (out.step_seconds_after >= out.step_seconds_before) return std::nullopt;
+  out.grid = ToGrid(solved, current, current, links, next_generation);
+  out.grid.plan_version = current.plan_version;
+  out.grid.resume_step = current.resume_step;
+  if (out.grid.slots == current.slots) return std::nullopt;
+  return out;
 }
 
 }  // namespace aqswarm::coordinator

@@ -104,6 +104,16 @@ struct PlannerOptions {
   double checkpoint_bandwidth_bytes_per_second = 12.5e6;
 };
 
+// A better grid for the same members (Planner::Improve).
+struct Improvement {
+  Grid grid;
+  // Predicted seconds per step (the solver's cost model without migration)
+  // of the current grid and of `grid`; the one-off seconds of moving state.
+  double step_seconds_before = 0;
+  double step_seconds_after = 0;
+  double migration_seconds = 0;
+};
+
 class Planner {
  public:
   Planner(PlannerOptions options, const v1::JobSpec& job);
@@ -112,11 +122,35 @@ class Planner {
   absl::StatusOr<Grid> Replan(const Grid& previous, const std::vector<PlannerPeer>& peers,
                               const LinkMatrix& links, uint64_t* next_generation) const;
 
+  // Re-plans a complete grid whose peers are all still members, on what is
+  // known now (measured links, standbys that joined since): the placed peers
+  // and the best standbys go to SolvePlacement with the migration term. A
+  // grid with other slots and a lower predicted step time comes back with
+  // both predictions; nullopt when none is better (or the grid is
+  // incomplete or lost a peer: Replan's business). Whether the gain is worth
+  // the move (threshold, rollback, hysteresis) is the caller's call.
+  absl::StatusOr<std::optional<Improvement>> Improve(const Grid& current, const std::vector<PlannerPeer>& peers,
+                                                     const LinkMatrix& links, uint64_t* next_generation) const;
+
   int num_stages() const { return num_stages_; }
   int num_pipelines() const { return num_pipelines_; }
   const PlannerOptions& options() const { return options_; }
 
  private:
+  // The candidates (the peers placed in a grid, then standbys fastest first),
+  // their placement problem and its solution (no stages: too few peers).
+  struct Solved {
+    std::vector<uint64_t> candidates;
+    PlacementProblem problem;
+    Plan plan;
+  };
+  absl::StatusOr<Solved> Solve(const Grid& grid, const std::vector<PlannerPeer>& peers,
+                               const LinkMatrix& links) const;
+  // The solved plan as a grid: peers that keep their stage in `kept` keep
+  // their pipeline index; generations renewed where they differ from `previous`.
+  Grid ToGrid(const Solved& solved, const Grid& kept, const Grid& previous, const LinkMatrix& links,
+              uint64_t* next_generation) const;
+
   PlannerOptions options_;
   int num_stages_ = 1;
   int num_pipelines_ = 1;

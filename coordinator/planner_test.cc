@@ -144,5 +144,61 @@ TEST(PlannerTest, MemoryAndLinksSteerWhoIsPlaced) {
   EXPECT_EQ(placed, (std::set<uint64_t>{1, 2}));
 }
 
+// 2 stages x 1 pipeline placed on a uniform 100 Mbit/s network, one standby.
+struct SlowLinkSetup {
+  Planner planner{{}, TestJob(2, 1)};
+  LinkMatrix links{LinkEstimate{12.5e6, 0.02}};
+  uint64_t gen = 1;
+  std::vector<PlannerPeer> peers = Peers({1, 2, 3});
+  Grid grid;
+  uint64_t standby = 0;
+  SlowLinkSetup() {
+    grid = *planner.Replan(Grid::Empty(2, 1), peers, links, &gen);
+    for (uint64_t id : {1, 2, 3}) {
+      if (!grid.Find(id).has_value()) standby = id;
+    }
+  }
+};
+
+TEST(PlannerTest, ImproveFindsNothingBetterWhenNothingChanged) {
+  SlowLinkSetup s;
+  ASSERT_TRUE(s.grid.complete());
+  const uint64_t gen = s.gen;
+  auto better = s.planner.Improve(s.grid, s.peers, s.links, &s.gen);
+  ASSERT_TRUE(better.ok()) << better.status();
+  EXPECT_FALSE(better->has_value());
+  EXPECT_EQ(s.gen, gen) << "no generation spent on a plan not taken";
+}
+
+TEST(PlannerTest, ImproveMovesOffALinkMeasuredSlowOntoTheStandbysFastLinks) {
+  SlowLinkSetup s;
+  const uint64_t a = s.grid.at(0, 0), b = s.grid.at(1, 0);
+  // The placed pair's link turns out slow both ways; the standby is fast to both.
+  s.links.Report(a, b, 1e5, 0.2);
+  s.links.Report(b, a, 1e5, 0.2);
+  for (uint64_t x : {a, b}) {
+    s.links.Report(x, s.standby, 1e8, 0.005);
+    s.links.Report(s.standby, x, 1e8, 0.005);
+  }
+  auto better = s.planner.Improve(s.grid, s.peers, s.links, &s.gen);
+  ASSERT_TRUE(better.ok()) << better.status();
+  ASSERT_TRUE(better->has_value());
+  const Improvement& i = **better;
+  EXPECT_TRUE(i.grid.complete());
+  EXPECT_TRUE(i.grid.Find(s.standby).has_value()) << "the standby takes a slot";
+  EXPECT_LT(i.step_seconds_after, i.step_seconds_before / 2);
+  EXPECT_GT(i.migration_seconds, 0);
+  EXPECT_NE(i.grid.forward_gen(0, 0), s.grid.forward_gen(0, 0)) << "a new link gets a new generation";
+  // Nothing in a grid that lost a peer: that is Replan's business.
+  auto lost = s.planner.Improve(s.grid, Peers({s.grid.at(0, 0), s.standby}), s.links, &s.gen);
+  ASSERT_TRUE(lost.ok());
+  EXPECT_FALSE(lost->has_value());
+  Grid holed = s.grid;
+  holed.slots[0] = 0;
+  auto incomplete = s.planner.Improve(holed, s.peers, s.links, &s.gen);
+  ASSERT_TRUE(incomplete.ok());
+  EXPECT_FALSE(incomplete->has_value());
+}
+
 }  // namespace
 }  // namespace aqswarm::coordinator

@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_metrics.h"
@@ -153,13 +154,29 @@ absl::Status SwarmCoordinator::Restore(const PersistedState& persisted) {
   return absl::OkStatus();
 }
 
+int64_t SwarmCoordinator::ResumeStepLocked(const Grid& grid, const Membership& live,
+                                           std::optional<int64_t>* bound) const {
+  bound->reset();
+  for (uint64_t id : grid.slots) {
+    if (id == 0 || !grid_.Find(id).has_value()) continue;
+    if (const Member* m = membership_.Find(id)) {
+      *bound = std::min(bound->value_or(m->progress.step), m->progress.step);
+    }
+  }
+  return PickResumeStep(grid, live, *bound);
+}
+
 absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& removed,
-                                                   const std::optional<Member>& added, const UsedToken* used) {
+                                                   const std::optional<Member>& added, const UsedToken* used,
+                                                   const Replacement* replacement) {
   const std::unordered_set<uint64_t> gone(removed.begin(), removed.end());
   Counters counters = counters_;
   Grid grid = WithHoles(grid_, gone);
   const bool grid_lost_peer = grid.slots != grid_.slots;
-  if (grid_lost_peer || !grid.complete()) {
+  if (replacement != nullptr) {
+    grid = replacement->grid;
+    counters.next_generation = replacement->next_generation;
+  } else if (grid_lost_peer || !grid.complete()) {
     std::vector<PlannerPeer> peers;
     peers.reserve(membership_.size() + 1);
     for (const auto& [id, m] : membership_.members()) {
@@ -185,16 +202,10 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
     // anywhere, the job starts over at step 0.
     grid.plan_version += 1;
     std::optional<int64_t> bound;
-    for (uint64_t id : grid.slots) {
-      if (id == 0 || !grid_.Find(id).has_value()) continue;
-      if (const Member* m = membership_.Find(id)) {
-        bound = std::min(bound.value_or(m->progress.step), m->progress.step);
-      }
-    }
     Membership live = membership_;
     for (uint64_t id : removed) live.Remove(id);
     if (added.has_value()) live.Add(*added);
-    grid.resume_step = PickResumeStep(grid, live, bound);
+    grid.resume_step = ResumeStepLocked(grid, live, &bound);
     if (bound.has_value() && grid.resume_step < *bound) {
       AQSWARM_LOG(WARNING) << "re-plan resumes at step " << grid.resume_step << ", behind the " << *bound
                            << " steps the survivors completed: the newest state held for every stage";
@@ -244,6 +255,7 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
       }
     }
   }
+  if (replanned) last_plan_change_ = clock_->Now();
   grid_ = std::move(grid);
   counters_ = counters;
   progress_ = progress;
@@ -726,6 +738,48 @@ absl::StatusOr<std::vector<uint64_t>> SwarmCoordinator::ExpireLeases() {
   }
   AQSWARM_RETURN_IF_ERROR(ChangeMembersLocked(expired, std::nullopt));
   return expired;
+}
+
+absl::StatusOr<bool> SwarmCoordinator::ImprovePlan() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  if (options_.improve_interval <= absl::ZeroDuration() || now < next_improve_check_) return false;
+  next_improve_check_ = now + options_.improve_interval;
+  if (now < last_plan_change_ + options_.improve_hold || !grid_.complete()) return false;
+  std::vector<PlannerPeer> peers;
+  peers.reserve(membership_.size());
+  for (const auto& [id, m] : membership_.members()) peers.push_back({id, m.seconds_per_layer, m.memory_bytes});
+  uint64_t next_generation = counters_.next_generation;
+  absl::StatusOr<std::optional<Improvement>> found = planner_.Improve(grid_, peers, links_, &next_generation);
+  if (!found.ok()) {
+    AQSWARM_LOG(WARNING) << "re-plan on measurements failed, keeping the plan: " << found.status();
+    return false;
+  }
+  if (!found->has_value()) return false;
+  const Improvement& better = **found;
+  const double before = better.step_seconds_before, after = better.step_seconds_after;
+  std::optional<int64_t> bound;
+  const int64_t resume = ResumeStepLocked(better.grid, membership_, &bound);
+  const int64_t rolled_back = std::max<int64_t>(0, progress_.progress.step - resume);
+  const double move_seconds = better.migration_seconds + static_cast<double>(rolled_back) * before;
+  const double saved_seconds = (before - after) * options_.improve_payback_steps;
+  if (after > (1 - options_.improve_min_gain) * before || saved_seconds <= move_seconds) {
+    AQSWARM_LOG(INFO) << absl::StrFormat(
+        "a plan with %.3f s per step instead of %.3f s is not worth moving to (gain threshold %.0f%%; it would "
+        "save %.1f s over %.0f steps, moving costs %.1f s: %.1f s of state transfers and %d steps rolled back)",
+        after, before, 100 * options_.improve_min_gain, saved_seconds, options_.improve_payback_steps, move_seconds,
+        better.migration_seconds, rolled_back);
+    return false;
+  }
+  int moved = 0;
+  for (size_t i = 0; i < grid_.slots.size(); ++i) moved += grid_.slots[i] != better.grid.slots[i];
+  AQSWARM_LOG(INFO) << absl::StrFormat(
+      "re-planning on measurements: %.3f s per step instead of %.3f s, %d slots change, resuming at step %d "
+      "(%d steps rolled back, %.1f s of state transfers)",
+      after, before, moved, resume, rolled_back, better.migration_seconds);
+  const Replacement replacement{better.grid, next_generation};
+  AQSWARM_RETURN_IF_ERROR(ChangeMembersLocked({}, std::nullopt, nullptr, &replacement));
+  return true;
 }
 
 v1::StatusResponse SwarmCoordinator::GetStatus(bool details) const {

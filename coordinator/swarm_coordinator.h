@@ -123,6 +123,20 @@ struct SwarmCoordinatorOptions {
   // checkpoint interval on that link. Default: off.
   bool mirror_checkpoints = false;
   PlannerOptions planner;
+  // Re-planning on measurements (ImprovePlan): at most once per
+  // `improve_interval` (clock time; 0 = never) and not within `improve_hold`
+  // of the last plan change, a complete grid is re-solved on the links
+  // measured since and the standbys that joined since (Planner::Improve).
+  // The new grid is adopted when its predicted step time is at least
+  // `improve_min_gain` (a fraction) below the current one's AND the seconds
+  // it saves over `improve_payback_steps` steps exceed what the move costs:
+  // the state transfers plus the steps rolled back to its resume step.
+  // The hold and the gain threshold are the hysteresis: a plan is never
+  // changed back and forth on measurement noise.
+  absl::Duration improve_interval = absl::Minutes(1);
+  absl::Duration improve_hold = absl::Minutes(10);
+  double improve_min_gain = 0.2;
+  double improve_payback_steps = 500;
   // Joins per peer name (default: 3 at once, one more per ~3 s) and of all
   // names together (default: 40 at once, 20/s).
   RateLimit join_limit_per_name{1.0 / 3, 3};
@@ -195,6 +209,10 @@ class SwarmCoordinator {
   uint64_t AwaitVersionAbove(uint64_t known, absl::Duration timeout) const;
   // Removes every member whose lease expired by the clock; returns their ids.
   absl::StatusOr<std::vector<uint64_t>> ExpireLeases();
+  // Re-plans on measurements when it pays (see SwarmCoordinatorOptions::
+  // improve_*); true when a new plan was committed and published. The
+  // server calls it with ExpireLeases; it returns at once between intervals.
+  absl::StatusOr<bool> ImprovePlan();
 
   // The swarm's status. `details`: every peer with its addresses, links and
   // held states (for an admin); otherwise the summary only (job, step, loss,
@@ -212,9 +230,22 @@ class SwarmCoordinator {
  private:
   SwarmCoordinator(SwarmCoordinatorOptions options, std::unique_ptr<CoordinatorState> state);
   absl::Status Restore(const PersistedState& persisted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Re-plans, commits, applies, bumps the version (see the banner).
+  // A grid to adopt instead of re-planning (ImprovePlan), with the
+  // generation counter its new generations came from.
+  struct Replacement {
+    Grid grid;
+    uint64_t next_generation = 0;
+  };
+  // Re-plans (or takes `replacement`), commits, applies, bumps the version
+  // (see the banner).
   absl::Status ChangeMembersLocked(const std::vector<uint64_t>& removed, const std::optional<Member>& added,
-                                   const UsedToken* used = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                   const UsedToken* used = nullptr, const Replacement* replacement = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The step every placed peer of `grid` would restart from with `live` as
+  // the members (see ChangeMembersLocked); `bound` gets the fewest steps a
+  // peer that keeps a place has completed.
+  int64_t ResumeStepLocked(const Grid& grid, const Membership& live, std::optional<int64_t>* bound) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION (counted) when `progress` is behind what `reporter`
   // reported under the same plan.
   absl::Status CheckMonotonicLocked(const Member& reporter, const PeerProgress& progress) const
@@ -258,6 +289,9 @@ class SwarmCoordinator {
   mutable absl::Mutex mu_;
   Membership membership_ ABSL_GUARDED_BY(mu_);
   LinkMatrix links_ ABSL_GUARDED_BY(mu_);
+  // ImprovePlan's schedule: the next check, and when the grid last changed.
+  absl::Time next_improve_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time last_plan_change_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   Grid grid_ ABSL_GUARDED_BY(mu_);
   Counters counters_ ABSL_GUARDED_BY(mu_);
   SwarmProgress progress_ ABSL_GUARDED_BY(mu_);

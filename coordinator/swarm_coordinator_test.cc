@@ -758,6 +758,113 @@ TEST_F(SwarmCoordinatorTest, HeartbeatsAskForProbesOfUnmeasuredOrStaleLinksAndMe
   EXPECT_TRUE(asked.count(b.peer_id)) << "stale after 10 min";
 }
 
+TEST_F(SwarmCoordinatorTest, ASlowLinkMeasuredInThePipelineIsReplannedAwayOnceWithHysteresis) {
+  SwarmCoordinatorOptions o = TestOptions(&clock_, dir_.Sub("state"), 2, 1);
+  o.improve_interval = absl::Seconds(30);
+  o.improve_hold = absl::Minutes(5);
+  auto c = Make(o);
+  ASSERT_NE(c, nullptr);
+  const JoinResult j1 = MustJoin(*c, "p1", 5000), j2 = MustJoin(*c, "p2", 5010), j3 = MustJoin(*c, "p3", 5020);
+  const Grid first = c->grid();
+  ASSERT_TRUE(first.complete());
+  std::map<uint64_t, std::string> session = {{j1.peer_id, j1.session_token}, {j2.peer_id, j2.session_token},
+                                             {j3.peer_id, j3.session_token}};
+  const uint64_t a = first.at(0, 0), b = first.at(1, 0);
+  uint64_t standby = 0;
+  for (const auto& [id, tok] : session) {
+    if (id != a && id != b) standby = id;
+  }
+  auto keep_alive = [&] {
+    for (const auto& [id, tok] : session) ASSERT_TRUE(c->Heartbeat(id, tok).ok());
+  };
+  auto probe = [&](uint64_t from, uint64_t to, double bytes_per_second, double rtt) {
+    ASSERT_TRUE(c->ReportLinkProbe(from, session[from], to, bytes_per_second, rtt).ok());
+  };
+  // Nothing measured: nothing to gain.
+  clock_.Advance(absl::Minutes(6));
+  keep_alive();
+  auto improved = c->ImprovePlan();
+  ASSERT_TRUE(improved.ok()) << improved.status();
+  EXPECT_FALSE(*improved);
+  // The pipeline's link is measured slow, the standby's links fast.
+  probe(a, b, 1e5, 0.2);
+  probe(b, a, 1e5, 0.2);
+  for (uint64_t x : {a, b}) {
+    probe(x, standby, 1e8, 0.005);
+    probe(standby, x, 1e8, 0.005);
+  }
+  // Checked at most once per interval.
+  clock_.Advance(absl::Seconds(10));
+  improved = c->ImprovePlan();
+  ASSERT_TRUE(improved.ok());
+  EXPECT_FALSE(*improved) << "checked again before the interval passed";
+  clock_.Advance(absl::Seconds(25));
+  keep_alive();
+  const uint64_t version = c->assignment_version();
+  improved = c->ImprovePlan();
+  ASSERT_TRUE(improved.ok()) << improved.status();
+  ASSERT_TRUE(*improved);
+  const Grid second = c->grid();
+  EXPECT_TRUE(second.Find(standby).has_value());
+  EXPECT_EQ(second.plan_version, first.plan_version + 1);
+  EXPECT_GT(c->assignment_version(), version);
+  // Hysteresis: the standby's links now measure slow too, but within the
+  // hold after a plan change nothing moves.
+  const uint64_t out = first.Find(a).has_value() && !second.Find(a).has_value() ? a : b;
+  for (uint64_t x : {second.at(0, 0), second.at(1, 0)}) {
+    for (uint64_t y : {second.at(0, 0), second.at(1, 0)}) {
+      if (x != y) probe(x, y, 1e5, 0.2);
+    }
+    probe(x, out, 1e8, 0.005);
+    probe(out, x, 1e8, 0.005);
+  }
+  clock_.Advance(absl::Minutes(2));
+  keep_alive();
+  improved = c->ImprovePlan();
+  ASSERT_TRUE(improved.ok());
+  EXPECT_FALSE(*improved) << "re-planned within the hold";
+  EXPECT_EQ(c->grid().slots, second.slots);
+}
+
+TEST_F(SwarmCoordinatorTest, AGainBelowTheThresholdOrThatDoesNotRepayTheMoveIsNotTaken) {
+  for (const bool payback : {false, true}) {
+    SwarmCoordinatorOptions o = TestOptions(&clock_, dir_.Sub(payback ? "payback" : "gain"), 2, 1);
+    o.improve_interval = absl::Seconds(1);
+    o.improve_hold = absl::ZeroDuration();
+    if (!payback) {
+      o.improve_min_gain = 0.99;    // no plan is 100x faster
+    }
+    auto c = Make(o);
+    ASSERT_NE(c, nullptr);
+    std::map<uint64_t, std::string> session;
+    for (const char* name : {"p1", "p2", "p3"}) {
+      const JoinResult j = MustJoin(*c, name);
+      session[j.peer_id] = j.session_token;
+    }
+    const Grid first = c->grid();
+    const uint64_t a = first.at(0, 0), b = first.at(1, 0);
+    for (const auto& [x, tok] : session) {
+      for (const auto& [y, tok2] : session) {
+        if (x == y) continue;
+        const bool slow = (x == a && y == b) || (x == b && y == a);
+        ASSERT_TRUE(c->ReportLinkProbe(x, tok, y, slow ? 1e5 : 1e8, slow ? 0.2 : 0.005).ok());
+      }
+    }
+    if (payback) {
+      // 2000 steps trained and no checkpoint anywhere: a new plan restarts
+      // at step 0, which 500 faster steps do not repay.
+      for (uint64_t id : {a, b}) {
+        ASSERT_TRUE(c->ReportProgress(id, session[id], {2000, 3.0, 10, first.plan_version}, 0).ok());
+      }
+    }
+    clock_.Advance(absl::Seconds(2));
+    auto improved = c->ImprovePlan();
+    ASSERT_TRUE(improved.ok()) << improved.status();
+    EXPECT_FALSE(*improved) << (payback ? "payback" : "gain");
+    EXPECT_EQ(c->grid().slots, first.slots);
+  }
+}
+
 TEST_F(SwarmCoordinatorTest, AwaitVersionAboveReturnsAtOnceWhenNewerAndTimesOutOtherwise) {
   auto c = Make(1, 1);
   MustJoin(*c, "a");
