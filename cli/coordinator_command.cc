@@ -52,6 +52,7 @@ ABSL_FLAG(int32_t, probes_per_heartbeat, 2, "Coordinator: at most this many prob
 ABSL_FLAG(double, replan_min_gain, 0.2,
           "Coordinator: re-plan on measured links when the predicted step time drops by at least this fraction "
           "(and the gain repays moving state within 500 steps); 0 = only re-plan when a placed peer is lost.");
+ABSL_FLAG(double, replan_interval_s, 60, "Coordinator: how often to check whether re-planning on measurements pays.");
 ABSL_FLAG(double, replan_hold_s, 600, "Coordinator: no re-plan on measurements within this many seconds of a plan change.");
 ABSL_FLAG(bool, insecure, false,
           "Serve plaintext (no --tls_dir) on a listen address other machines can reach. Without it, plaintext "
@@ -98,6 +99,10 @@ int RunCoordinator(const std::vector<std::string>& args) {
     return Fail("coordinator", absl::InvalidArgumentError("--probe_max_age_s must be in [0, 2592000]"));
   }
   const double min_gain = absl::GetFlag(FLAGS_replan_min_gain), hold = absl::GetFlag(FLAGS_replan_hold_s);
+  const double interval = absl::GetFlag(FLAGS_replan_interval_s);
+  if (!(interval >= 0.1 && interval <= 24 * 3600)) {
+    return Fail("coordinator", absl::InvalidArgumentError("--replan_interval_s must be in [0.1, 86400]"));
+  }
   if (!(min_gain >= 0 && min_gain < 1)) {
     return Fail("coordinator", absl::InvalidArgumentError("--replan_min_gain must be in [0, 1)"));
   }
@@ -144,7 +149,7 @@ int RunCoordinator(const std::vector<std::string>& args) {
   o.mirror_checkpoints = absl::GetFlag(FLAGS_mirror_checkpoints);
   o.probe_max_age = absl::Seconds(probe_age);
   o.probes_per_heartbeat = probes;
-  if (min_gain == 0) o.improve_interval = absl::ZeroDuration();
+  o.improve_interval = min_gain == 0 ? absl::ZeroDuration() : absl::Seconds(interval);
   o.improve_min_gain = min_gain;
   o.improve_hold = absl::Seconds(hold);
   auto coord = coordinator::SwarmCoordinator::Create(std::move(o));
@@ -290,7 +295,7 @@ std::vector<Command> CoordinatorCommands() {
        "example: aqswarm coordinator --job job.json --listen 127.0.0.1:7000 --state_dir ./coord "
        "[--tls_dir ./tls --name coordinator] [--lease_s 10]",
        {"job", "stages", "dp", "listen", "state_dir", "tls_dir", "name", "swarm", "insecure", "admin_names", "lease_s",
-        "mirror_checkpoints", "probe_max_age_s", "probes_per_heartbeat", "replan_min_gain", "replan_hold_s",
+        "mirror_checkpoints", "probe_max_age_s", "probes_per_heartbeat", "replan_min_gain", "replan_interval_s", "replan_hold_s",
         "metrics_listen"},
        RunCoordinator},
       {"status", "Ask a coordinator for the swarm: peers, stages, links, assignment version, step, loss, tokens/s.",

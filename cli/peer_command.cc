@@ -40,6 +40,9 @@ ABSL_FLAG(std::string, work_dir, "", "This peer's directory: job, message store,
 ABSL_FLAG(double, seconds_per_layer, 0, "Compute claim for placement: seconds per layer per micro-batch (0 = unknown).");
 ABSL_FLAG(uint64_t, probe_bytes, 1 << 20,
           "Bytes per timed link-probe transfer when the coordinator asks for probes (0 = never probe; at most 3 MiB).");
+ABSL_FLAG(double, emulate_uplink_mbps, 0,
+          "Emulate a slow uplink (tests, demos): this peer's stage sends and link probes go at this many Mbit/s "
+          "(0 = the real link).");
 ABSL_FLAG(uint64_t, memory_bytes, 0, "Memory claim for placement: bytes for one stage (0 = unknown).");
 ABSL_FLAG(std::string, daemon_metrics_listen, "",
           "HOST:PORT where the daemon itself serves Prometheus metrics (its StateTransfer server's refusals, "
@@ -79,6 +82,7 @@ int RunPeer(const std::vector<std::string>& args) {
   o.link_timeout = absl::Seconds(absl::GetFlag(FLAGS_link_timeout_s));
   o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   o.probe_bytes = absl::GetFlag(FLAGS_probe_bytes);
+  o.emulate_uplink_mbps = absl::GetFlag(FLAGS_emulate_uplink_mbps);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   std::mutex out_mu;
   o.report = [&](const v1::PeerEvent& e) {
@@ -131,7 +135,7 @@ std::vector<Command> PeerCommands() {
        "mirrored, link_measured, child_exit, left ...) and its stage's, as {\"stage\":{...}}.",
        {"coordinator", "join_token", "name", "listen", "advertise", "exchange_listen", "exchange_advertise",
         "state_listen", "state_advertise", "work_dir", "tls_dir", "seconds_per_layer", "memory_bytes",
-        "link_timeout_s", "keep_checkpoints", "probe_bytes", "metrics_listen", "daemon_metrics_listen", "insecure"},
+        "link_timeout_s", "keep_checkpoints", "probe_bytes", "emulate_uplink_mbps", "metrics_listen", "daemon_metrics_listen", "insecure"},
        RunPeer},
   };
 }

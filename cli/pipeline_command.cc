@@ -67,6 +67,9 @@ ABSL_FLAG(std::string, init_checkpoint, "", "Stage state to load first (holding 
 ABSL_FLAG(std::string, checkpoint_dir, "", "Write the stage state here every job checkpoint_every_steps (state-<steps>.ckpt).");
 ABSL_FLAG(int32_t, keep_checkpoints, 4, "Newest checkpoints kept in --checkpoint_dir.");
 ABSL_FLAG(int32_t, link_timeout_s, 120, "Bound in seconds on every wait for a neighbour.");
+ABSL_FLAG(int32_t, uplink_kbps, 0,
+          "Emulated uplink in kbit/s for everything this stage sends (0: the job's shaping; `aqswarm peer "
+          "--emulate_uplink_mbps` sets it).");
 ABSL_FLAG(std::string, previous_peer, "", "Peer (certificate) name of stage-1: under mTLS only it may open the link "
           "(set by `aqswarm peer`; empty = any certificate of the swarm CA).");
 ABSL_FLAG(std::string, next_peer, "", "Peer (certificate) name of stage+1: under mTLS the link must reach it.");

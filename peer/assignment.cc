@@ -63,6 +63,7 @@ StageCommand StageCommandFor(const v1::Assignment& a, const StagePlacement& p, c
   c.checkpoint_dir = StageCheckpointDir(p.work_dir, a.stage());
   c.keep_checkpoints = p.keep_checkpoints;
   c.link_timeout_s = p.link_timeout_s;
+  c.uplink_kbps = p.uplink_kbps;
   c.init_checkpoint = init_checkpoint;
   if (a.has_next()) {
     c.next = a.next().stage_link_address();

@@ -58,6 +58,7 @@ struct StagePlacement {
   bool insecure = false;        // the daemon's --insecure, passed on
   int keep_checkpoints = 4;
   int link_timeout_s = 60;
+  int uplink_kbps = 0;          // the daemon's --emulate_uplink_mbps, passed on
 };
 
 // The command that runs the assigned place from `init_checkpoint` (empty:

@@ -65,6 +65,7 @@ void LinkProber::ProbeLoop() {
     }
     ProbeOptions po;
     po.payload_bytes = o_.probe_bytes;
+    po.uplink_mbps = o_.uplink_mbps;
     po.tls = o_.tls;
     po.timeout = absl::Seconds(10);
     absl::StatusOr<LinkProbeResult> r = ProbeLink(target.state_transfer_address(), po);

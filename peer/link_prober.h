@@ -35,6 +35,7 @@ class LinkProber {
  public:
   struct Options {
     size_t probe_bytes = 1 << 20;  // per timed transfer; 0: no probes
+    double uplink_mbps = 0;        // emulated uplink (ProbeOptions::uplink_mbps)
     rpc::TlsOptions tls;
     std::string name;  // this peer's, for logs
   };

@@ -1,4 +1,7 @@
 #include "peer/peer_daemon_impl.h"
+
+#include <cmath>
+
 #include "pipeline/dataset.h"
 #include "pipeline/job_spec.h"
 #include "rpc/server.h"
@@ -93,6 +96,7 @@ absl::Status PeerDaemonImpl::RunInner() {
   AQSWARM_RETURN_IF_ERROR(Join());
   LinkProber::Options po;
   po.probe_bytes = o_.probe_bytes;
+  po.uplink_mbps = o_.emulate_uplink_mbps;
   po.tls = o_.tls;
   po.name = o_.name;
   prober_ = std::make_unique<LinkProber>(po, client_.get(), [this] { return Session(); },
@@ -208,6 +212,7 @@ absl::Status PeerDaemonImpl::Apply(const v1::Assignment& a, std::optional<absl::
   where.insecure = o_.insecure;
   where.keep_checkpoints = o_.keep_checkpoints;
   where.link_timeout_s = static_cast<int>(std::max<int64_t>(1, absl::ToInt64Seconds(o_.link_timeout)));
+  where.uplink_kbps = static_cast<int>(std::lround(o_.emulate_uplink_mbps * 1000));
   {
     absl::MutexLock l(&mu_);
     child_exit_.reset();
@@ -316,6 +321,10 @@ absl::StatusOr<std::unique_ptr<PeerDaemon>> PeerDaemon::Create(const PeerDaemonO
     AQSWARM_RETURN_IF_ERROR(rpc::CheckListenSecurity(listen, options.tls.enabled(), options.insecure));
   }
   if (options.keep_checkpoints < 2) return absl::InvalidArgumentError("--keep_checkpoints must be >= 2");
+  if (!(options.emulate_uplink_mbps >= 0 && options.emulate_uplink_mbps <= 1e6) ||
+      (options.emulate_uplink_mbps > 0 && options.emulate_uplink_mbps < 0.001)) {
+    return absl::InvalidArgumentError("--emulate_uplink_mbps must be 0 or in [0.001, 1000000]");
+  }
   if (options.probe_bytes > kMaxProbeBytes) {
     return absl::InvalidArgumentError(absl::StrCat("--probe_bytes must be at most ", kMaxProbeBytes));
   }

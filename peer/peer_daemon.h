@@ -126,6 +126,9 @@ struct PeerDaemonOptions {
   // Bytes per timed probe transfer (peer/state_transfer.h). 0 = never probe.
   // Default: 1 MiB.
   size_t probe_bytes = 1 << 20;
+  // Emulates a slow uplink (tests, demos): this peer's stage sends and link
+  // probes go at this many Mbit/s. 0 = the real link. Default: 0.
+  double emulate_uplink_mbps = 0;
   // How long a failed child waits for a new plan before the daemon rejoins.
   // Default: 0 = 2 x lease + 5 s.
   absl::Duration replan_wait = absl::ZeroDuration();

@@ -88,6 +88,7 @@ const std::vector<Flag>& Flags() {
       Text("previous_peer", &StageCommand::previous_peer),
       Text("next_peer", &StageCommand::next_peer),
       List("replica_peers", &StageCommand::replica_peers),
+      Number("uplink_kbps", &StageCommand::uplink_kbps),
   };
   return *flags;
 }
@@ -141,7 +142,7 @@ bool StageCommand::operator==(const StageCommand& o) const {
                     c.generation, c.next_generation, c.previous_generation, c.exchange_listen, c.replicas,
                     c.replica_generation, c.plan, c.die_with_parent, c.start_step, c.init_checkpoint,
                     c.checkpoint_dir, c.keep_checkpoints, c.link_timeout_s, c.metrics_listen, c.tls_dir, c.name,
-                    c.previous_peer, c.next_peer, c.replica_peers, c.insecure);
+                    c.previous_peer, c.next_peer, c.replica_peers, c.insecure, c.uplink_kbps);
   };
   return tie(*this) == tie(o);
 }
@@ -170,6 +171,12 @@ StageRunnerOptions StageRunnerOptionsFor(const StageCommand& c, const v1::JobSpe
   o.previous_peer = c.previous_peer;
   o.next_peer = c.next_peer;
   o.replica_peers = c.replica_peers;
+  if (c.uplink_kbps > 0) {
+    // This stage's sends go out at the emulated uplink (the receivers hold
+    // each frame for its wire time, whatever their own shaping).
+    o.job.mutable_shaping()->set_bandwidth_mbps(c.uplink_kbps / 1000.0);
+    o.job.mutable_shaping()->clear_bandwidth_schedule_mbps();
+  }
   // compression.storeBytes: unset = 64 GiB, 0 = no limit.
   o.store_capacity_bytes = job.compression().has_store_bytes() ? job.compression().store_bytes() : kDefaultStoreBytes;
   return o;

@@ -50,6 +50,7 @@ struct StageCommand {
   std::string next_peer;               // --next_peer: stage+1's peer (certificate) name
   std::vector<std::string> replica_peers;  // --replica_peers (comma-separated, by pipeline)
   bool insecure = false;               // --insecure: plaintext servers off loopback allowed (rpc::CheckListenSecurity)
+  int32_t uplink_kbps = 0;             // --uplink_kbps: emulated uplink for what this stage sends (0: the job's shaping)
 
   // {executable, "stage", "--flag=value"...}.
   std::vector<std::string> ToArgv(const std::string& executable) const;

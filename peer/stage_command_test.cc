@@ -42,6 +42,7 @@ StageCommand Full() {
   c.next_peer = "gpu-9";
   c.replica_peers = {"gpu-1", "gpu-7"};
   c.insecure = true;
+  c.uplink_kbps = 500;
   return c;
 }
 

@@ -348,7 +348,8 @@ absl::StatusOr<LinkProbeResult> ProbeLink(const std::string& target, const Probe
     AQSWARM_ASSIGN_OR_RETURN(absl::Duration t, timed_call(full));
     transfer = std::min(transfer, t);
   }
-  const double seconds = std::max(absl::ToDoubleSeconds(transfer - rtt), 1e-6);
+  double seconds = std::max(absl::ToDoubleSeconds(transfer - rtt), 1e-6);
+  if (options.uplink_mbps > 0) seconds = std::max(seconds, options.payload_bytes * 8 / (options.uplink_mbps * 1e6));
   return LinkProbeResult{std::min(1e12, static_cast<double>(options.payload_bytes) / seconds),
                          std::min(60.0, absl::ToDoubleSeconds(rtt))};
 }

@@ -112,6 +112,10 @@ struct ProbeOptions {
   // Bound on the whole probe. Default: 30 s.
   absl::Duration timeout = absl::Seconds(30);
   rpc::TlsOptions tls;
+  // > 0: this end's uplink is emulated at this many Mbit/s (as the stage's
+  // link shaping does): a transfer counts as taking at least its bytes at
+  // that rate. Default: 0 (the real link).
+  double uplink_mbps = 0;
 };
 
 struct LinkProbeResult {

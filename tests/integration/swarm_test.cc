@@ -352,5 +352,67 @@ TEST_F(SwarmTest, UnderMutualTlsAStageWithNoReplicaResumesFromAMirrorsCopyAndLin
   TerminatePeersExcept(victim_name);
 }
 
+// Re-planning on measurements (issue 40): the swarm forms with a peer whose
+// uplink is slow (emulated: its stage sends and its link probes go at
+// 0.2 Mbit/s); nothing is lost, so only the measured links can move it.
+// Its probes and its forward link's send rate show the slow uplink, the
+// coordinator predicts a much faster step with the standby in its place,
+// re-plans once, and training goes on. With a 1 s check interval and a 3 s
+// hold it then keeps the plan (no thrashing on loopback noise).
+TEST_F(SwarmTest, APeerWhoseUplinkTurnsOutSlowIsReplannedOutOnceAndTrainingGoesOn) {
+  WriteJob(7, R"("dataParallel":1,"checkpointEverySteps":2)");
+  StartCoordinator({"--replan_interval_s=1", "--replan_hold_s=3"});
+  const std::string token = Token();
+  const std::string common = " --seconds_per_layer=0.01 --probe_bytes=65536";
+  peer_flags_ = common + " --emulate_uplink_mbps=0.2";
+  StartPeer("slow", token);
+  ASSERT_TRUE(WaitFor([](const auto& st) { return st.peers_size() == 1; }, absl::Seconds(60))) << Logs();
+  peer_flags_ = common;
+  StartPeer("fast1", token);
+  ASSERT_TRUE(WaitFor([](const auto& st) { return st.grid_complete() && st.peers_size() == 2; }, absl::Seconds(60)))
+      << Logs();
+  StartPeer("fast2", token);
+  auto placed = [](const v1::StatusResponse& st, const std::string& name) {
+    for (const auto& p : st.peers()) {
+      if (p.peer_name() == name) return p.stage() >= 0;
+    }
+    return false;
+  };
+  ASSERT_TRUE(placed(Status(), "slow")) << "the first two peers fill the grid";
+  const auto coordinator_log = [&] {
+    std::ifstream in(dir_ / "coordinator.err");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const auto replans = [&] {
+    const std::string log = coordinator_log();
+    int n = 0;
+    for (size_t at = log.find("re-planning on measurements"); at != std::string::npos;
+         at = log.find("re-planning on measurements", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  ASSERT_TRUE(WaitFor(
+      [&](const auto& st) {
+        return st.grid_complete() && st.peers_size() == 3 && !placed(st, "slow") && placed(st, "fast1") &&
+               placed(st, "fast2");
+      },
+      absl::Seconds(150)))
+      << "the slow peer was not re-planned out\n--- coordinator:\n" << coordinator_log() << Logs();
+  EXPECT_EQ(replans(), 1) << coordinator_log();
+  EXPECT_EQ(coordinator_log().find("lease of peer"), std::string::npos) << "nobody was lost";
+  // Training goes on under the new plan; a dozen hold periods later the plan stands.
+  const int64_t at_replan = status_.step();
+  const uint64_t plan = Status().assignment_version();
+  ASSERT_TRUE(WaitFor([&](const auto& st) { return st.step() >= at_replan + 20; }, absl::Seconds(120)))
+      << "training did not go on after the re-plan (step " << status_.step() << ")" << Logs();
+  const absl::Time hold_until = absl::Now() + absl::Seconds(8);
+  ASSERT_TRUE(WaitFor([&](const auto&) { return absl::Now() >= hold_until; }, absl::Seconds(20)));
+  EXPECT_EQ(replans(), 1) << "the plan changed again:\n" << coordinator_log();
+  EXPECT_FALSE(placed(status_, "slow"));
+  EXPECT_GE(status_.assignment_version(), plan);
+  TerminatePeersExcept("");
+}
+
 }  // namespace
 }  // namespace aqswarm
