@@ -59,7 +59,7 @@ Planner::Planner(PlannerOptions options, const v1::JobSpec& job) : options_(std:
 }
 
 absl::StatusOr<Planner::Solved> Planner::Solve(const Grid& grid, const std::vector<PlannerPeer>& peers,
-                                               const LinkMatrix& links) const {
+                                               const LinkMatrix& links, size_t extra_standbys) const {
   const int S = num_stages_, P = num_pipelines_;
   std::unordered_map<uint64_t, const PlannerPeer*> alive;
   for (const auto& p : peers) alive[p.id] = &p;
@@ -89,7 +89,7 @@ absl::StatusOr<Planner::Solved> Planner::Solve(const Grid& grid, const std::vect
     return a->seconds_per_layer != b->seconds_per_layer ? a->seconds_per_layer < b->seconds_per_layer
                                                         : a->id < b->id;
   });
-  const size_t cap = std::max<size_t>(std::max(options_.max_candidates, 1), size_t(S) * P);
+  const size_t cap = std::max<size_t>(std::max(options_.max_candidates, 1), size_t(S) * P + extra_standbys);
   for (const PlannerPeer* s : standbys) {
     if (out.candidates.size() >= cap) break;
     out.candidates.push_back(s->id);
@@ -210,7 +210,7 @@ absl::StatusOr<Grid> Planner::Replan(const Grid& previous_in, const std::vector<
     if (s != 0 && !alive.count(s)) s = 0;  // lost peers leave holes
   }
   if (grid.complete()) return grid;
-  AQSWARM_ASSIGN_OR_RETURN(Solved solved, Solve(grid, peers, links));
+  AQSWARM_ASSIGN_OR_RETURN(Solved solved, Solve(grid, peers, links, /*extra_standbys=*/0));
   if (solved.plan.stages.empty()) return grid;  // incomplete: hold still
   return ToGrid(solved, grid, previous, links, next_generation);
 }
@@ -225,7 +225,8 @@ absl::StatusOr<std::optional<Improvement>> Planner::Improve(const Grid& current,
   for (uint64_t s : current.slots) {
     if (!alive.count(s)) return std::nullopt;  // a lost peer: Replan's business
   }
-  AQSWARM_ASSIGN_OR_RETURN(Solved solved, Solve(current, peers, links));
+  // A full grid fills max_candidates: a few standbys more, so a faster one can come in.
+  AQSWARM_ASSIGN_OR_RETURN(Solved solved, Solve(current, peers, links, /*extra_standbys=*/8));
   if (solved.plan.stages.empty()) return std::nullopt;
   // The current grid's groups are the first S x P candidates, stage by stage.
   std::vector<std::vector<int>> groups(S);

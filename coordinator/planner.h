@@ -137,15 +137,16 @@ class Planner {
   const PlannerOptions& options() const { return options_; }
 
  private:
-  // The candidates (the peers placed in a grid, then standbys fastest first),
+  // The candidates (the peers placed in a grid, then standbys fastest first:
+  // max_candidates in all, at least the grid's slots + `extra_standbys`),
   // their placement problem and its solution (no stages: too few peers).
   struct Solved {
     std::vector<uint64_t> candidates;
     PlacementProblem problem;
     Plan plan;
   };
-  absl::StatusOr<Solved> Solve(const Grid& grid, const std::vector<PlannerPeer>& peers,
-                               const LinkMatrix& links) const;
+  absl::StatusOr<Solved> Solve(const Grid& grid, const std::vector<PlannerPeer>& peers, const LinkMatrix& links,
+                               size_t extra_standbys) const;
   // The solved plan as a grid: peers that keep their stage in `kept` keep
   // their pipeline index; generations renewed where they differ from `previous`.
   Grid ToGrid(const Solved& solved, const Grid& kept, const Grid& previous, const LinkMatrix& links,
