@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -36,6 +37,14 @@ inline bool ParseRowShape(absl::string_view spec, int64_t* rows, int64_t* cols) 
   std::vector<absl::string_view> dims = absl::StrSplit(spec, 'x');
   return dims.size() == 2 && absl::SimpleAtoi(dims[0], rows) && absl::SimpleAtoi(dims[1], cols) && *rows > 0 &&
          *cols > 0;
+}
+
+// The q-quantile (q in [0, 1]) of `v` by nearest rank; 0 for an empty `v`.
+inline double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  const size_t k = std::min(v.size() - 1, static_cast<size_t>(q * (v.size() - 1) + 0.5));
+  std::nth_element(v.begin(), v.begin() + k, v.end());
+  return v[k];
 }
 
 }  // namespace aqswarm::bench

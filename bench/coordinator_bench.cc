@@ -42,6 +42,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench.h"
+#include "bench/bench_util.h"
 #include "common/file_util.h"
 #include "common/join_token.h"
 #include "common/status_macros.h"
@@ -67,13 +68,6 @@ struct ThreadResult {
   int64_t errors = 0;
   std::string first_error;
 };
-
-double Percentile(std::vector<double>& v, double q) {
-  if (v.empty()) return 0;
-  const size_t k = std::min(v.size() - 1, static_cast<size_t>(q * (v.size() - 1) + 0.5));
-  std::nth_element(v.begin(), v.begin() + k, v.end());
-  return v[k];
-}
 
 absl::Status RunOne(const CoordinatorBenchOptions& o, int n, std::ostream& out) {
   const std::string dir = absl::StrCat(o.dir.empty() ? (getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp") : o.dir,

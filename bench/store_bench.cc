@@ -133,13 +133,6 @@ std::vector<uint64_t> Permutation(int64_t n, uint64_t seed) {
   return order;
 }
 
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
-  return v[i];
-}
-
 // Evicts a file's clean pages from the page cache.
 void DropFromPageCache(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY);

@@ -49,6 +49,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "bench/bench.h"
+#include "bench/bench_util.h"
 #include "common/file_util.h"
 #include "common/join_token.h"
 #include "common/sha256.h"
@@ -66,13 +67,6 @@ namespace {
 using SteadyClock = std::chrono::steady_clock;
 
 double Since(SteadyClock::time_point t) { return std::chrono::duration<double>(SteadyClock::now() - t).count(); }
-
-double Percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  const size_t k = std::min(v.size() - 1, static_cast<size_t>(q * (v.size() - 1) + 0.5));
-  std::nth_element(v.begin(), v.begin() + k, v.end());
-  return v[k];
-}
 
 double ResidentMiB() {
   std::ifstream in("/proc/self/status");
