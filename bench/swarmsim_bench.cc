@@ -481,12 +481,15 @@ void Sim::Progress() {
     req.mutable_progress()->set_plan_version(a.plan_version());
     req.mutable_progress()->set_loss(10.0 / (1 + step / 100.0));
     if (checkpoint > 0) {
+      // It keeps its newest 4 states (as a daemon's --keep_checkpoints does).
       req.set_checkpoint_step(checkpoint);
       req.set_has_held(true);
       v1::StageCheckpoints* h = req.add_held();
       h->set_stage(a.stage());
-      h->add_steps(checkpoint);
-      h->add_sha256(Sha256Hex(absl::StrCat("stage ", a.stage(), " step ", checkpoint)));
+      for (int64_t kept = std::max<int64_t>(10, checkpoint - 30); kept <= checkpoint; kept += 10) {
+        h->add_steps(kept);
+        h->add_sha256(Sha256Hex(absl::StrCat("stage ", a.stage(), " step ", kept)));
+      }
     }
     v1::ReportResponse resp;
     grpc::ClientContext ctx;
