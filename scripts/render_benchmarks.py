@@ -241,7 +241,8 @@ def swarmsim():
                 "The cost grows with N because every membership change, even a standby joining, bumps the swarm-wide",
                 "assignment version and wakes every watch (one server thread each): forming a swarm of N is N fan-outs.",
                 "At 2 departures per peer-hour a placed peer leaves about every 30 s, so the 10-minute hold after a",
-                "plan change never passes and nothing re-plans on measurements; at 0.1 per peer-hour it does."]
+                "plan change never passes and nothing is re-planned on measurements; at 0.1 per peer-hour the hold",
+                "passes and re-plans are considered (the run line above says how they went)."]
     return out
 
 
