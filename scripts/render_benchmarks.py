@@ -15,6 +15,7 @@ import json
 import os
 import re
 import sys
+import textwrap
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 DATA = os.path.join(ROOT, "docs", "data")
@@ -217,7 +218,7 @@ def swarmsim():
            "expires a killed peer) until every live peer's watch has delivered the new assignment version.", "",
            "Reproduce: `build/aqswarm bench swarmsim --swarmsim_sizes 100,300,1000 --swarmsim_seconds 600` (and",
            "`--swarmsim_sizes 1000 --swarmsim_seconds 1200 --swarmsim_churn 0.1` for the low-churn row).",
-           f"Run: {meta('swarmsim')}", "",
+           *textwrap.wrap(f"Run: {meta('swarmsim')}", 110), "",
            "| peers | churn /peer-h | virtual s | events | joins / leaves / kills | re-plans on measurements | "
            "re-plan s p50 / p99 / max | placed peers moved per event (mean / max) | join to assignment s p99 | "
            "heartbeat ms p50 / p99 | honest leases lost | undelivered | RSS MB |",
@@ -233,11 +234,13 @@ def swarmsim():
     if big:
         j = max(big, key=lambda r: r["events"])
         clean = all(r["honest_leases_lost"] == 0 and r["undelivered"] == 0 for r in big)
-        out += ["", f"At {j['peers']:,} peers {'no' if clean else 'SOME'} honest lease was lost and "
-                f"{'every' if clean else 'not every'} change reached every live peer: a re-plan reaches all watches in "
-                f"{j['replan_seconds_p50']:.2f} s at the median and {j['replan_seconds_p99']:.2f} s at p99, a joiner has "
-                f"its assignment within {j['join_to_assignment_seconds_p99']:.2f} s (p99), and placed peers rarely move "
-                f"for someone else's departure ({j['peers_moved_per_event']:.2f} per event, at most {j['peers_moved_max']}).",
+        out += ["", *textwrap.wrap(
+            f"At {j['peers']:,} peers {'no' if clean else 'SOME'} honest lease was lost and "
+            f"{'every' if clean else 'not every'} change reached every live peer: a re-plan reaches all watches in "
+            f"{j['replan_seconds_p50']:.2f} s at the median and {j['replan_seconds_p99']:.2f} s at p99, a joiner has "
+            f"its assignment within {j['join_to_assignment_seconds_p99']:.2f} s (p99), and placed peers rarely move "
+            f"for someone else's departure ({j['peers_moved_per_event']:.2f} per event, at most "
+            f"{j['peers_moved_max']}).", 110),
                 "The cost grows with N because every membership change, even a standby joining, bumps the swarm-wide",
                 "assignment version and wakes every watch (one server thread each): forming a swarm of N is N fan-outs.",
                 "At 2 departures per peer-hour a placed peer leaves about every 30 s, so the 10-minute hold after a",
