@@ -29,8 +29,6 @@
 //   honest_leases_lost       live (not killed) peers the coordinator dropped
 //   rss_mb                   this process's resident memory at the end
 //                            (coordinator and simulated peers together)
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -94,10 +92,10 @@ struct Slot {
   }
 };
 
-// One simulated peer. The driver thread owns everything but the fields the
-// watch writes (marked), which Sim::mu_ guards.
 class Watch;
 
+// One simulated peer. The driver thread owns everything but the fields the
+// watch writes (marked), which Sim::mu_ guards.
 struct SimPeer {
   int index = 0;  // in Sim::peers_
   std::string name;

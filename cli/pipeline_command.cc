@@ -150,6 +150,7 @@ int RunStage(const std::vector<std::string>& args) {
     if (getppid() != parent) return Fail("stage", absl::AbortedError("the parent process is gone"));
   }
   if (cmd->start_step < 0) return Fail("stage", absl::InvalidArgumentError("--start_step must be >= 0"));
+  if (cmd->uplink_kbps < 0) return Fail("stage", absl::InvalidArgumentError("--uplink_kbps must be >= 0"));
   auto job = LoadJobFromFlags();
   if (!job.ok()) return Fail("stage", job.status());
   KeepFreedMemoryForReuse();  // no fresh zeroed pages every micro-batch (common/malloc_tuning.h)
