@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Checks deploy/ (Dockerfile, docker-compose.yml, prometheus.yml, Grafana
-provisioning) against the real `aqswarm` binary. There is no Docker engine
-here (docs/design/STACK.md trap 8), so the images are never built; what
-can be checked without one is:
+provisioning) against the real `aqswarm` binary, without a Docker engine
+(tests/integration/compose_test.py builds the images and runs the swarm
+where one runs). What it checks:
 
   compose    `docker-compose config` / `docker compose config` when either
              works (else PyYAML + ${VAR:-default} interpolation); services,
@@ -109,8 +109,8 @@ def load_compose():
         if shutil.which("docker") and run(["docker", "compose", "version"], env=env).returncode == 0:
             tools.append(["docker", "compose"])
     for tool in tools:
-        # --profile: include the optional standby peer.
-        r = subprocess.run(tool + ["-f", COMPOSE_FILE, "--profile", "standby", "config"], cwd=DEPLOY, env=env,
+        # --profile: include the optional Grafana.
+        r = subprocess.run(tool + ["-f", COMPOSE_FILE, "--profile", "grafana", "config"], cwd=DEPLOY, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         check(r.returncode == 0, "%s config accepts deploy/docker-compose.yml%s" %
               (" ".join(tool), "" if r.returncode == 0 else ":\n" + r.stderr[-2000:]))
@@ -195,7 +195,7 @@ def main():
     named_volumes = set((cfg.get("volumes") or {}).keys())
 
     # The aqswarm services: those running the image the `certs` service builds.
-    builders = [s for s in services.values() if s.get("build")]
+    builders = [s for s in services.values() if s.get("build") and str(s.get("image", "")).startswith("aqswarm:")]
     check(len(builders) == 1, "exactly one service builds the aqswarm image")
     image = builders[0].get("image") if builders else None
     aq = {n: s for n, s in services.items() if s.get("image") == image and not s.get("entrypoint")}
@@ -237,7 +237,7 @@ def main():
         f = flags_of(argv)
         published, exposed = container_ports(aq[n])
         listened = {}
-        for flag in ("listen", "exchange_listen", "state_listen", "metrics_listen"):
+        for flag in ("listen", "exchange_listen", "state_listen", "metrics_listen", "daemon_metrics_listen"):
             if flag in f:
                 host, port = hostport(f[flag])
                 check(host == "0.0.0.0", "%s: --%s binds all interfaces (%s)" % (n, flag, f[flag]))
@@ -248,8 +248,11 @@ def main():
               "%s: exposed/published ports %s == listened ports %s" %
               (n, sorted(published | exposed), sorted(set(listened.values()))))
         check("metrics_listen" in f, "%s: serves metrics (--metrics_listen)" % n)
-        if "metrics_listen" in f:
-            metrics_ports[n] = listened["metrics_listen"]
+        # Every metrics endpoint: the process's (a peer's stage while placed) and a peer daemon's own.
+        metrics_ports[n] = {listened[k] for k in ("metrics_listen", "daemon_metrics_listen") if k in listened}
+        if argv[:1] == ["peer"]:
+            check("daemon_metrics_listen" in f, "%s: serves its daemon's metrics (--daemon_metrics_listen), "
+                  "which a standby does too" % n)
         for adv, lis in (("advertise", "listen"), ("exchange_advertise", "exchange_listen"),
                          ("state_advertise", "state_listen")):
             if adv in f:
@@ -362,7 +365,7 @@ def check_tls_and_live(services, init, aq, commands, coord_name, tmp, metrics_po
                     check(fh.read().startswith("aqj1."), "%s: the token file holds a join token" % n)
 
     if coord_name:
-        live_coordinator(aq[coord_name], commands[coord_name], out, tmp, metrics_ports.get(coord_name))
+        live_coordinator(aq[coord_name], commands[coord_name], out, tmp, next(iter(metrics_ports.get(coord_name) or []), None))
 
 
 def live_coordinator(svc, argv, out, tmp, metrics_port):
@@ -422,8 +425,8 @@ def check_prometheus(services, metrics_ports):
     for job in prom.get("scrape_configs", []):
         for sc in job.get("static_configs", []):
             targets.update(sc.get("targets", []))
-    want = {"%s:%d" % (n, p) for n, p in metrics_ports.items() if not services[n].get("profiles")}
-    optional = {"%s:%d" % (n, p) for n, p in metrics_ports.items() if services[n].get("profiles")}
+    want = {"%s:%d" % (n, p) for n, ps in metrics_ports.items() if not services[n].get("profiles") for p in ps}
+    optional = {"%s:%d" % (n, p) for n, ps in metrics_ports.items() if services[n].get("profiles") for p in ps}
     check(want <= targets, "prometheus.yml scrapes every aqswarm service's metrics port (missing: %s)" %
           sorted(want - targets))
     check(targets <= want | optional, "every prometheus.yml target is an aqswarm metrics port (unknown: %s)" %
@@ -434,8 +437,8 @@ def check_prometheus(services, metrics_ports):
     pport = hostport(listen[0])[1] if listen else 9090
     published, exposed = container_ports(svc)
     check(pport in published, "prometheus publishes its web port %d" % pport)
-    for n, p in metrics_ports.items():
-        check(p != pport or n == "prometheus", "%s: metrics port differs from Prometheus's own" % n)
+    for n, ps in metrics_ports.items():
+        check(pport not in ps or n == "prometheus", "%s: metrics port differs from Prometheus's own" % n)
     check_prometheus.port = pport
 
 
@@ -548,15 +551,19 @@ def check_dockerfile():
     check(any(w == "RUN" and "cmake" in r and "--target aqswarm" in r and "Ninja" in r for w, r in builder["lines"]),
           "the builder builds the aqswarm target with CMake + Ninja")
     final = list(stages)[-1]
-    rt = stages[final]
+    # The runtime stage with the stages it is built FROM (runtime-base).
+    rt = {"lines": []}
+    name = final
+    while name in stages:
+        rt["lines"] = stages[name]["lines"] + rt["lines"]
+        name = stages[name]["from"]
     rt_pkgs = apt_packages(rt["lines"])
     check(not [p for p in rt_pkgs if p.endswith("-dev") or p in ("build-essential", "cmake", "clang", "npm")],
           "the runtime stage (%s) installs no build tools or -dev packages" % final)
     check(any(w == "COPY" and "--from=builder" in r and "/usr/local/bin/aqswarm" in r for w, r in rt["lines"]),
           "the runtime stage copies the aqswarm binary from the builder")
-    check(any(w == "COPY" and "--from=data" in r and " data/" in r for w, r in rt["lines"]) and
-          any(w == "RUN" and "fetch_data.sh" in r for w, r in stages.get("data", {"lines": []})["lines"]),
-          "the runtime stage gets data/ from scripts/fetch_data.sh")
+    check(any(w == "COPY" and "--from=" not in r and re.search(r"\sdata/ data/$", r) for w, r in rt["lines"]),
+          "the runtime stage copies data/ (scripts/fetch_data.sh's) from the build context")
     workdir = [r for w, r in rt["lines"] if w == "WORKDIR"]
     check(workdir == ["/opt/aqswarm"], "runtime WORKDIR /opt/aqswarm (jobs' relative data paths)")
     check(any(w == "ENTRYPOINT" and "aqswarm" in r for w, r in rt["lines"]), "ENTRYPOINT is aqswarm")

@@ -187,7 +187,8 @@ TEST_F(PrometheusTest, EveryDashboardQueryReturnsDataFromALocalSwarm) {
   config = Replace(config, "'coordinator:9090'", absl::StrCat("'127.0.0.1:", coord_metrics, "'"));
   std::vector<std::string> peers;
   for (int i = 0; i < 4; ++i) peers.push_back(absl::StrCat("'127.0.0.1:", base + i, "'"));
-  config = Replace(config, "'peer1:9090', 'peer2:9090', 'peer3:9090', 'peer4:9090'", absl::StrJoin(peers, ", "));
+  config = Replace(config, "'peer1:9090', 'peer2:9090', 'peer3:9090', 'peer4:9090', 'peer5:9090'",
+                   absl::StrJoin(peers, ", "));
   config = Replace(config, "scrape_interval: 5s", "scrape_interval: 1s");
   std::ofstream(dir_ / "prometheus.yml") << config;
   auto prom = Subprocess::Spawn({prometheus, "--config.file=" + (dir_ / "prometheus.yml").string(),
