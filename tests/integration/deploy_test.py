@@ -290,6 +290,7 @@ def main():
     check_prometheus(services, metrics_ports)
     check_grafana(services)
     check_dockerfile()
+    check_build_images_args()
 
 
 def tls_mount(n, svc, tls_dir):
@@ -528,6 +529,18 @@ def cuda_build(binary):
         if parent == d:
             return False
         d = parent
+
+
+def check_build_images_args():
+    """deploy/build-images.sh refuses bad arguments with a clear error (exit 2) before it needs an engine."""
+    script = os.path.join(DEPLOY, "build-images.sh")
+    for args, want in ((["--bogus"], "unknown argument: --bogus"), (["--prebuilt"], "--prebuilt needs a binary"),
+                       (["--prebuilt", "/nonexistent/aqswarm"], "is not an executable file")):
+        r = run([script] + args)
+        check(r.returncode == 2 and want in r.stdout, "build-images.sh %s: exit 2, says '%s' (got %d: %s)" %
+              (" ".join(args), want, r.returncode, r.stdout.strip()[-200:]))
+    r = run([script, "--help"])
+    check(r.returncode == 0 and "--prebuilt" in r.stdout, "build-images.sh --help describes --prebuilt")
 
 
 def check_dockerfile():
