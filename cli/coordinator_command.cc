@@ -54,6 +54,10 @@ ABSL_FLAG(double, replan_min_gain, 0.2,
           "(and the gain repays moving state within 500 steps); 0 = only re-plan when a placed peer is lost.");
 ABSL_FLAG(double, replan_interval_s, 60, "Coordinator: how often to check whether re-planning on measurements pays.");
 ABSL_FLAG(double, replan_hold_s, 600, "Coordinator: no re-plan on measurements within this many seconds of a plan change.");
+ABSL_FLAG(double, reachability_timeout_s, 3,
+          "Coordinator: after a join, dial the peer's StateTransfer address and wait this long for an answer; a "
+          "peer that does not answer (behind NAT or a firewall) is never placed, only kept as a standby "
+          "(0 = no probe: peers count as reachable unless they say --no_inbound).");
 ABSL_FLAG(bool, insecure, false,
           "Serve plaintext (no --tls_dir) on a listen address other machines can reach. Without it, plaintext "
           "is refused unless the listen address is loopback (127.0.0.0/8, ::1, localhost).");
@@ -109,6 +113,10 @@ int RunCoordinator(const std::vector<std::string>& args) {
   if (!(hold >= 0 && hold <= 30 * 24 * 3600)) {
     return Fail("coordinator", absl::InvalidArgumentError("--replan_hold_s must be in [0, 2592000]"));
   }
+  const double reach_s = absl::GetFlag(FLAGS_reachability_timeout_s);
+  if (!(reach_s >= 0 && reach_s <= 5)) {  // within a peer's 10 s Join deadline
+    return Fail("coordinator", absl::InvalidArgumentError("--reachability_timeout_s must be in [0, 5]"));
+  }
   const int probes = absl::GetFlag(FLAGS_probes_per_heartbeat);
   if (probes < 0 || probes > 64) {
     return Fail("coordinator", absl::InvalidArgumentError("--probes_per_heartbeat must be in [0, 64]"));
@@ -152,6 +160,7 @@ int RunCoordinator(const std::vector<std::string>& args) {
   o.improve_interval = min_gain == 0 ? absl::ZeroDuration() : absl::Seconds(interval);
   o.improve_min_gain = min_gain;
   o.improve_hold = absl::Seconds(hold);
+  o.probe_reachability = reach_s > 0;
   auto coord = coordinator::SwarmCoordinator::Create(std::move(o));
   if (!coord.ok()) return Fail("coordinator", coord.status());
   const std::string swarm_id = (*coord)->options().swarm_id;
@@ -170,6 +179,7 @@ int RunCoordinator(const std::vector<std::string>& args) {
   so.listen = absl::GetFlag(FLAGS_listen);
   so.tls = tls;
   so.admin_names = absl::StrSplit(absl::GetFlag(FLAGS_admin_names), ',', absl::SkipWhitespace());
+  if (reach_s > 0) so.reachability_timeout = absl::Seconds(reach_s);
   auto server = coordinator::CoordinatorServer::Start(*std::move(coord), so);
   if (!server.ok()) return Fail("coordinator", server.status());
   // Declared after the server (which owns the coordinator): destroyed first.
@@ -236,8 +246,8 @@ int RunStatus(const std::vector<std::string>& args) {
               << (data.dataset_hash().empty() ? "not fixed yet" : data.dataset_hash()) << ", tokenizer "
               << (data.tokenizer_hash().empty() ? "not fixed yet" : data.tokenizer_hash()) << ")\n";
   }
-  std::cout << absl::StrFormat("%6s  %-20s %-8s %5s %8s %7s %6s  %s\n", "id", "name", "state", "stage", "pipeline",
-                               "lease_s", "step", "links (measured from this peer)");
+  std::cout << absl::StrFormat("%6s  %-20s %-8s %-9s %5s %8s %7s %6s  %s\n", "id", "name", "state", "inbound", "stage",
+                               "pipeline", "lease_s", "step", "links (measured from this peer)");
   for (const v1::PeerStatus& p : st.peers()) {
     std::string links;
     for (const v1::LinkSpeed& l : p.links()) {
@@ -246,7 +256,12 @@ int RunStatus(const std::vector<std::string>& args) {
                       absl::StrFormat(" %.0fms", l.rtt_seconds() * 1000));
     }
     std::string state = v1::PeerStatus::State_Name(p.state());
-    std::cout << absl::StrFormat("%6d  %-20s %-8s %5s %8s %7.1f %6d  %s\n", p.peer_id(), p.peer_name(), state,
+    // Whether other peers can dial it (Reachability).
+    const char* inbound = p.reachability() == v1::PROBING       ? "probing"
+                          : p.reachability() == v1::NO_INBOUND  ? "no (says)"
+                          : p.reachability() == v1::UNREACHABLE ? "no"
+                                                                : "yes";
+    std::cout << absl::StrFormat("%6d  %-20s %-8s %-9s %5s %8s %7.1f %6d  %s\n", p.peer_id(), p.peer_name(), state, inbound,
                                  p.stage() < 0 ? "-" : absl::StrCat(p.stage()),
                                  p.pipeline() < 0 ? "-" : absl::StrCat(p.pipeline()), p.lease_remaining_seconds(),
                                  p.progress().step(), links.empty() ? "-" : links);
@@ -296,6 +311,7 @@ std::vector<Command> CoordinatorCommands() {
        "[--tls_dir ./tls --name coordinator] [--lease_s 10]",
        {"job", "stages", "dp", "listen", "state_dir", "tls_dir", "name", "swarm", "insecure", "admin_names", "lease_s",
         "mirror_checkpoints", "probe_max_age_s", "probes_per_heartbeat", "replan_min_gain", "replan_interval_s", "replan_hold_s",
+        "reachability_timeout_s",
         "metrics_listen"},
        RunCoordinator},
       {"status", "Ask a coordinator for the swarm: peers, stages, links, assignment version, step, loss, tokens/s.",

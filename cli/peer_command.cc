@@ -43,6 +43,9 @@ ABSL_FLAG(uint64_t, probe_bytes, 1 << 20,
 ABSL_FLAG(double, emulate_uplink_mbps, 0,
           "Emulate a slow uplink (tests, demos): this peer's stage sends and link probes go at this many Mbit/s "
           "(0 = the real link).");
+ABSL_FLAG(bool, no_inbound, false,
+          "This peer cannot accept connections (behind NAT or a firewall that drops inbound): the coordinator "
+          "keeps it a standby instead of placing it where neighbours must dial it.");
 ABSL_FLAG(uint64_t, memory_bytes, 0, "Memory claim for placement: bytes for one stage (0 = unknown).");
 ABSL_FLAG(std::string, daemon_metrics_listen, "",
           "HOST:PORT where the daemon itself serves Prometheus metrics (its StateTransfer server's refusals, "
@@ -83,6 +86,7 @@ int RunPeer(const std::vector<std::string>& args) {
   o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   o.probe_bytes = absl::GetFlag(FLAGS_probe_bytes);
   o.emulate_uplink_mbps = absl::GetFlag(FLAGS_emulate_uplink_mbps);
+  o.no_inbound = absl::GetFlag(FLAGS_no_inbound);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   std::mutex out_mu;
   o.report = [&](const v1::PeerEvent& e) {
@@ -135,7 +139,7 @@ std::vector<Command> PeerCommands() {
        "mirrored, link_measured, child_exit, left ...) and its stage's, as {\"stage\":{...}}.",
        {"coordinator", "join_token", "name", "listen", "advertise", "exchange_listen", "exchange_advertise",
         "state_listen", "state_advertise", "work_dir", "tls_dir", "seconds_per_layer", "memory_bytes",
-        "link_timeout_s", "keep_checkpoints", "probe_bytes", "emulate_uplink_mbps", "metrics_listen", "daemon_metrics_listen", "insecure"},
+        "link_timeout_s", "keep_checkpoints", "probe_bytes", "emulate_uplink_mbps", "no_inbound", "metrics_listen", "daemon_metrics_listen", "insecure"},
        RunPeer},
   };
 }

@@ -13,6 +13,8 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_metrics.h"
+#include "proto/state.grpc.pb.h"
+#include "rpc/channel.h"
 #include "rpc/server.h"
 #include "rpc/status.h"
 
@@ -110,8 +112,13 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 }  // namespace
 
 CoordinatorGrpcService::CoordinatorGrpcService(SwarmCoordinator* coordinator, absl::Duration watch_poll,
-                                               std::vector<std::string> admin_names)
-    : coordinator_(coordinator), watch_poll_(watch_poll), admin_names_(std::move(admin_names)) {}
+                                               std::vector<std::string> admin_names, rpc::TlsOptions probe_tls,
+                                               absl::Duration probe_timeout)
+    : coordinator_(coordinator),
+      watch_poll_(watch_poll),
+      admin_names_(std::move(admin_names)),
+      probe_tls_(std::move(probe_tls)),
+      probe_timeout_(probe_timeout) {}
 
 bool CoordinatorGrpcService::IsAdmin(const grpc::ServerContext& ctx) const {
   const Caller caller = CallerOf(ctx);
@@ -121,6 +128,20 @@ bool CoordinatorGrpcService::IsAdmin(const grpc::ServerContext& ctx) const {
   }
   return false;
 }
+
+namespace {
+
+// Whether a StateTransfer server answers one empty Probe at `address` within `timeout`.
+absl::Status ProbeReachable(const std::string& address, const rpc::TlsOptions& tls, absl::Duration timeout) {
+  AQSWARM_ASSIGN_OR_RETURN(auto channel, rpc::MakeChannel(address, tls, rpc::ControlChannel()));
+  auto stub = v1::StateTransfer::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+  v1::ProbeResponse resp;
+  return rpc::FromGrpc(stub->Probe(&ctx, v1::ProbeRequest(), &resp), absl::StrCat("reachability probe of ", address));
+}
+
+}  // namespace
 
 grpc::Status CoordinatorGrpcService::Join(grpc::ServerContext* ctx, const v1::JoinRequest* req,
                                           v1::JoinResponse* resp) {
@@ -138,6 +159,7 @@ grpc::Status CoordinatorGrpcService::Join(grpc::ServerContext* ctx, const v1::Jo
   p.held_job_name = req->held_job_name();
   p.data = {req->dataset_hash(), req->tokenizer_hash()};
   p.previous_session_token = req->previous_session_token();
+  p.no_inbound = req->no_inbound();
   auto refuse = [&](const absl::Status& s) {
     const std::string cause = absl::StatusCodeToString(s.code());
     if (const int64_t n = refused_joins_log_.Admit(cause, absl::Now()); n > 0) {
@@ -162,6 +184,14 @@ grpc::Status CoordinatorGrpcService::Join(grpc::ServerContext* ctx, const v1::Jo
   }
   absl::StatusOr<JoinResult> r = coordinator_->Join(p);
   if (!r.ok()) return refuse(r.status());
+  if (!r->probe_address.empty()) {
+    // After the join (its token checked): one dial to the address the peer
+    // gave, which other peers would dial.
+    const absl::Status reached = ProbeReachable(r->probe_address, probe_tls_, probe_timeout_);
+    if (absl::Status s = coordinator_->SetReachability(r->peer_id, reached.ok(), reached.message()); !s.ok()) {
+      AQSWARM_LOG(WARNING) << "recording whether peer '" << p.peer_name << "' is reachable failed: " << s;
+    }
+  }
   resp->set_peer_id(r->peer_id);
   resp->set_session_token(r->session_token);
   resp->set_lease_seconds(absl::ToDoubleSeconds(coordinator_->options().lease));
@@ -297,7 +327,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->options_ = options;
   s->coordinator_ = std::move(coordinator);
   s->service_ =
-      std::make_unique<CoordinatorGrpcService>(s->coordinator_.get(), options.watch_poll, options.admin_names);
+      std::make_unique<CoordinatorGrpcService>(s->coordinator_.get(), options.watch_poll, options.admin_names,
+                                               options.tls, options.reachability_timeout);
   rpc::ServerOptions so;
   so.listen = options.listen;
   so.tls = options.tls;

@@ -55,8 +55,13 @@ namespace aqswarm::coordinator {
 class CoordinatorGrpcService final : public v1::Coordinator::Service {
  public:
   // `coordinator` is not owned and must outlive the service.
+  // Joiners the coordinator waits to probe (SwarmCoordinatorOptions::
+  // probe_reachability) get one StateTransfer.Probe, dialed with
+  // `probe_tls`, before their Join returns; an answer within
+  // `probe_timeout` makes them REACHABLE, anything else UNREACHABLE.
   CoordinatorGrpcService(SwarmCoordinator* coordinator, absl::Duration watch_poll,
-                         std::vector<std::string> admin_names = {"admin"});
+                         std::vector<std::string> admin_names = {"admin"}, rpc::TlsOptions probe_tls = {},
+                         absl::Duration probe_timeout = absl::Seconds(3));
   // Ends running WatchAssignment streams (within one watch_poll).
   void BeginShutdown() { shutting_down_ = true; }
 
@@ -78,6 +83,8 @@ class CoordinatorGrpcService final : public v1::Coordinator::Service {
   SwarmCoordinator* const coordinator_;
   const absl::Duration watch_poll_;
   const std::vector<std::string> admin_names_;
+  const rpc::TlsOptions probe_tls_;
+  const absl::Duration probe_timeout_;
   std::atomic<bool> shutting_down_{false};
   LogLimiter refused_joins_log_{absl::Seconds(10)};
   // The live watch of each peer: its context and a sequence number.
@@ -107,6 +114,9 @@ struct CoordinatorServerOptions {
   // Reports deferred by SwarmCoordinator are committed this often
   // (FlushReports). Default: 1 s.
   absl::Duration persist_interval = absl::Seconds(1);
+  // Bound on a joiner's reachability probe (when the coordinator probes,
+  // SwarmCoordinatorOptions::probe_reachability). Default: 3 s.
+  absl::Duration reachability_timeout = absl::Seconds(3);
 };
 
 class CoordinatorServer {

@@ -67,6 +67,7 @@ void CoordinatorState::Change::PutMember(const Member& m) {
   r.set_joined_unix_ms(absl::ToUnixMillis(m.joined_at));
   r.set_lease_expiry_unix_ms(absl::ToUnixMillis(m.lease_expiry));
   r.set_certificate_sha256(m.certificate_sha256);
+  r.set_reachability(m.reachability);
   for (const auto& [stage, steps] : m.held) {
     v1::StageCheckpoints* h = r.add_held();
     h->set_stage(stage);
@@ -183,6 +184,8 @@ absl::StatusOr<PersistedState> CoordinatorState::Load() const {
     m.joined_at = absl::FromUnixMillis(r.joined_unix_ms());
     m.lease_expiry = absl::FromUnixMillis(r.lease_expiry_unix_ms());
     m.certificate_sha256 = r.certificate_sha256();
+    // Records from before reachability existed: those peers were placed, so reachable.
+    m.reachability = r.reachability() == v1::REACHABILITY_UNSPECIFIED ? v1::REACHABLE : r.reachability();
     for (const v1::StageCheckpoints& h : r.held()) {
       m.held[h.stage()].assign(h.steps().begin(), h.steps().end());
       if (h.sha256_size() == h.steps_size() && h.sha256_size() > 0) {

@@ -164,6 +164,7 @@ absl::StatusOr<Member> Membership::Admit(const JoinParams& params, uint64_t id) 
   m.held = params.held;
   m.held_sha256 = params.held_sha256;
   m.certificate_sha256 = params.certificate_sha256;
+  m.reachability = params.no_inbound ? v1::NO_INBOUND : v1::REACHABLE;
   m.joined_at = now;
   m.lease_expiry = now + options_.lease;
   return m;

@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "common/data_identity.h"
 #include "common/join_token.h"
+#include "proto/coordinator.pb.h"
 #include "rpc/clock.h"
 
 namespace aqswarm::coordinator {
@@ -69,6 +70,8 @@ struct JoinParams {
   std::string previous_session_token;
   // SHA-256 (hex) of the caller's TLS client certificate; "" without TLS.
   std::string certificate_sha256;
+  // The peer says it cannot accept connections (JoinRequest.no_inbound).
+  bool no_inbound = false;
 };
 
 struct Member {
@@ -86,6 +89,8 @@ struct Member {
   HeldStates held;        // latest reported (persisted)
   HeldHashes held_sha256;  // parallel to `held` (persisted)
   std::string certificate_sha256;  // of the client certificate it joined with ("" without TLS; persisted)
+  // Whether others can dial it (persisted); only REACHABLE members are placed.
+  v1::Reachability reachability = v1::REACHABLE;
 };
 
 // Limits on what a peer may claim; beyond them a request is INVALID_ARGUMENT.

@@ -64,8 +64,8 @@ absl::StatusOr<Planner::Solved> Planner::Solve(const Grid& grid, const std::vect
   std::unordered_map<uint64_t, const PlannerPeer*> alive;
   for (const auto& p : peers) alive[p.id] = &p;
   auto eligible = [&](const PlannerPeer& p) {
-    return options_.stage_memory_bytes <= 0 || p.memory_bytes == 0 ||
-           static_cast<double>(p.memory_bytes) >= options_.stage_memory_bytes;
+    return p.reachable && (options_.stage_memory_bytes <= 0 || p.memory_bytes == 0 ||
+                           static_cast<double>(p.memory_bytes) >= options_.stage_memory_bytes);
   };
   // Candidates: the peers placed in `grid`, then eligible standbys fastest first.
   Solved out;

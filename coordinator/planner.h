@@ -11,8 +11,9 @@
 // Replan rules (what keeps healthy peers put):
 //   - Peers of `previous` that are no longer in `peers` leave holes.
 //   - No hole left (a standby joined or left): the grid is returned unchanged.
-//   - Fewer eligible peers (memory) than stages x pipelines: the grid keeps its
-//     holes (incomplete; placed peers hold still).
+//   - Fewer eligible peers (memory; reachable: PlannerPeer::reachable) than
+//     stages x pipelines: the grid keeps its holes (incomplete; placed peers
+//     hold still).
 //   - Otherwise the surviving holders and the best standbys (up to
 //     max_candidates, fastest first) go to SolvePlacement with
 //     previous_stage set, so moving a healthy peer costs stage_state_bytes /
@@ -79,6 +80,8 @@ struct PlannerPeer {
   uint64_t id = 0;
   double seconds_per_layer = 0;  // 0 = unknown
   uint64_t memory_bytes = 0;     // 0 = unknown (unlimited)
+  // Others can open connections to it; a peer that cannot stays a standby.
+  bool reachable = true;
 };
 
 struct PlannerOptions {

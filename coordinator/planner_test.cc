@@ -144,6 +144,28 @@ TEST(PlannerTest, MemoryAndLinksSteerWhoIsPlaced) {
   EXPECT_EQ(placed, (std::set<uint64_t>{1, 2}));
 }
 
+TEST(PlannerTest, PeersOthersCannotDialAreNeverPlacedEvenWhenFastest) {
+  Planner planner({}, TestJob(2, 1));
+  LinkMatrix links(LinkEstimate{1e6, 0.2});
+  // 3 and 4 are the fastest but cannot be dialed; with them alone the grid stays incomplete.
+  std::vector<PlannerPeer> peers = {{3, 0.001, 0, false}, {4, 0.001, 0, false}, {1, 0.01, 0}};
+  uint64_t gen = 1;
+  auto g = planner.Replan(Grid::Empty(2, 1), peers, links, &gen);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_FALSE(g->complete());
+  peers.push_back({2, 0.01, 0});
+  g = planner.Replan(*g, peers, links, &gen);
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::set<uint64_t> placed(g->slots.begin(), g->slots.end());
+  EXPECT_EQ(placed, (std::set<uint64_t>{1, 2}));
+  // Nor does Improve bring them in.
+  auto better = planner.Improve(*g, peers, links, &gen);
+  ASSERT_TRUE(better.ok()) << better.status();
+  if (better->has_value()) {
+    for (uint64_t id : (*better)->grid.slots) EXPECT_TRUE(id == 1 || id == 2) << id;
+  }
+}
+
 // 2 stages x 1 pipeline placed on a uniform 100 Mbit/s network, one standby.
 struct SlowLinkSetup {
   Planner planner{{}, TestJob(2, 1)};

@@ -180,9 +180,11 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
     std::vector<PlannerPeer> peers;
     peers.reserve(membership_.size() + 1);
     for (const auto& [id, m] : membership_.members()) {
-      if (!gone.count(id)) peers.push_back({id, m.seconds_per_layer, m.memory_bytes});
+      if (!gone.count(id)) peers.push_back({id, m.seconds_per_layer, m.memory_bytes, m.reachability == v1::REACHABLE});
     }
-    if (added.has_value()) peers.push_back({added->id, added->seconds_per_layer, added->memory_bytes});
+    if (added.has_value()) {
+      peers.push_back({added->id, added->seconds_per_layer, added->memory_bytes, added->reachability == v1::REACHABLE});
+    }
     absl::StatusOr<Grid> planned = planner_.Replan(grid_, peers, links_, &counters.next_generation);
     if (planned.ok()) {
       grid = *std::move(planned);
@@ -340,6 +342,12 @@ absl::StatusOr<JoinResult> SwarmCoordinator::Join(const JoinParams& given) {
     if (hashes != params.held_sha256.end()) hashes->second = std::move(kept_hashes);
   }
   AQSWARM_ASSIGN_OR_RETURN(Member m, membership_.Admit(params, counters_.next_peer_id));
+  const bool probe = options_.probe_reachability && m.reachability == v1::REACHABLE && !m.state_transfer_address.empty();
+  if (probe) m.reachability = v1::PROBING;
+  if (m.reachability == v1::NO_INBOUND) {
+    AQSWARM_LOG(INFO) << "peer '" << m.name << "' says it accepts no connections: it stays a standby "
+                      << "(a placed peer must accept its neighbours' links)";
+  }
   if (options_.job.data().synthetic_tokens() == 0) {
     AQSWARM_RETURN_IF_ERROR(CheckDataIdentity(data_identity_, params.data, absl::StrCat("peer '", m.name, "'")));
     if (data_identity_.empty() && !params.data.empty()) {
@@ -362,7 +370,25 @@ absl::StatusOr<JoinResult> SwarmCoordinator::Join(const JoinParams& given) {
   AQSWARM_RETURN_IF_ERROR(ChangeMembersLocked(removed, m, &record));
   used_tokens_[{record.token_id, record.peer_name}] = record;
   AQSWARM_LOG(DEBUG) << "peer '" << m.name << "' joined as " << m.id;
-  return JoinResult{m.id, m.session_token, m.lease_expiry, counters_.assignment_version};
+  return JoinResult{m.id, m.session_token, m.lease_expiry, counters_.assignment_version,
+                    probe ? m.state_transfer_address : ""};
+}
+
+absl::Status SwarmCoordinator::SetReachability(uint64_t peer_id, bool reachable, absl::string_view detail) {
+  absl::MutexLock lock(&mu_);
+  const Member* m = membership_.Find(peer_id);
+  if (m == nullptr || m->reachability != v1::PROBING) return absl::OkStatus();
+  Member updated = *m;
+  updated.reachability = reachable ? v1::REACHABLE : v1::UNREACHABLE;
+  if (reachable) {
+    AQSWARM_LOG(DEBUG) << "peer '" << updated.name << "' is reachable at " << updated.state_transfer_address;
+  } else {
+    AQSWARM_LOG(WARNING) << "peer '" << updated.name << "' cannot be reached at " << updated.state_transfer_address
+                         << " (" << detail << "): it stays a standby; behind NAT or a firewall, forward its ports "
+                         << "or run it with --no_inbound";
+  }
+  // Replacing the member re-plans when the grid has holes (a placeable standby).
+  return ChangeMembersLocked({peer_id}, updated);
 }
 
 absl::StatusOr<HeartbeatResult> SwarmCoordinator::Heartbeat(uint64_t peer_id, absl::string_view session_token,
@@ -400,7 +426,7 @@ std::vector<v1::Neighbor> SwarmCoordinator::ProbeTargetsLocked(uint64_t peer_id)
     if (start == all.end()) start = all.begin();
     const Member& to = (start++)->second;
     cursor->second = to.id;
-    if (to.id == peer_id || to.state_transfer_address.empty()) continue;
+    if (to.id == peer_id || to.state_transfer_address.empty() || to.reachability != v1::REACHABLE) continue;
     const LinkEstimate* e = links_.Measured(peer_id, to.id);
     if (e != nullptr && now - e->measured_at < options_.probe_max_age) continue;
     auto asked = probe_asked_.find({peer_id, to.id});
@@ -704,7 +730,7 @@ absl::StatusOr<v1::Assignment> SwarmCoordinator::GetAssignment(uint64_t peer_id,
   if (grid_.resume_step > 0) {
     for (const auto& [id, m] : membership_.members()) {
       auto it = m.held.find(j);
-      if (id == peer_id || m.state_transfer_address.empty() || it == m.held.end() ||
+      if (id == peer_id || m.state_transfer_address.empty() || m.reachability != v1::REACHABLE || it == m.held.end() ||
           !std::binary_search(it->second.begin(), it->second.end(), grid_.resume_step)) {
         continue;
       }
@@ -748,7 +774,7 @@ absl::StatusOr<bool> SwarmCoordinator::ImprovePlan() {
   if (now < last_plan_change_ + options_.improve_hold || !grid_.complete()) return false;
   std::vector<PlannerPeer> peers;
   peers.reserve(membership_.size());
-  for (const auto& [id, m] : membership_.members()) peers.push_back({id, m.seconds_per_layer, m.memory_bytes});
+  for (const auto& [id, m] : membership_.members()) peers.push_back({id, m.seconds_per_layer, m.memory_bytes, m.reachability == v1::REACHABLE});
   uint64_t next_generation = counters_.next_generation;
   absl::StatusOr<std::optional<Improvement>> found = planner_.Improve(grid_, peers, links_, &next_generation);
   if (!found.ok()) {
@@ -823,6 +849,7 @@ v1::StatusResponse SwarmCoordinator::GetStatus(bool details) const {
     }
     if (!details) continue;  // the summary: counts by state and place only
     ps->set_lease_remaining_seconds(absl::ToDoubleSeconds(m.lease_expiry - now));
+    ps->set_reachability(m.reachability);
     for (const auto& [to, e] : links_.MeasuredFrom(id)) {
       v1::LinkSpeed* l = ps->add_links();
       l->set_to_peer_id(to);

@@ -122,6 +122,12 @@ struct SwarmCoordinatorOptions {
   // replica resumes from a copy instead of step 0. Costs one stage state per
   // checkpoint interval on that link. Default: off.
   bool mirror_checkpoints = false;
+  // Whether others can dial a joiner is checked before it is placed: a
+  // joiner with a StateTransfer address that did not say no_inbound waits as
+  // PROBING (a standby the planner skips) until SetReachability reports the
+  // probe's answer (CoordinatorGrpcService probes it after the join). Off:
+  // joiners are REACHABLE unless they say no_inbound. Default: off.
+  bool probe_reachability = false;
   PlannerOptions planner;
   // Re-planning on measurements (ImprovePlan): at most once per
   // `improve_interval` (clock time; 0 = never) and not within `improve_hold`
@@ -156,6 +162,9 @@ struct JoinResult {
   std::string session_token;
   absl::Time lease_expiry;
   uint64_t assignment_version = 0;
+  // The joiner waits as PROBING: probe its StateTransfer server at this
+  // address, then call SetReachability ("" = no probe needed).
+  std::string probe_address;
 };
 
 struct HeartbeatResult {
@@ -181,6 +190,11 @@ class SwarmCoordinator {
   // without proof; PERMISSION_DENIED for a used token without proof (see
   // the banner).
   absl::StatusOr<JoinResult> Join(const JoinParams& params);
+  // The answer to a PROBING member's reachability probe (JoinResult::
+  // probe_address): REACHABLE members can be placed (a re-plan when the grid
+  // has holes), UNREACHABLE ones stay standbys. A member that is not PROBING
+  // (gone, rejoined, or already answered) is left as it is.
+  absl::Status SetReachability(uint64_t peer_id, bool reachable, absl::string_view detail);
   // NOT_FOUND (unknown id), UNAUTHENTICATED (wrong session), INVALID_ARGUMENT (progress).
   absl::StatusOr<HeartbeatResult> Heartbeat(uint64_t peer_id, absl::string_view session_token,
                                             const PeerProgress* progress = nullptr);

@@ -524,6 +524,80 @@ TEST_F(SwarmCoordinatorTest, RestartFromTheStateDirRestoresEverything) {
   EXPECT_EQ(expired->size(), 3u);  // b, s and d (d joined 11 s ago)
 }
 
+// Reachability of each member in a status, by name.
+std::map<std::string, v1::Reachability> ReachabilityByName(const SwarmCoordinator& c) {
+  std::map<std::string, v1::Reachability> out;
+  const v1::StatusResponse st = c.GetStatus();
+  for (const v1::PeerStatus& p : st.peers()) out[p.peer_name()] = p.reachability();
+  return out;
+}
+
+TEST_F(SwarmCoordinatorTest, PeersOthersCannotDialAreNeverPlacedProbedOrUsedAsSourcesAndARestartRemembers) {
+  SwarmCoordinatorOptions o = TestOptions(&clock_, dir_.Sub("state"), 2, 1);
+  o.probe_reachability = true;
+  auto join = [&](SwarmCoordinator& c, const std::string& name, int port, bool no_inbound) {
+    JoinParams p = JoinAs(clock_, name, port);
+    p.state_transfer_address = absl::StrCat("127.0.0.1:", port + 2);
+    p.no_inbound = no_inbound;
+    auto r = c.Join(p);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : JoinResult{};
+  };
+  JoinResult a, n, u, b;
+  {
+    auto c = Make(o);
+    ASSERT_NE(c, nullptr);
+    // A joiner waits as PROBING, unplaced, until the probe's answer.
+    a = join(*c, "a", 5000, false);
+    EXPECT_EQ(a.probe_address, "127.0.0.1:5002");
+    EXPECT_EQ(ReachabilityByName(*c)["a"], v1::PROBING);
+    EXPECT_FALSE(c->grid().Find(a.peer_id).has_value());
+    ASSERT_TRUE(c->SetReachability(a.peer_id, true, "").ok());
+    EXPECT_EQ(ReachabilityByName(*c)["a"], v1::REACHABLE);
+    // One that says it accepts no connections is not probed, nor one that the probe cannot reach: neither is placed.
+    n = join(*c, "n", 6000, true);
+    EXPECT_EQ(n.probe_address, "");
+    u = join(*c, "u", 7000, false);
+    ASSERT_TRUE(c->SetReachability(u.peer_id, false, "connection refused").ok());
+    EXPECT_FALSE(c->grid().complete());
+    EXPECT_FALSE(c->grid().Find(n.peer_id).has_value());
+    EXPECT_FALSE(c->grid().Find(u.peer_id).has_value());
+    // A later answer for a member that is not PROBING changes nothing.
+    ASSERT_TRUE(c->SetReachability(a.peer_id, false, "late").ok());
+    ASSERT_TRUE(c->SetReachability(u.peer_id, true, "late").ok());
+    EXPECT_EQ(ReachabilityByName(*c)["a"], v1::REACHABLE);
+    EXPECT_EQ(ReachabilityByName(*c)["u"], v1::UNREACHABLE);
+    // A reachable joiner completes the grid.
+    b = join(*c, "b", 8000, false);
+    EXPECT_FALSE(c->grid().complete());
+    ASSERT_TRUE(c->SetReachability(b.peer_id, true, "").ok());
+    EXPECT_TRUE(c->grid().complete());
+    EXPECT_TRUE(c->grid().Find(a.peer_id).has_value());
+    EXPECT_TRUE(c->grid().Find(b.peer_id).has_value());
+    // Nobody is asked to probe links to the peers that cannot be dialed.
+    for (int i = 0; i < 4; ++i) {
+      auto hb = c->Heartbeat(a.peer_id, a.session_token);
+      ASSERT_TRUE(hb.ok()) << hb.status();
+      for (const v1::Neighbor& t : hb->probe) {
+        EXPECT_NE(t.peer_id(), n.peer_id);
+        EXPECT_NE(t.peer_id(), u.peer_id);
+      }
+      clock_.Advance(absl::Minutes(2));
+      for (const JoinResult* r : {&a, &n, &u, &b}) ASSERT_TRUE(c->Heartbeat(r->peer_id, r->session_token).ok());
+    }
+  }
+  // A restart keeps what was found; with b gone the hole is not filled by them.
+  auto c = Make(o);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(ReachabilityByName(*c),
+            (std::map<std::string, v1::Reachability>{
+                {"a", v1::REACHABLE}, {"b", v1::REACHABLE}, {"n", v1::NO_INBOUND}, {"u", v1::UNREACHABLE}}));
+  ASSERT_TRUE(c->Leave(b.peer_id, b.session_token).ok());
+  EXPECT_FALSE(c->grid().complete());
+  EXPECT_FALSE(c->grid().Find(n.peer_id).has_value());
+  EXPECT_FALSE(c->grid().Find(u.peer_id).has_value());
+}
+
 TEST_F(SwarmCoordinatorTest, ADifferentJobOnTheSameStateDirIsRefused) {
   { ASSERT_NE(Make(2, 1), nullptr); }
   auto other = SwarmCoordinator::Create(TestOptions(&clock_, dir_.Sub("state"), 3, 1));

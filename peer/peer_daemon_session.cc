@@ -26,6 +26,7 @@ absl::Status PeerDaemonImpl::Join() {
   req.set_state_transfer_address(o_.state_advertise);
   req.set_seconds_per_layer(o_.seconds_per_layer);
   req.set_memory_bytes(o_.memory_bytes);
+  req.set_no_inbound(o_.no_inbound);
   // States on disk from an earlier run count for that run's job only.
   const std::optional<v1::JobSpec> previous = ReadPreviousJob();
   if (previous.has_value()) {

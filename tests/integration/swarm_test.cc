@@ -414,5 +414,47 @@ TEST_F(SwarmTest, APeerWhoseUplinkTurnsOutSlowIsReplannedOutOnceAndTrainingGoesO
   TerminatePeersExcept("");
 }
 
+// Peers others cannot dial are found and kept out of the grid: one says so
+// (--no_inbound), the other advertises a StateTransfer address where nothing
+// listens (what a peer behind NAT looks like from outside) and fails the
+// coordinator's probe. They join first, so without the check they would be
+// placed and their upstream's link could never open; the reachable peers that
+// join after them are placed instead and train.
+TEST_F(SwarmTest, PeersThatCannotBeDialedStayStandbysAndTheReachableOnesTrain) {
+  WriteJob(11, R"("dataParallel":1)");
+  StartCoordinator();
+  const std::string token = Token();
+  peer_flags_ = " --no_inbound";
+  StartPeer("behind-nat", token);
+  peer_flags_ = absl::StrCat(" --state_advertise=127.0.0.1:", testing::UniqueLoopbackPort());
+  StartPeer("unreachable", token);
+  auto reach = [](const v1::StatusResponse& st, const std::string& name) {
+    for (const auto& p : st.peers()) {
+      if (p.peer_name() == name) return p.reachability();
+    }
+    return v1::REACHABILITY_UNSPECIFIED;
+  };
+  ASSERT_TRUE(WaitFor(
+      [&](const auto& st) {
+        return reach(st, "behind-nat") == v1::NO_INBOUND && reach(st, "unreachable") == v1::UNREACHABLE;
+      },
+      absl::Seconds(60)))
+      << "status: " << status_.DebugString() << Logs();
+  for (const auto& p : status_.peers()) EXPECT_EQ(p.stage(), -1) << p.peer_name() << " was placed";
+  peer_flags_ = "";
+  StartPeer("a", token);
+  StartPeer("b", token);
+  ASSERT_TRUE(WaitFor([](const auto& st) { return st.grid_complete() && st.step() >= 5; }, absl::Seconds(120)))
+      << "status: " << status_.DebugString() << Logs();
+  for (const auto& p : status_.peers()) {
+    const bool reachable = p.peer_name() == "a" || p.peer_name() == "b";
+    EXPECT_EQ(p.stage() >= 0, reachable) << p.peer_name();
+    if (reachable) {
+      EXPECT_EQ(p.reachability(), v1::REACHABLE) << p.peer_name();
+    }
+  }
+  TerminatePeersExcept("");
+}
+
 }  // namespace
 }  // namespace aqswarm
