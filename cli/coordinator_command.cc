@@ -56,7 +56,7 @@ ABSL_FLAG(double, replan_interval_s, 60, "Coordinator: how often to check whethe
 ABSL_FLAG(double, replan_hold_s, 600, "Coordinator: no re-plan on measurements within this many seconds of a plan change.");
 ABSL_FLAG(double, reachability_timeout_s, 3,
           "Coordinator: after a join, dial the peer's StateTransfer address and wait this long for an answer; a "
-          "peer that does not answer (behind NAT or a firewall) is never placed, only kept as a standby "
+          "peer that does not answer (behind NAT or a firewall) is placed only where it opens its links itself "
           "(0 = no probe: peers count as reachable unless they say --no_inbound).");
 ABSL_FLAG(bool, insecure, false,
           "Serve plaintext (no --tls_dir) on a listen address other machines can reach. Without it, plaintext "

@@ -45,7 +45,8 @@ ABSL_FLAG(double, emulate_uplink_mbps, 0,
           "(0 = the real link).");
 ABSL_FLAG(bool, no_inbound, false,
           "This peer cannot accept connections (behind NAT or a firewall that drops inbound): the coordinator "
-          "keeps it a standby instead of placing it where neighbours must dial it.");
+          "places it only where it opens every link itself (a stage of a single-pipeline job, never next to "
+          "another such peer); otherwise it stays a standby.");
 ABSL_FLAG(uint64_t, memory_bytes, 0, "Memory claim for placement: bytes for one stage (0 = unknown).");
 ABSL_FLAG(std::string, daemon_metrics_listen, "",
           "HOST:PORT where the daemon itself serves Prometheus metrics (its StateTransfer server's refusals, "

@@ -47,6 +47,13 @@ ABSL_FLAG(int32_t, stage, 0, "Which stage this process runs (0-based).");
 ABSL_FLAG(int32_t, pipeline_index, 0, "Which pipeline (data-parallel replica) this stage belongs to.");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "Address the StageLink server binds (stages > 0).");
 ABSL_FLAG(std::string, next, "", "HOST:PORT of the next stage (all but the last stage; or --peers_on_stdin).");
+ABSL_FLAG(std::string, previous, "", "HOST:PORT of the previous stage's StageLink server, dialed with --dial_previous.");
+ABSL_FLAG(bool, dial_previous, false,
+          "Open the link from the previous stage by dialing it at --previous (this stage cannot accept connections: "
+          "a reversed link, set by `aqswarm peer` from the assignment).");
+ABSL_FLAG(bool, accept_next, false,
+          "Accept the link to the next stage on --listen instead of dialing --next (the next stage cannot accept "
+          "connections and dials this one).");
 ABSL_FLAG(bool, peers_on_stdin, false,
           "After the listening line, read the neighbours' addresses on stdin: {\"next\": \"HOST:PORT\", "
           "\"replicas\": [...]} (both as needed; what `aqswarm pipeline` sends, so that it can start the stages "
@@ -154,8 +161,13 @@ int RunStage(const std::vector<std::string>& args) {
   auto job = LoadJobFromFlags();
   if (!job.ok()) return Fail("stage", job.status());
   KeepFreedMemoryForReuse();  // no fresh zeroed pages every micro-batch (common/malloc_tuning.h)
-  if (cmd->stage + 1 < static_cast<int>(job->stages()) && cmd->next.empty() && !cmd->peers_on_stdin) {
-    return Fail("stage", absl::InvalidArgumentError("a stage before the last needs --next (or --peers_on_stdin)"));
+  if (cmd->stage + 1 < static_cast<int>(job->stages()) && cmd->next.empty() && !cmd->peers_on_stdin &&
+      !cmd->accept_next) {
+    return Fail("stage", absl::InvalidArgumentError(
+                             "a stage before the last needs --next (or --peers_on_stdin, or --accept_next)"));
+  }
+  if (cmd->stage > 0 && cmd->dial_previous && cmd->previous.empty()) {
+    return Fail("stage", absl::InvalidArgumentError("--dial_previous needs --previous (the previous stage's address)"));
   }
   peer::StageRunnerOptions o = peer::StageRunnerOptionsFor(*cmd, *job);
   if (o.tls.enabled() && o.tls.name.empty()) {
@@ -194,7 +206,7 @@ int RunStage(const std::vector<std::string>& args) {
   if (cmd->peers_on_stdin) {
     // The launcher answers once every stage listens, e.g.
     //   {"next": "127.0.0.1:7001", "replicas": ["127.0.0.1:7101", "127.0.0.1:7102"]}
-    absl::Status ps = ReadPeersFromStdin(**runner, /*want_next=*/!last, dp, o.link_timeout);
+    absl::Status ps = ReadPeersFromStdin(**runner, /*want_next=*/!last && !cmd->accept_next, dp, o.link_timeout);
     if (!ps.ok()) return Fail("stage", ps);
   } else if (dp && !cmd->replicas.empty()) {
     absl::Status cs = (*runner)->SetReplicas(cmd->replicas);

@@ -59,13 +59,19 @@ Planner::Planner(PlannerOptions options, const v1::JobSpec& job) : options_(std:
 }
 
 absl::StatusOr<Planner::Solved> Planner::Solve(const Grid& grid, const std::vector<PlannerPeer>& peers,
-                                               const LinkMatrix& links, size_t extra_standbys) const {
+                                               const LinkMatrix& links, size_t extra_standbys,
+                                               bool place_unreachable) const {
   const int S = num_stages_, P = num_pipelines_;
   std::unordered_map<uint64_t, const PlannerPeer*> alive;
   for (const auto& p : peers) alive[p.id] = &p;
+  // A peer others cannot dial can run a stage of a single pipeline (no
+  // replicas to exchange with) between neighbours that can be dialed: its
+  // links are opened from their end (reversed), its state never fetched.
+  place_unreachable = place_unreachable && P == 1;
   auto eligible = [&](const PlannerPeer& p) {
-    return p.reachable && (options_.stage_memory_bytes <= 0 || p.memory_bytes == 0 ||
-                           static_cast<double>(p.memory_bytes) >= options_.stage_memory_bytes);
+    return (p.reachable || place_unreachable) &&
+           (options_.stage_memory_bytes <= 0 || p.memory_bytes == 0 ||
+            static_cast<double>(p.memory_bytes) >= options_.stage_memory_bytes);
   };
   // Candidates: the peers placed in `grid`, then eligible standbys fastest first.
   Solved out;
@@ -109,7 +115,9 @@ absl::StatusOr<Planner::Solved> Planner::Solve(const Grid& grid, const std::vect
       if (a == b) continue;
       const LinkEstimate e = links.Get(out.candidates[a], out.candidates[b]);
       problem.latency_seconds[a][b] = e.rtt_seconds / 2;
-      problem.bandwidth_bytes_per_second[a][b] = e.bandwidth_bytes_per_second;
+      // Neither end can be dialed: no link.
+      const bool none = !pa.reachable && !alive.at(out.candidates[b])->reachable;
+      problem.bandwidth_bytes_per_second[a][b] = none ? 0 : e.bandwidth_bytes_per_second;
     }
   }
   problem.dp_degree = P;
@@ -124,6 +132,16 @@ absl::StatusOr<Planner::Solved> Planner::Solve(const Grid& grid, const std::vect
   problem.migration_weight = options_.migration_weight;
   problem.checkpoint_bandwidth_bytes_per_second = options_.checkpoint_bandwidth_bytes_per_second;
   AQSWARM_ASSIGN_OR_RETURN(Plan plan, SolvePlacement(problem, options_.solver));
+  // The solver avoids links that do not exist when it can; when it could
+  // not, solve again without the standbys others cannot dial.
+  for (size_t j = 0; place_unreachable && j + 1 < plan.stages.size(); ++j) {
+    for (size_t p = 0; p < plan.stages[j].size() && p < plan.stages[j + 1].size(); ++p) {
+      if (!alive.at(out.candidates[plan.stages[j][p]])->reachable &&
+          !alive.at(out.candidates[plan.stages[j + 1][p]])->reachable) {
+        return Solve(grid, peers, links, extra_standbys, /*place_unreachable=*/false);
+      }
+    }
+  }
   out.plan = std::move(plan);
   return out;
 }

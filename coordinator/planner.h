@@ -11,9 +11,9 @@
 // Replan rules (what keeps healthy peers put):
 //   - Peers of `previous` that are no longer in `peers` leave holes.
 //   - No hole left (a standby joined or left): the grid is returned unchanged.
-//   - Fewer eligible peers (memory; reachable: PlannerPeer::reachable) than
-//     stages x pipelines: the grid keeps its holes (incomplete; placed peers
-//     hold still).
+//   - Fewer eligible peers (memory; PlannerPeer::reachable) than stages x
+//     pipelines: the grid keeps its holes (incomplete; placed peers hold
+//     still).
 //   - Otherwise the surviving holders and the best standbys (up to
 //     max_candidates, fastest first) go to SolvePlacement with
 //     previous_stage set, so moving a healthy peer costs stage_state_bytes /
@@ -80,7 +80,9 @@ struct PlannerPeer {
   uint64_t id = 0;
   double seconds_per_layer = 0;  // 0 = unknown
   uint64_t memory_bytes = 0;     // 0 = unknown (unlimited)
-  // Others can open connections to it; a peer that cannot stays a standby.
+  // Others can open connections to it. One that cannot is placed only in a
+  // single-pipeline job (no replicas to exchange with) and never next to
+  // another such peer: its links are opened from the other end.
   bool reachable = true;
 };
 
@@ -148,8 +150,10 @@ class Planner {
     PlacementProblem problem;
     Plan plan;
   };
+  // `place_unreachable`: standbys others cannot dial are candidates too
+  // (single-pipeline jobs only; never two of them adjacent).
   absl::StatusOr<Solved> Solve(const Grid& grid, const std::vector<PlannerPeer>& peers, const LinkMatrix& links,
-                               size_t extra_standbys) const;
+                               size_t extra_standbys, bool place_unreachable = true) const;
   // The solved plan as a grid: peers that keep their stage in `kept` keep
   // their pipeline index; generations renewed where they differ from `previous`.
   Grid ToGrid(const Solved& solved, const Grid& kept, const Grid& previous, const LinkMatrix& links,

@@ -144,11 +144,11 @@ TEST(PlannerTest, MemoryAndLinksSteerWhoIsPlaced) {
   EXPECT_EQ(placed, (std::set<uint64_t>{1, 2}));
 }
 
-TEST(PlannerTest, PeersOthersCannotDialAreNeverPlacedEvenWhenFastest) {
-  Planner planner({}, TestJob(2, 1));
+TEST(PlannerTest, WithReplicasPeersOthersCannotDialAreNeverPlacedEvenWhenFastest) {
+  Planner planner({}, TestJob(2, 2));
   LinkMatrix links(LinkEstimate{1e6, 0.2});
-  // 3 and 4 are the fastest but cannot be dialed; with them alone the grid stays incomplete.
-  std::vector<PlannerPeer> peers = {{3, 0.001, 0, false}, {4, 0.001, 0, false}, {1, 0.01, 0}};
+  // 5 and 6 are the fastest but cannot be dialed: their replicas could not send them updates.
+  std::vector<PlannerPeer> peers = {{5, 0.001, 0, false}, {6, 0.001, 0, false}, {1, 0.01, 0}, {3, 0.01, 0}, {4, 0.01, 0}};
   uint64_t gen = 1;
   auto g = planner.Replan(Grid::Empty(2, 1), peers, links, &gen);
   ASSERT_TRUE(g.ok()) << g.status();
@@ -157,13 +157,31 @@ TEST(PlannerTest, PeersOthersCannotDialAreNeverPlacedEvenWhenFastest) {
   g = planner.Replan(*g, peers, links, &gen);
   ASSERT_TRUE(g.ok()) << g.status();
   std::set<uint64_t> placed(g->slots.begin(), g->slots.end());
-  EXPECT_EQ(placed, (std::set<uint64_t>{1, 2}));
+  EXPECT_EQ(placed, (std::set<uint64_t>{1, 2, 3, 4}));
   // Nor does Improve bring them in.
   auto better = planner.Improve(*g, peers, links, &gen);
   ASSERT_TRUE(better.ok()) << better.status();
   if (better->has_value()) {
-    for (uint64_t id : (*better)->grid.slots) EXPECT_TRUE(id == 1 || id == 2) << id;
+    for (uint64_t id : (*better)->grid.slots) EXPECT_LT(id, 5u);
   }
+}
+
+TEST(PlannerTest, InOnePipelineAPeerOthersCannotDialRunsAStageButNeverNextToAnother) {
+  Planner planner({}, TestJob(3, 1));
+  LinkMatrix links(LinkEstimate{1e6, 0.2});
+  uint64_t gen = 1;
+  // Two such peers and one that can be dialed: the only valid order puts the latter in the middle.
+  std::vector<PlannerPeer> peers = {{7, 0.01, 0, false}, {8, 0.01, 0, false}, {9, 0.01, 0}};
+  auto g = planner.Replan(Grid::Empty(3, 1), peers, links, &gen);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(g->complete());
+  EXPECT_EQ(g->at(1, 0), 9u);
+  // Two of them in two stages: no valid order, so neither is placed.
+  Planner two({}, TestJob(2, 1));
+  auto none = two.Replan(Grid::Empty(2, 1), {{7, 0.01, 0, false}, {8, 0.01, 0, false}}, links, &gen);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->complete());
+  EXPECT_EQ(none->Find(7), std::nullopt);
 }
 
 // 2 stages x 1 pipeline placed on a uniform 100 Mbit/s network, one standby.

@@ -113,6 +113,9 @@ SwarmCoordinator::~SwarmCoordinator() {
 }
 
 absl::Status SwarmCoordinator::Restore(const PersistedState& persisted) {
+  // A restart holds the restored plan like a fresh one: the links measured
+  // before it are gone, and peers are reconnecting (ImprovePlan's hold).
+  last_plan_change_ = clock_->Now();
   if (!persisted.job.has_value()) {  // fresh state dir
     CoordinatorState::Change change;
     change.PutJob(options_.job);
@@ -345,8 +348,8 @@ absl::StatusOr<JoinResult> SwarmCoordinator::Join(const JoinParams& given) {
   const bool probe = options_.probe_reachability && m.reachability == v1::REACHABLE && !m.state_transfer_address.empty();
   if (probe) m.reachability = v1::PROBING;
   if (m.reachability == v1::NO_INBOUND) {
-    AQSWARM_LOG(INFO) << "peer '" << m.name << "' says it accepts no connections: it stays a standby "
-                      << "(a placed peer must accept its neighbours' links)";
+    AQSWARM_LOG(INFO) << "peer '" << m.name << "' says it accepts no connections: it is placed only where it "
+                      << "opens its links itself";
   }
   if (options_.job.data().synthetic_tokens() == 0) {
     AQSWARM_RETURN_IF_ERROR(CheckDataIdentity(data_identity_, params.data, absl::StrCat("peer '", m.name, "'")));
@@ -384,8 +387,8 @@ absl::Status SwarmCoordinator::SetReachability(uint64_t peer_id, bool reachable,
     AQSWARM_LOG(DEBUG) << "peer '" << updated.name << "' is reachable at " << updated.state_transfer_address;
   } else {
     AQSWARM_LOG(WARNING) << "peer '" << updated.name << "' cannot be reached at " << updated.state_transfer_address
-                         << " (" << detail << "): it stays a standby; behind NAT or a firewall, forward its ports "
-                         << "or run it with --no_inbound";
+                         << " (" << detail << "): it is placed only where it opens its links itself (a "
+                         << "single-pipeline job); to place it anywhere, forward its ports";
   }
   // Replacing the member re-plans when the grid has holes (a placeable standby).
   return ChangeMembersLocked({peer_id}, updated);
@@ -716,11 +719,18 @@ absl::StatusOr<v1::Assignment> SwarmCoordinator::GetAssignment(uint64_t peer_id,
   a.set_role(v1::Assignment::STAGE);
   a.set_stage(j);
   a.set_pipeline(p);
+  // A link whose downstream others cannot dial is opened by the downstream (reversed).
+  auto dialable = [this](uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Member* m = membership_.Find(id);
+    return m == nullptr || m->reachability == v1::REACHABLE;
+  };
   if (j + 1 < grid_.num_stages && grid_.at(j + 1, p) != 0) {
     *a.mutable_next() = NeighborLocked(grid_.at(j + 1, p), j + 1, p, grid_.forward_gen(j, p));
+    a.mutable_next()->set_reversed(!dialable(grid_.at(j + 1, p)));
   }
   if (j > 0 && grid_.at(j - 1, p) != 0) {
     *a.mutable_previous() = NeighborLocked(grid_.at(j - 1, p), j - 1, p, grid_.forward_gen(j - 1, p));
+    a.mutable_previous()->set_reversed(!dialable(peer_id));
   }
   for (int q = 0; q < grid_.num_pipelines; ++q) {
     if (q != p && grid_.at(j, q) != 0) {
@@ -741,7 +751,10 @@ absl::StatusOr<v1::Assignment> SwarmCoordinator::GetAssignment(uint64_t peer_id,
   }
   if (options_.mirror_checkpoints && grid_.num_stages > 1) {
     const int k = (j + 1) % grid_.num_stages;
-    if (grid_.at(k, p) != 0) *a.mutable_mirror() = NeighborLocked(grid_.at(k, p), k, p, 0);
+    // The copy is fetched from (k, p) and served by this peer: both must be dialable.
+    if (grid_.at(k, p) != 0 && dialable(grid_.at(k, p)) && dialable(peer_id)) {
+      *a.mutable_mirror() = NeighborLocked(grid_.at(k, p), k, p, 0);
+    }
   }
   return a;
 }

@@ -191,9 +191,10 @@ class SwarmCoordinator {
   // the banner).
   absl::StatusOr<JoinResult> Join(const JoinParams& params);
   // The answer to a PROBING member's reachability probe (JoinResult::
-  // probe_address): REACHABLE members can be placed (a re-plan when the grid
-  // has holes), UNREACHABLE ones stay standbys. A member that is not PROBING
-  // (gone, rejoined, or already answered) is left as it is.
+  // probe_address): REACHABLE or UNREACHABLE (placed only where it opens
+  // its links itself: PlannerPeer::reachable); a re-plan when the grid has
+  // holes. A member that is not PROBING (gone, rejoined, or already
+  // answered) is left as it is.
   absl::Status SetReachability(uint64_t peer_id, bool reachable, absl::string_view detail);
   // NOT_FOUND (unknown id), UNAUTHENTICATED (wrong session), INVALID_ARGUMENT (progress).
   absl::StatusOr<HeartbeatResult> Heartbeat(uint64_t peer_id, absl::string_view session_token,

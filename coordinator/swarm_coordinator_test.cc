@@ -532,8 +532,9 @@ std::map<std::string, v1::Reachability> ReachabilityByName(const SwarmCoordinato
   return out;
 }
 
-TEST_F(SwarmCoordinatorTest, PeersOthersCannotDialAreNeverPlacedProbedOrUsedAsSourcesAndARestartRemembers) {
-  SwarmCoordinatorOptions o = TestOptions(&clock_, dir_.Sub("state"), 2, 1);
+TEST_F(SwarmCoordinatorTest, PeersOthersCannotDialAreNeverPlacedWithReplicasNorProbedAndARestartRemembers) {
+  // One stage, two replicas: a replica must accept the other's updates.
+  SwarmCoordinatorOptions o = TestOptions(&clock_, dir_.Sub("state"), 1, 2);
   o.probe_reachability = true;
   auto join = [&](SwarmCoordinator& c, const std::string& name, int port, bool no_inbound) {
     JoinParams p = JoinAs(clock_, name, port);
@@ -596,6 +597,40 @@ TEST_F(SwarmCoordinatorTest, PeersOthersCannotDialAreNeverPlacedProbedOrUsedAsSo
   EXPECT_FALSE(c->grid().complete());
   EXPECT_FALSE(c->grid().Find(n.peer_id).has_value());
   EXPECT_FALSE(c->grid().Find(u.peer_id).has_value());
+}
+
+TEST_F(SwarmCoordinatorTest, InOnePipelineAPeerOthersCannotDialIsPlacedAndItsLinkIsOpenedFromTheOtherEnd) {
+  SwarmCoordinatorOptions o = TestOptions(&clock_, dir_.Sub("state"), 2, 1);
+  o.probe_reachability = true;
+  o.mirror_checkpoints = true;
+  auto c = Make(o);
+  ASSERT_NE(c, nullptr);
+  JoinParams np = JoinAs(clock_, "nat", 5000);
+  np.no_inbound = true;
+  np.state_transfer_address = "127.0.0.1:5002";
+  auto n = c->Join(np);
+  ASSERT_TRUE(n.ok()) << n.status();
+  JoinParams rp = JoinAs(clock_, "r", 6000);
+  rp.state_transfer_address = "127.0.0.1:6002";
+  auto r = c->Join(rp);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(c->SetReachability(r->peer_id, true, "").ok());
+  ASSERT_TRUE(c->grid().complete());
+  auto na = c->GetAssignment(n->peer_id, n->session_token);
+  auto ra = c->GetAssignment(r->peer_id, r->session_token);
+  ASSERT_TRUE(na.ok() && ra.ok());
+  if (na->stage() == 1) {
+    // The NAT peer is downstream: it dials r, which accepts.
+    EXPECT_TRUE(na->previous().reversed());
+    EXPECT_TRUE(ra->next().reversed());
+  } else {
+    // Upstream: it dials r as any upstream does.
+    EXPECT_FALSE(na->next().reversed());
+    EXPECT_FALSE(ra->previous().reversed());
+  }
+  // Nobody copies from or serves copies through the NAT peer.
+  EXPECT_FALSE(na->has_mirror());
+  EXPECT_FALSE(ra->has_mirror());
 }
 
 TEST_F(SwarmCoordinatorTest, ADifferentJobOnTheSameStateDirIsRefused) {

@@ -69,10 +69,13 @@ StageCommand StageCommandFor(const v1::Assignment& a, const StagePlacement& p, c
     c.next = a.next().stage_link_address();
     c.next_generation = a.next().link_generation();
     c.next_peer = a.next().peer_name();
+    c.accept_next = a.next().reversed();
   }
   if (a.has_previous()) {
     c.previous_generation = a.previous().link_generation();
     c.previous_peer = a.previous().peer_name();
+    c.previous = a.previous().stage_link_address();
+    c.dial_previous = a.previous().reversed();
   }
   if (a.num_pipelines() > 1) {
     c.replicas.assign(a.num_pipelines(), "");

@@ -33,6 +33,7 @@ v1::Assignment Place(uint64_t plan, uint32_t stage, uint32_t pipeline, int stage
   if (stage > 0) {
     a.mutable_previous()->set_link_generation(4);
     a.mutable_previous()->set_peer_name("previous-peer");
+    a.mutable_previous()->set_stage_link_address("10.0.0.0:7100");
   }
   for (int p = 0; p < dp; ++p) {
     if (p == static_cast<int>(pipeline)) continue;
@@ -103,6 +104,24 @@ TEST(AssignmentTest, TheCommandRunsTheAssignedPlace) {
   EXPECT_TRUE(last.replica_peers.empty());
   EXPECT_TRUE(last.replicas.empty());
   EXPECT_TRUE(last.name.empty());
+  // Links are dialed downstream unless the assignment reverses them.
+  EXPECT_FALSE(c.accept_next);
+  EXPECT_FALSE(last.dial_previous);
+  EXPECT_EQ(last.previous, "10.0.0.0:7100");
+}
+
+TEST(AssignmentTest, AReversedLinkIsDialedByTheDownstreamAndAcceptedByTheUpstream) {
+  StagePlacement p;
+  p.work_dir = "/w";
+  v1::Assignment up = Place(3, 0, 0, 2, 1), down = Place(3, 1, 0, 2, 1);
+  up.mutable_next()->set_reversed(true);
+  down.mutable_previous()->set_reversed(true);
+  const StageCommand u = StageCommandFor(up, p, ""), d = StageCommandFor(down, p, "");
+  EXPECT_TRUE(u.accept_next);
+  EXPECT_FALSE(u.dial_previous);
+  EXPECT_TRUE(d.dial_previous);
+  EXPECT_EQ(d.previous, "10.0.0.0:7100");
+  EXPECT_FALSE(d.accept_next);
 }
 
 TEST(AssignmentTest, AssignmentsThatDoNotFitTheJobAreRefused) {

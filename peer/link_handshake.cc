@@ -108,19 +108,25 @@ LinkServerOptions UpstreamServerOptions(const v1::LinkHello& want, const std::st
   return o;
 }
 
-absl::StatusOr<std::unique_ptr<LinkConnection>> DialNext(const std::string& address, const v1::LinkHello& hello,
-                                                         const rpc::ShapingOptions& shaping, const rpc::TlsOptions& tls,
-                                                         absl::Duration timeout, const std::string& expected_peer,
-                                                         const LinkLimits& limits) {
+namespace {
+
+// DialNext (`reverse` false) and DialPrevious (true): dial, send the hello,
+// wait for the answer; again on a retryable refusal until `timeout`.
+absl::StatusOr<std::unique_ptr<LinkConnection>> DialAndGreet(const std::string& address, const v1::LinkHello& hello,
+                                                             const rpc::ShapingOptions& shaping,
+                                                             const rpc::TlsOptions& tls, absl::Duration timeout,
+                                                             const std::string& expected_peer, const LinkLimits& limits,
+                                                             bool reverse) {
   rpc::TlsOptions checked = tls;
-  // The downstream's certificate must carry the name the assignment gives
+  // The far end's certificate must carry the name the assignment gives
   // it (certificates name their process in a DNS subjectAltName).
   if (tls.enabled() && !expected_peer.empty()) checked.target_name_override = expected_peer;
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration backoff = absl::Milliseconds(50);
   while (true) {
     const absl::Duration left = deadline - absl::Now();
-    absl::StatusOr<std::unique_ptr<LinkConnection>> dialed = LinkConnection::Dial(address, shaping, left, checked, limits);
+    absl::StatusOr<std::unique_ptr<LinkConnection>> dialed =
+        LinkConnection::Dial(address, shaping, left, checked, limits, reverse);
     if (!dialed.ok() && !checked.target_name_override.empty()) {
       return absl::Status(dialed.status().code(),
                           absl::StrCat(dialed.status().message(), " (or its certificate does not name '",
@@ -145,21 +151,43 @@ absl::StatusOr<std::unique_ptr<LinkConnection>> DialNext(const std::string& addr
     } else if (answer->hello_ack().accepted()) {
       return down;
     } else {
-      again = absl::FailedPreconditionError(
-          absl::StrCat("stage ", hello.boundary() + 1, " refused the link: ", answer->hello_ack().reason()));
+      again = absl::FailedPreconditionError(absl::StrCat("stage ", reverse ? hello.boundary() : hello.boundary() + 1,
+                                                         " refused the link: ", answer->hello_ack().reason()));
       down->CloseSend();
       if (!answer->hello_ack().retry()) return again;
     }
     down.reset();
     if (absl::Now() + backoff > deadline) return again;
-    AQSWARM_LOG(INFO) << "stage " << hello.boundary() << ": " << again.message() << "; dialing again";
+    AQSWARM_LOG(INFO) << "stage " << (reverse ? hello.boundary() + 1 : hello.boundary()) << ": " << again.message()
+                      << "; dialing again";
     absl::SleepFor(backoff);  // retry backoff, not synchronisation
     backoff = std::min(backoff * 2, absl::Seconds(1));
   }
 }
 
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LinkConnection>> DialNext(const std::string& address, const v1::LinkHello& hello,
+                                                         const rpc::ShapingOptions& shaping, const rpc::TlsOptions& tls,
+                                                         absl::Duration timeout, const std::string& expected_peer,
+                                                         const LinkLimits& limits) {
+  return DialAndGreet(address, hello, shaping, tls, timeout, expected_peer, limits, /*reverse=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<LinkConnection>> DialPrevious(const std::string& address, const v1::LinkHello& hello,
+                                                             const rpc::ShapingOptions& shaping,
+                                                             const rpc::TlsOptions& tls, absl::Duration timeout,
+                                                             const std::string& expected_peer,
+                                                             const LinkLimits& limits) {
+  return DialAndGreet(address, hello, shaping, tls, timeout, expected_peer, limits, /*reverse=*/true);
+}
+
 absl::StatusOr<LinkConnection*> AcceptPrevious(StageLinkServer& server, absl::Duration timeout) {
   return server.Accept(timeout);
+}
+
+absl::StatusOr<LinkConnection*> AcceptNext(StageLinkServer& server, absl::Duration timeout) {
+  return server.AcceptDownstream(timeout);
 }
 
 }  // namespace aqswarm::peer

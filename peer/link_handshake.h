@@ -53,8 +53,9 @@ LinkLimits LinkLimitsFor(const v1::JobSpec& job, uint64_t first_step);
 // `*detail` (optional) gets the values, for this end's log and errors.
 v1::LinkHelloAck CheckHello(const v1::LinkHello& got, const v1::LinkHello& want, std::string* detail = nullptr);
 
-// A StageLinkServer's options for a stage that expects the upstream `want`
-// from the peer named `expected_peer` (its certificate name; "" = any).
+// A StageLinkServer slot's options for a stage that expects the hello `want`
+// from the peer named `expected_peer` (its certificate name; "" = any): its
+// upstream, or for a reversed link its downstream.
 LinkServerOptions UpstreamServerOptions(const v1::LinkHello& want, const std::string& expected_peer,
                                         const rpc::ShapingOptions& shaping, const rpc::TlsOptions& tls,
                                         const LinkLimits& limits);
@@ -73,6 +74,20 @@ absl::StatusOr<std::unique_ptr<LinkConnection>> DialNext(const std::string& addr
 // Waits until the server (started with UpstreamServerOptions) has accepted
 // its upstream, at most `timeout`; refused connections do not end the wait.
 absl::StatusOr<LinkConnection*> AcceptPrevious(StageLinkServer& server, absl::Duration timeout);
+
+// A reversed link (the downstream cannot accept connections): the
+// downstream dials its upstream's downstream slot (StageLinkReverse) with
+// the same hello the upstream would send (`hello.boundary` is the
+// upstream's stage), retrying as DialNext does; `expected_peer` names the
+// upstream. The upstream serves that slot (StageLinkServer::StartSlots with
+// UpstreamServerOptions for the downstream's hello) and takes the link with
+// AcceptNext.
+absl::StatusOr<std::unique_ptr<LinkConnection>> DialPrevious(const std::string& address, const v1::LinkHello& hello,
+                                                             const rpc::ShapingOptions& shaping,
+                                                             const rpc::TlsOptions& tls, absl::Duration timeout,
+                                                             const std::string& expected_peer = "",
+                                                             const LinkLimits& limits = {});
+absl::StatusOr<LinkConnection*> AcceptNext(StageLinkServer& server, absl::Duration timeout);
 
 }  // namespace aqswarm::peer
 

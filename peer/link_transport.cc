@@ -302,7 +302,7 @@ class ClientLink final : public LinkConnection {
     if (reader_.joinable()) reader_.join();
   }
 
-  absl::Status Connect(const std::string& target, absl::Duration timeout, const rpc::TlsOptions& tls) {
+  absl::Status Connect(const std::string& target, absl::Duration timeout, const rpc::TlsOptions& tls, bool reverse) {
     // Its own TCP connection (the shaping is per link); a vanished
     // neighbour on an idle link is found within ~20 s (keepalive).
     rpc::ChannelPreset preset = rpc::LinkChannel();
@@ -314,13 +314,19 @@ class ClientLink final : public LinkConnection {
     if (!channel_->WaitForConnected(deadline)) {
       // A TLS mismatch (one end plaintext, or another CA) looks like an
       // unreachable peer from here: say which mode we used.
-      return absl::UnavailableError(absl::StrCat("cannot reach the next stage at ", target, " within ",
+      return absl::UnavailableError(absl::StrCat("cannot reach the ", reverse ? "previous" : "next", " stage at ",
+                                                 target, " within ",
                                                  absl::FormatDuration(timeout), " over ", rpc::DescribeTls(tls),
                                                  tls.enabled() ? " (is it up, with mTLS and the same CA?)"
                                                                : " (is it up, without TLS?)"));
     }
-    stub_ = v1::StageLink::NewStub(channel_);
-    stream_ = stub_->Connect(&context_);
+    if (reverse) {
+      reverse_stub_ = v1::StageLinkReverse::NewStub(channel_);
+      stream_ = reverse_stub_->Connect(&context_);
+    } else {
+      stub_ = v1::StageLink::NewStub(channel_);
+      stream_ = stub_->Connect(&context_);
+    }
     if (stream_ == nullptr) return absl::UnavailableError(absl::StrCat("cannot open a stream to ", target));
     StartWriter();
     reader_ = std::thread([this] { ReaderLoop(); });
@@ -338,6 +344,7 @@ class ClientLink final : public LinkConnection {
   const int max_frame_bytes_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::StageLink::Stub> stub_;
+  std::unique_ptr<v1::StageLinkReverse::Stub> reverse_stub_;
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::LinkFrame, v1::LinkFrame>> stream_;
   std::thread reader_;
@@ -349,9 +356,9 @@ absl::StatusOr<std::unique_ptr<LinkConnection>> LinkConnection::Dial(const std::
                                                                      const rpc::ShapingOptions& shaping,
                                                                      absl::Duration timeout,
                                                                      const rpc::TlsOptions& tls,
-                                                                     const LinkLimits& limits) {
+                                                                     const LinkLimits& limits, bool reverse) {
   auto link = std::make_unique<ClientLink>(target, shaping, limits);
-  absl::Status s = link->Connect(target, timeout, tls);
+  absl::Status s = link->Connect(target, timeout, tls, reverse);
   if (!s.ok()) return s;
   return std::unique_ptr<LinkConnection>(std::move(link));
 }
@@ -436,12 +443,13 @@ class Watchdog {
 
 }  // namespace
 
-class StageLinkServer::Service final : public v1::StageLink::Service {
+// One slot of a StageLinkServer: the link with one neighbour (`role`:
+// "upstream" or "downstream"), vetted as LinkServerOptions say.
+class StageLinkServer::Service {
  public:
-  explicit Service(const LinkServerOptions& options) : o_(options) {}
+  Service(const LinkServerOptions& options, std::string role) : o_(options), role_(std::move(role)) {}
 
-  grpc::Status Connect(grpc::ServerContext* ctx,
-                       grpc::ServerReaderWriter<v1::LinkFrame, v1::LinkFrame>* stream) override {
+  grpc::Status Connect(grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::LinkFrame, v1::LinkFrame>* stream) {
     if (!o_.expected_peer.empty() && o_.tls.enabled()) {
       const std::string caller = CallerCertificateName(*ctx);
       if (caller != o_.expected_peer) {
@@ -461,14 +469,14 @@ class StageLinkServer::Service final : public v1::StageLink::Service {
         link = std::make_shared<ServerLink>(ctx, stream, o_.shaping, o_.limits);
         link_ = link;
       } else if (vetted.ok()) {  // another dialer took the link meanwhile
-        CountRejectedMessage("second_upstream");
-        vetted = grpc::Status(grpc::StatusCode::ALREADY_EXISTS, "this stage already has an upstream neighbour");
+        CountRejectedMessage(role_ == "upstream" ? "second_upstream" : "second_downstream");
+        vetted = grpc::Status(grpc::StatusCode::ALREADY_EXISTS, AlreadyLinked());
       }
     }
     if (link == nullptr) {
       if (o_.check_hello && vetted.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
         v1::LinkFrame ack;
-        ack.mutable_hello_ack()->set_reason("this stage already has an upstream neighbour");
+        ack.mutable_hello_ack()->set_reason(AlreadyLinked());
         stream->Write(ack);
       }
       return vetted;
@@ -486,22 +494,24 @@ class StageLinkServer::Service final : public v1::StageLink::Service {
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return link_ != nullptr || shutdown_; };
     if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout) || link_ == nullptr) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "the upstream stage did not connect within ", absl::FormatDuration(timeout),
+          "the ", role_, " stage did not connect within ", absl::FormatDuration(timeout),
           refused_ == 0 ? std::string()
                         : absl::StrCat("; ", refused_, " connection(s) refused, the last: ", last_refusal_)));
     }
     return link_.get();
   }
 
-  void Release(LinkConnection* connection) {
+  // Whether `connection` was this slot's (then it is released).
+  bool Release(LinkConnection* connection) {
     std::shared_ptr<ServerLink> link;
     {
       absl::MutexLock l(&mu_);
-      if (link_.get() != connection) return;
+      if (link_.get() != connection) return false;
       link.swap(link_);
     }
     link->CloseSend();
     link->Cancel();  // not read any more
+    return true;
   }
 
   void Shutdown() {
@@ -515,13 +525,15 @@ class StageLinkServer::Service final : public v1::StageLink::Service {
   }
 
  private:
+  std::string AlreadyLinked() const { return absl::StrCat("this stage already has an ", role_, " neighbour"); }
+
   // Counts a connection being vetted; refuses one over the caps.
   grpc::Status Admit() {
     absl::MutexLock l(&mu_);
     if (shutdown_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "this stage is shutting down");
     if (link_ != nullptr) {
-      CountRejectedMessage("second_upstream");
-      return grpc::Status(grpc::StatusCode::ALREADY_EXISTS, "this stage already has an upstream neighbour");
+      CountRejectedMessage(role_ == "upstream" ? "second_upstream" : "second_downstream");
+      return grpc::Status(grpc::StatusCode::ALREADY_EXISTS, AlreadyLinked());
     }
     if (candidates_ >= std::max(1, o_.max_candidates)) {
       CountRejectedMessage("link_too_many_candidates");
@@ -580,6 +592,7 @@ class StageLinkServer::Service final : public v1::StageLink::Service {
   }
 
   const LinkServerOptions o_;
+  const std::string role_;
   absl::Mutex mu_;
   std::shared_ptr<ServerLink> link_ ABSL_GUARDED_BY(mu_);
   int candidates_ ABSL_GUARDED_BY(mu_) = 0;
@@ -597,28 +610,86 @@ absl::StatusOr<std::unique_ptr<StageLinkServer>> StageLinkServer::Start(const st
   return StartWith(listen, o);
 }
 
+namespace {
+
+// A slot's gRPC face: `Base` is the generated service (StageLink or
+// StageLinkReverse), `Slot` the slot it hands the stream to.
+template <class Base, class Slot>
+class SlotAdapter final : public Base {
+ public:
+  explicit SlotAdapter(Slot* slot) : slot_(slot) {}
+  grpc::Status Connect(grpc::ServerContext* ctx,
+                       grpc::ServerReaderWriter<v1::LinkFrame, v1::LinkFrame>* stream) override {
+    return slot_->Connect(ctx, stream);
+  }
+
+ private:
+  Slot* slot_;
+};
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<StageLinkServer>> StageLinkServer::StartWith(const std::string& listen,
                                                                             const LinkServerOptions& options) {
+  return StartSlots(listen, options, std::nullopt);
+}
+
+absl::StatusOr<std::unique_ptr<StageLinkServer>> StageLinkServer::StartSlots(
+    const std::string& listen, const std::optional<LinkServerOptions>& upstream,
+    const std::optional<LinkServerOptions>& downstream) {
+  if (!upstream.has_value() && !downstream.has_value()) {
+    return absl::InvalidArgumentError("a StageLinkServer serves at least one slot");
+  }
+  if (upstream.has_value() && downstream.has_value() &&
+      (upstream->tls.dir != downstream->tls.dir || upstream->tls.name != downstream->tls.name)) {
+    return absl::InvalidArgumentError("both slots of a StageLinkServer must use the same TLS options");
+  }
   std::unique_ptr<StageLinkServer> s(new StageLinkServer());
-  s->service_ = std::make_unique<Service>(options);
+  std::vector<grpc::Service*> services;
+  int max_frame = 0;
+  if (upstream.has_value()) {
+    s->upstream_ = std::make_unique<Service>(*upstream, "upstream");
+    s->adapters_.push_back(std::make_unique<SlotAdapter<v1::StageLink::Service, Service>>(s->upstream_.get()));
+    max_frame = std::max(max_frame, upstream->limits.max_frame_bytes);
+  }
+  if (downstream.has_value()) {
+    s->downstream_ = std::make_unique<Service>(*downstream, "downstream");
+    s->adapters_.push_back(
+        std::make_unique<SlotAdapter<v1::StageLinkReverse::Service, Service>>(s->downstream_.get()));
+    max_frame = std::max(max_frame, downstream->limits.max_frame_bytes);
+  }
+  for (auto& a : s->adapters_) services.push_back(a.get());
   rpc::ServerOptions o;
   o.listen = listen;
-  o.tls = options.tls;
-  o.max_receive_bytes = options.limits.max_frame_bytes > 0 ? options.limits.max_frame_bytes : rpc::kMaxFrameBytes;
+  o.tls = upstream.has_value() ? upstream->tls : downstream->tls;
+  o.max_receive_bytes = max_frame > 0 ? max_frame : rpc::kMaxFrameBytes;
   o.max_send_bytes = rpc::kMaxFrameBytes;
   o.accept_keepalive = true;
-  AQSWARM_ASSIGN_OR_RETURN(rpc::StartedServer started, rpc::StartServer(o, {s->service_.get()}));
+  AQSWARM_ASSIGN_OR_RETURN(rpc::StartedServer started, rpc::StartServer(o, services));
   s->server_ = std::move(started.server);
   s->port_ = started.port;
   return s;
 }
-absl::StatusOr<LinkConnection*> StageLinkServer::Accept(absl::Duration timeout) { return service_->Accept(timeout); }
 
-void StageLinkServer::Release(LinkConnection* connection) { service_->Release(connection); }
+absl::StatusOr<LinkConnection*> StageLinkServer::Accept(absl::Duration timeout) {
+  if (upstream_ == nullptr) return absl::FailedPreconditionError("this StageLinkServer has no upstream slot");
+  return upstream_->Accept(timeout);
+}
+
+absl::StatusOr<LinkConnection*> StageLinkServer::AcceptDownstream(absl::Duration timeout) {
+  if (downstream_ == nullptr) return absl::FailedPreconditionError("this StageLinkServer has no downstream slot");
+  return downstream_->Accept(timeout);
+}
+
+void StageLinkServer::Release(LinkConnection* connection) {
+  if (upstream_ != nullptr && upstream_->Release(connection)) return;
+  if (downstream_ != nullptr) downstream_->Release(connection);
+}
 
 void StageLinkServer::Shutdown(absl::Duration grace) {
   if (server_ == nullptr) return;
-  service_->Shutdown();
+  if (upstream_ != nullptr) upstream_->Shutdown();
+  if (downstream_ != nullptr) downstream_->Shutdown();
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
   server_->Wait();
   server_.reset();

@@ -50,8 +50,10 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -91,9 +93,11 @@ class LinkConnection : public StageLink {
 
   // Connects to a StageLinkServer, retrying until `timeout`.
   // `limits` bound what the far end's frames can make this end hold.
+  // `reverse`: this end is the downstream stage and dials its upstream's
+  // downstream slot (StageLinkReverse).
   static absl::StatusOr<std::unique_ptr<LinkConnection>> Dial(const std::string& target, const rpc::ShapingOptions& shaping,
                                                               absl::Duration timeout, const rpc::TlsOptions& tls = {},
-                                                              const LinkLimits& limits = {});
+                                                              const LinkLimits& limits = {}, bool reverse = false);
 
   // Queues a frame. Blocks while `max_queued_frames` are waiting (flow
   // control) up to `timeout`. Fails once the link is broken or closed. The
@@ -245,32 +249,44 @@ struct LinkServerOptions {
   int max_candidates = 8;
 };
 
-// Serves StageLink for the upstream neighbour: exactly one connection.
+// Serves a stage's links on one port: exactly one connection per slot. The
+// upstream slot (service StageLink) takes the upstream neighbour's dial; the
+// downstream slot (service StageLinkReverse) takes the downstream
+// neighbour's when that one cannot accept connections and dials instead
+// (a reversed link, proto/link.proto).
 class StageLinkServer {
  public:
   // `listen` like "127.0.0.1:0"; port() tells the bound port.
   static absl::StatusOr<std::unique_ptr<StageLinkServer>> Start(const std::string& listen,
                                                                 const rpc::ShapingOptions& shaping,
                                                                 const rpc::TlsOptions& tls = {});
+  // The upstream slot only.
   static absl::StatusOr<std::unique_ptr<StageLinkServer>> StartWith(const std::string& listen,
                                                                     const LinkServerOptions& options);
+  // Either slot or both (at least one); both share `tls`, which must agree.
+  static absl::StatusOr<std::unique_ptr<StageLinkServer>> StartSlots(
+      const std::string& listen, const std::optional<LinkServerOptions>& upstream,
+      const std::optional<LinkServerOptions>& downstream);
   ~StageLinkServer();
   int port() const { return port_; }
   // Waits for the upstream stage to connect. The timeout error counts the
   // connections refused meanwhile and says why the last one was.
   absl::StatusOr<LinkConnection*> Accept(absl::Duration timeout);
+  // The same for the downstream stage of a reversed link.
+  absl::StatusOr<LinkConnection*> AcceptDownstream(absl::Duration timeout);
   // Closes an accepted connection that was refused (e.g. a stale
   // incarnation) and stops reading it (the stream is cancelled), so that
   // the next Accept can take another one.
   void Release(LinkConnection* connection);
-  // Stops serving: our side of the stream closes after queued frames are
-  // sent; the upstream gets `grace` to finish its side, then is cancelled.
+  // Stops serving: our side of the streams closes after queued frames are
+  // sent; the neighbours get `grace` to finish their side, then are cancelled.
   void Shutdown(absl::Duration grace = absl::Seconds(5));
 
  private:
   class Service;
   StageLinkServer() = default;
-  std::unique_ptr<Service> service_;
+  std::unique_ptr<Service> upstream_, downstream_;
+  std::vector<std::unique_ptr<grpc::Service>> adapters_;  // the gRPC services, calling the slots
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 };

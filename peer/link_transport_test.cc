@@ -435,6 +435,50 @@ TEST(LinkHandshakeTest, AWrongHelloIsRefusedInAFewWordsAndTheStageKeepsWaiting) 
   (*up)->CloseSend();
 }
 
+// A middle stage whose downstream cannot accept connections serves both
+// slots on one port: its upstream dials StageLink, its downstream dials
+// StageLinkReverse (DialPrevious) with the hello the middle stage would have
+// sent. Each connection becomes the right link and frames flow both ways; a
+// wrong hello on the downstream slot is refused there, and a server without
+// that slot answers a reversed dial with UNIMPLEMENTED.
+TEST(LinkHandshakeTest, AReversedLinkIsTakenOnTheDownstreamSlotBesideTheUpstreamOne) {
+  const v1::LinkHello from_up = LinkHelloFor(SmallJob(), 0, 0, 1, 3);    // link 0 -> 1
+  const v1::LinkHello to_down = LinkHelloFor(SmallJob(), 0, 1, 2, 3);    // link 1 -> 2
+  auto server = StageLinkServer::StartSlots("127.0.0.1:0", UpstreamServerOptions(from_up, "", {}, {}, {}),
+                                            UpstreamServerOptions(to_down, "", {}, {}, {}));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
+  v1::LinkHello wrong = to_down;
+  wrong.set_generation(9);
+  auto refused = DialPrevious(address, wrong, {}, {}, absl::Seconds(10));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("generation"));
+  // Dialed the other way round first, then the usual way: each lands on its slot.
+  auto downstream = DialPrevious(address, to_down, {}, {}, absl::Seconds(10));
+  ASSERT_TRUE(downstream.ok()) << downstream.status();
+  auto upstream = DialNext(address, from_up, {}, {}, absl::Seconds(10));
+  ASSERT_TRUE(upstream.ok()) << upstream.status();
+  auto up = AcceptPrevious(**server, absl::Seconds(10));
+  auto down = AcceptNext(**server, absl::Seconds(10));
+  ASSERT_TRUE(up.ok() && down.ok()) << up.status() << " " << down.status();
+  ASSERT_NE(*up, *down);
+  ASSERT_TRUE((*upstream)->Send(Commit(1)).ok());
+  EXPECT_TRUE((*up)->Receive(StepIs(1), absl::Seconds(10)).ok());
+  ASSERT_TRUE((*down)->Send(Commit(2)).ok());   // activations go down the reversed link
+  EXPECT_TRUE((*downstream)->Receive(StepIs(2), absl::Seconds(10)).ok());
+  ASSERT_TRUE((*downstream)->Send(Commit(3)).ok());  // gradients come back up it
+  EXPECT_TRUE((*down)->Receive(StepIs(3), absl::Seconds(10)).ok());
+  // A second downstream is refused.
+  auto second = DialPrevious(address, to_down, {}, {}, absl::Milliseconds(500));
+  EXPECT_FALSE(second.ok());
+  (*up)->CloseSend();
+  (*down)->CloseSend();
+  // A server with the upstream slot only: a reversed dial is not served.
+  Upstream only;
+  auto none = DialPrevious(only.address, only.want, {}, {}, absl::Seconds(10));
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kUnimplemented) << none.status();
+}
+
 TEST(LinkHandshakeTest, ANewerPlanHelloIsRefusedWithRetryAndDoesNotEndTheStage) {
   Upstream u;
   const double newer0 = Rejected("link_plan_newer"), older0 = Rejected("link_plan_older");

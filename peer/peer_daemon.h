@@ -130,7 +130,7 @@ struct PeerDaemonOptions {
   // probes go at this many Mbit/s. 0 = the real link. Default: 0.
   double emulate_uplink_mbps = 0;
   // Tells the coordinator this peer cannot accept connections
-  // (JoinRequest.no_inbound): it stays a standby. Default: false.
+  // (JoinRequest.no_inbound; coordinator/README.md "Reachability"). Default: false.
   bool no_inbound = false;
   // How long a failed child waits for a new plan before the daemon rejoins.
   // Default: 0 = 2 x lease + 5 s.

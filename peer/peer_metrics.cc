@@ -102,7 +102,7 @@ PeerFamilies& Families() {
 }
 
 constexpr const char* kRejectReasons[] = {"link_hello_mismatch",     "activation_invalid",      "gradient_invalid",
-                                          "resend_invalid",          "second_upstream",         "dp_chunk_invalid",
+                                          "resend_invalid",          "second_upstream",         "second_downstream",       "dp_chunk_invalid",
                                           "dp_wrong_group",          "dp_mailbox_full",         "state_chunk_invalid",
                                           "link_wrong_peer",         "link_hello_silent",       "link_not_hello",
                                           "link_plan_older",         "link_plan_newer",         "link_too_many_candidates",

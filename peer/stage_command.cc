@@ -66,6 +66,9 @@ const std::vector<Flag>& Flags() {
       Number("pipeline_index", &StageCommand::pipeline),
       Text("listen", &StageCommand::listen),
       Text("next", &StageCommand::next),
+      Text("previous", &StageCommand::previous),
+      Boolean("dial_previous", &StageCommand::dial_previous),
+      Boolean("accept_next", &StageCommand::accept_next),
       Boolean("peers_on_stdin", &StageCommand::peers_on_stdin),
       Text("store_dir", &StageCommand::store_dir),
       Number("generation", &StageCommand::generation),
@@ -138,7 +141,8 @@ std::vector<std::string> StageCommand::FlagNames() {
 
 bool StageCommand::operator==(const StageCommand& o) const {
   auto tie = [](const StageCommand& c) {
-    return std::tie(c.job, c.stages, c.dp, c.stage, c.pipeline, c.listen, c.next, c.peers_on_stdin, c.store_dir,
+    return std::tie(c.job, c.stages, c.dp, c.stage, c.pipeline, c.listen, c.next, c.previous, c.dial_previous,
+                    c.accept_next, c.peers_on_stdin, c.store_dir,
                     c.generation, c.next_generation, c.previous_generation, c.exchange_listen, c.replicas,
                     c.replica_generation, c.plan, c.die_with_parent, c.start_step, c.init_checkpoint,
                     c.checkpoint_dir, c.keep_checkpoints, c.link_timeout_s, c.metrics_listen, c.tls_dir, c.name,
@@ -154,6 +158,9 @@ StageRunnerOptions StageRunnerOptionsFor(const StageCommand& c, const v1::JobSpe
   o.pipeline = c.pipeline;
   o.listen = c.listen;
   o.next = c.next;
+  o.previous = c.previous;
+  o.dial_previous = c.dial_previous;
+  o.accept_next = c.accept_next;
   o.store_dir = c.store_dir;
   o.generation = c.generation;
   o.next_generation = c.next_generation;

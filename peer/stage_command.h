@@ -28,6 +28,9 @@ struct StageCommand {
   int32_t pipeline = 0;                // --pipeline_index
   std::string listen = "127.0.0.1:0";  // --listen: the StageLink server
   std::string next;                    // --next: stage+1's address
+  std::string previous;                // --previous: stage-1's address (dialed with --dial_previous)
+  bool dial_previous = false;          // --dial_previous: this stage opens the link from stage-1 (reversed)
+  bool accept_next = false;            // --accept_next: stage+1 opens the link to this stage (reversed)
   bool peers_on_stdin = false;         // --peers_on_stdin: next/replicas come on stdin
   std::string store_dir;               // --store_dir
   uint64_t generation = 1;             // --generation

@@ -43,6 +43,9 @@ StageCommand Full() {
   c.replica_peers = {"gpu-1", "gpu-7"};
   c.insecure = true;
   c.uplink_kbps = 500;
+  c.previous = "10.0.0.3:7100";
+  c.dial_previous = true;
+  c.accept_next = true;
   return c;
 }
 

@@ -179,12 +179,19 @@ class StageRunnerImpl final : public StageRunner {
       }
     }
     const rpc::ShapingOptions shaping{job_.shaping().bandwidth_mbps(), job_.shaping().latency_ms()};
-    if (!first_) {
-      // The expected hello is known now: a connection that comes before
-      // Run() is vetted as well.
-      const v1::LinkHello want = LinkHelloFor(job_, o_.pipeline, o_.stage - 1, PreviousGeneration(), o_.plan);
-      AQSWARM_ASSIGN_OR_RETURN(server_, StageLinkServer::StartWith(o_.listen, UpstreamServerOptions(want, o_.previous_peer, shaping, o_.tls,
-                                                                                  LinkLimitsFor(job_, o_.start_step))));
+    // The expected hellos are known now: a connection that comes before
+    // Run() is vetted as well.
+    std::optional<LinkServerOptions> upstream, downstream;
+    if (!first_ && !o_.dial_previous) {
+      upstream = UpstreamServerOptions(LinkHelloFor(job_, o_.pipeline, o_.stage - 1, PreviousGeneration(), o_.plan),
+                                       o_.previous_peer, shaping, o_.tls, LinkLimitsFor(job_, o_.start_step));
+    }
+    if (!last_ && o_.accept_next) {
+      downstream = UpstreamServerOptions(LinkHelloFor(job_, o_.pipeline, o_.stage, NextGeneration(), o_.plan),
+                                         o_.next_peer, shaping, o_.tls, LinkLimitsFor(job_, o_.start_step));
+    }
+    if (upstream.has_value() || downstream.has_value()) {
+      AQSWARM_ASSIGN_OR_RETURN(server_, StageLinkServer::StartSlots(o_.listen, upstream, downstream));
     }
     if (job_.data_parallel() > 1) {
       ReplicaExchangeOptions eo;
@@ -240,10 +247,13 @@ class StageRunnerImpl final : public StageRunner {
     if (down_) {
       down_->CloseSend();
       if (s.ok()) s.Update(down_->WaitClosed(o_.link_timeout));
-      down_.reset();
+      down_ = nullptr;
+      down_owned_.reset();
     }
     if (up_) up_->CloseSend();
     if (server_) server_->Shutdown();
+    up_ = nullptr;
+    up_owned_.reset();
     if (store_) s.Update(store_->Close());
     nccl_.reset();  // waits (bounded) for the other replicas to close too
     exchange_.reset();
@@ -269,22 +279,41 @@ class StageRunnerImpl final : public StageRunner {
 
   // Opens both links (peer/link_handshake.h) and their AQ-SGD endpoints.
   absl::Status Connect() {
-    if (!last_ && o_.next.empty()) return absl::InvalidArgumentError("a stage before the last needs --next");
+    if (!last_ && o_.next.empty() && !o_.accept_next) {
+      return absl::InvalidArgumentError("a stage before the last needs --next");
+    }
+    if (!first_ && o_.dial_previous && o_.previous.empty()) {
+      return absl::InvalidArgumentError("a stage that dials its previous stage needs --previous");
+    }
     const rpc::ShapingOptions shaping{job_.shaping().bandwidth_mbps(), job_.shaping().latency_ms()};
     if (!last_) {
-      AQSWARM_ASSIGN_OR_RETURN(down_, DialNext(o_.next, LinkHelloFor(job_, o_.pipeline, o_.stage, NextGeneration(), o_.plan),
-                                               shaping, o_.tls, o_.link_timeout, o_.next_peer,
-                                               LinkLimitsFor(job_, o_.start_step)));
+      if (o_.accept_next) {
+        AQSWARM_ASSIGN_OR_RETURN(down_, AcceptNext(*server_, o_.link_timeout));
+      } else {
+        AQSWARM_ASSIGN_OR_RETURN(down_owned_,
+                                 DialNext(o_.next, LinkHelloFor(job_, o_.pipeline, o_.stage, NextGeneration(), o_.plan),
+                                          shaping, o_.tls, o_.link_timeout, o_.next_peer,
+                                          LinkLimitsFor(job_, o_.start_step)));
+        down_ = down_owned_.get();
+      }
       AQSWARM_ASSIGN_OR_RETURN(auto lo, pipeline::LinkOptionsFromJob(job_, o_.pipeline, o_.stage, NextGeneration()));
       AQSWARM_ASSIGN_OR_RETURN(sender_, ActivationSender::Create(store_.get(), lo));
     }
     if (!first_) {
-      AQSWARM_ASSIGN_OR_RETURN(up_, AcceptPrevious(*server_, o_.link_timeout));
+      if (o_.dial_previous) {
+        AQSWARM_ASSIGN_OR_RETURN(
+            up_owned_, DialPrevious(o_.previous, LinkHelloFor(job_, o_.pipeline, o_.stage - 1, PreviousGeneration(), o_.plan),
+                                    shaping, o_.tls, o_.link_timeout, o_.previous_peer,
+                                    LinkLimitsFor(job_, o_.start_step)));
+        up_ = up_owned_.get();
+      } else {
+        AQSWARM_ASSIGN_OR_RETURN(up_, AcceptPrevious(*server_, o_.link_timeout));
+      }
       AQSWARM_ASSIGN_OR_RETURN(auto lo,
                                pipeline::LinkOptionsFromJob(job_, o_.pipeline, o_.stage - 1, PreviousGeneration()));
       AQSWARM_ASSIGN_OR_RETURN(receiver_, ActivationReceiver::Create(store_.get(), lo));
     }
-    metrics_->SetSources({down_.get(), up_, sender_.get(), receiver_.get(), store_.get()});
+    metrics_->SetSources({down_, up_, sender_.get(), receiver_.get(), store_.get()});
     StepProtocolOptions po;
     po.stage = o_.stage;
     po.num_stages = num_stages_;
@@ -300,7 +329,7 @@ class StageRunnerImpl final : public StageRunner {
     po.loss_scaling = pipeline::DynamicLossScaling(job_);
     po.rejected = [](absl::string_view reason) { CountRejectedMessage(reason); };
     protocol_ = std::make_unique<StepProtocol>(po, compute_.get(),
-                                               StepLinks{up_, down_.get(), sender_.get(), receiver_.get()});
+                                               StepLinks{up_, down_, sender_.get(), receiver_.get()});
     return absl::OkStatus();
   }
 
@@ -505,8 +534,10 @@ class StageRunnerImpl final : public StageRunner {
   std::unique_ptr<WorkerCompute> compute_;
   std::unique_ptr<storage::MessageStore> store_;
   std::unique_ptr<StageLinkServer> server_;
-  std::unique_ptr<LinkConnection> down_;
-  LinkConnection* up_ = nullptr;  // owned by server_
+  // The links: dialed (owned here) or accepted (owned by server_).
+  std::unique_ptr<LinkConnection> down_owned_, up_owned_;
+  LinkConnection* down_ = nullptr;
+  LinkConnection* up_ = nullptr;
   std::unique_ptr<ActivationSender> sender_;
   std::unique_ptr<ActivationReceiver> receiver_;
   std::unique_ptr<StepProtocol> protocol_;  // over the links above; reset before they close

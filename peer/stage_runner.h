@@ -40,13 +40,21 @@ struct StageRunnerOptions {
   v1::JobSpec job;
   int stage = 0;
   int pipeline = 0;
-  // Address this stage's StageLink server binds (stages > 0). Default: an
-  // ephemeral port on loopback.
+  // Address this stage's StageLink server binds (stages > 0, and a stage
+  // with `accept_next`). Default: an ephemeral port on loopback.
   std::string listen = "127.0.0.1:0";
   // Address of stage+1 (all but the last stage): here, or through
   // SetNext() before Run() (a launcher that starts the stages in parallel
   // learns it only once stage+1 listens).
   std::string next;
+  // Reversed links, for a neighbour that cannot accept connections (behind
+  // NAT; peer/link_handshake.h DialPrevious): with `dial_previous` this
+  // stage dials stage-1's StageLink server at `previous` instead of
+  // accepting it; with `accept_next` it accepts stage+1 on `listen`
+  // instead of dialing `next`. Default: neither.
+  std::string previous;
+  bool dial_previous = false;
+  bool accept_next = false;
   // Directory of this stage's message store (aqsgd mode). Required then.
   std::string store_dir;
   // Byte budget of the message store; 0 = unlimited. Default: 0

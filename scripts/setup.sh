@@ -13,7 +13,7 @@ PACKAGES=(
   librocksdb-dev libtorch-dev prometheus-cpp-dev libssl-dev libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas0-openmp
   libxxhash-dev libzstd-dev libpcre2-dev libicu-dev nlohmann-json3-dev
-  prometheus gnuplot-nox iproute2 curl ca-certificates python3-yaml python3-protobuf
+  prometheus gnuplot-nox iproute2 iptables curl ca-certificates python3-yaml python3-protobuf
 )
 
 if [[ "${AQSWARM_SKIP_APT:-0}" != 1 ]]; then

@@ -556,7 +556,7 @@ def check_dockerfile():
     with open(os.path.join(ROOT, "scripts", "setup.sh")) as fh:
         setup = fh.read()
     setup_pkgs = set(re.search(r"PACKAGES=\(([^)]*)\)", setup).group(1).split())
-    not_for_building = {"prometheus", "gnuplot-nox", "iproute2", "python3-yaml", "python3-protobuf",
+    not_for_building = {"prometheus", "gnuplot-nox", "iproute2", "iptables", "python3-yaml", "python3-protobuf",
                         "libclang-rt-14-dev"}  # tools, tests, scripts (the last: scripts/fuzz.sh)
     builder = stages.get("builder", {"lines": []})
     missing = setup_pkgs - not_for_building - apt_packages(builder["lines"])

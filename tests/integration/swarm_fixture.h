@@ -66,12 +66,12 @@ class SwarmTest : public ::testing::Test {
   // `grid` adds the data-parallel (and checkpoint) fields.
   void WriteJob(int seed, const std::string& grid) {
     std::ofstream(job_) << R"({"name":"swarm-it","seed":)" << seed << R"(,
-      "model":{"seqLen":32,"dModel":32,"nLayer":2,"nHead":2)" << model_extra_ << R"(},
+      "model":{"seqLen":32,"dModel":32,"nLayer":)" << std::max(2, stages_) << R"(,"nHead":2)" << model_extra_ << R"(},
       "data":{"corpus":")" << corpus_ << R"(","tokenizer":")" << kData << R"(/gpt2"},
       "optimizer":{"lr":0.005,"minLr":0.001,"warmupSteps":2,"totalSteps":400,"weightDecay":0.0,"gradClip":1.0},
       "microBatchSize":2,"microBatchesPerStep":2,"epochs":1,"maxSteps":400,
       "compression":{"mode":"aqsgd","fwBits":3,"bwBits":6,"warmupEpochs":0,"mPrecision":"fp16"},
-      "stages":2,"threads":1,"evalEverySteps":0,"evalBatches":1,)" << grid << "}";
+      "stages":)" << stages_ << R"(,"threads":1,"evalEverySteps":0,"evalBatches":1,)" << grid << "}";
   }
 
   void KillAPeerAndExpectTheStandbyToCarryOn();
@@ -212,6 +212,7 @@ class SwarmTest : public ::testing::Test {
   std::string tls_dir_;  // empty: plaintext
   std::string job_;
   std::string model_extra_;  // more model fields for WriteJob (",\"tieEmbeddings\":true")
+  int stages_ = 2;           // the job's stages (WriteJob)
   std::string peer_flags_;   // more `aqswarm peer` flags (" --keep_checkpoints=100")
   std::string corpus_ = std::string(kData) + "/sotu";
   int coordinator_port_ = 0;

@@ -414,14 +414,13 @@ TEST_F(SwarmTest, APeerWhoseUplinkTurnsOutSlowIsReplannedOutOnceAndTrainingGoesO
   TerminatePeersExcept("");
 }
 
-// Peers others cannot dial are found and kept out of the grid: one says so
-// (--no_inbound), the other advertises a StateTransfer address where nothing
-// listens (what a peer behind NAT looks like from outside) and fails the
-// coordinator's probe. They join first, so without the check they would be
-// placed and their upstream's link could never open; the reachable peers that
-// join after them are placed instead and train.
-TEST_F(SwarmTest, PeersThatCannotBeDialedStayStandbysAndTheReachableOnesTrain) {
-  WriteJob(11, R"("dataParallel":1)");
+// Peers others cannot dial are found: one says so (--no_inbound), the other
+// advertises a StateTransfer address where nothing listens (what a peer
+// behind NAT looks like from outside) and fails the coordinator's probe. With
+// replicas they cannot be placed (a replica must accept the others'
+// updates), so they stay standbys although they joined first, and the
+// reachable peers that join after them are placed and train.
+TEST_F(SwarmTest, WithReplicasPeersThatCannotBeDialedStayStandbysAndTheReachableOnesTrain) {
   StartCoordinator();
   const std::string token = Token();
   peer_flags_ = " --no_inbound";
@@ -440,17 +439,47 @@ TEST_F(SwarmTest, PeersThatCannotBeDialedStayStandbysAndTheReachableOnesTrain) {
       },
       absl::Seconds(60)))
       << "status: " << status_.DebugString() << Logs();
-  for (const auto& p : status_.peers()) EXPECT_EQ(p.stage(), -1) << p.peer_name() << " was placed";
   peer_flags_ = "";
-  StartPeer("a", token);
-  StartPeer("b", token);
-  ASSERT_TRUE(WaitFor([](const auto& st) { return st.grid_complete() && st.step() >= 5; }, absl::Seconds(120)))
+  for (const char* name : {"a", "b", "c", "d"}) StartPeer(name, token);
+  ASSERT_TRUE(WaitFor([](const auto& st) { return st.grid_complete() && st.step() >= 5; }, absl::Seconds(180)))
       << "status: " << status_.DebugString() << Logs();
   for (const auto& p : status_.peers()) {
-    const bool reachable = p.peer_name() == "a" || p.peer_name() == "b";
+    const bool reachable = p.peer_name().size() == 1;
     EXPECT_EQ(p.stage() >= 0, reachable) << p.peer_name();
     if (reachable) {
       EXPECT_EQ(p.reachability(), v1::REACHABLE) << p.peer_name();
+    }
+  }
+  TerminatePeersExcept("");
+}
+
+// Peers behind NAT serve stages of a single pipeline: two of them (one says
+// --no_inbound, one fails the probe) and one reachable peer, 3 stages. Both
+// advertise StageLink addresses where nothing listens, so every link that
+// touches them must be opened by them: the only valid order puts the
+// reachable peer in the middle, its upstream dials it as usual and its
+// downstream dials it too (a reversed link). Training runs.
+TEST_F(SwarmTest, PeersBehindNatServeTheEndsOfAPipelineAndTheirLinksAreOpenedFromTheirSide) {
+  stages_ = 3;
+  WriteJob(13, R"("dataParallel":1)");
+  StartCoordinator();
+  const std::string token = Token();
+  peer_flags_ = absl::StrCat(" --no_inbound --advertise=127.0.0.1:", testing::UniqueLoopbackPort());
+  StartPeer("nat1", token);
+  peer_flags_ = absl::StrCat(" --advertise=127.0.0.1:", testing::UniqueLoopbackPort(),
+                             " --state_advertise=127.0.0.1:", testing::UniqueLoopbackPort());
+  StartPeer("nat2", token);
+  peer_flags_ = "";
+  StartPeer("open", token);
+  ASSERT_TRUE(WaitFor([](const auto& st) { return st.grid_complete() && st.step() >= 5; }, absl::Seconds(180)))
+      << "status: " << status_.DebugString() << Logs();
+  for (const auto& p : status_.peers()) {
+    if (p.peer_name() == "open") {
+      EXPECT_EQ(p.stage(), 1);
+      EXPECT_EQ(p.reachability(), v1::REACHABLE);
+    } else {
+      EXPECT_NE(p.stage(), 1) << p.peer_name();
+      EXPECT_NE(p.reachability(), v1::REACHABLE) << p.peer_name();
     }
   }
   TerminatePeersExcept("");
