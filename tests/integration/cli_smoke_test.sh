@@ -72,6 +72,7 @@ check coord-probe-age 1 "probe_max_age_s" -- "$bin" coordinator --job=/nonexiste
 check coord-probes 1 "probes_per_heartbeat" -- "$bin" coordinator --job=/nonexistent.json --state_dir=/nonexistent --probes_per_heartbeat=65
 check stage-negative-start 1 "start_step must be" -- "$bin" stage --job=/nonexistent.json --start_step=-1
 check stage-negative-uplink 1 "uplink_kbps must be" -- "$bin" stage --job=/nonexistent.json --uplink_kbps=-5
+check stage-dial-previous 1 "needs --previous" -- "$bin" stage --job="$root/examples/tiny_aqsgd.json" --stage=1 --next=127.0.0.1:1 --dial_previous
 check peer-uplink 1 "emulate_uplink_mbps" -- "${peer[@]}" --listen=127.0.0.1:7001 --exchange_listen=127.0.0.1:7002 --emulate_uplink_mbps=-1
 check coord-replan-gain 1 "replan_min_gain" -- "$bin" coordinator --job=/nonexistent.json --state_dir=/nonexistent --replan_min_gain=1.5
 check coord-replan-interval 1 "replan_interval_s" -- "$bin" coordinator --job=/nonexistent.json --state_dir=/nonexistent --replan_interval_s=0
