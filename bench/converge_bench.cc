@@ -17,8 +17,11 @@
 //   aqsgd           AQ-SGD fw3 bw6, first visits raw (fp16)
 //   tiledB          the tiled codec, fw B bits, bw 6 (compression.mode tiled)
 //   aqsgd_tiledB    AQ-SGD fw3 bw6 with first visits tiled at B bits
-// tiled ones optionally followed by _tok: tiles along tokens (compression.tileAlong
-// tokens), then each but fp32 optionally by _ent: zstd over the codes, both ways).
+// tiled ones optionally followed by _mt: the midtread grid (compression.tileGrid
+// midtread; else midrise), then aqsgd_tiledB ones by _ref: a per-token
+// first-visit reference (compression.firstVisitReference), then tiled ones by
+// _tok: tiles along tokens (compression.tileAlong tokens), then each but fp32
+// optionally by _ent: zstd over the codes, both ways).
 // dp.bits, bucket size and codec are the base job's; the shaping is the
 // job's `shaping` (stage links and the DP exchange alike).
 //
@@ -120,13 +123,18 @@ struct Config {
   int first_visit_bits = 0;  // aqsgd_tiledB: B; else 0 (raw first visits)
   bool entropy = false;
   bool tiles_along_tokens = false;  // _tok
+  bool midtread = false;            // _mt
+  bool reference = false;           // _ref: compression.firstVisitReference
 };
 
 // LINK of a configuration name into `c`; false when it is not one.
 bool ParseLink(absl::string_view link, Config* c) {
   c->entropy = absl::ConsumeSuffix(&link, "_ent");
   c->tiles_along_tokens = absl::ConsumeSuffix(&link, "_tok");
-  if (c->tiles_along_tokens && !absl::StrContains(link, "tiled")) return false;
+  c->reference = absl::ConsumeSuffix(&link, "_ref");
+  c->midtread = absl::ConsumeSuffix(&link, "_mt");
+  if (c->reference && !absl::StartsWith(link, "aqsgd_tiled")) return false;
+  if ((c->tiles_along_tokens || c->midtread) && !absl::StrContains(link, "tiled")) return false;
   int bits = 0;
   if (link == "fp32") {
     return !c->entropy;
@@ -167,8 +175,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text) {
   if (!ok) {
     return absl::InvalidArgumentError(absl::StrCat("converge: unknown configuration '", text,
                                                    "' (want OPT-LINK: OPT adamw, qadam or diloco-hH with H >= 1, "
-                                                   "LINK fp32, directq, aqsgd, tiledB or aqsgd_tiledB (B bits 1..8), all but fp32 optionally "
-                                                   "with _ent; e.g. adamw-fp32, diloco-h32-aqsgd, adamw-aqsgd_tiled3_ent)"));
+                                                   "LINK fp32, directq, aqsgd, tiledB or aqsgd_tiledB (B bits 1..8), tiled ones optionally "
+                                                   "with _mt, _ref (aqsgd_tiledB) then _tok, all but fp32 optionally with _ent; e.g. adamw-fp32, diloco-h32-aqsgd, adamw-aqsgd_tiled3_ent)"));
   }
   return c;
 }
@@ -226,6 +234,8 @@ absl::StatusOr<v1::JobSpec> ConfigJob(const v1::JobSpec& base, const Config& c) 
   }
   comp->set_entropy_coding(c.entropy);
   if (c.tiles_along_tokens) comp->set_tile_along("tokens");
+  comp->set_tile_grid(c.midtread ? "midtread" : "midrise");
+  comp->set_first_visit_reference(c.reference);
   v1::DataParallelSpec* dp = job.mutable_dp();
   const v1::DataParallelSpec& b = base.dp();
   // What belongs to one optimizer only is the configuration's to set.
@@ -644,6 +654,8 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
           {"first_visit_bits", c.first_visit_bits},
           {"entropy_coding", c.entropy},
           {"tile_along", c.tiles_along_tokens ? "tokens" : "channels"},
+          {"tile_grid", c.midtread ? "midtread" : "midrise"},
+          {"first_visit_reference", c.reference},
           {"fw_bits", fp32_links ? 32 : static_cast<int>(job.compression().fw_bits())},
           {"bw_bits", fp32_links ? 32 : static_cast<int>(job.compression().bw_bits())},
           {"bandwidth_mbps", sh.mbps},

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
 #include "common/status_macros.h"
+#include "compression/token_reference.h"
 
 namespace aqswarm::compression {
 
@@ -66,10 +67,24 @@ absl::Status AqsgdLinkCodec::EncodeRow(const RowContext& ctx, absl::Span<const f
     msg.set_kind(v1::AqsgdRow::KIND_FULL);
     if (options_.first_visit.has_value()) {
       // m starts from what the receiver decodes, not from a.
-      AQSWARM_RETURN_IF_ERROR(Encode(*options_.first_visit, a, shape, rng_key, msg.mutable_tensor()));
+      const bool with_reference = !ctx.reference.empty() && !ctx.force_full;
+      if (with_reference) {
+        AQSWARM_RETURN_IF_ERROR(CheckSize(ctx.reference, rows, cols));
+        scratch_.resize(n);
+        for (size_t i = 0; i < n; ++i) scratch_[i] = a[i] - ctx.reference[i];
+        msg.set_reference_checksum(TokenReference::Checksum(ctx.reference));
+      }
+      AQSWARM_RETURN_IF_ERROR(Encode(*options_.first_visit, with_reference ? absl::MakeConstSpan(scratch_) : a,
+                                     shape, rng_key, msg.mutable_tensor()));
       scratch_.resize(n);
       AQSWARM_RETURN_IF_ERROR(Decode(msg.tensor(), absl::MakeSpan(scratch_), options_.limits));
-      RoundRowInPlace(options_.stored, rows, cols, absl::MakeSpan(scratch_));
+      if (with_reference) {
+        next_m_.assign(ctx.reference.begin(), ctx.reference.end());
+        AddRowInPlace(options_.stored, rows, cols, absl::MakeSpan(next_m_), scratch_);
+        scratch_.swap(next_m_);
+      } else {
+        RoundRowInPlace(options_.stored, rows, cols, absl::MakeSpan(scratch_));
+      }
       AQSWARM_RETURN_IF_ERROR(CheckReceivedFinite(scratch_, "AQ-SGD first visit (stored precision)"));
       std::copy(scratch_.begin(), scratch_.end(), m.begin());
     } else {
@@ -97,7 +112,8 @@ absl::Status AqsgdLinkCodec::EncodeRow(const RowContext& ctx, absl::Span<const f
 
 absl::StatusOr<ReceiveResult> AqsgdLinkCodec::DecodeRow(const v1::AqsgdRow& msg, int64_t rows,
                                                         int64_t cols, absl::Span<float> m,
-                                                        std::optional<uint64_t> m_checksum) {
+                                                        std::optional<uint64_t> m_checksum,
+                                                        absl::Span<const float> reference) {
   AQSWARM_RETURN_IF_ERROR(CheckSize(m, rows, cols));
   if (msg.stored_precision() != static_cast<uint32_t>(options_.stored)) {
     return absl::InvalidArgumentError(absl::StrCat("AQ-SGD row stored precision ",
@@ -105,16 +121,30 @@ absl::StatusOr<ReceiveResult> AqsgdLinkCodec::DecodeRow(const v1::AqsgdRow& msg,
                                                    static_cast<int>(options_.stored)));
   }
   const size_t n = m.size();
+  if (msg.has_reference_checksum() && msg.kind() != v1::AqsgdRow::KIND_FULL) {
+    return absl::InvalidArgumentError("AQ-SGD row: a reference checksum on a row that is not FULL");
+  }
   switch (msg.kind()) {
     case v1::AqsgdRow::KIND_DIRECT:
       AQSWARM_RETURN_IF_ERROR(Decode(msg.tensor(), m, options_.limits));
       return ReceiveResult::kApplied;
     case v1::AqsgdRow::KIND_FULL:
       if (options_.mode != LinkMode::kAqsgd) break;
+      if (msg.has_reference_checksum()) {
+        if (reference.empty()) return ReceiveResult::kResendNeeded;
+        AQSWARM_RETURN_IF_ERROR(CheckSize(reference, rows, cols));
+        if (TokenReference::Checksum(reference) != msg.reference_checksum()) return ReceiveResult::kResendNeeded;
+      }
       scratch_.resize(n);
       AQSWARM_RETURN_IF_ERROR(Decode(msg.tensor(), absl::MakeSpan(scratch_), options_.limits));
       // Rounding to the stored precision may overflow (fp16): check the new m.
-      RoundRowInPlace(options_.stored, rows, cols, absl::MakeSpan(scratch_));
+      if (msg.has_reference_checksum()) {
+        next_m_.assign(reference.begin(), reference.end());
+        AddRowInPlace(options_.stored, rows, cols, absl::MakeSpan(next_m_), scratch_);
+        scratch_.swap(next_m_);
+      } else {
+        RoundRowInPlace(options_.stored, rows, cols, absl::MakeSpan(scratch_));
+      }
       AQSWARM_RETURN_IF_ERROR(CheckReceivedFinite(scratch_, "AQ-SGD FULL row (stored precision)"));
       std::copy(scratch_.begin(), scratch_.end(), m.begin());
       return ReceiveResult::kApplied;

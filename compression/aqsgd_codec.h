@@ -10,10 +10,15 @@
 //           lossless w.r.t. what is stored;  m = Round_p(a)
 //         or, with a `first_visit` codec (tiled first visits):
 //           tensor = F(a);  m = Round_p(D(tensor)), what the receiver gets
+//         or, with a first-visit reference R (RowContext::reference; not
+//         on a resend): tensor = F(a - R), reference_checksum = XXH3(R),
+//           m = Round_p(R + D(tensor))
 //   DELTA otherwise:  c = Q(a - m);  base_checksum = RowChecksum(m);
 //           m = Round_p(m + D(c))
 // Receiver:
-//   FULL:  m = Round_p(decoded a)
+//   FULL:  m = Round_p(decoded a); with reference_checksum: the caller's R
+//          must have that checksum (else kResendNeeded, m untouched), and
+//          m = Round_p(R + decoded)
 //   DELTA: RowChecksum(m) != base_checksum -> kResendNeeded, m untouched;
 //          else m = Round_p(m + D(c))
 // RowChecksum(m) is XXH3-64 of m's stored encoding (common/row_format.h
@@ -89,6 +94,9 @@ struct RowContext {
   // RowChecksum(m) if the caller knows it (the store's
   // RowRead::payload_checksum of the row m was read from); else computed.
   std::optional<uint64_t> m_checksum;
+  // The sample's first-visit reference R ([rows, cols]; empty: none). Used
+  // by a FULL row with a first-visit codec, unless force_full.
+  absl::Span<const float> reference;
 };
 
 enum class ReceiveResult {
@@ -112,9 +120,13 @@ class AqsgdLinkCodec {
   // NaN or an infinity is refused with a non-finite error (codec.h
   // IsNonFiniteError) and m stays as it was.
   // `m_checksum`: RowChecksum(m) if the caller knows it (see RowContext).
+  // `reference`: the sample's first-visit reference R, for a FULL row that
+  // carries reference_checksum (empty: the caller keeps none, and such a row
+  // asks for a resend).
   absl::StatusOr<ReceiveResult> DecodeRow(const v1::AqsgdRow& msg, int64_t rows, int64_t cols,
                                           absl::Span<float> m,
-                                          std::optional<uint64_t> m_checksum = std::nullopt);
+                                          std::optional<uint64_t> m_checksum = std::nullopt,
+                                          absl::Span<const float> reference = {});
 
   // XXH3-64 of m's encoding at `stored` precision (what DELTA messages carry;
   // equal to a message store's payload checksum of the row).

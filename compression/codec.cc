@@ -210,6 +210,9 @@ absl::Status ValidateCodecOptions(const CodecOptions& o) {
       break;
     case v1::CODEC_TILED:
       if (b < 1 || b > 8) return absl::InvalidArgumentError(absl::StrCat("tiled bits ", b, " not in 1..8"));
+      if (b < 2 && o.tile_grid == v1::TILE_GRID_MIDTREAD) {
+        return absl::InvalidArgumentError("tiled: the midtread grid needs bits >= 2");
+      }
       if (!IsValidTileSize(static_cast<uint64_t>(o.bucket_size))) {
         return absl::InvalidArgumentError(
             absl::StrCat("tiled: tile size (bucket_size) ", o.bucket_size, " is not a power of two in 2..4096"));
@@ -338,13 +341,14 @@ absl::Status Encode(const CodecOptions& o, absl::Span<const float> values,
       msg.set_bucket_size(tile);
       msg.set_rounding(o.rounding);
       msg.set_tile_order(o.tile_order);
+      msg.set_tile_grid(o.tile_grid);
       std::vector<float> columns;
       if (o.tile_order == v1::TILES_DOWN_COLUMNS && n > 0) {
         columns.resize(n);
         Transpose(values.data(), n / Channels(shape), Channels(shape), columns.data());
       }
       AQSWARM_RETURN_IF_ERROR(TiledEncode(columns.empty() ? values : absl::MakeConstSpan(columns), tile, o.bits,
-                                          o.rotation, stochastic, rng_key,
+                                          o.rotation, o.tile_grid == v1::TILE_GRID_MIDTREAD, stochastic, rng_key,
                                           MutableBytes(msg.mutable_scales(), TiledScalesBytes(n, tile)),
                                           MutableBytes(msg.mutable_payload(), PackedBytes(n, o.bits))));
       break;
@@ -447,13 +451,14 @@ absl::Status Decode(const v1::EncodedTensor& msg, absl::Span<float> out, const W
     }
     case v1::CODEC_TILED: {
       const auto* scales = reinterpret_cast<const uint8_t*>(msg.scales().data());
+      const bool midtread = msg.tile_grid() == v1::TILE_GRID_MIDTREAD;
       if (msg.tile_order() == v1::TILES_DOWN_COLUMNS && n > 0) {
         std::vector<float> columns(n);
-        TiledDecode(scales, payload, n, msg.bucket_size(), bits, columns.data());
+        TiledDecode(scales, payload, n, msg.bucket_size(), bits, midtread, columns.data());
         const size_t c = Channels(msg.shape());
         Transpose(columns.data(), c, n / c, out.data());
       } else {
-        TiledDecode(scales, payload, n, msg.bucket_size(), bits, out.data());
+        TiledDecode(scales, payload, n, msg.bucket_size(), bits, midtread, out.data());
       }
       break;
     }

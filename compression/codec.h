@@ -77,6 +77,8 @@ struct CodecOptions {
   // Tiled codec: tiles along rows (T channels of a token; the default) or
   // down columns (T tokens of a channel).
   v1::TileOrder tile_order = v1::TILES_ALONG_ROWS;
+  // Tiled codec: the grid of levels (tiled.h). Default: midrise.
+  v1::TileGrid tile_grid = v1::TILE_GRID_MIDRISE;
   // zstd-code the quantized codes when that saves bytes. Default: off.
   bool entropy = false;
 };

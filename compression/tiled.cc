@@ -35,33 +35,33 @@ float SumSquares(const float* x, size_t len) {
   return s;
 }
 
+// t = y * mul + offset (+ 0.5 or + u_i), clamped to [lo, hi], floored.
 __attribute__((target_clones("avx2", "default")))
-void QuantizeNearest(const float* y, size_t len, float mul, float half_range, int max_code,
-                     uint8_t* codes) {
-  const float top = static_cast<float>(max_code);
+void QuantizeNearest(const float* y, size_t len, float mul, float offset, int lo, int hi, uint8_t* codes) {
+  const float bottom = static_cast<float>(lo), top = static_cast<float>(hi);
   for (size_t j = 0; j < len; ++j) {
-    float t = y[j] * mul + half_range + 0.5f;
-    t = t < 0.0f ? 0.0f : t;
+    float t = y[j] * mul + offset + 0.5f;
+    t = t < bottom ? bottom : t;
     t = t > top ? top : t;
     codes[j] = static_cast<uint8_t>(static_cast<int>(t));  // t >= 0: truncation is floor
   }
 }
 
-void QuantizeStochastic(const float* y, size_t len, float mul, float half_range, int max_code,
-                        uint32_t key, uint32_t index0, uint8_t* codes) {
-  const float top = static_cast<float>(max_code);
+void QuantizeStochastic(const float* y, size_t len, float mul, float offset, int lo, int hi, uint32_t key,
+                        uint32_t index0, uint8_t* codes) {
+  const float bottom = static_cast<float>(lo), top = static_cast<float>(hi);
   for (size_t j = 0; j < len; ++j) {
-    float t = y[j] * mul + half_range + DrawUnit(key, index0 + static_cast<uint32_t>(j));
-    t = t < 0.0f ? 0.0f : t;
+    float t = y[j] * mul + offset + DrawUnit(key, index0 + static_cast<uint32_t>(j));
+    t = t < bottom ? bottom : t;
     t = t > top ? top : t;
     codes[j] = static_cast<uint8_t>(static_cast<int>(t));
   }
 }
 
 __attribute__((target_clones("avx2", "default")))
-void Dequantize(const uint8_t* codes, size_t len, int max_code, float h, float* out) {
+void Dequantize(const uint8_t* codes, size_t len, int mult, int center, float h, float* out) {
   for (size_t j = 0; j < len; ++j) {
-    out[j] = static_cast<float>(2 * static_cast<int>(codes[j]) - max_code) * h;
+    out[j] = static_cast<float>(mult * static_cast<int>(codes[j]) - center) * h;
   }
 }
 
@@ -78,6 +78,22 @@ uint16_t HalfAtLeast(float m) {
 }
 
 bool BitmapGet(const uint8_t* bitmap, size_t i) { return (bitmap[i / 8] >> (i % 8)) & 1u; }
+
+// A grid at `bits`: scale s maps to code t = y * (steps / s) + offset; a code
+// q decodes to (mult * q - center) * (s / steps) (tiled.h).
+struct Grid {
+  int steps, mult, center, lo, hi;
+  float offset;
+};
+
+Grid MakeGrid(int bits, bool midtread) {
+  const int top = (1 << bits) - 1;
+  if (midtread) {
+    const int off = 1 << (bits - 1);
+    return {off - 1, 1, off, 1, top, static_cast<float>(off)};
+  }
+  return {top, 2, top, 0, top, 0.5f * static_cast<float>(top)};
+}
 
 }  // namespace
 
@@ -138,13 +154,14 @@ void WalshHadamard(float* x, size_t len) {
 }
 
 absl::Status TiledEncode(absl::Span<const float> values, size_t tile, int bits, TileRotation rotation,
-                         bool stochastic, uint32_t rng_key, uint8_t* scales, uint8_t* payload) {
+                         bool midtread, bool stochastic, uint32_t rng_key, uint8_t* scales, uint8_t* payload) {
+  if (midtread && bits < 2) return absl::InvalidArgumentError("tiled: the midtread grid needs bits >= 2");
   const size_t n = values.size();
   const size_t tiles = NumTiles(n, tile);
   uint8_t* bitmap = scales + 2 * tiles;
   std::memset(bitmap, 0, (tiles + 7) / 8);
-  const int max_code = (1 << bits) - 1;
-  const float half_range = 0.5f * static_cast<float>(max_code);
+  const Grid g = MakeGrid(bits, midtread);
+  const float steps = static_cast<float>(g.steps);
   std::vector<float> rotated(tile);
   uint8_t codes[kChunk];
   for (size_t start = 0; start < n; start += kChunk) {
@@ -183,12 +200,12 @@ absl::Status TiledEncode(absl::Span<const float> values, size_t tile, int bits, 
       std::memcpy(scales + 2 * k, &h, 2);
       if (rotate) bitmap[k / 8] |= static_cast<uint8_t>(1u << (k % 8));
       const float s = HalfToFloat(h);
-      const float mul = s > 0.0f ? half_range / s : 0.0f;
+      const float mul = s > 0.0f ? (midtread ? steps / s : g.offset / s) : 0.0f;
       if (stochastic) {
-        QuantizeStochastic(y, len, mul, half_range, max_code, rng_key, static_cast<uint32_t>(i),
+        QuantizeStochastic(y, len, mul, g.offset, g.lo, g.hi, rng_key, static_cast<uint32_t>(i),
                            codes + (i - start));
       } else {
-        QuantizeNearest(y, len, mul, half_range, max_code, codes + (i - start));
+        QuantizeNearest(y, len, mul, g.offset, g.lo, g.hi, codes + (i - start));
       }
     }
     PackBits(codes, end - start, bits, payload + start / 8 * bits);
@@ -216,12 +233,12 @@ absl::Status ValidateTiledScales(const uint8_t* scales, size_t n, size_t tile) {
   return absl::OkStatus();
 }
 
-void TiledDecode(const uint8_t* scales, const uint8_t* payload, size_t n, size_t tile, int bits,
+void TiledDecode(const uint8_t* scales, const uint8_t* payload, size_t n, size_t tile, int bits, bool midtread,
                  float* out) {
   const size_t tiles = NumTiles(n, tile);
   const uint8_t* bitmap = scales + 2 * tiles;
-  const int max_code = (1 << bits) - 1;
-  const float levels_minus_one = static_cast<float>(max_code);
+  const Grid g = MakeGrid(bits, midtread);
+  const float steps = static_cast<float>(g.steps);
   const float inv_tile = 1.0f / static_cast<float>(tile);  // exact: a power of two
   uint8_t codes[kChunk];
   for (size_t start = 0; start < n; start += kChunk) {
@@ -232,8 +249,8 @@ void TiledDecode(const uint8_t* scales, const uint8_t* payload, size_t n, size_t
       const size_t k = i / tile;
       uint16_t hbits;
       std::memcpy(&hbits, scales + 2 * k, 2);
-      const float h = HalfToFloat(hbits) / levels_minus_one;
-      Dequantize(codes + (i - start), len, max_code, h, out + i);
+      const float h = HalfToFloat(hbits) / steps;
+      Dequantize(codes + (i - start), len, g.mult, g.center, h, out + i);
       if (BitmapGet(bitmap, k)) {
         WalshHadamard(out + i, len);
         Scale(out + i, len, inv_tile);

@@ -14,25 +14,30 @@
 //   y       = rotate ? H x : x      (H: the unnormalised Walsh-Hadamard
 //             transform, entries +-1, which spreads an outlier over the tile)
 //   scale   = max |y| rounded UP to the next binary16 value (> 65504: error)
-//   L = 2^b levels on a symmetric grid without a zero level:
-//   h       = (float)scale / (float)(L - 1)        (one IEEE division)
-//   t       = y * ((L - 1) / (2 * scale)) + (L - 1) / 2
+//   grid, midrise (2^b levels symmetric about zero, none at zero):
+//     steps = 2^b - 1, h = (float)scale / (float)steps   (one IEEE division)
+//     t = y * (steps / 2 / scale) + steps / 2, codes clamped to [0, 2^b - 1]
+//   grid, midtread (2^b - 1 levels, one at zero; bits >= 2), off = 2^(b-1):
+//     steps = off - 1, h = (float)scale / (float)steps
+//     t = y * (steps / scale) + off, codes clamped to [1, 2^b - 1]
 //   nearest q = floor(t + 0.5), stochastic q = floor(t + u_i) (u_i =
-//   DrawUnit(rng_key, i), i the flat index), clamped to [0, L - 1].
+//   DrawUnit(rng_key, i), i the flat index).
 // Wire: scales = the tiles' binary16 scales, then one bit per tile (LSB
 // first) set for rotated tiles; payload = the codes, bit-packed
 // (bit_pack.h).
 //
 // Decode (the bit-exact contract; evaluated exactly like this everywhere):
-//   v = (float)(2q - (L - 1)) * h                 (one IEEE multiply)
+//   midrise v = (float)(2q - steps) * h, midtread v = (float)(q - off) * h
+//   (one IEEE multiply; a midtread code 0, which encoders never write,
+//   decodes to -off * h, just past -scale)
 //   rotated tile: x = WalshHadamard(v) * (1/T)    (the butterflies below in
 //   their fixed order, then an exact power-of-two multiply); else x = v.
 //
 // Example:
 //   std::vector<uint8_t> scales(TiledScalesBytes(n, 64)), payload(PackedBytes(n, 3));
-//   AQSWARM_RETURN_IF_ERROR(TiledEncode(x, 64, 3, TileRotation::kOutliers, false, 0,
-//                                       scales.data(), payload.data()));
-//   TiledDecode(scales.data(), payload.data(), n, 64, 3, out.data());
+//   AQSWARM_RETURN_IF_ERROR(TiledEncode(x, 64, 3, TileRotation::kOutliers, /*midtread=*/true,
+//                                       false, 0, scales.data(), payload.data()));
+//   TiledDecode(scales.data(), payload.data(), n, 64, 3, /*midtread=*/true, out.data());
 #ifndef AQSWARM_COMPRESSION_TILED_H_
 #define AQSWARM_COMPRESSION_TILED_H_
 
@@ -71,17 +76,18 @@ inline size_t TiledScalesBytes(size_t n, size_t tile) {
 
 // Encodes `values` into TiledScalesBytes(n, tile) bytes of `scales` and
 // PackedBytes(n, bits) bytes of `payload`. InvalidArgument on NaN/Inf or a
-// tile whose max |x| exceeds the binary16 range. tile: IsValidTileSize;
-// bits: 1..8.
+// tile whose max |x| exceeds the binary16 range, or midtread with bits 1.
+// tile: IsValidTileSize; bits: 1..8.
 absl::Status TiledEncode(absl::Span<const float> values, size_t tile, int bits, TileRotation rotation,
-                         bool stochastic, uint32_t rng_key, uint8_t* scales, uint8_t* payload);
+                         bool midtread, bool stochastic, uint32_t rng_key, uint8_t* scales, uint8_t* payload);
 
 // DataLoss unless every scale is a finite non-negative binary16 and the
 // rotation bitmap flags only whole tiles (its padding bits zero).
 absl::Status ValidateTiledScales(const uint8_t* scales, size_t n, size_t tile);
 
-// Decodes n values (scales validated); see the header comment.
-void TiledDecode(const uint8_t* scales, const uint8_t* payload, size_t n, size_t tile, int bits,
+// Decodes n values (scales validated; midtread: bits >= 2); see the header
+// comment.
+void TiledDecode(const uint8_t* scales, const uint8_t* payload, size_t n, size_t tile, int bits, bool midtread,
                  float* out);
 
 // In-place unnormalised Walsh-Hadamard transform of `len` (a power of two)

@@ -11,6 +11,7 @@
 #include "compression/bit_pack.h"
 #include "compression/codec.h"
 #include "compression/tiled.h"
+#include "compression/token_reference.h"
 #include "common/half.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -84,6 +85,52 @@ TEST(TiledCodecTest, RoundTripStaysWithinHalfAStepAndSizesAreExact) {
   v1::EncodedTensor msg;
   const std::vector<float> y = RoundTrip(Tiled(3), x, {3, 200}, &msg);
   EXPECT_LT(SquaredError(x, y) / SquaredError(x, std::vector<float>(x.size(), 0.0f)), 0.05);
+}
+
+TEST(TiledCodecTest, TheMidtreadGridHasAZeroLevelAndStaysWithinHalfAStep) {
+  // Small values among larger ones: on the midrise grid none decodes to 0.
+  std::vector<float> x = Gaussian(512, 4);
+  for (size_t i = 0; i < x.size(); i += 3) x[i] *= 0.01f;
+  for (int bits : {2, 3, 4, 8}) {
+    CodecOptions mt = Tiled(bits, TileRotation::kNone), mr = mt;
+    mt.tile_grid = v1::TILE_GRID_MIDTREAD;
+    v1::EncodedTensor a, b;
+    const std::vector<float> y = RoundTrip(mt, x, {8, 64}, &a);
+    const std::vector<float> z = RoundTrip(mr, x, {8, 64}, &b);
+    EXPECT_EQ(a.tile_grid(), v1::TILE_GRID_MIDTREAD);
+    EXPECT_EQ(b.tile_grid(), v1::TILE_GRID_MIDRISE);
+    EXPECT_EQ(a.payload().size(), PackedBytes(512, bits));
+    size_t zeros = 0, midrise_zeros = 0;
+    for (size_t k = 0; k < 8; ++k) {
+      uint16_t h;
+      std::memcpy(&h, a.scales().data() + 2 * k, 2);
+      const float step = HalfToFloat(h) / static_cast<float>((1 << (bits - 1)) - 1);  // level spacing
+      for (size_t i = k * 64; i < (k + 1) * 64; ++i) {
+        ASSERT_LE(std::fabs(x[i] - y[i]), 0.5f * step * 1.0001f) << "bits " << bits << " i " << i;
+        zeros += y[i] == 0.0f;
+        midrise_zeros += z[i] == 0.0f;
+      }
+    }
+    if (bits <= 4) EXPECT_GT(zeros, 512u / 3) << bits;  // at least the shrunk values
+    EXPECT_EQ(midrise_zeros, 0u) << bits;
+  }
+  // 2 bits midtread is ternary: -scale, 0, +scale.
+  v1::EncodedTensor t;
+  CodecOptions ternary = Tiled(2, TileRotation::kNone);
+  ternary.tile_grid = v1::TILE_GRID_MIDTREAD;
+  const std::vector<float> y = RoundTrip(ternary, x, {512}, &t);
+  for (size_t k = 0; k < 8; ++k) {
+    uint16_t h;
+    std::memcpy(&h, t.scales().data() + 2 * k, 2);
+    for (size_t i = k * 64; i < (k + 1) * 64; ++i) {
+      EXPECT_TRUE(y[i] == 0.0f || std::fabs(y[i]) == HalfToFloat(h)) << y[i];
+    }
+  }
+  // One bit has no midtread grid.
+  CodecOptions one = Tiled(1);
+  one.tile_grid = v1::TILE_GRID_MIDTREAD;
+  EXPECT_FALSE(ValidateCodecOptions(one).ok());
+  EXPECT_FALSE(Encode(one, x, {512}, 1, &t).ok());
 }
 
 TEST(TiledCodecTest, RotationSpreadsAnOutlierAndShrinksItsTilesError) {
@@ -257,6 +304,85 @@ TEST(TiledFirstVisitTest, AqsgdEndsStayBitIdenticalWithTiledFirstVisitsAndEntrop
   }
 }
 
+TEST(TokenReferenceTest, RowsAreMeansOfTheirTokensVisitsThenExponentialAveragesAndOnlyChangeOnCommit) {
+  TokenReference ref(/*vocab=*/5, /*rows=*/2, /*cols=*/3);
+  const std::vector<int32_t> tokens = {4, 1};
+  std::vector<float> r(6, 9.0f);
+  ASSERT_TRUE(ref.Gather(tokens, absl::MakeSpan(r)).ok());
+  EXPECT_EQ(r, std::vector<float>(6, 0.0f));
+  // Token 4 seen with 1, 2, 3 (and recorded twice at one place: the last wins).
+  ASSERT_TRUE(ref.Record(0, 0, tokens, std::vector<float>{7, 7, 7, 2, 2, 2}).ok());
+  ASSERT_TRUE(ref.Record(0, 0, tokens, std::vector<float>{1, 1, 1, 2, 2, 2}).ok());
+  ASSERT_TRUE(ref.Record(1, 0, std::vector<int32_t>{4, 4}, std::vector<float>{2, 2, 2, 3, 3, 3}).ok());
+  EXPECT_EQ(ref.pending(), 2u);
+  ASSERT_TRUE(ref.Gather(tokens, absl::MakeSpan(r)).ok());
+  EXPECT_EQ(r, std::vector<float>(6, 0.0f)) << "records wait for Commit";
+  ref.Commit();
+  EXPECT_EQ(ref.pending(), 0u);
+  ASSERT_TRUE(ref.Gather(tokens, absl::MakeSpan(r)).ok());
+  EXPECT_EQ(r, (std::vector<float>{2, 2, 2, 2, 2, 2}));  // mean(1, 2, 3); token 1: 2
+  // Past kWindow visits, a visit moves the row by 1 / kWindow of the gap.
+  for (uint32_t k = 0; k < TokenReference::kWindow; ++k) {
+    ASSERT_TRUE(ref.Record(0, 0, std::vector<int32_t>{1, 0}, std::vector<float>{2, 2, 2, 0, 0, 0}).ok());
+    ref.Commit();
+  }
+  ASSERT_TRUE(ref.Record(0, 0, std::vector<int32_t>{1, 0}, std::vector<float>{18, 18, 18, 0, 0, 0}).ok());
+  ref.Commit();
+  ASSERT_TRUE(ref.Gather(std::vector<int32_t>{1, 0}, absl::MakeSpan(r)).ok());
+  EXPECT_EQ(r[0], 3.0f);
+  // Bad input: a token outside the vocabulary, wrong sizes.
+  EXPECT_FALSE(ref.Gather(std::vector<int32_t>{5, 0}, absl::MakeSpan(r)).ok());
+  EXPECT_FALSE(ref.Gather(std::vector<int32_t>{-1, 0}, absl::MakeSpan(r)).ok());
+  EXPECT_FALSE(ref.Gather(std::vector<int32_t>{0}, absl::MakeSpan(r)).ok());
+  EXPECT_FALSE(ref.Record(0, 0, std::vector<int32_t>{0, 9}, std::vector<float>(6)).ok());
+  EXPECT_FALSE(ref.Record(0, 0, tokens, std::vector<float>(5)).ok());
+}
+
+TEST(TiledFirstVisitTest, AReferenceSubtractedFromAFirstVisitIsCheckedAndKeepsBothEndsBitIdentical) {
+  const int64_t rows = 16, cols = 64;
+  AqsgdLinkOptions o;
+  o.quantizer.bits = 3;
+  o.quantizer.min_compress_elements = 1;
+  o.warmup_epochs = 0;
+  o.first_visit = Tiled(3, TileRotation::kNone);
+  o.first_visit->tile_grid = v1::TILE_GRID_MIDTREAD;
+  auto sender = *AqsgdLinkCodec::Create(o), receiver = *AqsgdLinkCodec::Create(o);
+  // The activation is mostly its reference: what is left is small.
+  const std::vector<float> r = Gaussian(rows * cols, 11, 3.0f);
+  std::vector<float> a = Gaussian(rows * cols, 12, 0.1f);
+  for (size_t i = 0; i < a.size(); ++i) a[i] += r[i];
+  std::vector<float> m_send(a.size()), m_recv(a.size()), m_plain(a.size()), m_plain_recv(a.size());
+  v1::AqsgdRow with, without;
+  ASSERT_TRUE(sender->EncodeRow({.sample_id = 3, .reference = r}, a, rows, cols, absl::MakeSpan(m_send), 1, &with).ok());
+  ASSERT_TRUE(sender->EncodeRow({.sample_id = 3}, a, rows, cols, absl::MakeSpan(m_plain), 1, &without).ok());
+  ASSERT_TRUE(with.has_reference_checksum());
+  EXPECT_FALSE(without.has_reference_checksum());
+  // The receiver needs the same reference: a missing or different one asks for a resend, m untouched.
+  std::vector<float> other = r;
+  other[7] += 1.0f;
+  EXPECT_EQ(*receiver->DecodeRow(with, rows, cols, absl::MakeSpan(m_recv)), ReceiveResult::kResendNeeded);
+  EXPECT_EQ(*receiver->DecodeRow(with, rows, cols, absl::MakeSpan(m_recv), std::nullopt, other),
+            ReceiveResult::kResendNeeded);
+  EXPECT_EQ(m_recv, std::vector<float>(a.size(), 0.0f));
+  ASSERT_EQ(*receiver->DecodeRow(with, rows, cols, absl::MakeSpan(m_recv), std::nullopt, r), ReceiveResult::kApplied);
+  EXPECT_EQ(std::memcmp(m_send.data(), m_recv.data(), 4 * a.size()), 0);
+  ASSERT_EQ(*receiver->DecodeRow(without, rows, cols, absl::MakeSpan(m_plain_recv)), ReceiveResult::kApplied);
+  EXPECT_EQ(std::memcmp(m_plain.data(), m_plain_recv.data(), 4 * a.size()), 0);
+  // Quantizing what the reference leaves is far closer than quantizing a.
+  EXPECT_LT(SquaredError(a, m_send) * 10, SquaredError(a, m_plain));
+  // A resend (force_full) travels without the reference.
+  v1::AqsgdRow resend;
+  ASSERT_TRUE(sender->EncodeRow({.seen = true, .force_full = true, .sample_id = 3, .reference = r}, a, rows, cols,
+                                absl::MakeSpan(m_send), 1, &resend).ok());
+  EXPECT_FALSE(resend.has_reference_checksum());
+  // A reference checksum on a DELTA row is malformed.
+  v1::AqsgdRow delta;
+  ASSERT_TRUE(sender->EncodeRow({.seen = true, .sample_id = 3}, a, rows, cols, absl::MakeSpan(m_send), 2, &delta).ok());
+  ASSERT_EQ(delta.kind(), v1::AqsgdRow::KIND_DELTA);
+  delta.set_reference_checksum(1);
+  EXPECT_FALSE(receiver->DecodeRow(delta, rows, cols, absl::MakeSpan(m_recv), std::nullopt, r).ok());
+}
+
 TEST(TiledHostileInputTest, MalformedTiledAndEntropyMessagesAreRefusedWithoutTouchingTheOutput) {
   // Three values repeated: 8-bit codes that zstd shrinks.
   std::vector<float> x(200);
@@ -310,6 +436,25 @@ TEST(TiledHostileInputTest, MalformedTiledAndEntropyMessagesAreRefusedWithoutTou
   m = good;
   m.set_tile_order(static_cast<v1::TileOrder>(5));
   EXPECT_TRUE(refused(m));
+  m = good;
+  m.set_tile_grid(static_cast<v1::TileGrid>(3));
+  EXPECT_TRUE(refused(m));
+  // A midtread message at 1 bit has no grid.
+  v1::EncodedTensor mt1;
+  ASSERT_TRUE(Encode(Tiled(1, TileRotation::kNone), x, {200}, 1, &mt1).ok());
+  mt1.set_tile_grid(v1::TILE_GRID_MIDTREAD);
+  EXPECT_TRUE(refused(mt1));
+  // A midtread code 0 (never written by an encoder) decodes, finite, just
+  // past -scale, even at the largest scale.
+  v1::EncodedTensor mt;
+  CodecOptions mto = Tiled(2, TileRotation::kNone);
+  mto.tile_grid = v1::TILE_GRID_MIDTREAD;
+  std::vector<float> big(64, 65504.0f);
+  ASSERT_TRUE(Encode(mto, big, {64}, 1, &mt).ok());
+  mt.mutable_payload()->assign(mt.payload().size(), '\0');
+  std::vector<float> low(64);
+  ASSERT_TRUE(Decode(mt, absl::MakeSpan(low)).ok());
+  for (float v : low) EXPECT_EQ(v, -131008.0f);
   // Entropy coding is for packed quantized codes only.
   v1::EncodedTensor raw;
   CodecOptions r;
@@ -319,6 +464,9 @@ TEST(TiledHostileInputTest, MalformedTiledAndEntropyMessagesAreRefusedWithoutTou
   EXPECT_TRUE(refused(raw));
   raw.set_entropy(v1::ENTROPY_NONE);
   raw.set_tile_order(v1::TILES_DOWN_COLUMNS);
+  EXPECT_TRUE(refused(raw));
+  raw.set_tile_order(v1::TILES_ALONG_ROWS);
+  raw.set_tile_grid(v1::TILE_GRID_MIDTREAD);
   EXPECT_TRUE(refused(raw));
   // NaN in, a clear error out.
   std::vector<float> bad = x;

@@ -37,11 +37,12 @@ absl::StatusOr<ExpectedSizes> ExpectedEncodedSizes(const v1::EncodedTensor& msg,
   }
   if (!v1::Rounding_IsValid(msg.rounding()) || !v1::LevelFamily_IsValid(msg.levels()) ||
       !v1::NormKind_IsValid(msg.norm()) || !v1::Entropy_IsValid(msg.entropy()) ||
-      !v1::TileOrder_IsValid(msg.tile_order())) {
-    return Bad("unknown rounding, levels, norm, entropy or tile order enum value");
+      !v1::TileOrder_IsValid(msg.tile_order()) || !v1::TileGrid_IsValid(msg.tile_grid())) {
+    return Bad("unknown rounding, levels, norm, entropy, tile order or tile grid enum value");
   }
-  if (msg.tile_order() != v1::TILES_ALONG_ROWS && codec != v1::CODEC_TILED) {
-    return Bad("tile_order is for the tiled codec only");
+  if ((msg.tile_order() != v1::TILES_ALONG_ROWS || msg.tile_grid() != v1::TILE_GRID_MIDRISE) &&
+      codec != v1::CODEC_TILED) {
+    return Bad("tile_order and tile_grid are for the tiled codec only");
   }
   if (msg.entropy() != v1::ENTROPY_NONE && codec != v1::CODEC_FIXED_POINT && codec != v1::CODEC_QSGD &&
       codec != v1::CODEC_MINMAX && codec != v1::CODEC_TILED) {
@@ -61,6 +62,9 @@ absl::StatusOr<ExpectedSizes> ExpectedEncodedSizes(const v1::EncodedTensor& msg,
       break;
     case v1::CODEC_TILED:
       if (bits < 1 || bits > 8) return Bad(absl::StrCat("tiled bits ", bits, " not in 1..8"));
+      if (bits < 2 && msg.tile_grid() == v1::TILE_GRID_MIDTREAD) {
+        return Bad("tiled midtread grid needs bits >= 2");
+      }
       if (!IsValidTileSize(msg.bucket_size())) {
         return Bad(absl::StrCat("tiled tile size ", msg.bucket_size(), " is not a power of two in 2..4096"));
       }

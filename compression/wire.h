@@ -13,8 +13,9 @@
 //   width rule; scales and payload lengths exactly as ExpectedSizes says;
 //   ENTROPY_ZSTD (fixed point, QSGD, min-max, tiled only): the payload is
 //   exactly one zstd frame whose declared content is num_elements bytes;
-//   tiled: tile size a power of two in 2..4096, tile_order known (and
-//   TILES_ALONG_ROWS for every other codec);
+//   tiled: tile size a power of two in 2..4096, tile_order and tile_grid
+//   known (TILES_ALONG_ROWS and TILE_GRID_MIDRISE for every other codec),
+//   midtread only with bits >= 2;
 //   then the scale values (finite, and >= 0 where they are magnitudes; tiled:
 //   rotation bits only on whole tiles);
 //   then the checksum (XXH3-64 of scales||payload) when present.

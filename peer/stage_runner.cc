@@ -262,6 +262,17 @@ class StageRunnerImpl final : public StageRunner {
 
  private:
   uint64_t NextGeneration() const { return o_.next_generation ? o_.next_generation : o_.generation; }
+  // Link samples' input tokens, for a first-visit reference (the ids are
+  // this stage's own schedule's, never the network's).
+  std::function<absl::Status(absl::Span<const uint64_t>, std::vector<int32_t>*)> SampleTokens() const {
+    return [corpus = corpus_.get(), t = int64_t{job_.model().seq_len()}](absl::Span<const uint64_t> samples,
+                                                                         std::vector<int32_t>* tokens) {
+      const std::vector<int64_t> ids(samples.begin(), samples.end());
+      std::vector<int32_t> targets;
+      corpus->GatherBatch(ids, t, tokens, &targets);
+      return absl::OkStatus();
+    };
+  }
   uint64_t PreviousGeneration() const { return o_.previous_generation ? o_.previous_generation : o_.generation; }
 
   // The exchange the DP step uses: the gRPC one, or NCCL bootstrapped over it
@@ -297,6 +308,7 @@ class StageRunnerImpl final : public StageRunner {
         down_ = down_owned_.get();
       }
       AQSWARM_ASSIGN_OR_RETURN(auto lo, pipeline::LinkOptionsFromJob(job_, o_.pipeline, o_.stage, NextGeneration()));
+      lo.tokens = SampleTokens();
       AQSWARM_ASSIGN_OR_RETURN(sender_, ActivationSender::Create(store_.get(), lo));
     }
     if (!first_) {
@@ -311,6 +323,7 @@ class StageRunnerImpl final : public StageRunner {
       }
       AQSWARM_ASSIGN_OR_RETURN(auto lo,
                                pipeline::LinkOptionsFromJob(job_, o_.pipeline, o_.stage - 1, PreviousGeneration()));
+      lo.tokens = SampleTokens();
       AQSWARM_ASSIGN_OR_RETURN(receiver_, ActivationReceiver::Create(store_.get(), lo));
     }
     metrics_->SetSources({down_, up_, sender_.get(), receiver_.get(), store_.get()});

@@ -59,6 +59,7 @@ void ApplyJobDefaults(v1::JobSpec* job) {
   if (c->bw_bits() == 0) c->set_bw_bits(8);
   if (c->m_precision().empty()) c->set_m_precision("fp16");
   if (c->store().empty()) c->set_store("rocksdb");
+  if (c->tile_grid().empty()) c->set_tile_grid("midrise");
   if (job->stages() == 0) job->set_stages(1);
   if (job->data_parallel() == 0) job->set_data_parallel(1);
   if (job->device().empty()) job->set_device("cpu");
@@ -270,6 +271,27 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   }
   if (!c.tile_along().empty() && c.tile_along() != "channels" && c.tile_along() != "tokens") {
     return Invalid("compression.tile_along", absl::StrCat("'", c.tile_along(), "' is not channels or tokens"));
+  }
+  if (!c.tile_grid().empty() && c.tile_grid() != "midrise" && c.tile_grid() != "midtread") {
+    return Invalid("compression.tile_grid", absl::StrCat("'", c.tile_grid(), "' is not midrise or midtread"));
+  }
+  if (c.tile_grid() == "midtread") {
+    const bool tiled = c.mode() == v1::LinkCompression::tiled;
+    const uint32_t first = c.first_visit() == "tiled" ? (c.first_visit_bits() ? c.first_visit_bits() : c.fw_bits()) : 0;
+    if ((tiled && (c.fw_bits() == 1 || c.bw_bits() == 1)) || first == 1) {
+      return Invalid("compression.tile_grid", "the midtread grid needs tiled codes of 2 bits or more");
+    }
+  }
+  if (c.first_visit_reference()) {
+    if (c.mode() != v1::LinkCompression::aqsgd || c.first_visit() != "tiled") {
+      return Invalid("compression.first_visit_reference", "needs mode aqsgd with firstVisit tiled");
+    }
+    const uint64_t table_bytes = uint64_t{job.model().vocab_size()} * job.model().d_model() * 4;
+    if (table_bytes > (uint64_t{1} << 30)) {
+      return Invalid("compression.first_visit_reference",
+                     absl::StrCat("its table (vocab x d_model floats) would take ", table_bytes,
+                                  " bytes per link end, over 1 GiB"));
+    }
   }
   if (c.entropy_coding() && c.mode() == v1::LinkCompression::fp32) {
     return Invalid("compression.entropy_coding", "fp32 links send raw floats; it needs mode directq, aqsgd or tiled");

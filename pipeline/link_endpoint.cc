@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/random.h"
 #include "common/status_macros.h"
+#include "compression/token_reference.h"
 
 namespace aqswarm::pipeline {
 namespace {
@@ -114,6 +116,74 @@ absl::Status CloseEndpoint(std::unique_ptr<ResidentRows>* resident, std::unique_
 }
 
 }  // namespace
+
+class LinkReference {
+ public:
+  // Null unless the options ask for a reference.
+  static absl::StatusOr<std::unique_ptr<LinkReference>> Create(const LinkEndpointOptions& o) {
+    if (!o.first_visit_reference) return nullptr;
+    if (o.codec.mode != compression::LinkMode::kAqsgd || !o.codec.first_visit.has_value()) {
+      return absl::InvalidArgumentError("a first-visit reference needs AQ-SGD links with a first-visit codec");
+    }
+    if (!o.tokens || o.vocab <= 0) {
+      return absl::InvalidArgumentError("a first-visit reference needs the samples' tokens and the vocabulary size");
+    }
+    return std::unique_ptr<LinkReference>(new LinkReference(o));
+  }
+
+  // Commits the last step's records when `step` is a new one, then loads the
+  // tokens of the micro-batch's samples.
+  absl::Status Begin(uint64_t step, absl::Span<const uint64_t> samples) {
+    if (step_.has_value() && *step_ != step) {
+      table_.Commit();
+      referenced_.clear();
+    }
+    step_ = step;
+    tokens_.clear();
+    AQSWARM_RETURN_IF_ERROR(tokens_fn_(samples, &tokens_));
+    if (tokens_.size() != samples.size() * static_cast<size_t>(rows_)) {
+      return absl::InternalError(absl::StrCat("token source gave ", tokens_.size(), " tokens for ", samples.size(),
+                                              " samples of ", rows_));
+    }
+    return absl::OkStatus();
+  }
+  // R of the micro-batch's sample i (valid until the next call).
+  absl::StatusOr<absl::Span<const float>> For(size_t i) {
+    AQSWARM_RETURN_IF_ERROR(table_.Gather(Tokens(i), absl::MakeSpan(r_)));
+    return absl::MakeConstSpan(r_);
+  }
+  // Sample i's row ended FULL with `m`.
+  absl::Status Record(uint32_t micro_batch, size_t i, absl::Span<const float> m) {
+    return table_.Record(micro_batch, static_cast<uint32_t>(i), Tokens(i), m);
+  }
+  // Sender: `sample` of `micro_batch` went with the reference this step.
+  void Referenced(uint32_t micro_batch, uint64_t sample) { referenced_.insert({micro_batch, sample}); }
+  // Sender: a resend of `sample`; one that had gone with the reference means
+  // the receiver's table differs, and has reset itself: reset too.
+  void Resending(uint32_t micro_batch, uint64_t sample) {
+    if (referenced_.contains({micro_batch, sample})) table_.Reset();
+  }
+  // Receiver: a row's reference did not match.
+  void Mismatch() { table_.Reset(); }
+
+ private:
+  explicit LinkReference(const LinkEndpointOptions& o)
+      : table_(o.vocab, o.link.rows, o.link.cols),
+        tokens_fn_(o.tokens),
+        rows_(o.link.rows),
+        r_(static_cast<size_t>(o.link.num_values())) {}
+  absl::Span<const int32_t> Tokens(size_t i) const {
+    return absl::MakeConstSpan(tokens_).subspan(i * static_cast<size_t>(rows_), static_cast<size_t>(rows_));
+  }
+
+  compression::TokenReference table_;
+  std::function<absl::Status(absl::Span<const uint64_t>, std::vector<int32_t>*)> tokens_fn_;
+  const int64_t rows_;
+  std::optional<uint64_t> step_;
+  absl::flat_hash_set<std::pair<uint32_t, uint64_t>> referenced_;
+  std::vector<int32_t> tokens_;
+  std::vector<float> r_;
+};
 
 // ---------------------------------------------------------------- resident rows
 
@@ -234,6 +304,7 @@ compression::CodecOptions TiledCodecOptions(const v1::LinkCompression& c, int bi
   // The job spec has validated the name; an unknown one keeps the default.
   o.rotation = compression::ParseTileRotation(c.rotation()).value_or(compression::TileRotation::kOutliers);
   o.tile_order = c.tile_along() == "tokens" ? v1::TILES_DOWN_COLUMNS : v1::TILES_ALONG_ROWS;
+  o.tile_grid = c.tile_grid() == "midtread" ? v1::TILE_GRID_MIDTREAD : v1::TILE_GRID_MIDRISE;
   o.min_compress_elements = 1;
   o.entropy = c.entropy_coding();
   return o;
@@ -273,6 +344,8 @@ absl::StatusOr<LinkEndpointOptions> LinkOptionsFromJob(const v1::JobSpec& job, u
   o.codec.warmup_epochs = job.compression().warmup_epochs();
   if (job.compression().has_resident_bytes()) o.resident_bytes = job.compression().resident_bytes();
   o.micro_batch = job.micro_batch_size();
+  o.first_visit_reference = c.first_visit_reference();
+  o.vocab = job.model().vocab_size();
   return o;
 }
 
@@ -287,6 +360,7 @@ absl::StatusOr<std::unique_ptr<ActivationSender>> ActivationSender::Create(stora
                                                                            const LinkEndpointOptions& options) {
   std::unique_ptr<ActivationSender> s(new ActivationSender(store, options));
   AQSWARM_ASSIGN_OR_RETURN(s->codec_, compression::AqsgdLinkCodec::Create(options.codec));
+  AQSWARM_ASSIGN_OR_RETURN(s->reference_, LinkReference::Create(options));
   AQSWARM_ASSIGN_OR_RETURN(s->prefetcher_, MakePrefetcher(store, options));
   if (s->prefetcher_ != nullptr) s->resident_ = std::make_unique<ResidentRows>(store, options.link);
   return s;
@@ -307,6 +381,7 @@ absl::Status ActivationSender::Encode(uint64_t step, uint32_t mb, uint32_t epoch
   out->set_step(step);
   out->set_micro_batch(mb);
   out->set_epoch(epoch);
+  if (reference_ != nullptr) AQSWARM_RETURN_IF_ERROR(reference_->Begin(step, samples));
   if (resident_ != nullptr && resident_->active()) {
     // m updated in place. Should a row fail (m unchanged), the rows before it
     // have moved on without being sent: the receiver's checksum check asks
@@ -319,10 +394,17 @@ absl::Status ActivationSender::Encode(uint64_t step, uint32_t mb, uint32_t epoch
       if (ctx.seen) ctx.m_checksum = r->checksum;
       ctx.epoch = epoch;
       ctx.sample_id = samples[i];
+      if (reference_ != nullptr) {
+        AQSWARM_ASSIGN_OR_RETURN(ctx.reference, reference_->For(i));
+      }
       v1::AqsgdRow* row = out->add_rows();
       AQSWARM_RETURN_IF_ERROR(codec_->EncodeRow(ctx, acts.subspan(i * n, n), options_.link.rows, options_.link.cols,
                                                 absl::MakeSpan(r->m), RowKey(step, mb, samples[i]), row));
       resident_->Updated(r);
+      if (reference_ != nullptr && row->kind() == v1::AqsgdRow::KIND_FULL) {
+        AQSWARM_RETURN_IF_ERROR(reference_->Record(mb, i, r->m));
+        if (row->has_reference_checksum()) reference_->Referenced(mb, samples[i]);
+      }
       CountRow(*row, n, &stats_);
       AQSWARM_RETURN_IF_ERROR(AddRowError(*row, acts.subspan(i * n, n), r->m, &decoded_, &stats_));
     }
@@ -342,9 +424,16 @@ absl::Status ActivationSender::Encode(uint64_t step, uint32_t mb, uint32_t epoch
     if (ctx.seen) ctx.m_checksum = reads[i].payload_checksum;  // the store's: no hashing here
     ctx.epoch = epoch;
     ctx.sample_id = samples[i];
+    if (reference_ != nullptr) {
+      AQSWARM_ASSIGN_OR_RETURN(ctx.reference, reference_->For(i));
+    }
     v1::AqsgdRow* row = out->add_rows();
     AQSWARM_RETURN_IF_ERROR(codec_->EncodeRow(ctx, acts.subspan(i * n, n), options_.link.rows, options_.link.cols,
                                               m, RowKey(step, mb, samples[i]), row));
+    if (reference_ != nullptr && row->kind() == v1::AqsgdRow::KIND_FULL) {
+      AQSWARM_RETURN_IF_ERROR(reference_->Record(mb, i, m));
+      if (row->has_reference_checksum()) reference_->Referenced(mb, samples[i]);
+    }
     CountRow(*row, n, &stats_);
     AQSWARM_RETURN_IF_ERROR(AddRowError(*row, acts.subspan(i * n, n), m, &decoded_, &stats_));
   }
@@ -361,6 +450,7 @@ absl::Status ActivationSender::EncodeResend(uint64_t step, uint32_t mb, uint32_t
   out->set_micro_batch(mb);
   out->set_epoch(epoch);
   out->set_resend(true);
+  if (reference_ != nullptr) AQSWARM_RETURN_IF_ERROR(reference_->Begin(step, samples));
   std::vector<uint64_t> ids;
   std::vector<std::vector<float>> rows;
   for (uint64_t id : resend_ids) {
@@ -370,6 +460,7 @@ absl::Status ActivationSender::EncodeResend(uint64_t step, uint32_t mb, uint32_t
     }
     if (std::find(ids.begin(), ids.end(), id) != ids.end()) continue;
     const size_t i = it - samples.begin();
+    if (reference_ != nullptr) reference_->Resending(mb, id);
     compression::RowContext ctx;
     ctx.seen = true;
     ctx.force_full = true;
@@ -386,6 +477,7 @@ absl::Status ActivationSender::EncodeResend(uint64_t step, uint32_t mb, uint32_t
     AQSWARM_RETURN_IF_ERROR(
         codec_->EncodeRow(ctx, acts.subspan(i * n, n), options_.link.rows, options_.link.cols, m, RowKey(step, mb, id), row));
     if (resident) resident_->Updated(rows_[0]);
+    if (reference_ != nullptr) AQSWARM_RETURN_IF_ERROR(reference_->Record(mb, i, m));  // a resend is FULL
     CountRow(*row, n, &stats_);
     AQSWARM_RETURN_IF_ERROR(AddRowError(*row, acts.subspan(i * n, n), m, &decoded_, &stats_));
     ++stats_.resend_rows;
@@ -431,6 +523,7 @@ absl::StatusOr<std::unique_ptr<ActivationReceiver>> ActivationReceiver::Create(s
                                                                                const LinkEndpointOptions& options) {
   std::unique_ptr<ActivationReceiver> r(new ActivationReceiver(store, options));
   AQSWARM_ASSIGN_OR_RETURN(r->codec_, compression::AqsgdLinkCodec::Create(options.codec));
+  AQSWARM_ASSIGN_OR_RETURN(r->reference_, LinkReference::Create(options));
   AQSWARM_ASSIGN_OR_RETURN(r->prefetcher_, MakePrefetcher(store, options));
   if (r->prefetcher_ != nullptr) r->resident_ = std::make_unique<ResidentRows>(store, options.link);
   return r;
@@ -448,7 +541,9 @@ absl::Status ActivationReceiver::Begin(uint64_t step, uint32_t mb, absl::Span<co
   reads_.assign(samples.size(), storage::RowRead());
   done_.assign(samples.size(), false);
   dirty_.assign(samples.size(), false);
+  full_.assign(samples.size(), false);
   rows_.clear();
+  if (reference_ != nullptr) AQSWARM_RETURN_IF_ERROR(reference_->Begin(step, samples));
   if (resident_ != nullptr && resident_->active()) {
     AQSWARM_RETURN_IF_ERROR(resident_->Rows(samples, &rows_));
     for (size_t i = 0; i < samples.size(); ++i) {
@@ -514,8 +609,12 @@ absl::Status ActivationReceiver::Apply(const v1::ActivationBatch& batch, std::ve
     if (!delta || reads_[i].status.ok()) {  // a DELTA with no m here (unseen, corrupt) needs a RESEND
       std::optional<uint64_t> m_checksum;  // the store's, for a DELTA: no hashing here
       if (delta) m_checksum = reads_[i].payload_checksum;
+      absl::Span<const float> reference;
+      if (reference_ != nullptr && batch.rows(r).has_reference_checksum()) {
+        AQSWARM_ASSIGN_OR_RETURN(reference, reference_->For(i));
+      }
       absl::StatusOr<compression::ReceiveResult> decoded =
-          codec_->DecodeRow(batch.rows(r), options_.link.rows, options_.link.cols, Row(i), m_checksum);
+          codec_->DecodeRow(batch.rows(r), options_.link.rows, options_.link.cols, Row(i), m_checksum, reference);
       if (!decoded.ok()) {
         // The row's m is unchanged (DecodeRow); rows before it were applied.
         absl::Status s(decoded.status().code(),
@@ -528,9 +627,14 @@ absl::Status ActivationReceiver::Apply(const v1::ActivationBatch& batch, std::ve
       res = *decoded;
     }
     CountRow(batch.rows(r), options_.link.num_values(), &stats_);
+    if (res == compression::ReceiveResult::kResendNeeded && reference_ != nullptr &&
+        batch.rows(r).has_reference_checksum()) {
+      reference_->Mismatch();
+    }
     if (res == compression::ReceiveResult::kApplied) {
       done_[i] = true;
       dirty_[i] = stateful;
+      full_[i] = batch.rows(r).kind() == v1::AqsgdRow::KIND_FULL;
       if (!rows_.empty()) resident_->Updated(rows_[i]);
     } else {
       ++stats_.resend_rows;
@@ -551,6 +655,11 @@ absl::Status ActivationReceiver::Take(std::vector<float>* acts) {
   const int64_t n = options_.link.num_values();
   acts->resize(samples_.size() * n);
   for (size_t i = 0; i < samples_.size(); ++i) std::memcpy(acts->data() + i * n, Row(i).data(), n * sizeof(float));
+  if (reference_ != nullptr) {
+    for (size_t i = 0; i < samples_.size(); ++i) {
+      if (full_[i]) AQSWARM_RETURN_IF_ERROR(reference_->Record(micro_batch_, i, Row(i)));
+    }
+  }
   active_ = false;
   if (!rows_.empty()) return absl::OkStatus();  // resident: updated in place
   if (prefetcher_ != nullptr) {

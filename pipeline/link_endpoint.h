@@ -28,6 +28,7 @@
 #define AQSWARM_PIPELINE_LINK_ENDPOINT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -65,7 +66,16 @@ struct LinkEndpointOptions {
   // CPU-bound stage (`aqswarm bench link` compares the two). 0: always stream
   // through the prefetcher. Default: 64 MiB (job: compression.resident_bytes).
   uint64_t resident_bytes = 64ull << 20;
+  // compression.firstVisitReference (AQ-SGD with a first-visit codec): both
+  // ends keep a compression::TokenReference over `vocab` token ids, and
+  // `tokens` gives the token ids of samples (link.rows each, sample after
+  // sample; the stage sets it from its corpus).
+  bool first_visit_reference = false;
+  int64_t vocab = 0;
+  std::function<absl::Status(absl::Span<const uint64_t> samples, std::vector<int32_t>* tokens)> tokens;
 };
+
+class LinkReference;  // link_endpoint.cc: an endpoint's TokenReference and its samples' tokens
 
 // The m rows an endpoint keeps in memory for a whole epoch (one per sample,
 // float32 holding the stored-precision values, with RowChecksum of each).
@@ -190,6 +200,7 @@ class ActivationSender {
   std::unique_ptr<storage::Prefetcher> prefetcher_;
   std::unique_ptr<compression::AqsgdLinkCodec> codec_;
   std::unique_ptr<ResidentRows> resident_;  // AQ-SGD
+  std::unique_ptr<LinkReference> reference_;  // first_visit_reference
   LinkEndpointStats stats_;
   std::vector<float> decoded_;  // scratch: a DIRECT row as the receiver decodes it
   std::vector<ResidentRows::Row*> rows_;  // scratch
@@ -231,6 +242,7 @@ class ActivationReceiver {
   std::unique_ptr<storage::Prefetcher> prefetcher_;
   std::unique_ptr<compression::AqsgdLinkCodec> codec_;
   std::unique_ptr<ResidentRows> resident_;  // AQ-SGD
+  std::unique_ptr<LinkReference> reference_;  // first_visit_reference
   LinkEndpointStats stats_;
   // The micro-batch being received.
   bool active_ = false;
@@ -242,6 +254,7 @@ class ActivationReceiver {
   std::vector<storage::RowRead> reads_;
   std::vector<bool> done_;
   std::vector<bool> dirty_;              // m row changed: write it back
+  std::vector<bool> full_;               // the row applied was FULL
 };
 
 // Counters of a GradientCodec's Encode calls.

@@ -80,10 +80,9 @@ std::vector<uint64_t> Order(int epoch) {
   return o;
 }
 
-void ExpectStoresIdentical(Harness& h, const LinkEndpointOptions& o) {
+void ExpectStoresIdentical(Harness& h, const LinkEndpointOptions& o, std::vector<uint64_t> ids = Order(0)) {
   ASSERT_TRUE(h.sender->Close().ok());
   ASSERT_TRUE(h.receiver->Close().ok());
-  std::vector<uint64_t> ids = Order(0);
   std::vector<std::vector<float>> a(ids.size(), std::vector<float>(kRows * kCols)), b = a;
   std::vector<absl::Span<float>> sa, sb;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -325,6 +324,104 @@ TEST(AqsgdLinkRecoveryTest, CorruptOrLostReceiverRowIsResentAndStoresReconverge)
   EXPECT_EQ(h.sender->stats().resend_rows, 2u);
   EXPECT_EQ(h.sender->stats().delta_rows, 6u);
   ExpectStoresIdentical(h, o);
+}
+
+// A per-token first-visit reference (compression.firstVisitReference) on
+// activations that are mostly a function of their token: first visits of
+// later steps subtract what earlier steps taught both ends, and quantize far
+// closer; both ends stay bit-identical without a resend. A receiver that
+// restarts loses its table: the first visits of that step it cannot match
+// are resent (without the reference), both ends reset their tables, and from
+// the next step on they agree again with no resends; m stays bit-identical.
+TEST(FirstVisitReferenceTest, EndsStayBitIdenticalTheErrorFallsAndALostTableCostsOnlyResends) {
+  constexpr int64_t kVocab = 10;
+  auto token = [](uint64_t sample, int64_t t) { return static_cast<int32_t>((sample * 7 + t) % kVocab); };
+  auto options = [&](bool reference) {
+    LinkEndpointOptions o = Options(compression::LinkMode::kAqsgd);
+    compression::CodecOptions tiled = TiledCodecOptions(v1::LinkCompression(), 3);
+    tiled.bucket_size = 32;
+    tiled.tile_grid = v1::TILE_GRID_MIDTREAD;
+    o.codec.first_visit = tiled;
+    o.first_visit_reference = reference;
+    o.vocab = kVocab;
+    o.tokens = [&](absl::Span<const uint64_t> samples, std::vector<int32_t>* out) {
+      for (uint64_t s : samples) {
+        for (int64_t t = 0; t < kRows; ++t) out->push_back(token(s, t));
+      }
+      return absl::OkStatus();
+    };
+    return o;
+  };
+  auto acts = [&](absl::Span<const uint64_t> samples) {
+    std::vector<float> a;
+    for (uint64_t s : samples) {
+      Rng rng(s);
+      for (int64_t t = 0; t < kRows; ++t) {
+        for (int64_t j = 0; j < kCols; ++j) {
+          a.push_back(static_cast<float>(3 * std::sin(token(s, t) * 31 + j) + 0.1 * (rng.UnitDouble() - 0.5)));
+        }
+      }
+    }
+    return a;
+  };
+  struct Run {
+    int resends = 0;
+    double error = 0;  // relative error of the first visits
+  };
+  auto run = [&](Harness& h, uint64_t first_sample, uint64_t steps, uint64_t step0) {
+    Run r;
+    std::vector<uint64_t> order;
+    for (uint64_t id = first_sample; id < first_sample + steps * kBatch; ++id) order.push_back(id);
+    EXPECT_TRUE(h.sender->StartEpoch(order).ok());
+    EXPECT_TRUE(h.receiver->StartEpoch(order).ok());
+    const LinkEndpointStats before = h.sender->stats();
+    for (uint64_t k = 0; k < steps; ++k) {
+      std::vector<uint64_t> samples;
+      for (int64_t i = 0; i < kBatch; ++i) samples.push_back(first_sample + k * kBatch + i);
+      const std::vector<float> a = acts(samples);
+      v1::ActivationBatch batch;
+      std::vector<uint64_t> missing;
+      std::vector<float> got;
+      EXPECT_TRUE(h.sender->Encode(step0 + k, 0, 0, samples, a, &batch).ok());
+      EXPECT_TRUE(h.receiver->Begin(step0 + k, 0, samples).ok());
+      EXPECT_TRUE(h.receiver->Apply(batch, &missing).ok());
+      while (!missing.empty()) {
+        r.resends += missing.size();
+        EXPECT_TRUE(h.sender->EncodeResend(step0 + k, 0, 0, samples, a, missing, &batch).ok());
+        for (const auto& row : batch.rows()) EXPECT_FALSE(row.has_reference_checksum());
+        EXPECT_TRUE(h.receiver->Apply(batch, &missing).ok());
+      }
+      EXPECT_TRUE(h.receiver->Take(&got).ok());
+    }
+    const LinkEndpointStats& after = h.sender->stats();
+    r.error = std::sqrt((after.error_sq - before.error_sq) / (after.signal_sq - before.signal_sq));
+    return r;
+  };
+  std::vector<uint64_t> all;
+  for (uint64_t id = 0; id < 60; ++id) all.push_back(id);
+  Harness plain(options(false)), ref(options(true));
+  // Step 0 meets every token; steps 1.. use what it taught.
+  EXPECT_EQ(run(plain, 0, 1, 0).resends, 0);
+  EXPECT_EQ(run(ref, 0, 1, 0).resends, 0);
+  const Run p = run(plain, 3, 9, 1), q = run(ref, 3, 9, 1);
+  EXPECT_EQ(p.resends, 0);
+  EXPECT_EQ(q.resends, 0);
+  EXPECT_LT(q.error * 3, p.error) << "with " << q.error << ", without " << p.error;
+  // The receiver restarts on the same store: its table is gone.
+  ASSERT_TRUE(ref.receiver->Close().ok());
+  ref.receiver = *ActivationReceiver::Create(ref.recv_store.get(), options(true));
+  EXPECT_GT(run(ref, 30, 1, 10).resends, 0);
+  const Run healed = run(ref, 33, 9, 11);
+  EXPECT_EQ(healed.resends, 0);
+  EXPECT_LT(healed.error * 3, p.error);
+  ExpectStoresIdentical(ref, options(true), all);
+  // A reference needs the tokens and AQ-SGD with a first-visit codec.
+  LinkEndpointOptions no_tokens = options(true);
+  no_tokens.tokens = nullptr;
+  EXPECT_FALSE(ActivationSender::Create(ref.send_store.get(), no_tokens).ok());
+  LinkEndpointOptions raw = options(true);
+  raw.codec.first_visit.reset();
+  EXPECT_FALSE(ActivationReceiver::Create(ref.recv_store.get(), raw).ok());
 }
 
 TEST(LinkOptionsTest, ResidentBytesComeFromTheJobOrTheDefault) {

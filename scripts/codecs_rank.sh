@@ -6,16 +6,18 @@
 #                 every sample is seen once)
 #   multi-epoch   examples/converge_multi_epoch.json  (10 speeches, ~9 epochs)
 # then the baseline again with another seed (run-to-run noise), then a second
-# run of each job (*_tokens: tiles along tokens, zstd). Writes
+# run of each job (*_tokens: tiles along tokens, zstd) and a third (*_grid:
+# the midtread grid, the per-token first-visit reference). Writes
 # docs/data/codecs_<run>.jsonl (+ _noise.jsonl) and docs/data/codecs.meta,
 # and renders docs/CONVERGENCE.md, section "Link codecs by time to target
-# (issue 41)". About 65 minutes on 2 cores.
+# (issue 41)". About 90 minutes on 2 cores.
 #
 #   scripts/codecs_rank.sh            # run, then render
 #   scripts/codecs_rank.sh --render   # only redraw the section from docs/data
 #
 # Environment: SINGLE_CONFIGS, MULTI_CONFIGS, SINGLE_TOKENS_CONFIGS,
-# MULTI_TOKENS_CONFIGS (each run's --configs), ONLY (run only these runs,
+# MULTI_TOKENS_CONFIGS, SINGLE_GRID_CONFIGS, MULTI_GRID_CONFIGS (each run's
+# --configs), ONLY (run only these runs,
 # e.g. "single_pass_tokens multi_epoch_tokens"), SHAPINGS, OUT (default
 # runs/codecs), AQSWARM_BIN (default build/aqswarm). docs/data/codecs.meta
 # gets a line per invocation.
@@ -32,6 +34,8 @@ RUNS=(
   "multi_epoch examples/converge_multi_epoch.json ${MULTI_CONFIGS:-adamw-fp32,adamw-directq,adamw-aqsgd,adamw-tiled3,adamw-tiled2,adamw-aqsgd_tiled3,adamw-aqsgd_tiled3_ent}"
   "single_pass_tokens examples/converge_single_pass.json ${SINGLE_TOKENS_CONFIGS:-adamw-fp32,adamw-tiled3_tok,adamw-tiled2_tok,adamw-tiled2_tok_ent,adamw-directq_ent}"
   "multi_epoch_tokens examples/converge_multi_epoch.json ${MULTI_TOKENS_CONFIGS:-adamw-fp32,adamw-aqsgd_tiled3_tok,adamw-aqsgd_tiled3_tok_ent,adamw-aqsgd_ent}"
+  "single_pass_grid examples/converge_single_pass.json ${SINGLE_GRID_CONFIGS:-adamw-fp32,adamw-tiled3_mt,adamw-tiled3_mt_tok,adamw-tiled2_mt_ent,adamw-aqsgd_tiled3_mt,adamw-aqsgd_tiled3_mt_ref,adamw-aqsgd_tiled3_mt_ref_ent}"
+  "multi_epoch_grid examples/converge_multi_epoch.json ${MULTI_GRID_CONFIGS:-adamw-fp32,adamw-aqsgd_tiled3_mt,adamw-aqsgd_tiled3_mt_ent,adamw-aqsgd_tiled3_mt_ref_ent}"
 )
 meta=docs/data/codecs.meta
 if [[ "${1:-}" != --render ]]; then
@@ -53,7 +57,7 @@ if [[ "${1:-}" != --render ]]; then
       --shapings "$SHAPINGS" > "$data.tmp" || rc=$?
     [[ -s "$data.tmp" ]] || { echo "the $name bench printed nothing (exit $rc)" >&2; exit 1; }
     mv "$data.tmp" "$data"
-    [[ $name == *_tokens ]] && continue
+    [[ $name == *_tokens || $name == *_grid ]] && continue
     # Run-to-run noise: the baseline again with another seed.
     python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); j["seed"]=int(sys.argv[2]); json.dump(j,open(sys.argv[3],"w"))' \
       "$job" "${NOISE_SEED:-8}" "$OUT/$name-noise-seed.json"
@@ -86,6 +90,10 @@ def link_name(r):
         name = f"AQ-SGD fw3 bw6, tiled first visits {r['first_visit_bits']}-bit"
     else:
         name = LINK[r["link_mode"]]
+    if r.get("tile_grid") == "midtread":
+        name += ", midtread grid"
+    if r.get("first_visit_reference"):
+        name += ", per-token reference"
     if r.get("tile_along") == "tokens":
         name += ", tiles along tokens"
     return name + (" + zstd" if r.get("entropy_coding") else "")
@@ -97,7 +105,7 @@ def section(regime, title, noise_regime=None):
     if not os.path.exists(f"docs/data/codecs_{regime}.jsonl"):
         return [], {}, 0.0
     rows = load(f"docs/data/codecs_{regime}.jsonl")
-    noise = load(f"docs/data/codecs_{noise_regime or regime.replace('_tokens', '')}_noise.jsonl")
+    noise = load(f"docs/data/codecs_{noise_regime or regime.replace('_tokens', '').replace('_grid', '')}_noise.jsonl")
     failures = [r for r in rows if "error" in r]
     rows = [r for r in rows if "error" not in r]
     by = {(r["config"], r["bandwidth_mbps"]): r for r in rows}
@@ -133,7 +141,9 @@ single, sby, s_spread = section("single_pass", "Single pass (each sample once)")
 multi, mby, m_spread = section("multi_epoch", MULTI_TITLE)
 single_t, sty, _ = section("single_pass_tokens", "Single pass, second run: tiles along tokens, zstd on DirectQ")
 multi_t, mty, _ = section("multi_epoch_tokens", MULTI_TITLE + ", second run: tiles along tokens, zstd on AQ-SGD")
-runs = [sby, sty]
+single_g, sgy, _ = section("single_pass_grid", "Single pass, third run: the midtread grid, a per-token first-visit reference")
+multi_g, mgy, _ = section("multi_epoch_grid", MULTI_TITLE + ", third run: the midtread grid, a per-token first-visit reference")
+runs = [sby, sty, sgy]
 
 goals = []
 # Single pass: forward bytes >= 12x below fp32 at final val within 1%; time to target at 10 Mbit/s >= 5x.
@@ -161,7 +171,8 @@ a = mby.get(("adamw-aqsgd", 0))
 # Bytes and losses do not depend on timing (training is deterministic), so
 # rows of the second run compare with the first run's AQ-SGD.
 for e in (mby.get(("adamw-aqsgd_tiled3_ent", 0)), mty.get(("adamw-aqsgd_tiled3_tok_ent", 0)),
-          mty.get(("adamw-aqsgd_ent", 0))):
+          mty.get(("adamw-aqsgd_ent", 0)), mgy.get(("adamw-aqsgd_tiled3_mt_ent", 0)),
+          mgy.get(("adamw-aqsgd_tiled3_mt_ref_ent", 0))):
     if not (a and e):
         continue
     ratio = a["link_bytes"] / e["link_bytes"]
@@ -177,12 +188,11 @@ def row(run, c):
 reading = ["", "Reading:", ""]
 d, t3, t3t = row(sby, "adamw-directq"), row(sby, "adamw-tiled3"), row(sty, "adamw-tiled3_tok")
 if d and t3 and t3t:
-    reading.append(f"- At 3 bits a first visit loses more with tiles than with DirectQ's per-channel fixed point "
+    reading.append(f"- At 3 bits a first visit loses more with midrise tiles than with DirectQ's per-channel fixed point "
                    f"(single pass: tiles along channels {pct(t3['val_loss_vs_baseline'])}, along tokens "
                    f"{pct(t3t['val_loss_vs_baseline'])}, DirectQ {pct(d['val_loss_vs_baseline'])}, all at ~9.6x fewer "
-                   "forward bytes). Two likely causes, not yet told apart: per-channel scales catch this model's outlier "
-                   "channels, and the tiled grid has no zero level (2^b levels, symmetric), so the many near-zero values of "
-                   "a tile move to +-scale/(2^b - 1).")
+                   "forward bytes). DirectQ's grid has a zero level (and 8 levels, the top one clipped); the midrise tiled "
+                   "grid has none, so the many near-zero values of a tile move to +-scale/(2^b - 1).")
 for plain, coded, label in ((row(sby, "adamw-tiled2"), row(sby, "adamw-tiled2_ent"), "tiled fw2, tiles along channels"),
                             (row(sty, "adamw-tiled2_tok"), row(sty, "adamw-tiled2_tok_ent"), "tiled fw2, tiles along tokens"),
                             (row(sby, "adamw-directq"), row(sty, "adamw-directq_ent"), "DirectQ fw3"),
@@ -193,6 +203,22 @@ for plain, coded, label in ((row(sby, "adamw-tiled2"), row(sby, "adamw-tiled2_en
                        f"{plain['bw_bytes_per_token_per_link']:.1f} -> {coded['bw_bytes_per_token_per_link']:.1f}; "
                        + ("the same final loss (lossless)." if plain["final_val_loss"] == coded["final_val_loss"]
                           else f"final loss {plain['final_val_loss']:.4f} -> {coded['final_val_loss']:.4f}."))
+t3m, t3mt = row(sgy, "adamw-tiled3_mt"), row(sgy, "adamw-tiled3_mt_tok")
+if d and t3 and t3m:
+    reading.append(f"- The midtread grid (7 levels at 3 bits, one at zero) against the midrise one (8 levels, none at zero), "
+                   f"single pass, tiled fw3: tiles along channels {pct(t3['val_loss_vs_baseline'])} -> "
+                   f"{pct(t3m['val_loss_vs_baseline'])}"
+                   + (f", along tokens {pct(t3t['val_loss_vs_baseline'])} -> {pct(t3mt['val_loss_vs_baseline'])}"
+                      if t3t and t3mt else "")
+                   + f" (DirectQ fw3: {pct(d['val_loss_vs_baseline'])}).")
+for run, label, plain_c, ref_c in ((sgy, "single pass", "adamw-aqsgd_tiled3_mt", "adamw-aqsgd_tiled3_mt_ref"),
+                                   (mgy, "multi-epoch", "adamw-aqsgd_tiled3_mt_ent", "adamw-aqsgd_tiled3_mt_ref_ent")):
+    fm, fr = row(run, plain_c), row(run, ref_c)
+    if fm and fr:
+        reading.append(f"- The per-token first-visit reference, {label}, AQ-SGD with midtread tiled first visits at 3 bits"
+                       + (" + zstd" if fm.get("entropy_coding") else "")
+                       + f": final val {pct(fm['val_loss_vs_baseline'])} without it, {pct(fr['val_loss_vs_baseline'])} with it; "
+                       f"forward {fm['fw_bytes_per_token_per_link']:.1f} -> {fr['fw_bytes_per_token_per_link']:.1f} B/token/link.")
 a1, d1 = mby.get(("adamw-aqsgd", 1)), sby.get(("adamw-directq", 1))
 if a1 and d1 and a1.get("seconds_to_target") and d1.get("seconds_to_target"):
     reading.append(f"- Where the links dominate (1 Mbit/s) the codecs that reach the target pay off: DirectQ reaches the "
@@ -209,8 +235,8 @@ body = ["## Link codecs by time to target (issue 41)", "",
         "summed up to the first evaluation at or below the target; shaped runs train their first steps (AQ-SGD: past epoch 0) and "
         "extrapolate the rest at their own mean step time (\"~\"). Bytes per token per link count every byte of the "
         "messages' scales and codes.", "",
-        "    scripts/codecs_rank.sh            # ~65 min on 2 cores; --render redraws from docs/data/codecs_*.jsonl", "",
-        "Measured:", ""] + ["    " + l for l in meta.splitlines()] + [""] + single + [""] + single_t + [""] + multi + [""] + multi_t + lines + [""]
+        "    scripts/codecs_rank.sh            # ~90 min on 2 cores; --render redraws from docs/data/codecs_*.jsonl", "",
+        "Measured:", ""] + ["    " + l for l in meta.splitlines()] + [""] + single + [""] + single_t + [""] + single_g + [""] + multi + [""] + multi_t + [""] + multi_g + lines + [""]
 text = open(doc).read()
 head = "## Link codecs by time to target (issue 41)"
 if head in text:

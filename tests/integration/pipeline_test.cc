@@ -204,6 +204,14 @@ TEST_F(PipelineTest, AqsgdWithTiledFirstVisitsAndEntropyCodingKeepsBothEndsBitId
                R"(,"firstVisit":"tiled","tileSize":16,"rotation":"all","tileAlong":"tokens","entropyCoding":true)"));
 }
 
+// A per-token first-visit reference on the midtread grid: both stages of
+// every link build the same table from what they hold, so m(xi) stays
+// bit-identical through first visits and deltas.
+TEST_F(PipelineTest, AqsgdWithAFirstVisitReferenceKeepsBothEndsBitIdentical) {
+  ExpectStoresBitIdentical(WriteJob("aqref", "aqsgd", 3, 0, 2, 3, "", "rocksdb",
+                                    R"(,"firstVisit":"tiled","tileGrid":"midtread","firstVisitReference":true)"));
+}
+
 // compression.mode tiled: the tiled codec both ways (fw 2 bits), no state.
 TEST_F(PipelineTest, TiledLinksWithEntropyCodingTrainAndTheLossFalls) {
   const std::string out = (dir_ / "run").string();
