@@ -21,7 +21,8 @@
 // midtread; else midrise), then aqsgd_tiledB ones by _ref: a per-token
 // first-visit reference (compression.firstVisitReference), then tiled ones by
 // _tok: tiles along tokens (compression.tileAlong tokens), then each but fp32
-// optionally by _ent: zstd over the codes, both ways).
+// optionally by _ent: zstd over the codes, both ways, then by _fwN (not
+// tiledB) and _bwN: other bits than fw3 bw6, e.g. adamw-aqsgd_tiled3_ent_bw4).
 // dp.bits, bucket size and codec are the base job's; the shaping is the
 // job's `shaping` (stage links and the DP exchange alike).
 //
@@ -127,8 +128,21 @@ struct Config {
   bool reference = false;           // _ref: compression.firstVisitReference
 };
 
+// A trailing "_<prefix>N" (N bits, 1..8) of `link`, removed; 0 when absent.
+int ConsumeBits(absl::string_view* link, absl::string_view prefix) {
+  const size_t at = link->rfind(absl::StrCat("_", prefix));
+  int bits = 0;
+  if (at == absl::string_view::npos || !absl::SimpleAtoi(link->substr(at + 1 + prefix.size()), &bits) || bits < 1 ||
+      bits > 8) {
+    return 0;
+  }
+  link->remove_suffix(link->size() - at);
+  return bits;
+}
+
 // LINK of a configuration name into `c`; false when it is not one.
 bool ParseLink(absl::string_view link, Config* c) {
+  const int bw = ConsumeBits(&link, "bw"), fw = ConsumeBits(&link, "fw");
   c->entropy = absl::ConsumeSuffix(&link, "_ent");
   c->tiles_along_tokens = absl::ConsumeSuffix(&link, "_tok");
   c->reference = absl::ConsumeSuffix(&link, "_ref");
@@ -137,7 +151,7 @@ bool ParseLink(absl::string_view link, Config* c) {
   if ((c->tiles_along_tokens || c->midtread) && !absl::StrContains(link, "tiled")) return false;
   int bits = 0;
   if (link == "fp32") {
-    return !c->entropy;
+    return !c->entropy && fw == 0 && bw == 0;
   } else if (link == "directq" || link == "aqsgd") {
     c->link_mode = link == "aqsgd" ? v1::LinkCompression::aqsgd : v1::LinkCompression::directq;
     c->fw_bits = kAqsgdFwBits;
@@ -154,6 +168,11 @@ bool ParseLink(absl::string_view link, Config* c) {
     return false;
   }
   c->bw_bits = kAqsgdBwBits;
+  if (fw > 0) {
+    if (c->link_mode == v1::LinkCompression::tiled) return false;  // tiledB names its forward bits
+    c->fw_bits = fw;
+  }
+  if (bw > 0) c->bw_bits = bw;
   return true;
 }
 
@@ -176,7 +195,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text) {
     return absl::InvalidArgumentError(absl::StrCat("converge: unknown configuration '", text,
                                                    "' (want OPT-LINK: OPT adamw, qadam or diloco-hH with H >= 1, "
                                                    "LINK fp32, directq, aqsgd, tiledB or aqsgd_tiledB (B bits 1..8), tiled ones optionally "
-                                                   "with _mt, _ref (aqsgd_tiledB) then _tok, all but fp32 optionally with _ent; e.g. adamw-fp32, diloco-h32-aqsgd, adamw-aqsgd_tiled3_ent)"));
+                                                   "with _mt, _ref (aqsgd_tiledB) then _tok, all but fp32 optionally with _ent, _fwN and _bwN; e.g. adamw-fp32, diloco-h32-aqsgd, adamw-aqsgd_tiled3_ent)"));
   }
   return c;
 }

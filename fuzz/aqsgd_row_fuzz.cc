@@ -1,7 +1,8 @@
 // libFuzzer target: one AQ-SGD link row on the receiver
 // (compression::AqsgdLinkCodec::DecodeRow), the decode every activation row
-// from the previous stage goes through. A malformed row must be an error
-// that leaves m(xi) unchanged, never a crash.
+// from the previous stage goes through, with a first-visit reference equal
+// to m. A malformed row must be an error that leaves m(xi) unchanged, never a
+// crash.
 // Input: [mode u8][stored precision u8][fw bits u8][rows u8][cols u8]
 //        [m fill u8] then a serialized v1::AqsgdRow. Seeds: fuzz/corpus/aqsgd_row.
 #include <cstddef>
@@ -33,7 +34,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<float> m(rows * cols, fill);
   RoundRowInPlace(o.stored, rows, cols, absl::MakeSpan(m));
   const std::vector<float> before = m;
-  absl::StatusOr<compression::ReceiveResult> r = (*codec)->DecodeRow(msg, rows, cols, absl::MakeSpan(m));
+  // A FULL row may name a first-visit reference: the target's is m's fill.
+  absl::StatusOr<compression::ReceiveResult> r =
+      (*codec)->DecodeRow(msg, rows, cols, absl::MakeSpan(m), std::nullopt, before);
   // The codec's contract: an error or a resend request leaves m untouched.
   if ((!r.ok() || *r == compression::ReceiveResult::kResendNeeded) &&
       std::memcmp(m.data(), before.data(), m.size() * sizeof(float)) != 0) {

@@ -115,6 +115,16 @@ void CodecSeeds() {
     if (entropy && t.entropy() != v1::ENTROPY_ZSTD) Check(absl::InternalError("zstd did not shrink the seed"), "zstd");
     Write("codec_decode", k++, t.SerializeAsString());
   }
+  // The tiled codec's midtread grid (2 bits: ternary).
+  compression::CodecOptions midtread;
+  midtread.codec = v1::CODEC_TILED;
+  midtread.bits = 2;
+  midtread.bucket_size = 16;
+  midtread.tile_grid = v1::TILE_GRID_MIDTREAD;
+  midtread.min_compress_elements = 1;
+  v1::EncodedTensor mt;
+  Check(compression::Encode(midtread, v, shape, 7, &mt), "tiled midtread");
+  Write("codec_decode", k++, mt.SerializeAsString());
 }
 
 void AqsgdRowSeeds() {
@@ -145,6 +155,30 @@ void AqsgdRowSeeds() {
       }
     }
   }
+  // A tiled first visit against a first-visit reference of zeros (the
+  // target's reference is its m fill: fill byte 0).
+  compression::AqsgdLinkOptions o;
+  o.quantizer.bits = 4;
+  o.quantizer.min_compress_elements = 1;
+  o.warmup_epochs = 0;
+  compression::CodecOptions tiled;
+  tiled.codec = v1::CODEC_TILED;
+  tiled.bits = 3;
+  tiled.bucket_size = 8;
+  tiled.tile_grid = v1::TILE_GRID_MIDTREAD;
+  tiled.min_compress_elements = 1;
+  o.first_visit = tiled;
+  auto codec = compression::AqsgdLinkCodec::Create(o);
+  Check(codec.status(), "aqsgd codec");
+  const std::vector<float> zeros(rows * cols, 0.0f);
+  std::vector<float> m(rows * cols, 0.0f);
+  v1::AqsgdRow row;
+  Check((*codec)->EncodeRow({.sample_id = 5, .reference = zeros}, a, rows, cols, absl::MakeSpan(m), 9, &row),
+        "encode row with a reference");
+  fuzz::FuzzOutput out;
+  out.U8(0).U8(static_cast<uint8_t>(RowPrecision::kFloat16)).U8(3).U8(rows - 1).U8(cols - 1).U8(0);
+  out.Bytes(row.SerializeAsString());
+  Write("aqsgd_row", k++, out.str());
 }
 
 void LinkFrameSeeds() {

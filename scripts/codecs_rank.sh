@@ -36,6 +36,7 @@ RUNS=(
   "multi_epoch_tokens examples/converge_multi_epoch.json ${MULTI_TOKENS_CONFIGS:-adamw-fp32,adamw-aqsgd_tiled3_tok,adamw-aqsgd_tiled3_tok_ent,adamw-aqsgd_ent}"
   "single_pass_grid examples/converge_single_pass.json ${SINGLE_GRID_CONFIGS:-adamw-fp32,adamw-tiled3_mt,adamw-tiled3_mt_tok,adamw-tiled2_mt_ent,adamw-aqsgd_tiled3_mt,adamw-aqsgd_tiled3_mt_ref,adamw-aqsgd_tiled3_mt_ref_ent}"
   "multi_epoch_grid examples/converge_multi_epoch.json ${MULTI_GRID_CONFIGS:-adamw-fp32,adamw-aqsgd_tiled3_mt,adamw-aqsgd_tiled3_mt_ent,adamw-aqsgd_tiled3_mt_ref_ent}"
+  "multi_epoch_bits examples/converge_multi_epoch.json ${MULTI_BITS_CONFIGS:-adamw-fp32,adamw-tiled3_mt,adamw-tiled3_mt_tok,adamw-aqsgd_fw2_bw4,adamw-aqsgd_tiled3_mt_ent_bw4,adamw-aqsgd_tiled2_mt_ent_fw2_bw4}"
 )
 meta=docs/data/codecs.meta
 if [[ "${1:-}" != --render ]]; then
@@ -57,7 +58,7 @@ if [[ "${1:-}" != --render ]]; then
       --shapings "$SHAPINGS" > "$data.tmp" || rc=$?
     [[ -s "$data.tmp" ]] || { echo "the $name bench printed nothing (exit $rc)" >&2; exit 1; }
     mv "$data.tmp" "$data"
-    [[ $name == *_tokens || $name == *_grid ]] && continue
+    [[ $name == *_tokens || $name == *_grid || $name == *_bits ]] && continue
     # Run-to-run noise: the baseline again with another seed.
     python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); j["seed"]=int(sys.argv[2]); json.dump(j,open(sys.argv[3],"w"))' \
       "$job" "${NOISE_SEED:-8}" "$OUT/$name-noise-seed.json"
@@ -81,15 +82,16 @@ def pct(v):
 def x(v):
     return "-" if v is None else f"{v:.1f}x"
 
-LINK = {"fp32": "fp32", "directq": "DirectQ fw3 bw6", "aqsgd": "AQ-SGD fw3 bw6"}
-
 def link_name(r):
+    bits = f"fw{r['fw_bits']} bw{r['bw_bits']}"
     if r["link_mode"] == "tiled":
-        name = f"tiled fw{r['fw_bits']} bw{r['bw_bits']}"
+        name = f"tiled {bits}"
     elif r["link_mode"] == "aqsgd" and r.get("first_visit_bits"):
-        name = f"AQ-SGD fw3 bw6, tiled first visits {r['first_visit_bits']}-bit"
+        name = f"AQ-SGD {bits}, tiled first visits {r['first_visit_bits']}-bit"
+    elif r["link_mode"] == "fp32":
+        name = "fp32"
     else:
-        name = LINK[r["link_mode"]]
+        name = {"directq": "DirectQ", "aqsgd": "AQ-SGD"}[r["link_mode"]] + " " + bits
     if r.get("tile_grid") == "midtread":
         name += ", midtread grid"
     if r.get("first_visit_reference"):
@@ -105,7 +107,7 @@ def section(regime, title, noise_regime=None):
     if not os.path.exists(f"docs/data/codecs_{regime}.jsonl"):
         return [], {}, 0.0
     rows = load(f"docs/data/codecs_{regime}.jsonl")
-    noise = load(f"docs/data/codecs_{noise_regime or regime.replace('_tokens', '').replace('_grid', '')}_noise.jsonl")
+    noise = load(f"docs/data/codecs_{noise_regime or regime.replace('_tokens', '').replace('_grid', '').replace('_bits', '')}_noise.jsonl")
     failures = [r for r in rows if "error" in r]
     rows = [r for r in rows if "error" not in r]
     by = {(r["config"], r["bandwidth_mbps"]): r for r in rows}
@@ -124,6 +126,8 @@ def section(regime, title, noise_regime=None):
     for c in configs:
         u = by[(c, 0)]
         def cell(s, b):
+            if s is None:
+                return "not run", "-"
             if t(s) is None:
                 return "not reached", "-"
             e = "~" if s.get("extrapolated") else ""
@@ -143,6 +147,7 @@ single_t, sty, _ = section("single_pass_tokens", "Single pass, second run: tiles
 multi_t, mty, _ = section("multi_epoch_tokens", MULTI_TITLE + ", second run: tiles along tokens, zstd on AQ-SGD")
 single_g, sgy, _ = section("single_pass_grid", "Single pass, third run: the midtread grid, a per-token first-visit reference")
 multi_g, mgy, _ = section("multi_epoch_grid", MULTI_TITLE + ", third run: the midtread grid, a per-token first-visit reference")
+multi_b, mbb, _ = section("multi_epoch_bits", MULTI_TITLE + ", fourth run (unshaped): the grids at low noise, fewer bits")
 runs = [sby, sty, sgy]
 
 goals = []
@@ -172,12 +177,15 @@ a = mby.get(("adamw-aqsgd", 0))
 # rows of the second run compare with the first run's AQ-SGD.
 for e in (mby.get(("adamw-aqsgd_tiled3_ent", 0)), mty.get(("adamw-aqsgd_tiled3_tok_ent", 0)),
           mty.get(("adamw-aqsgd_ent", 0)), mgy.get(("adamw-aqsgd_tiled3_mt_ent", 0)),
-          mgy.get(("adamw-aqsgd_tiled3_mt_ref_ent", 0))):
+          mgy.get(("adamw-aqsgd_tiled3_mt_ref_ent", 0)), mbb.get(("adamw-aqsgd_fw2_bw4", 0)),
+          mbb.get(("adamw-aqsgd_tiled3_mt_ent_bw4", 0)), mbb.get(("adamw-aqsgd_tiled2_mt_ent_fw2_bw4", 0))):
     if not (a and e):
         continue
     ratio = a["link_bytes"] / e["link_bytes"]
     dl = (e["final_val_loss"] - a["final_val_loss"]) / a["final_val_loss"]
     met2 = ratio >= 2 and abs(dl) <= 0.005
+    if e["link_mode"] != "aqsgd":
+        continue
     lines.append(f"- Multi-epoch, >= 2x fewer link bytes than AQ-SGD fw3 bw6 over the run at equal loss (+-0.5%), "
                  f"{link_name(e)}: **{'met' if met2 else 'not met'}**: {ratio:.2f}x fewer bytes, final val "
                  f"{pct(dl)} vs AQ-SGD (noise {100 * m_spread:.2f}%).")
@@ -211,6 +219,11 @@ if d and t3 and t3m:
                    + (f", along tokens {pct(t3t['val_loss_vs_baseline'])} -> {pct(t3mt['val_loss_vs_baseline'])}"
                       if t3t and t3mt else "")
                    + f" (DirectQ fw3: {pct(d['val_loss_vs_baseline'])}).")
+m3, m3m, m3t = row(mby, "adamw-tiled3"), row(mbb, "adamw-tiled3_mt"), row(mbb, "adamw-tiled3_mt_tok")
+if m3 and m3m:
+    reading.append(f"- The same grids multi-epoch (run-to-run noise {100 * m_spread:.2f}%), tiled fw3: midrise along channels "
+                   f"{pct(m3['val_loss_vs_baseline'])}, midtread along channels {pct(m3m['val_loss_vs_baseline'])}"
+                   + (f", midtread along tokens {pct(m3t['val_loss_vs_baseline'])}" if m3t else "") + ".")
 for run, label, plain_c, ref_c in ((sgy, "single pass", "adamw-aqsgd_tiled3_mt", "adamw-aqsgd_tiled3_mt_ref"),
                                    (mgy, "multi-epoch", "adamw-aqsgd_tiled3_mt_ent", "adamw-aqsgd_tiled3_mt_ref_ent")):
     fm, fr = row(run, plain_c), row(run, ref_c)
@@ -236,7 +249,7 @@ body = ["## Link codecs by time to target (issue 41)", "",
         "extrapolate the rest at their own mean step time (\"~\"). Bytes per token per link count every byte of the "
         "messages' scales and codes.", "",
         "    scripts/codecs_rank.sh            # ~90 min on 2 cores; --render redraws from docs/data/codecs_*.jsonl", "",
-        "Measured:", ""] + ["    " + l for l in meta.splitlines()] + [""] + single + [""] + single_t + [""] + single_g + [""] + multi + [""] + multi_t + [""] + multi_g + lines + [""]
+        "Measured:", ""] + ["    " + l for l in meta.splitlines()] + [""] + single + [""] + single_t + [""] + single_g + [""] + multi + [""] + multi_t + [""] + multi_g + [""] + multi_b + lines + [""]
 text = open(doc).read()
 head = "## Link codecs by time to target (issue 41)"
 if head in text:
