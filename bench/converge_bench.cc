@@ -17,8 +17,9 @@
 //   aqsgd           AQ-SGD fw3 bw6, first visits raw (fp16)
 //   tiledB          the tiled codec, fw B bits, bw 6 (compression.mode tiled)
 //   aqsgd_tiledB    AQ-SGD fw3 bw6 with first visits tiled at B bits
+//   aqsgd_fixedB    AQ-SGD fw3 bw6 with first visits in per-channel fixed point at B bits
 // tiled ones optionally followed by _mt: the midtread grid (compression.tileGrid
-// midtread; else midrise), then aqsgd_tiledB ones by _ref: a per-token
+// midtread; else midrise), then aqsgd_tiledB and aqsgd_fixedB ones by _ref: a per-token
 // first-visit reference (compression.firstVisitReference), then tiled ones by
 // _tok: tiles along tokens (compression.tileAlong tokens), then each but fp32
 // optionally by _ent: zstd over the codes, both ways, then by _fwN (not
@@ -121,7 +122,8 @@ struct Config {
   // The links (see the file comment).
   v1::LinkCompression::Mode link_mode = v1::LinkCompression::fp32;
   int fw_bits = 32, bw_bits = 32;
-  int first_visit_bits = 0;  // aqsgd_tiledB: B; else 0 (raw first visits)
+  int first_visit_bits = 0;  // aqsgd_tiledB, aqsgd_fixedB: B; else 0 (raw first visits)
+  bool fixed_first_visits = false;  // aqsgd_fixedB
   bool entropy = false;
   bool tiles_along_tokens = false;  // _tok
   bool midtread = false;            // _mt
@@ -147,7 +149,7 @@ bool ParseLink(absl::string_view link, Config* c) {
   c->tiles_along_tokens = absl::ConsumeSuffix(&link, "_tok");
   c->reference = absl::ConsumeSuffix(&link, "_ref");
   c->midtread = absl::ConsumeSuffix(&link, "_mt");
-  if (c->reference && !absl::StartsWith(link, "aqsgd_tiled")) return false;
+  if (c->reference && !absl::StartsWith(link, "aqsgd_tiled") && !absl::StartsWith(link, "aqsgd_fixed")) return false;
   if ((c->tiles_along_tokens || c->midtread) && !absl::StrContains(link, "tiled")) return false;
   int bits = 0;
   if (link == "fp32") {
@@ -155,7 +157,8 @@ bool ParseLink(absl::string_view link, Config* c) {
   } else if (link == "directq" || link == "aqsgd") {
     c->link_mode = link == "aqsgd" ? v1::LinkCompression::aqsgd : v1::LinkCompression::directq;
     c->fw_bits = kAqsgdFwBits;
-  } else if (absl::ConsumePrefix(&link, "aqsgd_tiled")) {
+  } else if (absl::ConsumePrefix(&link, "aqsgd_tiled") ||
+             (c->fixed_first_visits = absl::ConsumePrefix(&link, "aqsgd_fixed"))) {
     if (!absl::SimpleAtoi(link, &bits) || bits < 1 || bits > 8) return false;
     c->link_mode = v1::LinkCompression::aqsgd;
     c->fw_bits = kAqsgdFwBits;
@@ -194,8 +197,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text) {
   if (!ok) {
     return absl::InvalidArgumentError(absl::StrCat("converge: unknown configuration '", text,
                                                    "' (want OPT-LINK: OPT adamw, qadam or diloco-hH with H >= 1, "
-                                                   "LINK fp32, directq, aqsgd, tiledB or aqsgd_tiledB (B bits 1..8), tiled ones optionally "
-                                                   "with _mt, _ref (aqsgd_tiledB) then _tok, all but fp32 optionally with _ent, _fwN and _bwN; e.g. adamw-fp32, diloco-h32-aqsgd, adamw-aqsgd_tiled3_ent)"));
+                                                   "LINK fp32, directq, aqsgd, tiledB, aqsgd_tiledB or aqsgd_fixedB (B bits 1..8), tiled ones optionally "
+                                                   "with _mt, _ref (aqsgd_tiledB, aqsgd_fixedB) then _tok, all but fp32 optionally with _ent, _fwN and _bwN; e.g. adamw-fp32, diloco-h32-aqsgd, adamw-aqsgd_tiled3_ent)"));
   }
   return c;
 }
@@ -248,7 +251,7 @@ absl::StatusOr<v1::JobSpec> ConfigJob(const v1::JobSpec& base, const Config& c) 
     comp->set_bw_bits(c.bw_bits);
   }
   if (c.first_visit_bits > 0) {
-    comp->set_first_visit("tiled");
+    comp->set_first_visit(c.fixed_first_visits ? "fixed_point" : "tiled");
     comp->set_first_visit_bits(c.first_visit_bits);
   }
   comp->set_entropy_coding(c.entropy);
@@ -671,6 +674,7 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
           {"dp_bits", c.optimizer == v1::DataParallelSpec::adamw ? 32 : static_cast<int>(job.dp().bits())},
           {"link_mode", v1::LinkCompression::Mode_Name(c.link_mode)},
           {"first_visit_bits", c.first_visit_bits},
+          {"first_visit", c.first_visit_bits == 0 ? "raw" : c.fixed_first_visits ? "fixed_point" : "tiled"},
           {"entropy_coding", c.entropy},
           {"tile_along", c.tiles_along_tokens ? "tokens" : "channels"},
           {"tile_grid", c.midtread ? "midtread" : "midrise"},

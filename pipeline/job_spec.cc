@@ -254,11 +254,14 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
     return Invalid("compression.m_precision",
                    absl::StrCat("'", c.m_precision(), "' is not fp32, fp16 or int8"));
   }
-  if (!c.first_visit().empty() && c.first_visit() != "raw" && c.first_visit() != "tiled") {
-    return Invalid("compression.first_visit", absl::StrCat("'", c.first_visit(), "' is not raw or tiled"));
+  if (!c.first_visit().empty() && c.first_visit() != "raw" && c.first_visit() != "tiled" &&
+      c.first_visit() != "fixed_point") {
+    return Invalid("compression.first_visit",
+                   absl::StrCat("'", c.first_visit(), "' is not raw, tiled or fixed_point"));
   }
-  if (c.first_visit() == "tiled" && c.mode() != v1::LinkCompression::aqsgd) {
-    return Invalid("compression.first_visit", "tiled first visits are for mode aqsgd (mode tiled is tiled throughout)");
+  if (!c.first_visit().empty() && c.first_visit() != "raw" && c.mode() != v1::LinkCompression::aqsgd) {
+    return Invalid("compression.first_visit",
+                   "compressed first visits are for mode aqsgd (mode tiled is tiled throughout, directq fixed point)");
   }
   if (c.first_visit_bits() > 8) {
     return Invalid("compression.first_visit_bits", absl::StrCat(c.first_visit_bits(), " is not in [1, 8]"));
@@ -283,8 +286,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
     }
   }
   if (c.first_visit_reference()) {
-    if (c.mode() != v1::LinkCompression::aqsgd || c.first_visit() != "tiled") {
-      return Invalid("compression.first_visit_reference", "needs mode aqsgd with firstVisit tiled");
+    if (c.mode() != v1::LinkCompression::aqsgd || c.first_visit().empty() || c.first_visit() == "raw") {
+      return Invalid("compression.first_visit_reference", "needs mode aqsgd with firstVisit tiled or fixed_point");
     }
     const uint64_t table_bytes = uint64_t{job.model().vocab_size()} * job.model().d_model() * 4;
     if (table_bytes > (uint64_t{1} << 30)) {

@@ -46,6 +46,8 @@ TEST(JobSpecTest, PreciseErrors) {
       {R"({"compression":{"mode":"aqsgd","firstVisit":"tiled","firstVisitBits":1,"tileGrid":"midtread"}})",
        "compression.tile_grid"},
       {R"({"compression":{"mode":"aqsgd","firstVisitReference":true}})", "compression.first_visit_reference"},
+      {R"({"compression":{"mode":"directq","firstVisit":"fixed_point"}})", "compression.first_visit"},
+      {R"({"compression":{"mode":"aqsgd","firstVisit":"zstd"}})", "compression.first_visit"},
       {R"({"compression":{"mode":"tiled","firstVisitReference":true}})", "compression.first_visit_reference"},
       {R"({"model":{"vocabSize":1000000,"dModel":512,"nHead":8},"compression":{"mode":"aqsgd","firstVisit":"tiled","firstVisitReference":true}})",
        "compression.first_visit_reference"},

@@ -336,9 +336,12 @@ absl::StatusOr<LinkEndpointOptions> LinkOptionsFromJob(const v1::JobSpec& job, u
     o.codec.quantizer.min_compress_elements = 1;
     o.codec.quantizer.entropy = c.entropy_coding();
   }
+  const int first_visit_bits = static_cast<int>(c.first_visit_bits() ? c.first_visit_bits() : c.fw_bits());
   if (c.mode() == v1::LinkCompression::aqsgd && c.first_visit() == "tiled") {
-    o.codec.first_visit = TiledCodecOptions(c, static_cast<int>(c.first_visit_bits() ? c.first_visit_bits()
-                                                                                      : c.fw_bits()));
+    o.codec.first_visit = TiledCodecOptions(c, first_visit_bits);
+  } else if (c.mode() == v1::LinkCompression::aqsgd && c.first_visit() == "fixed_point") {
+    o.codec.first_visit = o.codec.quantizer;  // the deltas' codec (per-channel fixed point), at its own bits
+    o.codec.first_visit->bits = first_visit_bits;
   }
   o.codec.stored = o.link.precision;
   o.codec.warmup_epochs = job.compression().warmup_epochs();

@@ -443,6 +443,41 @@ TEST(LinkOptionsTest, ResidentBytesComeFromTheJobOrTheDefault) {
   }
 }
 
+TEST(LinkOptionsTest, FirstVisitsAreRawTiledOrFixedPointAtTheirOwnBits) {
+  v1::JobSpec job;
+  job.mutable_model()->set_seq_len(kRows);
+  job.mutable_model()->set_d_model(kCols);
+  job.mutable_model()->set_vocab_size(100);
+  v1::LinkCompression* c = job.mutable_compression();
+  c->set_mode(v1::LinkCompression::aqsgd);
+  c->set_m_precision("fp16");
+  c->set_fw_bits(3);
+  c->set_entropy_coding(true);
+  auto o = LinkOptionsFromJob(job, 0, 0, 1);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->codec.first_visit.has_value());
+  EXPECT_FALSE(o->first_visit_reference);
+  c->set_first_visit("fixed_point");
+  c->set_first_visit_bits(4);
+  c->set_first_visit_reference(true);
+  o = LinkOptionsFromJob(job, 0, 0, 1);
+  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_TRUE(o->codec.first_visit.has_value());
+  EXPECT_EQ(o->codec.first_visit->codec, v1::CODEC_FIXED_POINT);
+  EXPECT_EQ(o->codec.first_visit->bits, 4);
+  EXPECT_TRUE(o->codec.first_visit->entropy);
+  EXPECT_EQ(o->codec.quantizer.bits, 3);
+  EXPECT_TRUE(o->first_visit_reference);
+  EXPECT_EQ(o->vocab, 100);
+  c->set_first_visit("tiled");
+  c->set_tile_grid("midtread");
+  o = LinkOptionsFromJob(job, 0, 0, 1);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->codec.first_visit->codec, v1::CODEC_TILED);
+  EXPECT_EQ(o->codec.first_visit->tile_grid, v1::TILE_GRID_MIDTREAD);
+  EXPECT_EQ(o->codec.first_visit->bits, 4);
+}
+
 TEST(StatelessLinkTest, Fp32IsExactAndDirectQIsClose) {
   for (auto mode : {compression::LinkMode::kFp32, compression::LinkMode::kDirectQ}) {
     Harness h(Options(mode));

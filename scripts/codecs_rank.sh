@@ -37,6 +37,8 @@ RUNS=(
   "single_pass_grid examples/converge_single_pass.json ${SINGLE_GRID_CONFIGS:-adamw-fp32,adamw-tiled3_mt,adamw-tiled3_mt_tok,adamw-tiled2_mt_ent,adamw-aqsgd_tiled3_mt,adamw-aqsgd_tiled3_mt_ref,adamw-aqsgd_tiled3_mt_ref_ent}"
   "multi_epoch_grid examples/converge_multi_epoch.json ${MULTI_GRID_CONFIGS:-adamw-fp32,adamw-aqsgd_tiled3_mt,adamw-aqsgd_tiled3_mt_ent,adamw-aqsgd_tiled3_mt_ref_ent}"
   "multi_epoch_bits examples/converge_multi_epoch.json ${MULTI_BITS_CONFIGS:-adamw-fp32,adamw-tiled3_mt,adamw-tiled3_mt_tok,adamw-aqsgd_fw2_bw4,adamw-aqsgd_tiled3_mt_ent_bw4,adamw-aqsgd_tiled2_mt_ent_fw2_bw4}"
+  "single_pass_fixed examples/converge_single_pass.json ${SINGLE_FIXED_CONFIGS:-adamw-fp32,adamw-aqsgd_fixed3,adamw-aqsgd_fixed3_ref}"
+  "multi_epoch_fixed examples/converge_multi_epoch.json ${MULTI_FIXED_CONFIGS:-adamw-fp32,adamw-aqsgd_fixed3,adamw-aqsgd_fixed3_ent,adamw-aqsgd_fixed3_ref_ent}"
 )
 meta=docs/data/codecs.meta
 if [[ "${1:-}" != --render ]]; then
@@ -58,7 +60,7 @@ if [[ "${1:-}" != --render ]]; then
       --shapings "$SHAPINGS" > "$data.tmp" || rc=$?
     [[ -s "$data.tmp" ]] || { echo "the $name bench printed nothing (exit $rc)" >&2; exit 1; }
     mv "$data.tmp" "$data"
-    [[ $name == *_tokens || $name == *_grid || $name == *_bits ]] && continue
+    [[ $name == *_tokens || $name == *_grid || $name == *_bits || $name == *_fixed ]] && continue
     # Run-to-run noise: the baseline again with another seed.
     python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); j["seed"]=int(sys.argv[2]); json.dump(j,open(sys.argv[3],"w"))' \
       "$job" "${NOISE_SEED:-8}" "$OUT/$name-noise-seed.json"
@@ -87,7 +89,8 @@ def link_name(r):
     if r["link_mode"] == "tiled":
         name = f"tiled {bits}"
     elif r["link_mode"] == "aqsgd" and r.get("first_visit_bits"):
-        name = f"AQ-SGD {bits}, tiled first visits {r['first_visit_bits']}-bit"
+        kind = "fixed-point" if r.get("first_visit") == "fixed_point" else "tiled"
+        name = f"AQ-SGD {bits}, {kind} first visits {r['first_visit_bits']}-bit"
     elif r["link_mode"] == "fp32":
         name = "fp32"
     else:
@@ -107,7 +110,7 @@ def section(regime, title, noise_regime=None):
     if not os.path.exists(f"docs/data/codecs_{regime}.jsonl"):
         return [], {}, 0.0
     rows = load(f"docs/data/codecs_{regime}.jsonl")
-    noise = load(f"docs/data/codecs_{noise_regime or regime.replace('_tokens', '').replace('_grid', '').replace('_bits', '')}_noise.jsonl")
+    noise = load(f"docs/data/codecs_{noise_regime or regime.replace('_tokens', '').replace('_grid', '').replace('_bits', '').replace('_fixed', '')}_noise.jsonl")
     failures = [r for r in rows if "error" in r]
     rows = [r for r in rows if "error" not in r]
     by = {(r["config"], r["bandwidth_mbps"]): r for r in rows}
@@ -148,7 +151,9 @@ multi_t, mty, _ = section("multi_epoch_tokens", MULTI_TITLE + ", second run: til
 single_g, sgy, _ = section("single_pass_grid", "Single pass, third run: the midtread grid, a per-token first-visit reference")
 multi_g, mgy, _ = section("multi_epoch_grid", MULTI_TITLE + ", third run: the midtread grid, a per-token first-visit reference")
 multi_b, mbb, _ = section("multi_epoch_bits", MULTI_TITLE + ", fourth run (unshaped): the grids at low noise, fewer bits")
-runs = [sby, sty, sgy]
+single_f, sfy, _ = section("single_pass_fixed", "Single pass, fifth run (unshaped): fixed-point first visits")
+multi_f, mfy, _ = section("multi_epoch_fixed", MULTI_TITLE + ", fifth run (unshaped): fixed-point first visits")
+runs = [sby, sty, sgy, sfy]
 
 goals = []
 # Single pass: forward bytes >= 12x below fp32 at final val within 1%; time to target at 10 Mbit/s >= 5x.
@@ -178,7 +183,8 @@ a = mby.get(("adamw-aqsgd", 0))
 for e in (mby.get(("adamw-aqsgd_tiled3_ent", 0)), mty.get(("adamw-aqsgd_tiled3_tok_ent", 0)),
           mty.get(("adamw-aqsgd_ent", 0)), mgy.get(("adamw-aqsgd_tiled3_mt_ent", 0)),
           mgy.get(("adamw-aqsgd_tiled3_mt_ref_ent", 0)), mbb.get(("adamw-aqsgd_fw2_bw4", 0)),
-          mbb.get(("adamw-aqsgd_tiled3_mt_ent_bw4", 0)), mbb.get(("adamw-aqsgd_tiled2_mt_ent_fw2_bw4", 0))):
+          mbb.get(("adamw-aqsgd_tiled3_mt_ent_bw4", 0)), mbb.get(("adamw-aqsgd_tiled2_mt_ent_fw2_bw4", 0)),
+          mfy.get(("adamw-aqsgd_fixed3_ent", 0)), mfy.get(("adamw-aqsgd_fixed3_ref_ent", 0))):
     if not (a and e):
         continue
     ratio = a["link_bytes"] / e["link_bytes"]
@@ -199,8 +205,10 @@ if d and t3 and t3t:
     reading.append(f"- At 3 bits a first visit loses more with midrise tiles than with DirectQ's per-channel fixed point "
                    f"(single pass: tiles along channels {pct(t3['val_loss_vs_baseline'])}, along tokens "
                    f"{pct(t3t['val_loss_vs_baseline'])}, DirectQ {pct(d['val_loss_vs_baseline'])}, all at ~9.6x fewer "
-                   "forward bytes). DirectQ's grid has a zero level (and 8 levels, the top one clipped); the midrise tiled "
-                   "grid has none, so the many near-zero values of a tile move to +-scale/(2^b - 1).")
+                   "forward bytes). The grids at 3 bits: DirectQ 8 levels with one at zero, step scale/4, the top one clipped "
+                   "at 3/4 of the scale; midrise tiles 8 levels, none at zero, step 2 scale/7; midtread tiles 7 levels "
+                   "with one at zero, step scale/3. The midtread rows below show that a zero level alone does not "
+                   "close the gap.")
 for plain, coded, label in ((row(sby, "adamw-tiled2"), row(sby, "adamw-tiled2_ent"), "tiled fw2, tiles along channels"),
                             (row(sty, "adamw-tiled2_tok"), row(sty, "adamw-tiled2_tok_ent"), "tiled fw2, tiles along tokens"),
                             (row(sby, "adamw-directq"), row(sty, "adamw-directq_ent"), "DirectQ fw3"),
@@ -225,10 +233,13 @@ if m3 and m3m:
                    f"{pct(m3['val_loss_vs_baseline'])}, midtread along channels {pct(m3m['val_loss_vs_baseline'])}"
                    + (f", midtread along tokens {pct(m3t['val_loss_vs_baseline'])}" if m3t else "") + ".")
 for run, label, plain_c, ref_c in ((sgy, "single pass", "adamw-aqsgd_tiled3_mt", "adamw-aqsgd_tiled3_mt_ref"),
-                                   (mgy, "multi-epoch", "adamw-aqsgd_tiled3_mt_ent", "adamw-aqsgd_tiled3_mt_ref_ent")):
+                                   (mgy, "multi-epoch", "adamw-aqsgd_tiled3_mt_ent", "adamw-aqsgd_tiled3_mt_ref_ent"),
+                                   (sfy, "single pass", "adamw-aqsgd_fixed3", "adamw-aqsgd_fixed3_ref"),
+                                   (mfy, "multi-epoch", "adamw-aqsgd_fixed3_ent", "adamw-aqsgd_fixed3_ref_ent")):
     fm, fr = row(run, plain_c), row(run, ref_c)
     if fm and fr:
-        reading.append(f"- The per-token first-visit reference, {label}, AQ-SGD with midtread tiled first visits at 3 bits"
+        kind = "fixed-point" if fm.get("first_visit") == "fixed_point" else "midtread tiled"
+        reading.append(f"- The per-token first-visit reference, {label}, AQ-SGD with {kind} first visits at 3 bits"
                        + (" + zstd" if fm.get("entropy_coding") else "")
                        + f": final val {pct(fm['val_loss_vs_baseline'])} without it, {pct(fr['val_loss_vs_baseline'])} with it; "
                        f"forward {fm['fw_bytes_per_token_per_link']:.1f} -> {fr['fw_bytes_per_token_per_link']:.1f} B/token/link.")
@@ -249,7 +260,7 @@ body = ["## Link codecs by time to target (issue 41)", "",
         "extrapolate the rest at their own mean step time (\"~\"). Bytes per token per link count every byte of the "
         "messages' scales and codes.", "",
         "    scripts/codecs_rank.sh            # ~90 min on 2 cores; --render redraws from docs/data/codecs_*.jsonl", "",
-        "Measured:", ""] + ["    " + l for l in meta.splitlines()] + [""] + single + [""] + single_t + [""] + single_g + [""] + multi + [""] + multi_t + [""] + multi_g + [""] + multi_b + lines + [""]
+        "Measured:", ""] + ["    " + l for l in meta.splitlines()] + [""] + single + [""] + single_t + [""] + single_g + [""] + multi + [""] + multi_t + [""] + multi_g + [""] + multi_b + [""] + single_f + [""] + multi_f + lines + [""]
 text = open(doc).read()
 head = "## Link codecs by time to target (issue 41)"
 if head in text:

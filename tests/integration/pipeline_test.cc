@@ -212,6 +212,14 @@ TEST_F(PipelineTest, AqsgdWithAFirstVisitReferenceKeepsBothEndsBitIdentical) {
                                     R"(,"firstVisit":"tiled","tileGrid":"midtread","firstVisitReference":true)"));
 }
 
+// First visits in the deltas' per-channel fixed point (4 bits) with a
+// per-token reference and zstd: m(xi) stays bit-identical.
+TEST_F(PipelineTest, AqsgdWithFixedPointFirstVisitsAndAReferenceKeepsBothEndsBitIdentical) {
+  ExpectStoresBitIdentical(
+      WriteJob("aqfixed", "aqsgd", 3, 0, 2, 3, "", "rocksdb",
+               R"(,"firstVisit":"fixed_point","firstVisitBits":4,"firstVisitReference":true,"entropyCoding":true)"));
+}
+
 // compression.mode tiled: the tiled codec both ways (fw 2 bits), no state.
 TEST_F(PipelineTest, TiledLinksWithEntropyCodingTrainAndTheLossFalls) {
   const std::string out = (dir_ / "run").string();
