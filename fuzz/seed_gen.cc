@@ -66,6 +66,17 @@ std::vector<float> Values(size_t n, int salt) {
   return v;
 }
 
+// The tiled codec on its midtread grid.
+compression::CodecOptions MidtreadTiles(int bits, int64_t tile) {
+  compression::CodecOptions o;
+  o.codec = v1::CODEC_TILED;
+  o.bits = bits;
+  o.bucket_size = tile;
+  o.tile_grid = v1::TILE_GRID_MIDTREAD;
+  o.min_compress_elements = 1;
+  return o;
+}
+
 void CodecSeeds() {
   int k = 0;
   const std::vector<float> v = Values(64, 1);
@@ -116,14 +127,8 @@ void CodecSeeds() {
     Write("codec_decode", k++, t.SerializeAsString());
   }
   // The tiled codec's midtread grid (2 bits: ternary).
-  compression::CodecOptions midtread;
-  midtread.codec = v1::CODEC_TILED;
-  midtread.bits = 2;
-  midtread.bucket_size = 16;
-  midtread.tile_grid = v1::TILE_GRID_MIDTREAD;
-  midtread.min_compress_elements = 1;
   v1::EncodedTensor mt;
-  Check(compression::Encode(midtread, v, shape, 7, &mt), "tiled midtread");
+  Check(compression::Encode(MidtreadTiles(2, 16), v, shape, 7, &mt), "tiled midtread");
   Write("codec_decode", k++, mt.SerializeAsString());
 }
 
@@ -161,13 +166,7 @@ void AqsgdRowSeeds() {
   o.quantizer.bits = 4;
   o.quantizer.min_compress_elements = 1;
   o.warmup_epochs = 0;
-  compression::CodecOptions tiled;
-  tiled.codec = v1::CODEC_TILED;
-  tiled.bits = 3;
-  tiled.bucket_size = 8;
-  tiled.tile_grid = v1::TILE_GRID_MIDTREAD;
-  tiled.min_compress_elements = 1;
-  o.first_visit = tiled;
+  o.first_visit = MidtreadTiles(3, 8);
   auto codec = compression::AqsgdLinkCodec::Create(o);
   Check(codec.status(), "aqsgd codec");
   const std::vector<float> zeros(rows * cols, 0.0f);
