@@ -10,7 +10,7 @@
 # the midtread grid, the per-token first-visit reference). Writes
 # docs/data/codecs_<run>.jsonl (+ _noise.jsonl) and docs/data/codecs.meta,
 # and renders docs/CONVERGENCE.md, section "Link codecs by time to target
-# (issue 41)". About 90 minutes on 2 cores.
+# (issue 41)". About 100 minutes on 2 cores.
 #
 #   scripts/codecs_rank.sh            # run, then render
 #   scripts/codecs_rank.sh --render   # only redraw the section from docs/data
@@ -259,7 +259,7 @@ body = ["## Link codecs by time to target (issue 41)", "",
         "summed up to the first evaluation at or below the target; shaped runs train their first steps (AQ-SGD: past epoch 0) and "
         "extrapolate the rest at their own mean step time (\"~\"). Bytes per token per link count every byte of the "
         "messages' scales and codes.", "",
-        "    scripts/codecs_rank.sh            # ~90 min on 2 cores; --render redraws from docs/data/codecs_*.jsonl", "",
+        "    scripts/codecs_rank.sh            # ~100 min on 2 cores; --render redraws from docs/data/codecs_*.jsonl", "",
         "Measured:", ""] + ["    " + l for l in meta.splitlines()] + [""] + single + [""] + single_t + [""] + single_g + [""] + multi + [""] + multi_t + [""] + multi_g + [""] + multi_b + [""] + single_f + [""] + multi_f + lines + [""]
 text = open(doc).read()
 head = "## Link codecs by time to target (issue 41)"
