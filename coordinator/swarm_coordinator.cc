@@ -719,10 +719,12 @@ absl::StatusOr<v1::Assignment> SwarmCoordinator::GetAssignment(uint64_t peer_id,
   a.set_role(v1::Assignment::STAGE);
   a.set_stage(j);
   a.set_pipeline(p);
-  // A link whose downstream others cannot dial is opened by the downstream (reversed).
+  // A link whose downstream others cannot dial is opened by the downstream
+  // (reversed). A member being probed (one that rejoined in its slot) counts
+  // as dialable until its probe says otherwise.
   auto dialable = [this](uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const Member* m = membership_.Find(id);
-    return m == nullptr || m->reachability == v1::REACHABLE;
+    return m == nullptr || (m->reachability != v1::UNREACHABLE && m->reachability != v1::NO_INBOUND);
   };
   if (j + 1 < grid_.num_stages && grid_.at(j + 1, p) != 0) {
     *a.mutable_next() = NeighborLocked(grid_.at(j + 1, p), j + 1, p, grid_.forward_gen(j, p));

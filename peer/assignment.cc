@@ -34,7 +34,10 @@ absl::Status ValidateAssignment(const v1::Assignment& a, const v1::JobSpec& job)
   return absl::OkStatus();
 }
 
-RunKey RunKeyOf(const v1::Assignment& a) { return {a.plan_version(), a.stage(), a.pipeline()}; }
+RunKey RunKeyOf(const v1::Assignment& a) {
+  return {a.plan_version(), a.stage(), a.pipeline(), a.has_next() && a.next().reversed(),
+          a.has_previous() && a.previous().reversed()};
+}
 
 AssignmentAction DecideAssignment(const v1::Assignment& a, const ChildState& now) {
   if (a.role() != v1::Assignment::STAGE || !a.grid_complete()) return AssignmentAction::kStop;

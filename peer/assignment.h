@@ -26,8 +26,12 @@ absl::Status ValidateAssignment(const v1::Assignment& a, const v1::JobSpec& job)
 struct RunKey {
   uint64_t plan_version = 0;
   uint32_t stage = 0, pipeline = 0;
+  // Which side opens each link (Neighbor.reversed): a neighbour's
+  // reachability may change under the same plan.
+  bool accept_next = false, dial_previous = false;
   bool operator==(const RunKey& o) const {
-    return plan_version == o.plan_version && stage == o.stage && pipeline == o.pipeline;
+    return plan_version == o.plan_version && stage == o.stage && pipeline == o.pipeline &&
+           accept_next == o.accept_next && dial_previous == o.dial_previous;
   }
 };
 RunKey RunKeyOf(const v1::Assignment& a);

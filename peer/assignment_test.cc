@@ -55,6 +55,12 @@ TEST(AssignmentTest, TheSamePlaceKeepsItsChildAFailedOneWaitsAnythingElseStarts)
   EXPECT_EQ(DecideAssignment(a, {RunKeyOf(Place(2, 1, 0)), true, false}), AssignmentAction::kStart);  // a new plan
   EXPECT_EQ(DecideAssignment(a, {RunKeyOf(Place(2, 1, 0)), false, true}), AssignmentAction::kStart);
   EXPECT_EQ(DecideAssignment(a, {RunKeyOf(Place(3, 0, 0)), true, false}), AssignmentAction::kStart);  // moved
+  // The same plan and place, but a link now opened from the other side (a
+  // neighbour's reachability changed): start again, even after a failure.
+  v1::Assignment flipped = a;
+  flipped.mutable_previous()->set_reversed(!a.previous().reversed());
+  EXPECT_EQ(DecideAssignment(flipped, {RunKeyOf(a), true, false}), AssignmentAction::kStart);
+  EXPECT_EQ(DecideAssignment(flipped, {RunKeyOf(a), false, true}), AssignmentAction::kStart);
   v1::Assignment standby = a;
   standby.set_role(v1::Assignment::STANDBY);
   EXPECT_EQ(DecideAssignment(standby, {RunKeyOf(a), true, false}), AssignmentAction::kStop);

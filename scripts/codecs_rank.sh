@@ -243,6 +243,13 @@ for run, label, plain_c, ref_c in ((sgy, "single pass", "adamw-aqsgd_tiled3_mt",
                        + (" + zstd" if fm.get("entropy_coding") else "")
                        + f": final val {pct(fm['val_loss_vs_baseline'])} without it, {pct(fr['val_loss_vs_baseline'])} with it; "
                        f"forward {fm['fw_bytes_per_token_per_link']:.1f} -> {fr['fw_bytes_per_token_per_link']:.1f} B/token/link.")
+f3, a3 = row(sfy, "adamw-aqsgd_fixed3"), row(mfy, "adamw-aqsgd_fixed3")
+if f3 and a3 and f3.get("steps_to_target") and a3.get("steps_to_target"):
+    reading.append(f"- Fixed-point first visits (the deltas' own per-channel codec at 3 bits, `firstVisit: fixed_point`) are the "
+                   f"compressed first visits that reach the 1% targets: single pass at step {f3['steps_to_target']} "
+                   f"({pct(f3['val_loss_vs_baseline'])}, {x(f3['fw_bytes_ratio_vs_fp32'])} fewer forward bytes), "
+                   f"multi-epoch at step {a3['steps_to_target']} ({pct(a3['val_loss_vs_baseline'])}); no tiled first visit "
+                   "reached either.")
 a1, d1 = mby.get(("adamw-aqsgd", 1)), sby.get(("adamw-directq", 1))
 if a1 and d1 and a1.get("seconds_to_target") and d1.get("seconds_to_target"):
     reading.append(f"- Where the links dominate (1 Mbit/s) the codecs that reach the target pay off: DirectQ reaches the "
