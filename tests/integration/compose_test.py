@@ -286,8 +286,5 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (AssertionError, RuntimeError, subprocess.TimeoutExpired) as e:
-        print("FAIL: %s" % e)
-        sys.exit(1)
+    import script_test
+    script_test.run(main)

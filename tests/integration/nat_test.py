@@ -204,8 +204,5 @@ def _free_port_block(ip):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (AssertionError, RuntimeError, subprocess.TimeoutExpired) as e:
-        print("FAIL: %s" % e)
-        sys.exit(1)
+    import script_test
+    script_test.run(main)
