@@ -22,8 +22,13 @@
 // midtread; else midrise), then aqsgd_tiledB and aqsgd_fixedB ones by _ref: a per-token
 // first-visit reference (compression.firstVisitReference), then tiled ones by
 // _tok: tiles along tokens (compression.tileAlong tokens), then each but fp32
-// optionally by _ent: zstd over the codes, both ways, then by _fwN (not
-// tiledB) and _bwN: other bits than fw3 bw6, e.g. adamw-aqsgd_tiled3_ent_bw4).
+// optionally by _ent: zstd over the codes, both ways, then by _gt: gradients
+// tiled (compression.bwCodec tiled), then by _fwN (not tiledB) and _bwN:
+// other bits than fw3 bw6, e.g. adamw-aqsgd_tiled3_ent_bw4).
+// OPT takes _-separated settings: qadam_wN (dp.warmupSteps N), qadam_wbB
+// (dp.warmupBits B), diloco-hH_olrX (dp.outerLr X), diloco-hH_omY
+// (dp.outerMomentum Y), and any OPT _lrX (optimizer.lr and minLr times X:
+// DiLoCo's inner lr), e.g. qadam_w128_wb8-aqsgd, diloco-h16_lr1.4-aqsgd.
 // dp.bits, bucket size and codec are the base job's; the shaping is the
 // job's `shaping` (stage links and the DP exchange alike).
 //
@@ -119,6 +124,11 @@ struct Config {
   std::string name;
   v1::DataParallelSpec::Optimizer optimizer = v1::DataParallelSpec::adamw;
   int inner_steps = 0;  // diloco: H
+  // OPT's suffixes (see the file comment); 0 / NAN = the base job's or the default.
+  int warmup_steps = 0, warmup_bits = 0;  // qadam: _wN, _wbB
+  double outer_lr = NAN, outer_momentum = NAN;  // diloco: _olrX, _omY
+  double lr_scale = 1;                           // any: _lrX (optimizer.lr and minLr times X)
+  bool tiled_gradients = false;  // LINK _gt: compression.bwCodec tiled
   // The links (see the file comment).
   v1::LinkCompression::Mode link_mode = v1::LinkCompression::fp32;
   int fw_bits = 32, bw_bits = 32;
@@ -145,6 +155,7 @@ int ConsumeBits(absl::string_view* link, absl::string_view prefix) {
 // LINK of a configuration name into `c`; false when it is not one.
 bool ParseLink(absl::string_view link, Config* c) {
   const int bw = ConsumeBits(&link, "bw"), fw = ConsumeBits(&link, "fw");
+  c->tiled_gradients = absl::ConsumeSuffix(&link, "_gt");
   c->entropy = absl::ConsumeSuffix(&link, "_ent");
   c->tiles_along_tokens = absl::ConsumeSuffix(&link, "_tok");
   c->reference = absl::ConsumeSuffix(&link, "_ref");
@@ -153,7 +164,7 @@ bool ParseLink(absl::string_view link, Config* c) {
   if ((c->tiles_along_tokens || c->midtread) && !absl::StrContains(link, "tiled")) return false;
   int bits = 0;
   if (link == "fp32") {
-    return !c->entropy && fw == 0 && bw == 0;
+    return !c->entropy && !c->tiled_gradients && fw == 0 && bw == 0;
   } else if (link == "directq" || link == "aqsgd") {
     c->link_mode = link == "aqsgd" ? v1::LinkCompression::aqsgd : v1::LinkCompression::directq;
     c->fw_bits = kAqsgdFwBits;
@@ -183,22 +194,43 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text) {
   Config c;
   c.name = std::string(text);
   const size_t dash = text.rfind('-');
-  absl::string_view opt = text.substr(0, dash);
   const absl::string_view link = dash == absl::string_view::npos ? "" : text.substr(dash + 1);
   bool ok = ParseLink(link, &c);
-  if (opt == "qadam") {
+  // OPT = a name, then _-separated settings.
+  const std::vector<absl::string_view> opt = absl::StrSplit(text.substr(0, dash), '_');
+  absl::string_view name = opt[0];
+  if (name == "qadam") {
     c.optimizer = v1::DataParallelSpec::quantized_adam;
-  } else if (absl::ConsumePrefix(&opt, "diloco-h")) {
+  } else if (absl::ConsumePrefix(&name, "diloco-h")) {
     c.optimizer = v1::DataParallelSpec::diloco;
-    ok = ok && absl::SimpleAtoi(opt, &c.inner_steps) && c.inner_steps >= 1;
+    ok = ok && absl::SimpleAtoi(name, &c.inner_steps) && c.inner_steps >= 1;
   } else {
-    ok = ok && opt == "adamw";
+    ok = ok && name == "adamw";
+  }
+  const bool qadam = c.optimizer == v1::DataParallelSpec::quantized_adam;
+  const bool diloco = c.optimizer == v1::DataParallelSpec::diloco;
+  for (size_t i = 1; ok && i < opt.size(); ++i) {
+    absl::string_view s = opt[i];
+    if (qadam && absl::ConsumePrefix(&s, "wb")) {
+      ok = absl::SimpleAtoi(s, &c.warmup_bits) && c.warmup_bits >= 2 && c.warmup_bits <= 8;
+    } else if (qadam && absl::ConsumePrefix(&s, "w")) {
+      ok = absl::SimpleAtoi(s, &c.warmup_steps) && c.warmup_steps >= 1;
+    } else if (diloco && absl::ConsumePrefix(&s, "olr")) {
+      ok = absl::SimpleAtod(s, &c.outer_lr) && c.outer_lr > 0 && c.outer_lr <= 10;
+    } else if (diloco && absl::ConsumePrefix(&s, "om")) {
+      ok = absl::SimpleAtod(s, &c.outer_momentum) && c.outer_momentum >= 0 && c.outer_momentum < 1;
+    } else if (absl::ConsumePrefix(&s, "lr")) {
+      ok = absl::SimpleAtod(s, &c.lr_scale) && c.lr_scale > 0 && c.lr_scale <= 100;
+    } else {
+      ok = false;
+    }
   }
   if (!ok) {
     return absl::InvalidArgumentError(absl::StrCat("converge: unknown configuration '", text,
-                                                   "' (want OPT-LINK: OPT adamw, qadam or diloco-hH with H >= 1, "
+                                                   "' (want OPT-LINK: OPT adamw, qadam[_wN][_wbB] or "
+                                                   "diloco-hH[_olrX][_omY] with H >= 1, each optionally with _lrX, "
                                                    "LINK fp32, directq, aqsgd, tiledB, aqsgd_tiledB or aqsgd_fixedB (B bits 1..8), tiled ones optionally "
-                                                   "with _mt, _ref (aqsgd_tiledB, aqsgd_fixedB) then _tok, all but fp32 optionally with _ent, _fwN and _bwN; e.g. adamw-fp32, diloco-h32-aqsgd, adamw-aqsgd_tiled3_ent)"));
+                                                   "with _mt, _ref (aqsgd_tiledB, aqsgd_fixedB) then _tok, all but fp32 optionally with _ent, _gt, _fwN and _bwN; e.g. adamw-fp32, diloco-h32_olr1.4-aqsgd, adamw-aqsgd_tiled3_ent)"));
   }
   return c;
 }
@@ -258,6 +290,11 @@ absl::StatusOr<v1::JobSpec> ConfigJob(const v1::JobSpec& base, const Config& c) 
   if (c.tiles_along_tokens) comp->set_tile_along("tokens");
   comp->set_tile_grid(c.midtread ? "midtread" : "midrise");
   comp->set_first_visit_reference(c.reference);
+  if (c.tiled_gradients) comp->set_bw_codec("tiled");
+  if (c.lr_scale != 1) {
+    job.mutable_optimizer()->set_lr(base.optimizer().lr() * c.lr_scale);
+    job.mutable_optimizer()->set_min_lr(base.optimizer().min_lr() * c.lr_scale);
+  }
   v1::DataParallelSpec* dp = job.mutable_dp();
   const v1::DataParallelSpec& b = base.dp();
   // What belongs to one optimizer only is the configuration's to set.
@@ -266,12 +303,15 @@ absl::StatusOr<v1::JobSpec> ConfigJob(const v1::JobSpec& base, const Config& c) 
                      &v1::DataParallelSpec::clear_local_step_growth, &v1::DataParallelSpec::clear_inner_steps,
                      &v1::DataParallelSpec::clear_outer_lr, &v1::DataParallelSpec::clear_outer_momentum,
                      &v1::DataParallelSpec::clear_fragments, &v1::DataParallelSpec::clear_variance_refresh_steps,
-                     &v1::DataParallelSpec::clear_warmup_steps}) {
+                     &v1::DataParallelSpec::clear_warmup_steps, &v1::DataParallelSpec::clear_warmup_bits}) {
     (dp->*clear)();
   }
   if (c.optimizer == v1::DataParallelSpec::quantized_adam) {
     const uint32_t steps = job.max_steps() > 0 ? job.max_steps() : job.optimizer().total_steps();
-    dp->set_warmup_steps(b.warmup_steps() > 0 ? b.warmup_steps() : std::max<uint32_t>(1, steps / 16));
+    dp->set_warmup_steps(c.warmup_steps > 0   ? static_cast<uint32_t>(c.warmup_steps)
+                         : b.warmup_steps() > 0 ? b.warmup_steps()
+                                                : std::max<uint32_t>(1, steps / 16));
+    dp->set_warmup_bits(c.warmup_bits > 0 ? static_cast<uint32_t>(c.warmup_bits) : b.warmup_bits());
     dp->set_variance_refresh_steps(b.has_variance_refresh_steps() && b.variance_refresh_steps() > 0
                                        ? b.variance_refresh_steps()
                                        : kRefreshSteps);
@@ -279,8 +319,16 @@ absl::StatusOr<v1::JobSpec> ConfigJob(const v1::JobSpec& base, const Config& c) 
   }
   if (c.optimizer == v1::DataParallelSpec::diloco) {
     dp->set_inner_steps(c.inner_steps);
-    if (b.has_outer_lr()) dp->set_outer_lr(b.outer_lr());
-    if (b.has_outer_momentum()) dp->set_outer_momentum(b.outer_momentum());
+    if (!std::isnan(c.outer_lr)) {
+      dp->set_outer_lr(c.outer_lr);
+    } else if (b.has_outer_lr()) {
+      dp->set_outer_lr(b.outer_lr());
+    }
+    if (!std::isnan(c.outer_momentum)) {
+      dp->set_outer_momentum(c.outer_momentum);
+    } else if (b.has_outer_momentum()) {
+      dp->set_outer_momentum(b.outer_momentum());
+    }
   }
   if (c.optimizer == v1::DataParallelSpec::adamw) {
     dp->clear_layerwise_every_steps();
@@ -659,6 +707,7 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
       for (double s : run->step_seconds) measured += s;
       const double final_val = unshaped.val_loss.rbegin()->second;
       const bool fp32_links = job.compression().mode() == v1::LinkCompression::fp32;
+      const bool diloco = c.optimizer == v1::DataParallelSpec::diloco;
       // Tokens each forward link carried over the run (every link carries
       // every token of its pipeline once a step).
       const double link_tokens = static_cast<double>(unshaped.steps) * job.data_parallel() * (job.stages() - 1) *
@@ -671,6 +720,16 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
           {"config", c.name},
           {"dp_optimizer", OptimizerName(c.optimizer)},
           {"inner_steps", c.inner_steps},
+          {"lr", job.optimizer().lr()},
+          {"warmup_steps", static_cast<int>(job.dp().warmup_steps())},
+          {"warmup_bits", c.optimizer == v1::DataParallelSpec::quantized_adam
+                              ? static_cast<int>(job.dp().warmup_bits() ? job.dp().warmup_bits() : 32)
+                              : 0},
+          {"outer_lr", diloco ? Num(job.dp().outer_lr()) : nlohmann::json(nullptr)},
+          {"outer_momentum", diloco ? Num(job.dp().outer_momentum()) : nlohmann::json(nullptr)},
+          {"bw_codec", fp32_links ? "raw"
+                       : c.tiled_gradients || c.link_mode == v1::LinkCompression::tiled ? "tiled"
+                                                                                         : "fixed_point"},
           {"dp_bits", c.optimizer == v1::DataParallelSpec::adamw ? 32 : static_cast<int>(job.dp().bits())},
           {"link_mode", v1::LinkCompression::Mode_Name(c.link_mode)},
           {"first_visit_bits", c.first_visit_bits},

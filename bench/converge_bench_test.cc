@@ -70,12 +70,12 @@ class ConvergeBenchTest : public ::testing::Test {
 };
 
 TEST_F(ConvergeBenchTest, TwoConfigsTwoShapingsGiveOneRowPerRunWithRatiosAgainstTheBaseline) {
-  Result r = Bench({"--job=" + WriteJob(), "--configs=adamw-fp32,qadam-aqsgd", "--shapings=0/0,200/5",
+  Result r = Bench({"--job=" + WriteJob(), "--configs=adamw-fp32,qadam_w2_wb8_lr2-aqsgd_gt", "--shapings=0/0,200/5",
                     "--shaped_steps=2", "--out_dir=" + dir_.Sub("runs")});
   ASSERT_EQ(r.code, 0) << r.err;
   ASSERT_EQ(r.rows.size(), 4u) << r.err;
-  const std::vector<std::string> runs = {"adamw-fp32@0/0", "adamw-fp32@200/5", "qadam-aqsgd@0/0",
-                                         "qadam-aqsgd@200/5"};
+  const std::vector<std::string> runs = {"adamw-fp32@0/0", "adamw-fp32@200/5", "qadam_w2_wb8_lr2-aqsgd_gt@0/0",
+                                         "qadam_w2_wb8_lr2-aqsgd_gt@200/5"};
   for (size_t i = 0; i < r.rows.size(); ++i) {
     const nlohmann::json& row = r.rows[i];
     for (const char* key :
@@ -126,6 +126,15 @@ TEST_F(ConvergeBenchTest, TwoConfigsTwoShapingsGiveOneRowPerRunWithRatiosAgainst
   EXPECT_EQ(qadam["link_mode"], "aqsgd");
   EXPECT_EQ(qadam["fw_bits"], 3);
   EXPECT_EQ(qadam["bw_bits"], 6);
+  // The configuration's settings: 2 warm-up steps exchanged as 8-bit
+  // min-max, twice the lr, gradients on the links tiled.
+  EXPECT_EQ(qadam["warmup_steps"], 2);
+  EXPECT_EQ(qadam["warmup_bits"], 8);
+  EXPECT_EQ(qadam["bw_codec"], "tiled");
+  EXPECT_DOUBLE_EQ(qadam["lr"].get<double>(), 0.02);  // _lr2: twice the job's
+  EXPECT_DOUBLE_EQ(base["lr"].get<double>(), 0.01);
+  EXPECT_EQ(base["warmup_bits"], 0);
+  EXPECT_EQ(base["bw_codec"], "raw");
   EXPECT_GT(qadam["dp_bytes_ratio_vs_adamw"].get<double>(), 1.0);
   EXPECT_LT(qadam["dp_bytes_per_replica"].get<double>(), base["dp_bytes_per_replica"].get<double>());
   // Shaped rows report their configuration's (unshaped) bytes and final loss.
@@ -176,10 +185,22 @@ TEST_F(ConvergeBenchTest, BadFlagsGiveClearErrorsBeforeAnythingRuns) {
   EXPECT_THAT(fp32_ent.err, HasSubstr("unknown configuration 'adamw-fp32_ent'"));
   Result tok = Bench({"--job=" + job, "--configs=adamw-aqsgd_tok"});  // _tok is for tiled links
   EXPECT_THAT(tok.err, HasSubstr("unknown configuration 'adamw-aqsgd_tok'"));
+  // OPT settings belong to their optimizer and have ranges.
+  Result opt = Bench({"--job=" + job, "--configs=adamw_w8-fp32"});
+  EXPECT_THAT(opt.err, HasSubstr("unknown configuration 'adamw_w8-fp32'"));
+  Result bits = Bench({"--job=" + job, "--configs=qadam_wb9-aqsgd"});
+  EXPECT_THAT(bits.err, HasSubstr("unknown configuration 'qadam_wb9-aqsgd'"));
+  Result olr = Bench({"--job=" + job, "--configs=diloco-h8_olr0-aqsgd"});
+  EXPECT_THAT(olr.err, HasSubstr("unknown configuration 'diloco-h8_olr0-aqsgd'"));
+  Result lr = Bench({"--job=" + job, "--configs=adamw_lr0-fp32"});
+  EXPECT_THAT(lr.err, HasSubstr("unknown configuration 'adamw_lr0-fp32'"));
+  Result gt = Bench({"--job=" + job, "--configs=adamw-fp32_gt"});  // fp32 links send raw gradients
+  EXPECT_THAT(gt.err, HasSubstr("unknown configuration 'adamw-fp32_gt'"));
   Result no_job = Bench({});
   EXPECT_EQ(no_job.code, 1);
   EXPECT_THAT(no_job.err, HasSubstr("--job is required"));
-  for (const Result* r : {&shaping, &one, &config, &link, &tiled, &fp32_ent, &tok, &no_job}) {
+  for (const Result* r :
+       {&shaping, &one, &config, &link, &tiled, &fp32_ent, &tok, &opt, &bits, &olr, &lr, &gt, &no_job}) {
     EXPECT_TRUE(r->rows.empty());
     EXPECT_THAT(r->err, ::testing::Not(HasSubstr("aqswarm bench converge: job")));  // nothing ran: no banner
   }

@@ -106,6 +106,13 @@ absl::Status ValidateDataParallelSchedules(const v1::JobSpec& job) {
   const bool qadam = dp.optimizer() == v1::DataParallelSpec::quantized_adam;
   const bool diloco = dp.optimizer() == v1::DataParallelSpec::diloco;
   if (!v1::DataParallelSpec::Optimizer_IsValid(dp.optimizer())) return Invalid("dp.optimizer", "unknown value");
+  if (dp.warmup_bits() > 0 && !qadam) {
+    return Invalid("dp.warmup_bits", "compresses quantized_adam's warm-up and variance-refresh gradients; set "
+                                     "dp.optimizer to quantized_adam or drop it");
+  }
+  if (dp.warmup_bits() == 1 || dp.warmup_bits() > 8) {
+    return Invalid("dp.warmup_bits", absl::StrCat(dp.warmup_bits(), " is not 0 (float32) or in [2, 8]"));
+  }
   if (dp.refresh_growth() > 0 && !qadam) {
     return Invalid("dp.refresh_growth", "grows quantized_adam's variance-refresh interval; set dp.optimizer to "
                                         "quantized_adam or drop it");
@@ -281,7 +288,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   if (c.tile_grid() == "midtread") {
     const bool tiled = c.mode() == v1::LinkCompression::tiled;
     const uint32_t first = c.first_visit() == "tiled" ? (c.first_visit_bits() ? c.first_visit_bits() : c.fw_bits()) : 0;
-    if ((tiled && (c.fw_bits() == 1 || c.bw_bits() == 1)) || first == 1) {
+    const bool tiled_bw = tiled || c.bw_codec() == "tiled";
+    if ((tiled && c.fw_bits() == 1) || (tiled_bw && c.bw_bits() == 1) || first == 1) {
       return Invalid("compression.tile_grid", "the midtread grid needs tiled codes of 2 bits or more");
     }
   }
@@ -295,6 +303,18 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
                      absl::StrCat("its table (vocab x d_model floats) would take ", table_bytes,
                                   " bytes per link end, over 1 GiB"));
     }
+  }
+  if (!c.bw_codec().empty() && c.bw_codec() != "fixed_point" && c.bw_codec() != "tiled") {
+    return Invalid("compression.bw_codec", absl::StrCat("'", c.bw_codec(), "' is not fixed_point or tiled"));
+  }
+  if (c.bw_codec() == "tiled" && c.mode() != v1::LinkCompression::aqsgd &&
+      c.mode() != v1::LinkCompression::directq && c.mode() != v1::LinkCompression::tiled) {
+    return Invalid("compression.bw_codec", "fp32 links send raw gradients; tiled gradients need mode directq, aqsgd "
+                                           "or tiled");
+  }
+  if (c.bw_codec() == "fixed_point" && c.mode() == v1::LinkCompression::tiled) {
+    return Invalid("compression.bw_codec", "mode tiled sends its gradients tiled; drop bw_codec or use mode aqsgd or "
+                                           "directq");
   }
   if (c.entropy_coding() && c.mode() == v1::LinkCompression::fp32) {
     return Invalid("compression.entropy_coding", "fp32 links send raw floats; it needs mode directq, aqsgd or tiled");

@@ -714,7 +714,7 @@ GradientCodec::GradientCodec(const v1::LinkCompression& compression, int64_t seq
   if (compression.mode() == v1::LinkCompression::fp32 ||
       compression.mode() == v1::LinkCompression::MODE_UNSPECIFIED) {
     options_.codec = v1::CODEC_RAW_F32;
-  } else if (compression.mode() == v1::LinkCompression::tiled) {
+  } else if (compression.mode() == v1::LinkCompression::tiled || compression.bw_codec() == "tiled") {
     options_ = TiledCodecOptions(compression, static_cast<int>(compression.bw_bits()));
   } else {
     options_.codec = v1::CODEC_FIXED_POINT;

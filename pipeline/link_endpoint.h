@@ -265,8 +265,10 @@ struct GradientCodecStats {
   double error_sq = 0;         // sum of ||g - decode(encode(g))||^2
   double signal_sq = 0;        // sum of ||g||^2
 };
-// Gradients on the way back: directly quantized (fixed point, bw bits,
-// per-channel over d_model), or raw float32 in fp32 mode. Stateless.
+// Gradients on the way back: directly quantized at bw bits, per channel over
+// the micro-batch (fixed point) or per tile of one token's channels (tiled:
+// mode tiled, or compression.bw_codec "tiled"), or raw float32 in fp32 mode.
+// Stateless.
 class GradientCodec {
  public:
   // Micro-batch gradients are quantized whatever their size (no raw

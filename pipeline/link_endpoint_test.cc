@@ -633,5 +633,39 @@ TEST(GradientCodecTest, ShapeAndCodecAreChecked) {
   EXPECT_FALSE(g.Decode(msg, 2, &out).ok());
 }
 
+// compression.bw_codec "tiled": one scale per token's tile of channels. On
+// gradients whose size differs from token to token (as a loss's do), 4-bit
+// tiles lose less than 4-bit per-channel fixed point, whose channel scale is
+// set by the largest token; a link expecting tiled gradients refuses fixed
+// point ones.
+TEST(GradientCodecTest, TiledGradientsFollowEachTokensScale) {
+  v1::LinkCompression fixed;
+  fixed.set_mode(v1::LinkCompression::aqsgd);
+  fixed.set_bw_bits(4);
+  v1::LinkCompression tiled = fixed;
+  tiled.set_bw_codec("tiled");
+  tiled.set_tile_size(kCols);
+  GradientCodec f(fixed, kRows, kCols), t(tiled, kRows, kCols);
+  std::vector<float> grad;
+  Rng rng(5);
+  for (int64_t row = 0; row < kBatch * kRows; ++row) {
+    const double size = std::ldexp(1.0, -static_cast<int>(row % 6));  // 1 .. 1/32
+    for (int64_t c = 0; c < kCols; ++c) grad.push_back(static_cast<float>(size * (rng.UnitDouble() * 2 - 1)));
+  }
+  v1::EncodedTensor fmsg, tmsg;
+  ASSERT_TRUE(f.Encode(grad, kBatch, 1, &fmsg).ok());
+  ASSERT_TRUE(t.Encode(grad, kBatch, 1, &tmsg).ok());
+  EXPECT_EQ(tmsg.codec(), v1::CODEC_TILED);
+  std::vector<float> out;
+  ASSERT_TRUE(t.Decode(tmsg, kBatch, &out).ok());
+  ASSERT_EQ(out.size(), grad.size());
+  const double fixed_err = f.stats().error_sq / f.stats().signal_sq;
+  const double tiled_err = t.stats().error_sq / t.stats().signal_sq;
+  EXPECT_LT(tiled_err * 2, fixed_err) << "relative squared error: tiled " << tiled_err << ", fixed " << fixed_err;
+  const absl::Status refused = t.Decode(fmsg, kBatch, &out);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(refused.message().find("is not the link's"), std::string::npos) << refused;
+}
+
 }  // namespace
 }  // namespace aqswarm::pipeline

@@ -46,6 +46,7 @@ QuantizedAdamOptions QuantizedAdamOptionsFromJob(const v1::JobSpec& job) {
   o.weight_decay = job.optimizer().weight_decay();
   o.quantized = job.dp().optimizer() == v1::DataParallelSpec::quantized_adam;
   o.warmup_steps = job.dp().warmup_steps();
+  o.warmup_bits = static_cast<int>(job.dp().warmup_bits());
   o.compressed.codec.codec =
       job.dp().codec() == v1::DataParallelSpec::global_qsgd ? v1::CODEC_GLOBAL_QSGD : v1::CODEC_MINMAX;
   o.compressed.codec.levels = v1::LEVELS_EXPONENTIAL;  // Global-QSGD only (the paper's choice for Adam)
@@ -154,10 +155,7 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
   ++step_;
   if (!compressed) {
     last_step_kind_ = options_.quantized ? "warmup" : "adamw";
-    g_.resize(n_);
-    AQSWARM_RETURN_IF_ERROR(
-        AllReduceMean(ex, RawOptions(options_.compressed), s, options_.first_round, grads, absl::MakeSpan(g_), nullptr,
-                      nullptr, &stats_));
+    AQSWARM_RETURN_IF_ERROR(GradientMean(ex, s, grads));
     const float bc1 = static_cast<float>(1 - std::pow(options_.beta1, static_cast<double>(step_)));
     const float bc2 = static_cast<float>(1 - std::pow(options_.beta2, static_cast<double>(step_)));
     for (int64_t i = 0; i < n_; ++i) {
@@ -204,9 +202,7 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
     // Variance refresh: the float32 mean gradient, as in the warm-up; v takes
     // it with the weight of the `refresh_interval` steps since the last one.
     last_step_kind_ = "refresh";
-    g_.resize(n_);
-    AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, RawOptions(options_.compressed), s, options_.first_round, grads,
-                                          absl::MakeSpan(g_), nullptr, nullptr, &stats_));
+    AQSWARM_RETURN_IF_ERROR(GradientMean(ex, s, grads));
     const double t = static_cast<double>(step_);
     const double keep = std::pow(options_.beta2, static_cast<double>(refresh_interval));
     const double bc2_now = 1 - std::pow(options_.beta2, t);
@@ -314,6 +310,25 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
     local_update_.clear();
   }
   return absl::OkStatus();
+}
+
+absl::Status QuantizedAdam::GradientMean(ReplicaExchange& ex, uint64_t step, absl::Span<const float> grads) {
+  g_.resize(n_);
+  const absl::Span<float> mean(g_);
+  const AllReduceOptions raw = RawOptions(options_.compressed);
+  // Not quantized (the AdamW baseline): float32 whatever warmup_bits says.
+  if (options_.warmup_bits == 0 || !options_.quantized || num_compressed_ == 0) {
+    return AllReduceMean(ex, raw, step, options_.first_round, grads, mean, nullptr, nullptr, &stats_);
+  }
+  AllReduceOptions q = options_.compressed;  // its buckets, robust mode and smallest compressed size
+  q.codec.codec = v1::CODEC_MINMAX;
+  q.codec.bits = options_.warmup_bits;
+  q.codec.rounding = v1::ROUNDING_STOCHASTIC;
+  AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, q, step, options_.first_round, grads.subspan(0, num_compressed_),
+                                        mean.subspan(0, num_compressed_), nullptr, nullptr, &stats_));
+  if (num_compressed_ == n_) return absl::OkStatus();
+  return AllReduceMean(ex, raw, step, options_.first_round + 1, grads.subspan(num_compressed_),
+                       mean.subspan(num_compressed_), nullptr, nullptr, &stats_);
 }
 
 absl::Status QuantizedAdam::CompressedExchange(ReplicaExchange& ex, uint64_t step, absl::Span<const float> x,

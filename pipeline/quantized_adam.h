@@ -3,7 +3,8 @@
 // docs/design/ALGORITHMS.md §3): the variance is frozen and the momentum is exchanged
 // compressed with worker and server error feedback.
 //
-//   warm-up:  g = mean_replicas(g_local)                (raw float32)
+//   warm-up:  g = mean_replicas(g_local)                (raw float32, or
+//             min-max at warmup_bits with stochastic rounding)
 //             m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //             p *= 1 - lr*wd (matrices);  p -= lr * (m/bc1) / (sqrt(v/bc2) + eps)
 //   freeze:   v = v / bc2 at the last warm-up step; where v is 0 (no
@@ -15,8 +16,8 @@
 //             where |x / bc1| > B:  v = (m / bc1 / B)^2   (raise_variance_at_bound)
 //   refresh:  at the end of each refresh interval I after the freeze (R =
 //             variance_refresh_steps, doubling after every refresh_growth
-//             refreshes: VarianceRefreshInterval) exchanges g in float32
-//             instead: m = b1 m + (1-b1) g;
+//             refreshes: VarianceRefreshInterval) exchanges g as the
+//             warm-up does instead: m = b1 m + (1-b1) g;
 //             v = (b2^I bc2(t-I) v + (1 - b2^I) g^2) / bc2(t), zeros filled
 //             as at the freeze; the error buffers are zeroed; the step is as above.
 //   local:    with max_local_steps > 1, between two syncs (LocalStepsSyncAt;
@@ -115,6 +116,12 @@ struct QuantizedAdamOptions {
   // here; a job's dp.warmup_steps (QuantizedAdamOptionsFromJob) is 0 unless set,
   // so a job freezes at once unless it asks for warm-up.
   int64_t warmup_steps = 100;
+  // How the warm-up and refresh steps exchange the gradient: 0 = float32;
+  // 2..8 = min-max at this many bits over compressed.codec.bucket_size
+  // buckets, stochastic rounding (unbiased; no error feedback, so the error
+  // buffers stay the momentum's), on [0, num_compressed) (the rest float32).
+  // Default: 0.
+  int warmup_bits = 0;
   // false: AdamW on raw averaged gradients forever (the fp32 baseline).
   bool quantized = true;
   // After the freeze, exchange the preconditioned momentum m / (sqrt(v) + eps)
@@ -236,6 +243,9 @@ class QuantizedAdam {
                          bool frozen);
 
  private:
+  // The mean gradient of a warm-up or refresh step into g_ (float32, or
+  // warmup_bits min-max on the compressed part).
+  absl::Status GradientMean(ReplicaExchange& ex, uint64_t step, absl::Span<const float> grads);
   // The min-max exchange of the compressed part (uniform or layer-wise
   // widths), and the layer-wise re-plan after it.
   absl::Status CompressedExchange(ReplicaExchange& ex, uint64_t step, absl::Span<const float> x,

@@ -438,6 +438,63 @@ TEST(QuantizedAdamLayerwiseTest, ReplicasShareThePlanStayIdenticalAndSendFewerBy
   EXPECT_LT(planned_bytes, uniform_bytes);
 }
 
+// dp.warmupBits: the warm-up and refresh steps exchange the gradient as 8-bit
+// min-max (about a quarter of float32's bytes), the replicas stay
+// bit-identical, and the parameters stay close to the float32 warm-up's; the
+// compressed steps in between are untouched (the same bytes). Not quantized
+// (AdamW), the option changes nothing.
+TEST(QuantizedAdamWarmupBitsTest, WarmUpAndRefreshStepsSendAQuarterAndStayClose) {
+  QuantizedAdamOptions f32 = Options();
+  f32.warmup_steps = 4;
+  f32.variance_refresh_steps = 3;
+  QuantizedAdamOptions q8 = f32;
+  q8.warmup_bits = 8;
+  QuantizedAdamOptions q2 = f32;
+  q2.warmup_bits = 2;
+  Group a(f32), b(q8), c2(q2);
+  ASSERT_TRUE(a.Run(0, 4).ok());
+  ASSERT_TRUE(b.Run(0, 4).ok());
+  ASSERT_TRUE(c2.Run(0, 4).ok());
+  // After the warm-up the codes' rounding is the only difference. Adam's
+  // first steps are nearly sign steps, so a coordinate whose mean gradient
+  // is within a code step of zero may step the other way: more bits, fewer.
+  const std::vector<std::string> kinds = {"warmup", "warmup",     "warmup",     "warmup",
+                                          "compressed", "compressed", "refresh", "compressed"};
+  const std::vector<float> start = RandomFloats(kN, 7);
+  double diff8 = 0, diff2 = 0, norm = 0;
+  for (int64_t i = 0; i < kN; ++i) {
+    diff8 += std::pow(a.params[0][i] - b.params[0][i], 2);
+    diff2 += std::pow(a.params[0][i] - c2.params[0][i], 2);
+    norm += std::pow(a.params[0][i] - start[i], 2);  // how far float32 moved them
+  }
+  std::printf("after 4 warm-up steps, parameters from float32's: 8-bit %.2e, 2-bit %.2e (float32 moved %.2e)\n",
+              std::sqrt(diff8), std::sqrt(diff2), std::sqrt(norm));
+  EXPECT_GT(diff8, 0);  // it did quantize
+  EXPECT_LT(diff8, 0.01 * norm);
+  EXPECT_LT(diff8 * 4, diff2);
+  ASSERT_TRUE(a.Run(4, 8).ok());
+  ASSERT_TRUE(b.Run(4, 8).ok());
+  ASSERT_TRUE(b.Identical());
+  for (int t = 0; t < 8; ++t) {
+    ASSERT_EQ(b.kinds[t][0], kinds[t]) << "step " << t;
+    const bool gradient = kinds[t] != "compressed";
+    for (int r = 0; r < kReplicas; ++r) {
+      if (gradient) {
+        EXPECT_LT(b.bytes[t][r] * 3, a.bytes[t][r]) << "step " << t << " replica " << r;
+        EXPECT_GT(b.bytes[t][r] * 5, a.bytes[t][r]) << "step " << t << " replica " << r;
+      } else {
+        EXPECT_EQ(b.bytes[t][r], a.bytes[t][r]) << "step " << t << " replica " << r;
+      }
+    }
+  }
+  QuantizedAdamOptions adamw = q8, adamw32 = f32;
+  adamw.quantized = adamw32.quantized = false;
+  Group c(adamw), d(adamw32);
+  ASSERT_TRUE(c.Run(0, 2).ok());
+  ASSERT_TRUE(d.Run(0, 2).ok());
+  ExpectSameParams(c, d);
+}
+
 // A small quadratic (gradient params - target + noise) converges under the
 // whole 0/1 Adam schedule with layer-wise widths about as well as under
 // plain data-parallel AdamW.

@@ -7,7 +7,9 @@
 #   multi-epoch   examples/converge_multi_epoch.json  (10 speeches, ~9 epochs)
 # then the baseline again with another seed (run-to-run noise), then a second
 # run of each job (*_tokens: tiles along tokens, zstd) and a third (*_grid:
-# the midtread grid, the per-token first-visit reference). Writes
+# the midtread grid, the per-token first-visit reference), and the unshaped
+# runs after them (*_bits: fewer bits; *_fixed: fixed-point first visits;
+# *_gradients: tiled gradients, compression.bwCodec). Writes
 # docs/data/codecs_<run>.jsonl (+ _noise.jsonl) and docs/data/codecs.meta,
 # and renders docs/CONVERGENCE.md, section "Link codecs by time to target
 # (issue 41)". About 100 minutes on 2 cores.
@@ -16,8 +18,9 @@
 #   scripts/codecs_rank.sh --render   # only redraw the section from docs/data
 #
 # Environment: SINGLE_CONFIGS, MULTI_CONFIGS, SINGLE_TOKENS_CONFIGS,
-# MULTI_TOKENS_CONFIGS, SINGLE_GRID_CONFIGS, MULTI_GRID_CONFIGS (each run's
-# --configs), ONLY (run only these runs,
+# MULTI_TOKENS_CONFIGS, SINGLE_GRID_CONFIGS, MULTI_GRID_CONFIGS,
+# MULTI_BITS_CONFIGS, SINGLE_FIXED_CONFIGS, MULTI_FIXED_CONFIGS,
+# MULTI_GRADIENTS_CONFIGS (each run's --configs), ONLY (run only these runs,
 # e.g. "single_pass_tokens multi_epoch_tokens"), SHAPINGS, OUT (default
 # runs/codecs), AQSWARM_BIN (default build/aqswarm). docs/data/codecs.meta
 # gets a line per invocation.
@@ -39,6 +42,7 @@ RUNS=(
   "multi_epoch_bits examples/converge_multi_epoch.json ${MULTI_BITS_CONFIGS:-adamw-fp32,adamw-tiled3_mt,adamw-tiled3_mt_tok,adamw-aqsgd_fw2_bw4,adamw-aqsgd_tiled3_mt_ent_bw4,adamw-aqsgd_tiled2_mt_ent_fw2_bw4}"
   "single_pass_fixed examples/converge_single_pass.json ${SINGLE_FIXED_CONFIGS:-adamw-fp32,adamw-aqsgd_fixed3,adamw-aqsgd_fixed3_ref}"
   "multi_epoch_fixed examples/converge_multi_epoch.json ${MULTI_FIXED_CONFIGS:-adamw-fp32,adamw-aqsgd_fixed3,adamw-aqsgd_fixed3_ent,adamw-aqsgd_fixed3_ref_ent}"
+  "multi_epoch_gradients examples/converge_multi_epoch.json ${MULTI_GRADIENTS_CONFIGS:-adamw-fp32,adamw-aqsgd_fixed3_ent_bw4,adamw-aqsgd_fixed3_ent_gt,adamw-aqsgd_fixed3_ent_gt_bw4,adamw-aqsgd_fixed3_ref_ent_gt_bw4,adamw-aqsgd_fixed3_ent_gt_fw2_bw4}"
 )
 meta=docs/data/codecs.meta
 if [[ "${1:-}" != --render ]]; then
@@ -60,7 +64,7 @@ if [[ "${1:-}" != --render ]]; then
       --shapings "$SHAPINGS" > "$data.tmp" || rc=$?
     [[ -s "$data.tmp" ]] || { echo "the $name bench printed nothing (exit $rc)" >&2; exit 1; }
     mv "$data.tmp" "$data"
-    [[ $name == *_tokens || $name == *_grid || $name == *_bits || $name == *_fixed ]] && continue
+    [[ $name == *_tokens || $name == *_grid || $name == *_bits || $name == *_fixed || $name == *_gradients ]] && continue
     # Run-to-run noise: the baseline again with another seed.
     python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); j["seed"]=int(sys.argv[2]); json.dump(j,open(sys.argv[3],"w"))' \
       "$job" "${NOISE_SEED:-8}" "$OUT/$name-noise-seed.json"
@@ -101,6 +105,8 @@ def link_name(r):
         name += ", per-token reference"
     if r.get("tile_along") == "tokens":
         name += ", tiles along tokens"
+    if r.get("bw_codec") == "tiled" and r["link_mode"] != "tiled":
+        name += ", tiled gradients"
     return name + (" + zstd" if r.get("entropy_coding") else "")
 
 MULTI_TITLE = "Multi-epoch fine-tuning (10 speeches, an epoch every 50 steps: ~5 epochs)"
@@ -110,7 +116,7 @@ def section(regime, title, noise_regime=None):
     if not os.path.exists(f"docs/data/codecs_{regime}.jsonl"):
         return [], {}, 0.0
     rows = load(f"docs/data/codecs_{regime}.jsonl")
-    noise = load(f"docs/data/codecs_{noise_regime or regime.replace('_tokens', '').replace('_grid', '').replace('_bits', '').replace('_fixed', '')}_noise.jsonl")
+    noise = load(f"docs/data/codecs_{noise_regime or regime.split('_')[0] + '_' + regime.split('_')[1]}_noise.jsonl")
     failures = [r for r in rows if "error" in r]
     rows = [r for r in rows if "error" not in r]
     by = {(r["config"], r["bandwidth_mbps"]): r for r in rows}
@@ -153,6 +159,7 @@ multi_g, mgy, _ = section("multi_epoch_grid", MULTI_TITLE + ", third run: the mi
 multi_b, mbb, _ = section("multi_epoch_bits", MULTI_TITLE + ", fourth run (unshaped): the grids at low noise, fewer bits")
 single_f, sfy, _ = section("single_pass_fixed", "Single pass, fifth run (unshaped): fixed-point first visits")
 multi_f, mfy, _ = section("multi_epoch_fixed", MULTI_TITLE + ", fifth run (unshaped): fixed-point first visits")
+multi_gr, mgr, _ = section("multi_epoch_gradients", MULTI_TITLE + ", sixth run (unshaped): tiled gradients")
 runs = [sby, sty, sgy, sfy]
 
 goals = []
@@ -184,7 +191,8 @@ for e in (mby.get(("adamw-aqsgd_tiled3_ent", 0)), mty.get(("adamw-aqsgd_tiled3_t
           mty.get(("adamw-aqsgd_ent", 0)), mgy.get(("adamw-aqsgd_tiled3_mt_ent", 0)),
           mgy.get(("adamw-aqsgd_tiled3_mt_ref_ent", 0)), mbb.get(("adamw-aqsgd_fw2_bw4", 0)),
           mbb.get(("adamw-aqsgd_tiled3_mt_ent_bw4", 0)), mbb.get(("adamw-aqsgd_tiled2_mt_ent_fw2_bw4", 0)),
-          mfy.get(("adamw-aqsgd_fixed3_ent", 0)), mfy.get(("adamw-aqsgd_fixed3_ref_ent", 0))):
+          mfy.get(("adamw-aqsgd_fixed3_ent", 0)), mfy.get(("adamw-aqsgd_fixed3_ref_ent", 0)),
+          *(r for (c, bw), r in mgr.items() if bw == 0 and c != "adamw-fp32")):
     if not (a and e):
         continue
     ratio = a["link_bytes"] / e["link_bytes"]
@@ -256,6 +264,15 @@ if a1 and d1 and a1.get("seconds_to_target") and d1.get("seconds_to_target"):
                    f"single-pass target {sby[('adamw-fp32', 1)]['seconds_to_target'] / d1['seconds_to_target']:.1f}x "
                    f"sooner than fp32 links, AQ-SGD the multi-epoch one "
                    f"{mby[('adamw-fp32', 1)]['seconds_to_target'] / a1['seconds_to_target']:.1f}x sooner.")
+g6, g4, t6, t4 = (row(mfy, "adamw-aqsgd_fixed3_ent"), row(mgr, "adamw-aqsgd_fixed3_ent_bw4"),
+                  row(mgr, "adamw-aqsgd_fixed3_ent_gt"), row(mgr, "adamw-aqsgd_fixed3_ent_gt_bw4"))
+if g6 and g4 and t6 and t4:
+    reading.append(f"- Tiled gradients (`bwCodec: tiled`: one scale per token's 64 channels instead of one per channel over "
+                   f"the micro-batch), multi-epoch, fixed-point first visits + zstd: at 6 bits "
+                   f"{pct(g6['val_loss_vs_baseline'])} -> {pct(t6['val_loss_vs_baseline'])} "
+                   f"({g6['bw_bytes_per_token_per_link']:.1f} -> {t6['bw_bytes_per_token_per_link']:.1f} backward B/token/link), "
+                   f"at 4 bits {pct(g4['val_loss_vs_baseline'])} -> {pct(t4['val_loss_vs_baseline'])} "
+                   f"({g4['bw_bytes_per_token_per_link']:.1f} -> {t4['bw_bytes_per_token_per_link']:.1f}).")
 lines += reading
 
 body = ["## Link codecs by time to target (issue 41)", "",
@@ -267,7 +284,7 @@ body = ["## Link codecs by time to target (issue 41)", "",
         "extrapolate the rest at their own mean step time (\"~\"). Bytes per token per link count every byte of the "
         "messages' scales and codes.", "",
         "    scripts/codecs_rank.sh            # ~100 min on 2 cores; --render redraws from docs/data/codecs_*.jsonl", "",
-        "Measured:", ""] + ["    " + l for l in meta.splitlines()] + [""] + single + [""] + single_t + [""] + single_g + [""] + multi + [""] + multi_t + [""] + multi_g + [""] + multi_b + [""] + single_f + [""] + multi_f + lines + [""]
+        "Measured:", ""] + ["    " + l for l in meta.splitlines()] + [""] + single + [""] + single_t + [""] + single_g + [""] + multi + [""] + multi_t + [""] + multi_g + [""] + multi_b + [""] + single_f + [""] + multi_f + [""] + multi_gr + lines + [""]
 text = open(doc).read()
 head = "## Link codecs by time to target (issue 41)"
 if head in text:
