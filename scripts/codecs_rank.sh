@@ -9,7 +9,8 @@
 # run of each job (*_tokens: tiles along tokens, zstd) and a third (*_grid:
 # the midtread grid, the per-token first-visit reference), and the unshaped
 # runs after them (*_bits: fewer bits; *_fixed: fixed-point first visits;
-# *_gradients: tiled gradients, compression.bwCodec). Writes
+# *_gradients: tiled gradients, compression.bwCodec; *_fewer: fewer
+# gradient bits). Writes
 # docs/data/codecs_<run>.jsonl (+ _noise.jsonl) and docs/data/codecs.meta,
 # and renders docs/CONVERGENCE.md, section "Link codecs by time to target
 # (issue 41)". About 100 minutes on 2 cores.
@@ -20,7 +21,7 @@
 # Environment: SINGLE_CONFIGS, MULTI_CONFIGS, SINGLE_TOKENS_CONFIGS,
 # MULTI_TOKENS_CONFIGS, SINGLE_GRID_CONFIGS, MULTI_GRID_CONFIGS,
 # MULTI_BITS_CONFIGS, SINGLE_FIXED_CONFIGS, MULTI_FIXED_CONFIGS,
-# MULTI_GRADIENTS_CONFIGS (each run's --configs), ONLY (run only these runs,
+# MULTI_GRADIENTS_CONFIGS, MULTI_FEWER_CONFIGS (each run's --configs), ONLY (run only these runs,
 # e.g. "single_pass_tokens multi_epoch_tokens"), SHAPINGS, OUT (default
 # runs/codecs), AQSWARM_BIN (default build/aqswarm). docs/data/codecs.meta
 # gets a line per invocation.
@@ -43,6 +44,7 @@ RUNS=(
   "single_pass_fixed examples/converge_single_pass.json ${SINGLE_FIXED_CONFIGS:-adamw-fp32,adamw-aqsgd_fixed3,adamw-aqsgd_fixed3_ref}"
   "multi_epoch_fixed examples/converge_multi_epoch.json ${MULTI_FIXED_CONFIGS:-adamw-fp32,adamw-aqsgd_fixed3,adamw-aqsgd_fixed3_ent,adamw-aqsgd_fixed3_ref_ent}"
   "multi_epoch_gradients examples/converge_multi_epoch.json ${MULTI_GRADIENTS_CONFIGS:-adamw-fp32,adamw-aqsgd_fixed3_ent_bw4,adamw-aqsgd_fixed3_ent_gt,adamw-aqsgd_fixed3_ent_gt_bw4,adamw-aqsgd_fixed3_ref_ent_gt_bw4,adamw-aqsgd_fixed3_ent_gt_fw2_bw4}"
+  "multi_epoch_fewer examples/converge_multi_epoch.json ${MULTI_FEWER_CONFIGS:-adamw-fp32,adamw-aqsgd_fixed3_ent_bw3,adamw-aqsgd_fixed4_ent_bw3,adamw-aqsgd_fixed4_ent_bw4,adamw-aqsgd_fixed3_ref_ent_bw3}"
 )
 meta=docs/data/codecs.meta
 if [[ "${1:-}" != --render ]]; then
@@ -64,7 +66,7 @@ if [[ "${1:-}" != --render ]]; then
       --shapings "$SHAPINGS" > "$data.tmp" || rc=$?
     [[ -s "$data.tmp" ]] || { echo "the $name bench printed nothing (exit $rc)" >&2; exit 1; }
     mv "$data.tmp" "$data"
-    [[ $name == *_tokens || $name == *_grid || $name == *_bits || $name == *_fixed || $name == *_gradients ]] && continue
+    [[ $name == *_tokens || $name == *_grid || $name == *_bits || $name == *_fixed || $name == *_gradients || $name == *_fewer ]] && continue
     # Run-to-run noise: the baseline again with another seed.
     python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); j["seed"]=int(sys.argv[2]); json.dump(j,open(sys.argv[3],"w"))' \
       "$job" "${NOISE_SEED:-8}" "$OUT/$name-noise-seed.json"
@@ -160,6 +162,7 @@ multi_b, mbb, _ = section("multi_epoch_bits", MULTI_TITLE + ", fourth run (unsha
 single_f, sfy, _ = section("single_pass_fixed", "Single pass, fifth run (unshaped): fixed-point first visits")
 multi_f, mfy, _ = section("multi_epoch_fixed", MULTI_TITLE + ", fifth run (unshaped): fixed-point first visits")
 multi_gr, mgr, _ = section("multi_epoch_gradients", MULTI_TITLE + ", sixth run (unshaped): tiled gradients")
+multi_fw, mfw, _ = section("multi_epoch_fewer", MULTI_TITLE + ", seventh run (unshaped): fewer gradient bits")
 runs = [sby, sty, sgy, sfy]
 
 goals = []
@@ -192,7 +195,7 @@ for e in (mby.get(("adamw-aqsgd_tiled3_ent", 0)), mty.get(("adamw-aqsgd_tiled3_t
           mgy.get(("adamw-aqsgd_tiled3_mt_ref_ent", 0)), mbb.get(("adamw-aqsgd_fw2_bw4", 0)),
           mbb.get(("adamw-aqsgd_tiled3_mt_ent_bw4", 0)), mbb.get(("adamw-aqsgd_tiled2_mt_ent_fw2_bw4", 0)),
           mfy.get(("adamw-aqsgd_fixed3_ent", 0)), mfy.get(("adamw-aqsgd_fixed3_ref_ent", 0)),
-          *(r for (c, bw), r in mgr.items() if bw == 0 and c != "adamw-fp32")):
+          *(r for run in (mgr, mfw) for (c, bw), r in run.items() if bw == 0 and c != "adamw-fp32")):
     if not (a and e):
         continue
     ratio = a["link_bytes"] / e["link_bytes"]
@@ -284,7 +287,7 @@ body = ["## Link codecs by time to target (issue 41)", "",
         "extrapolate the rest at their own mean step time (\"~\"). Bytes per token per link count every byte of the "
         "messages' scales and codes.", "",
         "    scripts/codecs_rank.sh            # ~100 min on 2 cores; --render redraws from docs/data/codecs_*.jsonl", "",
-        "Measured:", ""] + ["    " + l for l in meta.splitlines()] + [""] + single + [""] + single_t + [""] + single_g + [""] + multi + [""] + multi_t + [""] + multi_g + [""] + multi_b + [""] + single_f + [""] + multi_f + [""] + multi_gr + lines + [""]
+        "Measured:", ""] + ["    " + l for l in meta.splitlines()] + [""] + single + [""] + single_t + [""] + single_g + [""] + multi + [""] + multi_t + [""] + multi_g + [""] + multi_b + [""] + single_f + [""] + multi_f + [""] + multi_gr + [""] + multi_fw + lines + [""]
 text = open(doc).read()
 head = "## Link codecs by time to target (issue 41)"
 if head in text:
