@@ -27,8 +27,10 @@
 // other bits than fw3 bw6, e.g. adamw-aqsgd_tiled3_ent_bw4).
 // OPT takes _-separated settings: qadam_wN (dp.warmupSteps N), qadam_wbB
 // (dp.warmupBits B), diloco-hH_olrX (dp.outerLr X), diloco-hH_omY
-// (dp.outerMomentum Y), and any OPT _lrX (optimizer.lr and minLr times X:
-// DiLoCo's inner lr), e.g. qadam_w128_wb8-aqsgd, diloco-h16_lr1.4-aqsgd.
+// (dp.outerMomentum Y), adamw_dpu and qadam_dpu (dp.delayedUpdate: the
+// exchange runs behind the next step), and any OPT _lrX (optimizer.lr and
+// minLr times X: DiLoCo's inner lr), e.g. qadam_w128_wb8-aqsgd,
+// diloco-h16_lr1.4-aqsgd.
 // dp.bits, bucket size and codec are the base job's; the shaping is the
 // job's `shaping` (stage links and the DP exchange alike).
 //
@@ -128,6 +130,7 @@ struct Config {
   int warmup_steps = 0, warmup_bits = 0;  // qadam: _wN, _wbB
   double outer_lr = NAN, outer_momentum = NAN;  // diloco: _olrX, _omY
   double lr_scale = 1;                           // any: _lrX (optimizer.lr and minLr times X)
+  bool delayed_update = false;                   // adamw, qadam: _dpu (dp.delayedUpdate)
   bool tiled_gradients = false;  // LINK _gt: compression.bwCodec tiled
   // The links (see the file comment).
   v1::LinkCompression::Mode link_mode = v1::LinkCompression::fp32;
@@ -219,6 +222,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text) {
       ok = absl::SimpleAtod(s, &c.outer_lr) && c.outer_lr > 0 && c.outer_lr <= 10;
     } else if (diloco && absl::ConsumePrefix(&s, "om")) {
       ok = absl::SimpleAtod(s, &c.outer_momentum) && c.outer_momentum >= 0 && c.outer_momentum < 1;
+    } else if (!diloco && s == "dpu") {
+      c.delayed_update = true;
     } else if (absl::ConsumePrefix(&s, "lr")) {
       ok = absl::SimpleAtod(s, &c.lr_scale) && c.lr_scale > 0 && c.lr_scale <= 100;
     } else {
@@ -229,6 +234,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text) {
     return absl::InvalidArgumentError(absl::StrCat("converge: unknown configuration '", text,
                                                    "' (want OPT-LINK: OPT adamw, qadam[_wN][_wbB] or "
                                                    "diloco-hH[_olrX][_omY] with H >= 1, each optionally with _lrX, "
+                                                   "adamw and qadam with _dpu, "
                                                    "LINK fp32, directq, aqsgd, tiledB, aqsgd_tiledB or aqsgd_fixedB (B bits 1..8), tiled ones optionally "
                                                    "with _mt, _ref (aqsgd_tiledB, aqsgd_fixedB) then _tok, all but fp32 optionally with _ent, _gt, _fwN and _bwN; e.g. adamw-fp32, diloco-h32_olr1.4-aqsgd, adamw-aqsgd_tiled3_ent)"));
   }
@@ -299,6 +305,7 @@ absl::StatusOr<v1::JobSpec> ConfigJob(const v1::JobSpec& base, const Config& c) 
   const v1::DataParallelSpec& b = base.dp();
   // What belongs to one optimizer only is the configuration's to set.
   dp->set_optimizer(c.optimizer);
+  dp->set_delayed_update(c.delayed_update);
   for (auto clear : {&v1::DataParallelSpec::clear_refresh_growth, &v1::DataParallelSpec::clear_max_local_steps,
                      &v1::DataParallelSpec::clear_local_step_growth, &v1::DataParallelSpec::clear_inner_steps,
                      &v1::DataParallelSpec::clear_outer_lr, &v1::DataParallelSpec::clear_outer_momentum,
@@ -721,6 +728,7 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
           {"dp_optimizer", OptimizerName(c.optimizer)},
           {"inner_steps", c.inner_steps},
           {"lr", job.optimizer().lr()},
+          {"delayed_update", job.dp().delayed_update()},
           {"warmup_steps", static_cast<int>(job.dp().warmup_steps())},
           {"warmup_bits", c.optimizer == v1::DataParallelSpec::quantized_adam
                               ? static_cast<int>(job.dp().warmup_bits() ? job.dp().warmup_bits() : 32)

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/cord.h"
@@ -109,9 +111,31 @@ void Transpose(const float* in, size_t rows, size_t cols, float* out) {
   }
 }
 
-// zstd level for the codes: 1, the fastest; its Huffman literals already
-// reach most of what the codes' entropy allows.
-constexpr int kZstdLevel = 1;
+// A zstd context for the codes (one per thread). Codes of 2-4 bits, a byte
+// each, repeat short runs everywhere, which zstd's default match finders turn
+// into matches that cost more than the literals they replace. A tiny hash
+// table (hashLog 6, chainLog 6, one search, matches of 7 bytes or more)
+// leaves almost every code to the Huffman-coded literals: near the codes'
+// entropy, and faster than level 1 (docs/BENCHMARKS.md, "Entropy coding").
+// Frames are standard: any zstd decoder reads them.
+ZSTD_CCtx* CodesContext() {
+  struct Free {
+    void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); }
+  };
+  thread_local std::unique_ptr<ZSTD_CCtx, Free> ctx = [] {
+    std::unique_ptr<ZSTD_CCtx, Free> c(ZSTD_createCCtx());
+    if (c != nullptr) {
+      for (const auto& [param, value] : {std::pair{ZSTD_c_strategy, static_cast<int>(ZSTD_fast)},
+                                         std::pair{ZSTD_c_hashLog, 6}, std::pair{ZSTD_c_chainLog, 6},
+                                         std::pair{ZSTD_c_searchLog, 1}, std::pair{ZSTD_c_minMatch, 7},
+                                         std::pair{ZSTD_c_targetLength, 0}}) {
+        ZSTD_CCtx_setParameter(c.get(), param, value);
+      }
+    }
+    return c;
+  }();
+  return ctx.get();
+}
 
 // ENTROPY_ZSTD: replaces the packed payload of `msg` by a zstd frame of its
 // codes, one byte each, when that frame is smaller.
@@ -121,8 +145,10 @@ absl::Status EntropyCode(v1::EncodedTensor* msg) {
   if (n == 0) return absl::OkStatus();
   std::vector<uint8_t> codes(n);
   UnpackBits(reinterpret_cast<const uint8_t*>(msg->payload().data()), n, bits, codes.data());
+  ZSTD_CCtx* ctx = CodesContext();
+  if (ctx == nullptr) return absl::ResourceExhaustedError("zstd: cannot create a compression context");
   std::string frame(ZSTD_compressBound(n), '\0');
-  const size_t size = ZSTD_compress(frame.data(), frame.size(), codes.data(), n, kZstdLevel);
+  const size_t size = ZSTD_compress2(ctx, frame.data(), frame.size(), codes.data(), n);
   if (ZSTD_isError(size)) {
     return absl::InternalError(absl::StrCat("zstd: ", ZSTD_getErrorName(size)));
   }

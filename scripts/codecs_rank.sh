@@ -10,7 +10,9 @@
 # the midtread grid, the per-token first-visit reference), and the unshaped
 # runs after them (*_bits: fewer bits; *_fixed: fixed-point first visits;
 # *_gradients: tiled gradients, compression.bwCodec; *_fewer: fewer
-# gradient bits). Writes
+# gradient bits; *_ref: the reference with fewer bits; *_zstd: the zstd
+# rows again after the codes' zstd parameters changed; *_seed8: the best
+# rows again with seed 8). Writes
 # docs/data/codecs_<run>.jsonl (+ _noise.jsonl) and docs/data/codecs.meta,
 # and renders docs/CONVERGENCE.md, section "Link codecs by time to target
 # (issue 41)". About 100 minutes on 2 cores.
@@ -21,7 +23,8 @@
 # Environment: SINGLE_CONFIGS, MULTI_CONFIGS, SINGLE_TOKENS_CONFIGS,
 # MULTI_TOKENS_CONFIGS, SINGLE_GRID_CONFIGS, MULTI_GRID_CONFIGS,
 # MULTI_BITS_CONFIGS, SINGLE_FIXED_CONFIGS, MULTI_FIXED_CONFIGS,
-# MULTI_GRADIENTS_CONFIGS, MULTI_FEWER_CONFIGS (each run's --configs), ONLY (run only these runs,
+# MULTI_GRADIENTS_CONFIGS, MULTI_FEWER_CONFIGS, MULTI_REF_CONFIGS,
+# MULTI_ZSTD_CONFIGS, MULTI_SEED8_CONFIGS (each run's --configs), ONLY (run only these runs,
 # e.g. "single_pass_tokens multi_epoch_tokens"), SHAPINGS, OUT (default
 # runs/codecs), AQSWARM_BIN (default build/aqswarm). docs/data/codecs.meta
 # gets a line per invocation.
@@ -45,6 +48,9 @@ RUNS=(
   "multi_epoch_fixed examples/converge_multi_epoch.json ${MULTI_FIXED_CONFIGS:-adamw-fp32,adamw-aqsgd_fixed3,adamw-aqsgd_fixed3_ent,adamw-aqsgd_fixed3_ref_ent}"
   "multi_epoch_gradients examples/converge_multi_epoch.json ${MULTI_GRADIENTS_CONFIGS:-adamw-fp32,adamw-aqsgd_fixed3_ent_bw4,adamw-aqsgd_fixed3_ent_gt,adamw-aqsgd_fixed3_ent_gt_bw4,adamw-aqsgd_fixed3_ref_ent_gt_bw4,adamw-aqsgd_fixed3_ent_gt_fw2_bw4}"
   "multi_epoch_fewer examples/converge_multi_epoch.json ${MULTI_FEWER_CONFIGS:-adamw-fp32,adamw-aqsgd_fixed3_ent_bw3,adamw-aqsgd_fixed4_ent_bw3,adamw-aqsgd_fixed4_ent_bw4,adamw-aqsgd_fixed3_ref_ent_bw3}"
+  "multi_epoch_ref examples/converge_multi_epoch.json ${MULTI_REF_CONFIGS:-adamw-fp32,adamw-aqsgd_fixed2_ref_ent_bw3,adamw-aqsgd_fixed3_ref_ent_bw4}"
+  "multi_epoch_zstd examples/converge_multi_epoch.json ${MULTI_ZSTD_CONFIGS:-adamw-fp32,adamw-aqsgd_ent,adamw-aqsgd_fixed3_ent,adamw-aqsgd_fixed3_ent_bw4,adamw-aqsgd_fixed4_ent_bw4,adamw-aqsgd_fixed3_ref_ent_bw3}"
+  "multi_epoch_seed8 $OUT/multi_epoch-seed8.json ${MULTI_SEED8_CONFIGS:-adamw-fp32,adamw-aqsgd,adamw-aqsgd_fixed3_ref_ent_bw3,adamw-aqsgd_fixed3_ent_bw4}"
 )
 meta=docs/data/codecs.meta
 if [[ "${1:-}" != --render ]]; then
@@ -57,6 +63,10 @@ if [[ "${1:-}" != --render ]]; then
   cp "$AQSWARM_BIN" "$OUT/aqswarm"
   AQSWARM_BIN="$OUT/aqswarm"
   start=$(date +%s)
+  # The multi-epoch job with another seed (multi_epoch_seed8: do its
+  # rankings hold with another initialisation and data order?).
+  python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); j["seed"]=8; json.dump(j,open(sys.argv[2],"w"))' \
+    examples/converge_multi_epoch.json "$OUT/multi_epoch-seed8.json"
   for run in "${RUNS[@]}"; do
     read -r name job configs <<< "$run"
     [[ -z ${ONLY:-} || " $ONLY " == *" $name "* ]] || continue
@@ -66,7 +76,8 @@ if [[ "${1:-}" != --render ]]; then
       --shapings "$SHAPINGS" > "$data.tmp" || rc=$?
     [[ -s "$data.tmp" ]] || { echo "the $name bench printed nothing (exit $rc)" >&2; exit 1; }
     mv "$data.tmp" "$data"
-    [[ $name == *_tokens || $name == *_grid || $name == *_bits || $name == *_fixed || $name == *_gradients || $name == *_fewer ]] && continue
+    [[ $name == *_tokens || $name == *_grid || $name == *_bits || $name == *_fixed || $name == *_gradients || $name == *_fewer || $name == *_ref \
+       || $name == *_zstd || $name == *_seed8 ]] && continue
     # Run-to-run noise: the baseline again with another seed.
     python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); j["seed"]=int(sys.argv[2]); json.dump(j,open(sys.argv[3],"w"))' \
       "$job" "${NOISE_SEED:-8}" "$OUT/$name-noise-seed.json"
@@ -163,6 +174,9 @@ single_f, sfy, _ = section("single_pass_fixed", "Single pass, fifth run (unshape
 multi_f, mfy, _ = section("multi_epoch_fixed", MULTI_TITLE + ", fifth run (unshaped): fixed-point first visits")
 multi_gr, mgr, _ = section("multi_epoch_gradients", MULTI_TITLE + ", sixth run (unshaped): tiled gradients")
 multi_fw, mfw, _ = section("multi_epoch_fewer", MULTI_TITLE + ", seventh run (unshaped): fewer gradient bits")
+multi_rf, mrf, _ = section("multi_epoch_ref", MULTI_TITLE + ", eighth run (unshaped): the reference with fewer bits")
+multi_z, mz, _ = section("multi_epoch_zstd", MULTI_TITLE + ", ninth run (unshaped): zstd tuned for the codes")
+multi_s8, ms8, _ = section("multi_epoch_seed8", MULTI_TITLE + ", tenth run (unshaped): seed 8 instead of 7")
 runs = [sby, sty, sgy, sfy]
 
 goals = []
@@ -195,7 +209,7 @@ for e in (mby.get(("adamw-aqsgd_tiled3_ent", 0)), mty.get(("adamw-aqsgd_tiled3_t
           mgy.get(("adamw-aqsgd_tiled3_mt_ref_ent", 0)), mbb.get(("adamw-aqsgd_fw2_bw4", 0)),
           mbb.get(("adamw-aqsgd_tiled3_mt_ent_bw4", 0)), mbb.get(("adamw-aqsgd_tiled2_mt_ent_fw2_bw4", 0)),
           mfy.get(("adamw-aqsgd_fixed3_ent", 0)), mfy.get(("adamw-aqsgd_fixed3_ref_ent", 0)),
-          *(r for run in (mgr, mfw) for (c, bw), r in run.items() if bw == 0 and c != "adamw-fp32")):
+          *(r for run in (mgr, mfw, mrf, mz) for (c, bw), r in run.items() if bw == 0 and c != "adamw-fp32")):
     if not (a and e):
         continue
     ratio = a["link_bytes"] / e["link_bytes"]
@@ -206,6 +220,13 @@ for e in (mby.get(("adamw-aqsgd_tiled3_ent", 0)), mty.get(("adamw-aqsgd_tiled3_t
     lines.append(f"- Multi-epoch, >= 2x fewer link bytes than AQ-SGD fw3 bw6 over the run at equal loss (+-0.5%), "
                  f"{link_name(e)}: **{'met' if met2 else 'not met'}**: {ratio:.2f}x fewer bytes, final val "
                  f"{pct(dl)} vs AQ-SGD (noise {100 * m_spread:.2f}%).")
+a8 = ms8.get(("adamw-aqsgd", 0))
+for e in (r for (c, bw), r in ms8.items() if bw == 0 and a8 and c not in ("adamw-fp32", "adamw-aqsgd")):
+    ratio = a8["link_bytes"] / e["link_bytes"]
+    dl = (e["final_val_loss"] - a8["final_val_loss"]) / a8["final_val_loss"]
+    lines.append(f"- The same goal with seed 8 (against AQ-SGD fw3 bw6 of seed 8), {link_name(e)}: "
+                 f"**{'met' if ratio >= 2 and abs(dl) <= 0.005 else 'not met'}**: {ratio:.2f}x fewer bytes, final val "
+                 f"{pct(dl)} vs AQ-SGD.")
 
 # What the tables say, from the same rows.
 def row(run, c):
@@ -287,7 +308,7 @@ body = ["## Link codecs by time to target (issue 41)", "",
         "extrapolate the rest at their own mean step time (\"~\"). Bytes per token per link count every byte of the "
         "messages' scales and codes.", "",
         "    scripts/codecs_rank.sh            # ~100 min on 2 cores; --render redraws from docs/data/codecs_*.jsonl", "",
-        "Measured:", ""] + ["    " + l for l in meta.splitlines()] + [""] + single + [""] + single_t + [""] + single_g + [""] + multi + [""] + multi_t + [""] + multi_g + [""] + multi_b + [""] + single_f + [""] + multi_f + [""] + multi_gr + [""] + multi_fw + lines + [""]
+        "Measured:", ""] + ["    " + l for l in meta.splitlines()] + [""] + single + [""] + single_t + [""] + single_g + [""] + multi + [""] + multi_t + [""] + multi_g + [""] + multi_b + [""] + single_f + [""] + multi_f + [""] + multi_gr + [""] + multi_fw + [""] + multi_rf + [""] + multi_z + [""] + multi_s8 + lines + [""]
 text = open(doc).read()
 head = "## Link codecs by time to target (issue 41)"
 if head in text:
