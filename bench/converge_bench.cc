@@ -59,7 +59,8 @@
 // checks every step and fails when they do not). So a shaped run trains only
 // its first N steps: at least shaped_steps, past the second occurrence (after
 // step 0; the first of a kind that occurs once) of every DP step kind of the
-// unshaped run (StepDataParallel.kind:
+// unshaped run up to its target step (all its steps when it does not reach
+// the target: only those steps are timed) (StepDataParallel.kind:
 // adamw; warmup, compressed, refresh; local, outer), rounded up to whole
 // diloco outer periods (H steps). Its steps_to_target is the unshaped run's;
 // seconds_to_target = its measured step times up to there, then, for every
@@ -469,10 +470,10 @@ absl::StatusOr<Run> RunJob(const std::string& exe, const v1::JobSpec& job, const
 }
 
 // Steps a shaped run of `c` trains (see the file comment).
-int64_t ShapedSteps(const Run& unshaped, const Config& c, int min_steps) {
+int64_t ShapedSteps(const Run& unshaped, const Config& c, int min_steps, int64_t timed_steps) {
   int64_t n = min_steps;
-  std::map<std::string, std::vector<int64_t>> at;  // kind -> its steps after step 0
-  for (int64_t t = 1; t < unshaped.steps; ++t) at[unshaped.kinds[t]].push_back(t);
+  std::map<std::string, std::vector<int64_t>> at;  // kind -> its steps after step 0 (of the first timed_steps)
+  for (int64_t t = 1; t < std::min(timed_steps, unshaped.steps); ++t) at[unshaped.kinds[t]].push_back(t);
   for (const auto& [kind, steps] : at) n = std::max(n, steps[std::min<size_t>(1, steps.size() - 1)] + 1);
   if (c.inner_steps > 0) n = (n + c.inner_steps - 1) / c.inner_steps * c.inner_steps;
   return std::min(n, unshaped.steps);
@@ -673,7 +674,11 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
       if (!sh.unshaped()) {
         j.mutable_shaping()->set_bandwidth_mbps(sh.mbps);
         j.mutable_shaping()->set_latency_ms(sh.latency_ms);
-        j.set_max_steps(static_cast<uint32_t>(ShapedSteps(unshaped, c, o.shaped_steps)));
+        // Only the steps up to the target are timed (all of them when the
+        // unshaped run does not reach it).
+        AQSWARM_ASSIGN_OR_RETURN(const Timing reach, ToTarget(unshaped, unshaped, target));
+        j.set_max_steps(static_cast<uint32_t>(
+            ShapedSteps(unshaped, c, o.shaped_steps, reach.steps_to_target.value_or(unshaped.steps))));
       }
       absl::StatusOr<Run> run = RunJob(exe, j, root / dir_name, o.run_timeout_s);
       absl::Status checked = run.ok() && !sh.unshaped() ? CheckSameTraining(*run, unshaped, name) : run.status();
