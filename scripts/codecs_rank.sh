@@ -305,6 +305,17 @@ if g6 and g4 and t6 and t4:
                    f"({g6['bw_bytes_per_token_per_link']:.1f} -> {t6['bw_bytes_per_token_per_link']:.1f} backward B/token/link), "
                    f"at 4 bits {pct(g4['val_loss_vs_baseline'])} -> {pct(t4['val_loss_vs_baseline'])} "
                    f"({g4['bw_bytes_per_token_per_link']:.1f} -> {t4['bw_bytes_per_token_per_link']:.1f}).")
+pairs = [(row(mty, "adamw-aqsgd_ent"), row(mz, "adamw-aqsgd_ent")),
+         (row(mfy, "adamw-aqsgd_fixed3_ent"), row(mz, "adamw-aqsgd_fixed3_ent")),
+         (row(mgr, "adamw-aqsgd_fixed3_ent_bw4"), row(mz, "adamw-aqsgd_fixed3_ent_bw4")),
+         (row(mfw, "adamw-aqsgd_fixed3_ref_ent_bw3"), row(mz, "adamw-aqsgd_fixed3_ref_ent_bw3"))]
+cells = [f"{link_name(b)}: forward {a['fw_bytes_per_token_per_link']:.1f} -> {b['fw_bytes_per_token_per_link']:.1f}, "
+         f"backward {a['bw_bytes_per_token_per_link']:.1f} -> {b['bw_bytes_per_token_per_link']:.1f}"
+         + ("" if a["final_val_loss"] == b["final_val_loss"] else " (the final loss changed!)")
+         for a, b in pairs if a and b]
+if cells:
+    reading.append("- zstd tuned for the codes (ninth run) against zstd's level 1 (earlier runs), B/token/link, the same "
+                   "training: " + "; ".join(cells) + ".")
 lines += reading
 
 body = ["## Link codecs by time to target (issue 41)", "",
