@@ -116,7 +116,7 @@ void Transpose(const float* in, size_t rows, size_t cols, float* out) {
 // into matches that cost more than the literals they replace. A tiny hash
 // table (hashLog 6, chainLog 6, one search, matches of 7 bytes or more)
 // leaves almost every code to the Huffman-coded literals: near the codes'
-// entropy, and faster than level 1 (docs/BENCHMARKS.md, "Entropy coding").
+// entropy, and faster than level 1 (docs/BENCHMARKS.md, "Entropy coding of the codes").
 // Frames are standard: any zstd decoder reads them.
 ZSTD_CCtx* CodesContext() {
   struct Free {

@@ -199,8 +199,8 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
   };
   const bool pre = options_.precondition_exchange;
   if (refresh_interval > 0) {
-    // Variance refresh: the float32 mean gradient, as in the warm-up; v takes
-    // it with the weight of the `refresh_interval` steps since the last one.
+    // Variance refresh: the mean gradient, exchanged as in the warm-up; v
+    // takes it with the weight of the `refresh_interval` steps since the last one.
     last_step_kind_ = "refresh";
     AQSWARM_RETURN_IF_ERROR(GradientMean(ex, s, grads));
     const double t = static_cast<double>(step_);
