@@ -27,11 +27,12 @@
 // other bits than fw3 bw6, e.g. adamw-aqsgd_tiled3_ent_bw4).
 // OPT takes _-separated settings: qadam_wN (dp.warmupSteps N), qadam_wbB
 // (dp.warmupBits B), diloco-hH_olrX (dp.outerLr X), diloco-hH_omY
-// (dp.outerMomentum Y), adamw_dpu and qadam_dpu (dp.delayedUpdate: the
-// exchange runs behind the next step), and any OPT _lrX (optimizer.lr and
+// (dp.outerMomentum Y), qadam_bB and diloco-hH_bB (dp.bits B, 2..8: the
+// momentum's or the pseudo-gradient's codes), adamw_dpu and qadam_dpu
+// (dp.delayedUpdate: the exchange runs behind the next step), and any OPT _lrX (optimizer.lr and
 // minLr times X: DiLoCo's inner lr), e.g. qadam_w128_wb8-aqsgd,
 // diloco-h16_lr1.4-aqsgd.
-// dp.bits, bucket size and codec are the base job's; the shaping is the
+// dp.bits (unless _bB), bucket size and codec are the base job's; the shaping is the
 // job's `shaping` (stage links and the DP exchange alike).
 //
 // Measured, from the run's events.jsonl:
@@ -131,6 +132,7 @@ struct Config {
   int warmup_steps = 0, warmup_bits = 0;  // qadam: _wN, _wbB
   double outer_lr = NAN, outer_momentum = NAN;  // diloco: _olrX, _omY
   double lr_scale = 1;                           // any: _lrX (optimizer.lr and minLr times X)
+  int dp_bits = 0;                               // qadam, diloco: _bB (dp.bits)
   bool delayed_update = false;                   // adamw, qadam: _dpu (dp.delayedUpdate)
   bool tiled_gradients = false;  // LINK _gt: compression.bwCodec tiled
   // The links (see the file comment).
@@ -223,6 +225,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text) {
       ok = absl::SimpleAtod(s, &c.outer_lr) && c.outer_lr > 0 && c.outer_lr <= 10;
     } else if (diloco && absl::ConsumePrefix(&s, "om")) {
       ok = absl::SimpleAtod(s, &c.outer_momentum) && c.outer_momentum >= 0 && c.outer_momentum < 1;
+    } else if ((qadam || diloco) && absl::ConsumePrefix(&s, "b")) {
+      ok = absl::SimpleAtoi(s, &c.dp_bits) && c.dp_bits >= 2 && c.dp_bits <= 8;
     } else if (!diloco && s == "dpu") {
       c.delayed_update = true;
     } else if (absl::ConsumePrefix(&s, "lr")) {
@@ -234,7 +238,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text) {
   if (!ok) {
     return absl::InvalidArgumentError(absl::StrCat("converge: unknown configuration '", text,
                                                    "' (want OPT-LINK: OPT adamw, qadam[_wN][_wbB] or "
-                                                   "diloco-hH[_olrX][_omY] with H >= 1, each optionally with _lrX, "
+                                                   "diloco-hH[_olrX][_omY] with H >= 1, qadam and diloco optionally with _bB (dp.bits 2..8), "
+                                                   "each optionally with _lrX, "
                                                    "adamw and qadam with _dpu, "
                                                    "LINK fp32, directq, aqsgd, tiledB, aqsgd_tiledB or aqsgd_fixedB (B bits 1..8), tiled ones optionally "
                                                    "with _mt, _ref (aqsgd_tiledB, aqsgd_fixedB) then _tok, all but fp32 optionally with _ent, _gt, _fwN and _bwN; e.g. adamw-fp32, diloco-h32_olr1.4-aqsgd, adamw-aqsgd_tiled3_ent)"));
@@ -314,6 +319,7 @@ absl::StatusOr<v1::JobSpec> ConfigJob(const v1::JobSpec& base, const Config& c) 
                      &v1::DataParallelSpec::clear_warmup_steps, &v1::DataParallelSpec::clear_warmup_bits}) {
     (dp->*clear)();
   }
+  if (c.dp_bits > 0) dp->set_bits(static_cast<uint32_t>(c.dp_bits));
   if (c.optimizer == v1::DataParallelSpec::quantized_adam) {
     const uint32_t steps = job.max_steps() > 0 ? job.max_steps() : job.optimizer().total_steps();
     dp->set_warmup_steps(c.warmup_steps > 0   ? static_cast<uint32_t>(c.warmup_steps)
