@@ -27,7 +27,8 @@
 // other bits than fw3 bw6, e.g. adamw-aqsgd_tiled3_ent_bw4).
 // OPT takes _-separated settings: qadam_wN (dp.warmupSteps N), qadam_wbB
 // (dp.warmupBits B), diloco-hH_olrX (dp.outerLr X), diloco-hH_omY
-// (dp.outerMomentum Y), qadam_bB and diloco-hH_bB (dp.bits B, 2..8: the
+// (dp.outerMomentum Y), qadam_lsN and qadam_lsgG (0/1 Adam's local steps:
+// dp.maxLocalSteps N, dp.localStepGrowth G), qadam_bB and diloco-hH_bB (dp.bits B, 2..8: the
 // momentum's or the pseudo-gradient's codes), adamw_dpu and qadam_dpu
 // (dp.delayedUpdate: the exchange runs behind the next step), and any OPT _lrX (optimizer.lr and
 // minLr times X: DiLoCo's inner lr), e.g. qadam_w128_wb8-aqsgd,
@@ -133,6 +134,7 @@ struct Config {
   double outer_lr = NAN, outer_momentum = NAN;  // diloco: _olrX, _omY
   double lr_scale = 1;                           // any: _lrX (optimizer.lr and minLr times X)
   int dp_bits = 0;                               // qadam, diloco: _bB (dp.bits)
+  int local_steps = 0, local_step_growth = 0;    // qadam: _lsN, _lsgG (dp.maxLocalSteps, dp.localStepGrowth)
   bool delayed_update = false;                   // adamw, qadam: _dpu (dp.delayedUpdate)
   bool tiled_gradients = false;  // LINK _gt: compression.bwCodec tiled
   // The links (see the file comment).
@@ -225,6 +227,10 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text) {
       ok = absl::SimpleAtod(s, &c.outer_lr) && c.outer_lr > 0 && c.outer_lr <= 10;
     } else if (diloco && absl::ConsumePrefix(&s, "om")) {
       ok = absl::SimpleAtod(s, &c.outer_momentum) && c.outer_momentum >= 0 && c.outer_momentum < 1;
+    } else if (qadam && absl::ConsumePrefix(&s, "lsg")) {
+      ok = absl::SimpleAtoi(s, &c.local_step_growth) && c.local_step_growth >= 1;
+    } else if (qadam && absl::ConsumePrefix(&s, "ls")) {
+      ok = absl::SimpleAtoi(s, &c.local_steps) && c.local_steps >= 2;
     } else if ((qadam || diloco) && absl::ConsumePrefix(&s, "b")) {
       ok = absl::SimpleAtoi(s, &c.dp_bits) && c.dp_bits >= 2 && c.dp_bits <= 8;
     } else if (!diloco && s == "dpu") {
@@ -240,7 +246,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text) {
                                                    "' (want OPT-LINK: OPT adamw, qadam[_wN][_wbB] or "
                                                    "diloco-hH[_olrX][_omY] with H >= 1, qadam and diloco optionally with _bB (dp.bits 2..8), "
                                                    "each optionally with _lrX, "
-                                                   "adamw and qadam with _dpu, "
+                                                   "adamw and qadam with _dpu, qadam with _lsN (N >= 2) and _lsgG, "
                                                    "LINK fp32, directq, aqsgd, tiledB, aqsgd_tiledB or aqsgd_fixedB (B bits 1..8), tiled ones optionally "
                                                    "with _mt, _ref (aqsgd_tiledB, aqsgd_fixedB) then _tok, all but fp32 optionally with _ent, _gt, _fwN and _bwN; e.g. adamw-fp32, diloco-h32_olr1.4-aqsgd, adamw-aqsgd_tiled3_ent)"));
   }
@@ -330,6 +336,8 @@ absl::StatusOr<v1::JobSpec> ConfigJob(const v1::JobSpec& base, const Config& c) 
                                        ? b.variance_refresh_steps()
                                        : kRefreshSteps);
     dp->set_refresh_growth(kRefreshGrowth);
+    if (c.local_steps > 0) dp->set_max_local_steps(static_cast<uint32_t>(c.local_steps));
+    if (c.local_step_growth > 0) dp->set_local_step_growth(static_cast<uint32_t>(c.local_step_growth));
   }
   if (c.optimizer == v1::DataParallelSpec::diloco) {
     dp->set_inner_steps(c.inner_steps);
@@ -744,6 +752,8 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
           {"warmup_bits", c.optimizer == v1::DataParallelSpec::quantized_adam
                               ? static_cast<int>(job.dp().warmup_bits() ? job.dp().warmup_bits() : 32)
                               : 0},
+          {"max_local_steps", static_cast<int>(job.dp().max_local_steps())},
+          {"local_step_growth", static_cast<int>(job.dp().local_step_growth())},
           {"outer_lr", diloco ? Num(job.dp().outer_lr()) : nlohmann::json(nullptr)},
           {"outer_momentum", diloco ? Num(job.dp().outer_momentum()) : nlohmann::json(nullptr)},
           {"bw_codec", fp32_links ? "raw"
