@@ -167,6 +167,16 @@ absl::Status DiLoCo::SyncFragment(ReplicaExchange& ex, int f, uint64_t s, absl::
   for (int64_t i = 0; i < len; ++i) delta_[i] = anchor_[b + i] - params[b + i];
   const absl::Span<const float> d(delta_);
   const absl::Span<float> mean(mean_);
+  // The float32 part shares the round trips of the uniform-width min-max
+  // exchange; with Global-QSGD or layer-wise widths it follows it.
+  std::vector<AllReducePart> tail;
+  if (e > ce) {
+    AllReduceOptions raw;  // float32, with the compressed exchange's buckets and robust aggregation
+    raw.bucket_elements = options_.compressed.bucket_elements;
+    raw.robust = options_.compressed.robust;
+    raw.robust_clip = options_.compressed.robust_clip;
+    tail.push_back({raw, options_.first_round + 1, d.subspan(ce - b), mean.subspan(ce - b)});
+  }
   if (ce > b) {
     if (options_.compressed.codec.codec == v1::CODEC_GLOBAL_QSGD) {
       GlobalQsgdAllReduceOptions go;
@@ -175,6 +185,7 @@ absl::Status DiLoCo::SyncFragment(ReplicaExchange& ex, int f, uint64_t s, absl::
       go.bucket_size = options_.compressed.codec.bucket_size;
       AQSWARM_RETURN_IF_ERROR(GlobalQsgdAllReduceMean(ex, go, s, options_.first_round, d.subspan(0, ce - b),
                                                       mean.subspan(0, ce - b), &stats_));
+      AQSWARM_RETURN_IF_ERROR(AllReduceMeanParts(ex, s, tail, &stats_));
     } else {
       // The server error concatenates every fragment's owned chunks.
       int64_t se_begin = 0, se_total = 0;
@@ -197,24 +208,21 @@ absl::Status DiLoCo::SyncFragment(ReplicaExchange& ex, int f, uint64_t s, absl::
       se_.assign(server_error_.begin() + se_begin, server_error_.begin() + se_begin + se_len);
       const std::vector<int> bits = FragmentBits(f);
       if (bits.empty()) {
-        AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, options_.compressed, s, options_.first_round, d.subspan(0, ce - b),
-                                              mean.subspan(0, ce - b), &we_, &se_, &stats_));
+        std::vector<AllReducePart> parts = {
+            {options_.compressed, options_.first_round, d.subspan(0, ce - b), mean.subspan(0, ce - b), &we_, &se_}};
+        parts.insert(parts.end(), tail.begin(), tail.end());
+        AQSWARM_RETURN_IF_ERROR(AllReduceMeanParts(ex, s, parts, &stats_));
       } else {
         AQSWARM_RETURN_IF_ERROR(AllReduceMeanLayerwise(ex, options_.compressed, pieces_[f], bits, s,
                                                        16 + 8 * options_.first_round, d.subspan(0, ce - b),
                                                        mean.subspan(0, ce - b), &we_, &se_, &stats_));
+        AQSWARM_RETURN_IF_ERROR(AllReduceMeanParts(ex, s, tail, &stats_));
       }
       std::copy(we_.begin(), we_.end(), worker_error_.begin() + b);
       std::copy(se_.begin(), se_.end(), server_error_.begin() + se_begin);
     }
-  }
-  if (e > ce) {
-    AllReduceOptions raw;  // float32, with the compressed exchange's buckets and robust aggregation
-    raw.bucket_elements = options_.compressed.bucket_elements;
-    raw.robust = options_.compressed.robust;
-    raw.robust_clip = options_.compressed.robust_clip;
-    AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, raw, s, options_.first_round + 1, d.subspan(ce - b),
-                                          mean.subspan(ce - b), nullptr, nullptr, &stats_));
+  } else {
+    AQSWARM_RETURN_IF_ERROR(AllReduceMeanParts(ex, s, tail, &stats_));
   }
   // Outer Nesterov step from the anchor; the parameters restart from it.
   const float mu = static_cast<float>(options_.outer_momentum), olr = static_cast<float>(options_.outer_lr);

@@ -170,147 +170,244 @@ uint64_t Float32AllReduceBytes(int64_t n, int rank, int size, int64_t bucket_ele
   return static_cast<uint64_t>(4 * ((n - owned) + static_cast<int64_t>(size - 1) * owned));
 }
 
-absl::Status AllReduceMean(ReplicaExchange& ex, const AllReduceOptions& options, uint64_t step, uint32_t round,
-                           absl::Span<const float> in, absl::Span<float> out, std::vector<float>* worker_error,
-                           std::vector<float>* server_error, AllReduceStats* stats) {
-  const int d = ex.size(), r = ex.rank();
-  const int64_t n = static_cast<int64_t>(in.size());
-  if (static_cast<int64_t>(out.size()) != n) return absl::InvalidArgumentError("allreduce: in/out sizes differ");
-  if (options.bucket_elements <= 0) return absl::InvalidArgumentError("allreduce: bucket_elements must be > 0");
-  if (options.codec.codec == v1::CODEC_FIXED_POINT) {
-    return absl::InvalidArgumentError("allreduce: fixed point is per channel; use a bucketed codec");
-  }
-  AQSWARM_RETURN_IF_ERROR(compression::ValidateCodecOptions(options.codec));
-  if (worker_error != nullptr) {
-    if (worker_error->empty()) worker_error->assign(n, 0.0f);
-    if (static_cast<int64_t>(worker_error->size()) != n) return absl::InvalidArgumentError("worker error: wrong size");
-  }
-  const int64_t owned = OwnedElements(n, r, d, options.bucket_elements);
-  if (server_error != nullptr) {
-    if (server_error->empty()) server_error->assign(owned, 0.0f);
-    if (static_cast<int64_t>(server_error->size()) != owned) {
-      return absl::InvalidArgumentError("server error: wrong size");
+namespace {
+
+// One part of AllReduceMeanParts: its checks, then each bucket's three
+// phases (the banner's SCATTER; reduce + GATHER send; GATHER receive), run
+// by the caller in any interleaving that keeps a bucket's phases in order.
+class PartRun {
+ public:
+  PartRun(ReplicaExchange& ex, uint64_t step, const AllReducePart& part)
+      : ex_(ex), step_(step), p_(part), d_(ex.size()), r_(ex.rank()), n_(static_cast<int64_t>(part.in.size())) {}
+
+  absl::Status Check() {
+    const AllReduceOptions& o = p_.options;
+    if (static_cast<int64_t>(p_.out.size()) != n_) return absl::InvalidArgumentError("allreduce: in/out sizes differ");
+    if (o.bucket_elements <= 0) return absl::InvalidArgumentError("allreduce: bucket_elements must be > 0");
+    if (o.codec.codec == v1::CODEC_FIXED_POINT) {
+      return absl::InvalidArgumentError("allreduce: fixed point is per channel; use a bucketed codec");
     }
-  }
-  const bool robust = options.robust != RobustAggregation::kOff;
-  if (robust && !(options.robust_clip > 0 && std::isfinite(options.robust_clip))) {
-    return absl::InvalidArgumentError("allreduce: robust_clip must be finite and > 0");
-  }
-  AllReduceStats local;
-  std::vector<float> u, dec, sum;
-  std::vector<std::vector<float>> contributions(robust ? d : 0);
-  std::vector<bool> keep(robust ? d : 0, false);
-  int64_t owned_offset = 0;
-  uint32_t bucket = 0;
-  for (int64_t bs = 0; bs < n; bs += options.bucket_elements, ++bucket) {
-    const int64_t len = std::min(options.bucket_elements, n - bs);
-    v1::ExchangeChunk own;
-    // SCATTER.
-    for (int k = 0; k < d; ++k) {
-      const auto [a, b] = ChunkRange(len, k, d);
-      u.assign(in.begin() + bs + a, in.begin() + bs + b);
-      if (worker_error != nullptr) {
-        for (int64_t i = 0; i < b - a; ++i) u[i] += (*worker_error)[bs + a + i];
+    AQSWARM_RETURN_IF_ERROR(compression::ValidateCodecOptions(o.codec));
+    if (p_.worker_error != nullptr) {
+      if (p_.worker_error->empty()) p_.worker_error->assign(n_, 0.0f);
+      if (static_cast<int64_t>(p_.worker_error->size()) != n_) {
+        return absl::InvalidArgumentError("worker error: wrong size");
       }
-      v1::ExchangeChunk msg;
-      msg.set_step(step);
-      msg.set_round(round);
-      msg.set_phase(v1::ExchangeChunk::SCATTER);
-      msg.set_bucket(bucket);
-      msg.set_chunk(k);
-      msg.set_from_rank(r);
-      AQSWARM_RETURN_IF_ERROR(EncodeChunk(options.codec, u, StreamKey(step * 1024 + round, bucket * 4096 + k * 64 + r),
+    }
+    const int64_t owned = OwnedElements(n_, r_, d_, o.bucket_elements);
+    if (p_.server_error != nullptr) {
+      if (p_.server_error->empty()) p_.server_error->assign(owned, 0.0f);
+      if (static_cast<int64_t>(p_.server_error->size()) != owned) {
+        return absl::InvalidArgumentError("server error: wrong size");
+      }
+    }
+    if (robust() && !(o.robust_clip > 0 && std::isfinite(o.robust_clip))) {
+      return absl::InvalidArgumentError("allreduce: robust_clip must be finite and > 0");
+    }
+    buckets_ = n_ == 0 ? 0 : (n_ + o.bucket_elements - 1) / o.bucket_elements;
+    own_.resize(buckets_);
+    if (robust()) {
+      contributions_.resize(d_);
+      keep_.assign(d_, false);
+    }
+    return absl::OkStatus();
+  }
+
+  int64_t buckets() const { return buckets_; }
+  const AllReduceStats& stats() const { return local_; }
+
+  // Encodes chunk k of bucket j for each owner k and sends the others theirs.
+  absl::Status Scatter(int64_t j) {
+    const auto [bs, len] = Bucket(j);
+    const uint32_t bucket = static_cast<uint32_t>(j);
+    for (int k = 0; k < d_; ++k) {
+      const auto [a, b] = ChunkRange(len, k, d_);
+      u_.assign(p_.in.begin() + bs + a, p_.in.begin() + bs + b);
+      if (p_.worker_error != nullptr) {
+        for (int64_t i = 0; i < b - a; ++i) u_[i] += (*p_.worker_error)[bs + a + i];
+      }
+      v1::ExchangeChunk msg = Header(bucket, k, v1::ExchangeChunk::SCATTER);
+      AQSWARM_RETURN_IF_ERROR(EncodeChunk(p_.options.codec, u_,
+                                          StreamKey(step_ * 1024 + p_.round, bucket * 4096 + k * 64 + r_),
                                           msg.mutable_tensor()));
-      if (worker_error != nullptr) {
-        dec.resize(u.size());
-        AQSWARM_RETURN_IF_ERROR(DecodeChunk(msg.tensor(), absl::MakeSpan(dec)));
-        for (int64_t i = 0; i < b - a; ++i) (*worker_error)[bs + a + i] = u[i] - dec[i];
+      if (p_.worker_error != nullptr) {
+        dec_.resize(u_.size());
+        AQSWARM_RETURN_IF_ERROR(DecodeChunk(msg.tensor(), absl::MakeSpan(dec_)));
+        for (int64_t i = 0; i < b - a; ++i) (*p_.worker_error)[bs + a + i] = u_[i] - dec_[i];
       }
-      if (k == r) {
-        own = std::move(msg);
+      if (k == r_) {
+        own_[j] = std::move(msg);
       } else {
-        InjectScatterFault(r, msg.mutable_tensor());  // tests only (see TestScatterFault)
-        local.bytes_sent += compression::EncodedBytes(msg.tensor());
-        local.raw_bytes += (b - a) * 4;
-        AQSWARM_RETURN_IF_ERROR(ex.Send(k, msg));
+        InjectScatterFault(r_, msg.mutable_tensor());  // tests only (see TestScatterFault)
+        local_.bytes_sent += compression::EncodedBytes(msg.tensor());
+        local_.raw_bytes += (b - a) * 4;
+        AQSWARM_RETURN_IF_ERROR(ex_.Send(k, msg));
       }
     }
-    // Reduce the chunk this replica owns, in rank order.
-    const auto [ra, rb] = ChunkRange(len, r, d);
+    return absl::OkStatus();
+  }
+
+  // Reduces this replica's chunk of bucket j in rank order and sends its mean
+  // to every other replica (the owner decodes the same bytes).
+  absl::Status ReduceAndGather(int64_t j) {
+    const auto [bs, len] = Bucket(j);
+    const uint32_t bucket = static_cast<uint32_t>(j);
+    const auto [ra, rb] = ChunkRange(len, r_, d_);
     const int64_t mine = rb - ra;
-    sum.assign(mine, 0.0f);
-    dec.resize(mine);
-    if (!robust) {
-      for (int src = 0; src < d; ++src) {
-        if (src == r) {
-          AQSWARM_RETURN_IF_ERROR(DecodeChunk(own.tensor(), absl::MakeSpan(dec)));
+    sum_.assign(mine, 0.0f);
+    dec_.resize(mine);
+    if (!robust()) {
+      for (int src = 0; src < d_; ++src) {
+        if (src == r_) {
+          AQSWARM_RETURN_IF_ERROR(DecodeChunk(own_[j].tensor(), absl::MakeSpan(dec_)));
         } else {
-          AQSWARM_ASSIGN_OR_RETURN(v1::ExchangeChunk c, ex.Receive(src, step, round, v1::ExchangeChunk::SCATTER, bucket, r));
-          AQSWARM_RETURN_IF_ERROR(DecodeChunk(c.tensor(), absl::MakeSpan(dec)));
+          AQSWARM_ASSIGN_OR_RETURN(v1::ExchangeChunk c,
+                                   ex_.Receive(src, step_, p_.round, v1::ExchangeChunk::SCATTER, bucket, r_));
+          AQSWARM_RETURN_IF_ERROR(DecodeChunk(c.tensor(), absl::MakeSpan(dec_)));
         }
-        for (int64_t i = 0; i < mine; ++i) sum[i] += dec[i];
+        for (int64_t i = 0; i < mine; ++i) sum_[i] += dec_[i];
       }
-      const float inv = 1.0f / static_cast<float>(d);
-      for (float& v : sum) v *= inv;
+      const float inv = 1.0f / static_cast<float>(d_);
+      for (float& v : sum_) v *= inv;
     } else {
       // Every contribution first; one that is not finite is dropped.
-      for (int src = 0; src < d; ++src) {
-        contributions[src].resize(mine);
+      for (int src = 0; src < d_; ++src) {
+        contributions_[src].resize(mine);
         absl::Status s;
-        if (src == r) {
-          s = DecodeChunk(own.tensor(), absl::MakeSpan(contributions[src]));
+        if (src == r_) {
+          s = DecodeChunk(own_[j].tensor(), absl::MakeSpan(contributions_[src]));
         } else {
-          AQSWARM_ASSIGN_OR_RETURN(v1::ExchangeChunk c, ex.Receive(src, step, round, v1::ExchangeChunk::SCATTER, bucket, r));
-          s = DecodeChunk(c.tensor(), absl::MakeSpan(contributions[src]));
+          AQSWARM_ASSIGN_OR_RETURN(v1::ExchangeChunk c,
+                                   ex_.Receive(src, step_, p_.round, v1::ExchangeChunk::SCATTER, bucket, r_));
+          s = DecodeChunk(c.tensor(), absl::MakeSpan(contributions_[src]));
         }
-        keep[src] = s.ok();
+        keep_[src] = s.ok();
         if (compression::IsNonFiniteError(s)) {
-          ++local.robust_dropped;
+          ++local_.robust_dropped;
           continue;
         }
         AQSWARM_RETURN_IF_ERROR(s);
       }
-      AQSWARM_RETURN_IF_ERROR(
-          CombineContributions(options.robust, options.robust_clip, contributions, keep, absl::MakeSpan(sum), &local));
+      AQSWARM_RETURN_IF_ERROR(CombineContributions(p_.options.robust, p_.options.robust_clip, contributions_, keep_,
+                                                   absl::MakeSpan(sum_), &local_));
     }
-    if (server_error != nullptr) {
-      for (int64_t i = 0; i < mine; ++i) sum[i] += (*server_error)[owned_offset + i];
+    own_[j].Clear();
+    const int64_t owned_offset = OwnedElements(bs, r_, d_, p_.options.bucket_elements);
+    if (p_.server_error != nullptr) {
+      for (int64_t i = 0; i < mine; ++i) sum_[i] += (*p_.server_error)[owned_offset + i];
     }
-    v1::ExchangeChunk mean;
-    mean.set_step(step);
-    mean.set_round(round);
-    mean.set_phase(v1::ExchangeChunk::GATHER);
-    mean.set_bucket(bucket);
-    mean.set_chunk(r);
-    mean.set_from_rank(r);
-    AQSWARM_RETURN_IF_ERROR(EncodeChunk(options.codec, sum, StreamKey(step * 1024 + round, (1u << 30) + bucket * 64 + r),
+    v1::ExchangeChunk mean = Header(bucket, r_, v1::ExchangeChunk::GATHER);
+    AQSWARM_RETURN_IF_ERROR(EncodeChunk(p_.options.codec, sum_,
+                                        StreamKey(step_ * 1024 + p_.round, (1u << 30) + bucket * 64 + r_),
                                         mean.mutable_tensor()));
-    // GATHER: everyone (the owner too) decodes the same bytes.
-    for (int k = 0; k < d; ++k) {
-      if (k == r) continue;
-      local.bytes_sent += compression::EncodedBytes(mean.tensor());
-      local.raw_bytes += mine * 4;
-      AQSWARM_RETURN_IF_ERROR(ex.Send(k, mean));
+    for (int k = 0; k < d_; ++k) {
+      if (k == r_) continue;
+      local_.bytes_sent += compression::EncodedBytes(mean.tensor());
+      local_.raw_bytes += mine * 4;
+      AQSWARM_RETURN_IF_ERROR(ex_.Send(k, mean));
     }
-    AQSWARM_RETURN_IF_ERROR(DecodeChunk(mean.tensor(), out.subspan(bs + ra, mine)));
-    if (server_error != nullptr) {
-      for (int64_t i = 0; i < mine; ++i) (*server_error)[owned_offset + i] = sum[i] - out[bs + ra + i];
+    AQSWARM_RETURN_IF_ERROR(DecodeChunk(mean.tensor(), p_.out.subspan(bs + ra, mine)));
+    if (p_.server_error != nullptr) {
+      for (int64_t i = 0; i < mine; ++i) (*p_.server_error)[owned_offset + i] = sum_[i] - p_.out[bs + ra + i];
     }
-    owned_offset += mine;
-    for (int src = 0; src < d; ++src) {
-      if (src == r) continue;
-      const auto [sa, sb] = ChunkRange(len, src, d);
-      AQSWARM_ASSIGN_OR_RETURN(v1::ExchangeChunk c, ex.Receive(src, step, round, v1::ExchangeChunk::GATHER, bucket, src));
-      AQSWARM_RETURN_IF_ERROR(DecodeChunk(c.tensor(), out.subspan(bs + sa, sb - sa)));
+    return absl::OkStatus();
+  }
+
+  // Decodes the other owners' means of bucket j into the output.
+  absl::Status ReceiveGather(int64_t j) {
+    const auto [bs, len] = Bucket(j);
+    for (int src = 0; src < d_; ++src) {
+      if (src == r_) continue;
+      const auto [sa, sb] = ChunkRange(len, src, d_);
+      AQSWARM_ASSIGN_OR_RETURN(v1::ExchangeChunk c, ex_.Receive(src, step_, p_.round, v1::ExchangeChunk::GATHER,
+                                                                static_cast<uint32_t>(j), src));
+      AQSWARM_RETURN_IF_ERROR(DecodeChunk(c.tensor(), p_.out.subspan(bs + sa, sb - sa)));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  bool robust() const { return p_.options.robust != RobustAggregation::kOff; }
+  // Bucket j's first element and length.
+  std::pair<int64_t, int64_t> Bucket(int64_t j) const {
+    const int64_t bs = j * p_.options.bucket_elements;
+    return {bs, std::min(p_.options.bucket_elements, n_ - bs)};
+  }
+  v1::ExchangeChunk Header(uint32_t bucket, int chunk, v1::ExchangeChunk::Phase phase) const {
+    v1::ExchangeChunk msg;
+    msg.set_step(step_);
+    msg.set_round(p_.round);
+    msg.set_phase(phase);
+    msg.set_bucket(bucket);
+    msg.set_chunk(chunk);
+    msg.set_from_rank(r_);
+    return msg;
+  }
+
+  ReplicaExchange& ex_;
+  const uint64_t step_;
+  const AllReducePart p_;
+  const int d_, r_;
+  const int64_t n_;
+  int64_t buckets_ = 0;
+  std::vector<v1::ExchangeChunk> own_;  // this replica's own SCATTER chunk, per bucket until reduced
+  std::vector<float> u_, dec_, sum_;
+  std::vector<std::vector<float>> contributions_;
+  std::vector<bool> keep_;
+  AllReduceStats local_;
+};
+
+}  // namespace
+
+absl::Status AllReduceMeanParts(ReplicaExchange& ex, uint64_t step, absl::Span<const AllReducePart> parts,
+                                AllReduceStats* stats) {
+  std::vector<PartRun> runs;
+  runs.reserve(parts.size());
+  for (const AllReducePart& p : parts) {
+    for (const AllReducePart& q : parts) {
+      if (&q != &p && q.round == p.round) return absl::InvalidArgumentError("allreduce: two parts share a round");
+    }
+    runs.emplace_back(ex, step, p);
+    AQSWARM_RETURN_IF_ERROR(runs.back().Check());
+  }
+  // Units: (part, bucket), bucket-major, so the parts' first buckets go first.
+  std::vector<std::pair<size_t, int64_t>> units;
+  for (int64_t j = 0;; ++j) {
+    const size_t before = units.size();
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (j < runs[i].buckets()) units.emplace_back(i, j);
+    }
+    if (units.size() == before) break;
+  }
+  // A unit's three phases run kAllReduceUnitsInFlight units apart: the SCATTER
+  // of the next units leaves before this one's chunks are awaited, and its
+  // means before the previous units' means are awaited.
+  const int64_t u = static_cast<int64_t>(units.size()), lag = kAllReduceUnitsInFlight;
+  for (int64_t t = 0; t < u + 2 * lag; ++t) {
+    if (t < u) AQSWARM_RETURN_IF_ERROR(runs[units[t].first].Scatter(units[t].second));
+    if (const int64_t k = t - lag; k >= 0 && k < u) {
+      AQSWARM_RETURN_IF_ERROR(runs[units[k].first].ReduceAndGather(units[k].second));
+    }
+    if (const int64_t k = t - 2 * lag; k >= 0 && k < u) {
+      AQSWARM_RETURN_IF_ERROR(runs[units[k].first].ReceiveGather(units[k].second));
     }
   }
   if (stats != nullptr) {
-    stats->bytes_sent += local.bytes_sent;
-    stats->raw_bytes += local.raw_bytes;
-    stats->robust_dropped += local.robust_dropped;
-    stats->robust_clipped += local.robust_clipped;
+    for (const PartRun& run : runs) {
+      stats->bytes_sent += run.stats().bytes_sent;
+      stats->raw_bytes += run.stats().raw_bytes;
+      stats->robust_dropped += run.stats().robust_dropped;
+      stats->robust_clipped += run.stats().robust_clipped;
+    }
   }
   return absl::OkStatus();
+}
+
+absl::Status AllReduceMean(ReplicaExchange& ex, const AllReduceOptions& options, uint64_t step, uint32_t round,
+                           absl::Span<const float> in, absl::Span<float> out, std::vector<float>* worker_error,
+                           std::vector<float>* server_error, AllReduceStats* stats) {
+  const AllReducePart part{options, round, in, out, worker_error, server_error};
+  return AllReduceMeanParts(ex, step, absl::MakeConstSpan(&part, 1), stats);
 }
 
 absl::Status GlobalQsgdAllReduceMean(ReplicaExchange& ex, const GlobalQsgdAllReduceOptions& options, uint64_t step,

@@ -10,8 +10,14 @@
 //            0..D-1, then multiplies by 1/D (fixed order: deterministic);
 //   GATHER   owner k encodes the mean and sends it to every replica; every
 //            replica (the owner included) decodes those bytes into the output.
-// So all replicas end with bit-identical outputs. Memory: one bucket of
-// encoded chunks in flight at a time.
+// So all replicas end with bit-identical outputs. Buckets are pipelined:
+// the SCATTER of up to kAllReduceUnitsInFlight buckets ahead leaves before a
+// bucket's contributions are awaited, and the means of as many buckets
+// before the first mean is awaited, so a call costs about two one-way
+// latencies, not two per bucket. AllReduceMeanParts runs several vectors
+// (rounds) in the same lockstep: a float32 round beside a compressed one
+// shares its round trips. Memory: that many buckets of encoded chunks in
+// flight.
 //
 // Error feedback (QuantizedAdam, docs/design/ALGORITHMS.md §3): with `worker_error`, the
 // input is u = x + e_w and e_w <- u - D(Q(u)) per chunk; with `server_error`
@@ -126,6 +132,27 @@ absl::Status CombineContributions(RobustAggregation mode, double clip,
 absl::Status AllReduceMean(ReplicaExchange& ex, const AllReduceOptions& options, uint64_t step, uint32_t round,
                            absl::Span<const float> in, absl::Span<float> out, std::vector<float>* worker_error,
                            std::vector<float>* server_error, AllReduceStats* stats = nullptr);
+
+// Buckets (of all parts together) whose phases overlap; see the banner.
+constexpr int64_t kAllReduceUnitsInFlight = 8;
+
+// One vector of AllReduceMeanParts, with AllReduceMean's arguments.
+struct AllReducePart {
+  AllReduceOptions options;
+  uint32_t round = 0;
+  absl::Span<const float> in;
+  absl::Span<float> out;
+  std::vector<float>* worker_error = nullptr;
+  std::vector<float>* server_error = nullptr;
+};
+
+// AllReduceMean of every part, their buckets interleaved (part 0's bucket 0,
+// part 1's bucket 0, ..., then the buckets 1) and pipelined as the banner
+// says. Each part's output is bit for bit what AllReduceMean would give it
+// alone. Parts must have distinct rounds; a part's `out` may alias its own
+// `in`, not another part's.
+absl::Status AllReduceMeanParts(ReplicaExchange& ex, uint64_t step, absl::Span<const AllReducePart> parts,
+                                AllReduceStats* stats = nullptr);
 
 // Global-QSGD integer-sum allreduce (docs/design/ALGORITHMS.md §1.4): every replica
 // quantizes onto the SAME per-bucket grid, so codes are combined without

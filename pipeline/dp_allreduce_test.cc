@@ -66,6 +66,121 @@ TEST(AllReduceTest, RawMeanIsExactUpToRoundingAndBitIdenticalOnEveryReplica) {
   }
 }
 
+// Records the order of a replica's sends and receives (round, phase).
+class RecordingExchange final : public ReplicaExchange {
+ public:
+  struct Event {
+    bool send;
+    uint32_t round;
+    v1::ExchangeChunk::Phase phase;
+  };
+  explicit RecordingExchange(ReplicaExchange& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  absl::Status Send(int to, const v1::ExchangeChunk& chunk) override {
+    events.push_back({true, chunk.round(), chunk.phase()});
+    return inner_.Send(to, chunk);
+  }
+  absl::StatusOr<v1::ExchangeChunk> Receive(int from, uint64_t step, uint32_t round, v1::ExchangeChunk::Phase phase,
+                                            uint32_t bucket, uint32_t chunk) override {
+    events.push_back({false, round, phase});
+    return inner_.Receive(from, step, round, phase, bucket, chunk);
+  }
+  std::vector<Event> events;
+
+ private:
+  ReplicaExchange& inner_;
+};
+
+// The number of receives a replica starts before its last send of `phase`:
+// 0 when every chunk of that phase (of every round and bucket) left before
+// anything of it was awaited.
+int ReceivesBeforeLastSend(const std::vector<RecordingExchange::Event>& events, v1::ExchangeChunk::Phase phase) {
+  int last = -1;
+  for (int i = 0; i < static_cast<int>(events.size()); ++i) {
+    if (events[i].send && events[i].phase == phase) last = i;
+  }
+  int receives = 0;
+  for (int i = 0; i < last; ++i) receives += !events[i].send && events[i].phase == phase;
+  return receives;
+}
+
+TEST(AllReduceTest, PartsShareRoundTripsAndMatchSeparateCallsBitForBit) {
+  // A compressed vector of 3 buckets with error feedback (round 0) and a
+  // small float32 one (round 1), as QuantizedAdam's compressed step sends.
+  const int64_t n = 5000, m = 300;
+  AllReduceOptions q;
+  q.codec.codec = v1::CODEC_MINMAX;
+  q.codec.bits = 4;
+  q.codec.bucket_size = 256;
+  q.codec.min_compress_elements = 64;
+  q.bucket_elements = 2048;
+  AllReduceOptions raw;
+  raw.bucket_elements = 2048;
+  for (int d : {2, 3}) {
+    std::vector<std::vector<float>> in(d), small(d);
+    for (int r = 0; r < d; ++r) {
+      in[r] = Random(n, 40 + r);
+      small[r] = Random(m, 80 + r);
+    }
+    struct Result {
+      std::vector<float> out, small_out, we, se;
+      AllReduceStats stats;
+      std::vector<RecordingExchange::Event> events;
+    };
+    auto run = [&](bool together) {
+      std::vector<Result> res(d);
+      Hub hub;
+      auto st = RunReplicas(d, hub, [&](int r, ReplicaExchange& hub_ex) {
+        RecordingExchange ex(hub_ex);
+        Result& x = res[r];
+        x.out.assign(n, 0);
+        x.small_out.assign(m, 0);
+        absl::Status s;
+        if (together) {
+          const AllReducePart parts[] = {{q, 0, in[r], absl::MakeSpan(x.out), &x.we, &x.se},
+                                         {raw, 1, small[r], absl::MakeSpan(x.small_out)}};
+          s = AllReduceMeanParts(ex, 3, parts, &x.stats);
+        } else {
+          s = AllReduceMean(ex, q, 3, 0, in[r], absl::MakeSpan(x.out), &x.we, &x.se, &x.stats);
+          if (s.ok()) s = AllReduceMean(ex, raw, 3, 1, small[r], absl::MakeSpan(x.small_out), nullptr, nullptr, &x.stats);
+        }
+        x.events = ex.events;
+        return s;
+      });
+      for (auto& s : st) EXPECT_TRUE(s.ok()) << s;
+      return res;
+    };
+    const std::vector<Result> apart = run(false), together = run(true);
+    for (int r = 0; r < d; ++r) {
+      EXPECT_EQ(apart[r].out, together[r].out) << "d=" << d << " r=" << r;
+      EXPECT_EQ(apart[r].small_out, together[r].small_out);
+      EXPECT_EQ(apart[r].we, together[r].we);
+      EXPECT_EQ(apart[r].se, together[r].se);
+      EXPECT_EQ(apart[r].stats.bytes_sent, together[r].stats.bytes_sent);
+      EXPECT_EQ(apart[r].out, together[0].out) << "replicas agree";
+      // Together, every SCATTER chunk (both rounds, all buckets) leaves before
+      // any is awaited, and every mean before any mean is awaited: about two
+      // one-way latencies in all. Apart, the float32 round's chunks wait for
+      // the compressed round's means.
+      EXPECT_EQ(ReceivesBeforeLastSend(together[r].events, v1::ExchangeChunk::SCATTER), 0);
+      EXPECT_EQ(ReceivesBeforeLastSend(together[r].events, v1::ExchangeChunk::GATHER), 0);
+      EXPECT_GT(ReceivesBeforeLastSend(apart[r].events, v1::ExchangeChunk::SCATTER), 0);
+    }
+  }
+}
+
+TEST(AllReduceTest, PartsWithTheSameRoundAreRefused) {
+  Hub hub;
+  HubExchange ex(&hub, 0, 1);
+  std::vector<float> a(10, 1), b(10, 2);
+  const AllReducePart parts[] = {{AllReduceOptions(), 4, a, absl::MakeSpan(a)},
+                                 {AllReduceOptions(), 4, b, absl::MakeSpan(b)}};
+  const absl::Status s = AllReduceMeanParts(ex, 0, parts);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("share a round"), std::string::npos) << s;
+}
+
 TEST(AllReduceTest, CompressedWithErrorFeedbackKeepsTheIdentityAndReplicasAgree) {
   const int d = 3, rounds = 20;
   const int64_t n = 5000;

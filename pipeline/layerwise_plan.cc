@@ -166,26 +166,41 @@ absl::Status AllReduceMeanLayerwise(ReplicaExchange& ex, const AllReduceOptions&
     return absl::InvalidArgumentError(absl::StrCat("AllReduceMeanLayerwise: server error holds ",
                                                    server_error->size(), " values, expected ", owned));
   }
-  std::vector<float> x, mean, ew, es;
+  // One part per width, all in the same round trips (AllReduceMeanParts).
+  struct Group {
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    std::vector<float> x, mean, ew, es;
+    int64_t server_off = 0;
+  };
+  std::vector<Group> groups;
+  std::vector<AllReducePart> parts;
+  groups.reserve(kMaxBits);
   int64_t server_off = 0;
   for (int b = 1; b <= kMaxBits; ++b) {
-    const auto ranges = GroupRanges(tensor_sizes, bits, b);
+    auto ranges = GroupRanges(tensor_sizes, bits, b);
     const int64_t len = Length(ranges);
     if (len == 0) continue;
-    Gather(in, ranges, x);
-    mean.resize(len);
-    if (worker_error != nullptr) Gather(*worker_error, ranges, ew);
+    Group& g = groups.emplace_back();
+    g.ranges = std::move(ranges);
+    Gather(in, g.ranges, g.x);
+    g.mean.resize(len);
+    if (worker_error != nullptr) Gather(*worker_error, g.ranges, g.ew);
     const int64_t mine = OwnedElements(len, ex.rank(), ex.size(), options.bucket_elements);
-    if (server_error != nullptr) es.assign(server_error->begin() + server_off, server_error->begin() + server_off + mine);
+    g.server_off = server_off;
+    if (server_error != nullptr) {
+      g.es.assign(server_error->begin() + server_off, server_error->begin() + server_off + mine);
+    }
+    server_off += mine;
     AllReduceOptions o = options;
     o.codec.bits = b;
-    AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, o, step, first_round + static_cast<uint32_t>(b - 1), x,
-                                          absl::MakeSpan(mean), worker_error != nullptr ? &ew : nullptr,
-                                          server_error != nullptr ? &es : nullptr, stats));
-    Scatter(mean, ranges, out);
-    if (worker_error != nullptr) Scatter(ew, ranges, absl::MakeSpan(*worker_error));
-    if (server_error != nullptr) std::copy(es.begin(), es.end(), server_error->begin() + server_off);
-    server_off += mine;
+    parts.push_back({o, first_round + static_cast<uint32_t>(b - 1), g.x, absl::MakeSpan(g.mean),
+                     worker_error != nullptr ? &g.ew : nullptr, server_error != nullptr ? &g.es : nullptr});
+  }
+  AQSWARM_RETURN_IF_ERROR(AllReduceMeanParts(ex, step, parts, stats));
+  for (const Group& g : groups) {
+    Scatter(g.mean, g.ranges, out);
+    if (worker_error != nullptr) Scatter(g.ew, g.ranges, absl::MakeSpan(*worker_error));
+    if (server_error != nullptr) std::copy(g.es.begin(), g.es.end(), server_error->begin() + g.server_off);
   }
   return absl::OkStatus();
 }

@@ -259,31 +259,33 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
   }
   absl::Span<const float> x(scratch_);
   absl::Span<float> mean(g_);
-  if (num_compressed_ > 0) {
-    if (options_.compressed.codec.codec == v1::CODEC_GLOBAL_QSGD) {
-      GlobalQsgdAllReduceOptions go;
-      go.bits = options_.compressed.codec.bits;
-      go.levels = options_.compressed.codec.levels;
-      go.bucket_size = options_.compressed.codec.bucket_size;
-      AQSWARM_RETURN_IF_ERROR(GlobalQsgdAllReduceMean(ex, go, s, options_.first_round, x.subspan(0, num_compressed_),
-                                                      mean.subspan(0, num_compressed_), &stats_));
-    } else {
-      // Error buffers of another replica (or of unknown owner) are not ours
-      // to feed back: start from zero buffers of our own sizes (see the header).
-      const std::vector<float> me = {static_cast<float>(ex.rank()), static_cast<float>(ex.size())};
-      if (error_owner_ != me) {
-        worker_error_.clear();
-        server_error_.clear();
-        error_owner_ = me;
-      }
-      AQSWARM_RETURN_IF_ERROR(
-          CompressedExchange(ex, s, x.subspan(0, num_compressed_), mean.subspan(0, num_compressed_)));
-    }
-  }
+  // The float32 part (tiny tensors) shares the compressed part's round trips.
+  std::vector<AllReducePart> tail;
   if (num_compressed_ < n_) {
-    AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, RawOptions(options_.compressed), s, options_.first_round + 1,
-                                          x.subspan(num_compressed_), mean.subspan(num_compressed_), nullptr, nullptr,
-                                          &stats_));
+    tail.push_back({RawOptions(options_.compressed), options_.first_round + 1, x.subspan(num_compressed_),
+                    mean.subspan(num_compressed_)});
+  }
+  if (num_compressed_ == 0) {
+    AQSWARM_RETURN_IF_ERROR(AllReduceMeanParts(ex, s, tail, &stats_));
+  } else if (options_.compressed.codec.codec == v1::CODEC_GLOBAL_QSGD) {
+    GlobalQsgdAllReduceOptions go;
+    go.bits = options_.compressed.codec.bits;
+    go.levels = options_.compressed.codec.levels;
+    go.bucket_size = options_.compressed.codec.bucket_size;
+    AQSWARM_RETURN_IF_ERROR(GlobalQsgdAllReduceMean(ex, go, s, options_.first_round, x.subspan(0, num_compressed_),
+                                                    mean.subspan(0, num_compressed_), &stats_));
+    AQSWARM_RETURN_IF_ERROR(AllReduceMeanParts(ex, s, tail, &stats_));
+  } else {
+    // Error buffers of another replica (or of unknown owner) are not ours
+    // to feed back: start from zero buffers of our own sizes (see the header).
+    const std::vector<float> me = {static_cast<float>(ex.rank()), static_cast<float>(ex.size())};
+    if (error_owner_ != me) {
+      worker_error_.clear();
+      server_error_.clear();
+      error_owner_ = me;
+    }
+    AQSWARM_RETURN_IF_ERROR(
+        CompressedExchange(ex, s, x.subspan(0, num_compressed_), mean.subspan(0, num_compressed_), tail));
   }
   // After local steps every replica restarts from the anchor: decayed as the
   // local steps and this one decayed, minus lr_sum times the mean's step.
@@ -324,25 +326,29 @@ absl::Status QuantizedAdam::GradientMean(ReplicaExchange& ex, uint64_t step, abs
   q.codec.codec = v1::CODEC_MINMAX;
   q.codec.bits = options_.warmup_bits;
   q.codec.rounding = v1::ROUNDING_STOCHASTIC;
-  AQSWARM_RETURN_IF_ERROR(AllReduceMean(ex, q, step, options_.first_round, grads.subspan(0, num_compressed_),
-                                        mean.subspan(0, num_compressed_), nullptr, nullptr, &stats_));
-  if (num_compressed_ == n_) return absl::OkStatus();
-  return AllReduceMean(ex, raw, step, options_.first_round + 1, grads.subspan(num_compressed_),
-                       mean.subspan(num_compressed_), nullptr, nullptr, &stats_);
+  // The float32 part shares the codes' round trips.
+  std::vector<AllReducePart> parts = {
+      {q, options_.first_round, grads.subspan(0, num_compressed_), mean.subspan(0, num_compressed_)}};
+  if (num_compressed_ < n_) {
+    parts.push_back({raw, options_.first_round + 1, grads.subspan(num_compressed_), mean.subspan(num_compressed_)});
+  }
+  return AllReduceMeanParts(ex, step, parts, &stats_);
 }
 
 absl::Status QuantizedAdam::CompressedExchange(ReplicaExchange& ex, uint64_t step, absl::Span<const float> x,
-                                               absl::Span<float> mean) {
+                                               absl::Span<float> mean, absl::Span<const AllReducePart> also) {
   const bool layerwise = options_.layerwise_every_steps > 0;
   const std::vector<int> bits = layerwise_bits();
   if (bits.empty()) {
-    AQSWARM_RETURN_IF_ERROR(
-        AllReduceMean(ex, options_.compressed, step, options_.first_round, x, mean, &worker_error_, &server_error_,
-                      &stats_));
+    std::vector<AllReducePart> parts = {
+        {options_.compressed, options_.first_round, x, mean, &worker_error_, &server_error_}};
+    parts.insert(parts.end(), also.begin(), also.end());
+    AQSWARM_RETURN_IF_ERROR(AllReduceMeanParts(ex, step, parts, &stats_));
   } else {
     AQSWARM_RETURN_IF_ERROR(AllReduceMeanLayerwise(ex, options_.compressed, compressed_sizes_, bits, step,
                                                    16 + 8 * options_.first_round, x, mean, &worker_error_,
                                                    &server_error_, &stats_));
+    AQSWARM_RETURN_IF_ERROR(AllReduceMeanParts(ex, step, also, &stats_));
   }
   if (!layerwise) return absl::OkStatus();
   if (layerwise_.empty()) layerwise_ = {0.0f};

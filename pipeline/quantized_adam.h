@@ -247,9 +247,10 @@ class QuantizedAdam {
   // warmup_bits min-max on the compressed part).
   absl::Status GradientMean(ReplicaExchange& ex, uint64_t step, absl::Span<const float> grads);
   // The min-max exchange of the compressed part (uniform or layer-wise
-  // widths), and the layer-wise re-plan after it.
+  // widths), and the layer-wise re-plan after it. `also` (the float32 part)
+  // is exchanged with it, in the same round trips at uniform widths.
   absl::Status CompressedExchange(ReplicaExchange& ex, uint64_t step, absl::Span<const float> x,
-                                  absl::Span<float> mean);
+                                  absl::Span<float> mean, absl::Span<const AllReducePart> also);
 
   // Every buffer of NamedState, the empty ones included.
   std::vector<std::pair<std::string, std::vector<float>*>> AllState();
