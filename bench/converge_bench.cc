@@ -30,9 +30,12 @@
 // (dp.outerMomentum Y), qadam_lsN and qadam_lsgG (0/1 Adam's local steps:
 // dp.maxLocalSteps N, dp.localStepGrowth G), qadam_bB and diloco-hH_bB (dp.bits B, 2..8: the
 // momentum's or the pseudo-gradient's codes), adamw_dpu and qadam_dpu
-// (dp.delayedUpdate: the exchange runs behind the next step), and any OPT _lrX (optimizer.lr and
-// minLr times X: DiLoCo's inner lr), e.g. qadam_w128_wb8-aqsgd,
-// diloco-h16_lr1.4-aqsgd.
+// (dp.delayedUpdate: the exchange runs behind the next step), any OPT _lrX
+// (optimizer.lr and minLr times X: DiLoCo's inner lr) and any OPT _stepsX
+// (optimizer.totalSteps and maxSteps times X: a run with its own, longer or
+// shorter schedule, e.g. DiLoCo given more steps to reach the target; its
+// steps, bytes and times are its own run's), e.g. qadam_w128_wb8-aqsgd,
+// diloco-h16_lr1.4-aqsgd, diloco-h16_lr1.41_steps1.5-aqsgd.
 // dp.bits (unless _bB), bucket size and codec are the base job's; the shaping is the
 // job's `shaping` (stage links and the DP exchange alike).
 //
@@ -134,6 +137,7 @@ struct Config {
   double outer_lr = NAN, outer_momentum = NAN;  // diloco: _olrX, _omY
   double lr_scale = 1;                           // any: _lrX (optimizer.lr and minLr times X)
   int dp_bits = 0;                               // qadam, diloco: _bB (dp.bits)
+  double steps_scale = 1;                        // any: _stepsX (optimizer.totalSteps and maxSteps times X)
   int local_steps = 0, local_step_growth = 0;    // qadam: _lsN, _lsgG (dp.maxLocalSteps, dp.localStepGrowth)
   bool delayed_update = false;                   // adamw, qadam: _dpu (dp.delayedUpdate)
   bool tiled_gradients = false;  // LINK _gt: compression.bwCodec tiled
@@ -235,6 +239,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text) {
       ok = absl::SimpleAtoi(s, &c.dp_bits) && c.dp_bits >= 2 && c.dp_bits <= 8;
     } else if (!diloco && s == "dpu") {
       c.delayed_update = true;
+    } else if (absl::ConsumePrefix(&s, "steps")) {
+      ok = absl::SimpleAtod(s, &c.steps_scale) && c.steps_scale >= 0.01 && c.steps_scale <= 100;
     } else if (absl::ConsumePrefix(&s, "lr")) {
       ok = absl::SimpleAtod(s, &c.lr_scale) && c.lr_scale > 0 && c.lr_scale <= 100;
     } else {
@@ -245,7 +251,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text) {
     return absl::InvalidArgumentError(absl::StrCat("converge: unknown configuration '", text,
                                                    "' (want OPT-LINK: OPT adamw, qadam[_wN][_wbB] or "
                                                    "diloco-hH[_olrX][_omY] with H >= 1, qadam and diloco optionally with _bB (dp.bits 2..8), "
-                                                   "each optionally with _lrX, "
+                                                   "each optionally with _lrX and _stepsX, "
                                                    "adamw and qadam with _dpu, qadam with _lsN (N >= 2) and _lsgG, "
                                                    "LINK fp32, directq, aqsgd, tiledB, aqsgd_tiledB or aqsgd_fixedB (B bits 1..8), tiled ones optionally "
                                                    "with _mt, _ref (aqsgd_tiledB, aqsgd_fixedB) then _tok, all but fp32 optionally with _ent, _gt, _fwN and _bwN; e.g. adamw-fp32, diloco-h32_olr1.4-aqsgd, adamw-aqsgd_tiled3_ent)"));
@@ -312,6 +318,11 @@ absl::StatusOr<v1::JobSpec> ConfigJob(const v1::JobSpec& base, const Config& c) 
   if (c.lr_scale != 1) {
     job.mutable_optimizer()->set_lr(base.optimizer().lr() * c.lr_scale);
     job.mutable_optimizer()->set_min_lr(base.optimizer().min_lr() * c.lr_scale);
+  }
+  if (c.steps_scale != 1) {
+    const auto scaled = [&](uint32_t n) { return static_cast<uint32_t>(std::max(1.0, std::round(n * c.steps_scale))); };
+    job.mutable_optimizer()->set_total_steps(scaled(base.optimizer().total_steps()));
+    if (base.max_steps() > 0) job.set_max_steps(scaled(base.max_steps()));
   }
   v1::DataParallelSpec* dp = job.mutable_dp();
   const v1::DataParallelSpec& b = base.dp();

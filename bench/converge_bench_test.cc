@@ -183,7 +183,8 @@ TEST_F(ConvergeBenchTest, BadFlagsGiveClearErrorsBeforeAnythingRuns) {
   for (const char* name : {"diloco-h0-aqsgd", "adamw-tiled9", "adamw-fp32_ent", "adamw-aqsgd_tok", "adamw-fp32_gt",
                            "adamw_w8-fp32", "qadam_wb9-aqsgd", "diloco-h8_olr0-aqsgd", "adamw_lr0-fp32",
                            "diloco-h8_dpu-aqsgd", "adamw_b8-fp32", "diloco-h8_b1-aqsgd", "qadam_b9-aqsgd",
-                           "qadam_ls1-aqsgd", "adamw_ls2-fp32", "diloco-h8_lsg2-aqsgd"}) {
+                           "qadam_ls1-aqsgd", "adamw_ls2-fp32", "diloco-h8_lsg2-aqsgd",
+                           "adamw_steps0-fp32", "diloco-h8_stepsx-aqsgd"}) {
     Result r = Bench({"--job=" + job, std::string("--configs=adamw-fp32,") + name});
     EXPECT_EQ(r.code, 1) << name;
     EXPECT_THAT(r.err, HasSubstr(absl::StrCat("unknown configuration '", name, "'")));
