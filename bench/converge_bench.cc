@@ -29,7 +29,8 @@
 // (dp.warmupBits B), diloco-hH_olrX (dp.outerLr X), diloco-hH_omY
 // (dp.outerMomentum Y), qadam_lsN and qadam_lsgG (0/1 Adam's local steps:
 // dp.maxLocalSteps N, dp.localStepGrowth G), qadam_bB and diloco-hH_bB (dp.bits B, 2..8: the
-// momentum's or the pseudo-gradient's codes), adamw_dpu and qadam_dpu
+// momentum's or the pseudo-gradient's codes), qadam_ent and diloco-hH_ent
+// (dp.entropyCoding: zstd over those codes), adamw_dpu and qadam_dpu
 // (dp.delayedUpdate: the exchange runs behind the next step), any OPT _lrX
 // (optimizer.lr and minLr times X: DiLoCo's inner lr) and any OPT _stepsX
 // (optimizer.totalSteps and maxSteps times X: a run with its own, longer or
@@ -137,6 +138,7 @@ struct Config {
   double outer_lr = NAN, outer_momentum = NAN;  // diloco: _olrX, _omY
   double lr_scale = 1;                           // any: _lrX (optimizer.lr and minLr times X)
   int dp_bits = 0;                               // qadam, diloco: _bB (dp.bits)
+  bool dp_entropy = false;                       // qadam, diloco: _ent (dp.entropyCoding)
   double steps_scale = 1;                        // any: _stepsX (optimizer.totalSteps and maxSteps times X)
   int local_steps = 0, local_step_growth = 0;    // qadam: _lsN, _lsgG (dp.maxLocalSteps, dp.localStepGrowth)
   bool delayed_update = false;                   // adamw, qadam: _dpu (dp.delayedUpdate)
@@ -235,6 +237,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text) {
       ok = absl::SimpleAtoi(s, &c.local_step_growth) && c.local_step_growth >= 1;
     } else if (qadam && absl::ConsumePrefix(&s, "ls")) {
       ok = absl::SimpleAtoi(s, &c.local_steps) && c.local_steps >= 2;
+    } else if ((qadam || diloco) && s == "ent") {
+      c.dp_entropy = true;
     } else if ((qadam || diloco) && absl::ConsumePrefix(&s, "b")) {
       ok = absl::SimpleAtoi(s, &c.dp_bits) && c.dp_bits >= 2 && c.dp_bits <= 8;
     } else if (!diloco && s == "dpu") {
@@ -250,7 +254,7 @@ absl::StatusOr<Config> ParseConfig(absl::string_view text) {
   if (!ok) {
     return absl::InvalidArgumentError(absl::StrCat("converge: unknown configuration '", text,
                                                    "' (want OPT-LINK: OPT adamw, qadam[_wN][_wbB] or "
-                                                   "diloco-hH[_olrX][_omY] with H >= 1, qadam and diloco optionally with _bB (dp.bits 2..8), "
+                                                   "diloco-hH[_olrX][_omY] with H >= 1, qadam and diloco optionally with _bB (dp.bits 2..8) and _ent, "
                                                    "each optionally with _lrX and _stepsX, "
                                                    "adamw and qadam with _dpu, qadam with _lsN (N >= 2) and _lsgG, "
                                                    "LINK fp32, directq, aqsgd, tiledB, aqsgd_tiledB or aqsgd_fixedB (B bits 1..8), tiled ones optionally "
@@ -337,6 +341,7 @@ absl::StatusOr<v1::JobSpec> ConfigJob(const v1::JobSpec& base, const Config& c) 
     (dp->*clear)();
   }
   if (c.dp_bits > 0) dp->set_bits(static_cast<uint32_t>(c.dp_bits));
+  dp->set_entropy_coding(c.dp_entropy);
   if (c.optimizer == v1::DataParallelSpec::quantized_adam) {
     const uint32_t steps = job.max_steps() > 0 ? job.max_steps() : job.optimizer().total_steps();
     dp->set_warmup_steps(c.warmup_steps > 0   ? static_cast<uint32_t>(c.warmup_steps)
@@ -763,6 +768,7 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
           {"warmup_bits", c.optimizer == v1::DataParallelSpec::quantized_adam
                               ? static_cast<int>(job.dp().warmup_bits() ? job.dp().warmup_bits() : 32)
                               : 0},
+          {"dp_entropy_coding", job.dp().entropy_coding()},
           {"max_local_steps", static_cast<int>(job.dp().max_local_steps())},
           {"local_step_growth", static_cast<int>(job.dp().local_step_growth())},
           {"outer_lr", diloco ? Num(job.dp().outer_lr()) : nlohmann::json(nullptr)},

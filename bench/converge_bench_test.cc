@@ -184,7 +184,7 @@ TEST_F(ConvergeBenchTest, BadFlagsGiveClearErrorsBeforeAnythingRuns) {
                            "adamw_w8-fp32", "qadam_wb9-aqsgd", "diloco-h8_olr0-aqsgd", "adamw_lr0-fp32",
                            "diloco-h8_dpu-aqsgd", "adamw_b8-fp32", "diloco-h8_b1-aqsgd", "qadam_b9-aqsgd",
                            "qadam_ls1-aqsgd", "adamw_ls2-fp32", "diloco-h8_lsg2-aqsgd",
-                           "adamw_steps0-fp32", "diloco-h8_stepsx-aqsgd"}) {
+                           "adamw_steps0-fp32", "adamw_ent-fp32", "diloco-h8_stepsx-aqsgd"}) {
     Result r = Bench({"--job=" + job, std::string("--configs=adamw-fp32,") + name});
     EXPECT_EQ(r.code, 1) << name;
     EXPECT_THAT(r.err, HasSubstr(absl::StrCat("unknown configuration '", name, "'")));

@@ -110,6 +110,12 @@ absl::Status ValidateDataParallelSchedules(const v1::JobSpec& job) {
     return Invalid("dp.warmup_bits", "compresses quantized_adam's warm-up and variance-refresh gradients; set "
                                      "dp.optimizer to quantized_adam or drop it");
   }
+  if (dp.entropy_coding() && !qadam && !diloco) {
+    return Invalid("dp.entropy_coding", "codes quantized_adam's or diloco's compressed exchanges; adamw sends float32");
+  }
+  if (dp.entropy_coding() && dp.codec() == v1::DataParallelSpec::global_qsgd) {
+    return Invalid("dp.entropy_coding", "is for the minmax codec (Global-QSGD combines its codes without decoding)");
+  }
   if (dp.warmup_bits() == 1 || dp.warmup_bits() > 8) {
     return Invalid("dp.warmup_bits", absl::StrCat(dp.warmup_bits(), " is not 0 (float32) or in [2, 8]"));
   }

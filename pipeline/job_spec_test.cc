@@ -187,6 +187,8 @@ TEST(JobSpecTest, DiLoCoAndZeroOneAdamFieldsHaveDefaultsAndPreciseErrors) {
       {R"({"dp":{"warmupBits":8}})", "dp.warmup_bits"},  // adamw
       {R"({"dp":{"optimizer":"quantized_adam","warmupBits":1}})", "dp.warmup_bits"},
       {R"({"dp":{"optimizer":"quantized_adam","warmupBits":9}})", "dp.warmup_bits"},
+      {R"({"dp":{"entropyCoding":true}})", "dp.entropy_coding"},  // adamw
+      {R"({"dp":{"optimizer":"quantized_adam","codec":"global_qsgd","entropyCoding":true}})", "dp.entropy_coding"},
       {R"({"dp":{"optimizer":"quantized_adam","varianceRefreshSteps":0,"refreshGrowth":2}})", "dp.refresh_growth"},
       {R"({"dp":{"maxLocalSteps":4}})", "dp.max_local_steps"},
       {R"({"dp":{"optimizer":"quantized_adam","localStepGrowth":2}})", "dp.local_step_growth"},

@@ -52,6 +52,7 @@ QuantizedAdamOptions QuantizedAdamOptionsFromJob(const v1::JobSpec& job) {
   o.compressed.codec.levels = v1::LEVELS_EXPONENTIAL;  // Global-QSGD only (the paper's choice for Adam)
   o.compressed.codec.bits = static_cast<int>(job.dp().bits());
   o.compressed.codec.bucket_size = job.dp().bucket_size();
+  o.compressed.codec.entropy = job.dp().entropy_coding();
   o.raise_variance_at_bound = job.dp().frozen_variance() != v1::DataParallelSpec::fixed;
   o.variance_refresh_steps = job.dp().variance_refresh_steps();
   o.refresh_growth = job.dp().refresh_growth();

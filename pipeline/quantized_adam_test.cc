@@ -495,6 +495,45 @@ TEST(QuantizedAdamWarmupBitsTest, WarmUpAndRefreshStepsSendAQuarterAndStayClose)
   ExpectSameParams(c, d);
 }
 
+// dp.entropy_coding: zstd over the codes is lossless, so the replicas train
+// bit for bit as without it, and where most coordinates have gone quiet (as
+// the rows of tokens not seen since the freeze have) the codes crowd around
+// the middle and the compressed exchanges send fewer bytes.
+TEST(QuantizedAdamEntropyTest, ZstdCodesTrainBitIdenticallyAndSendFewerBytes) {
+  QuantizedAdamOptions plain = Options();
+  plain.warmup_steps = 2;
+  plain.warmup_bits = 8;
+  plain.variance_refresh_steps = 8;
+  plain.compressed.bucket_elements = kN;  // chunks of ~330 values: room for zstd to pay
+  QuantizedAdamOptions coded = plain;
+  coded.compressed.codec.entropy = true;
+  Group a(plain), b(coded);
+  for (Group* g : {&a, &b}) {
+    // After the warm-up one coordinate in 20 still gets gradients; the
+    // others' momentum decays against their frozen variance.
+    g->scale.assign(kN, 0.0f);
+    for (int64_t i = 0; i < kN; i += 20) g->scale[i] = 1;
+    g->scale_from = plain.warmup_steps;
+  }
+  ASSERT_TRUE(a.Run(0, 24).ok());
+  ASSERT_TRUE(b.Run(0, 24).ok());
+  ExpectSameParams(a, b);
+  ASSERT_TRUE(b.Identical());
+  uint64_t sent[2] = {0, 0};
+  for (int t = 0; t < 24; ++t) {
+    for (int r = 0; r < kReplicas; ++r) {
+      EXPECT_LE(b.bytes[t][r], a.bytes[t][r]) << "step " << t << " (" << b.kinds[t][r] << ") replica " << r;
+      if (b.kinds[t][r] == "compressed") {
+        sent[0] += a.bytes[t][r];
+        sent[1] += b.bytes[t][r];
+      }
+    }
+  }
+  std::printf("compressed steps' bytes: %llu plain, %llu with zstd\n", static_cast<unsigned long long>(sent[0]),
+              static_cast<unsigned long long>(sent[1]));
+  EXPECT_LT(sent[1] * 10, sent[0] * 9);  // at least 10% fewer
+}
+
 // A small quadratic (gradient params - target + noise) converges under the
 // whole 0/1 Adam schedule with layer-wise widths about as well as under
 // plain data-parallel AdamW.
