@@ -109,12 +109,7 @@ TEST(AllReduceTest, PartsShareRoundTripsAndMatchSeparateCallsBitForBit) {
   // A compressed vector of 3 buckets with error feedback (round 0) and a
   // small float32 one (round 1), as QuantizedAdam's compressed step sends.
   const int64_t n = 5000, m = 300;
-  AllReduceOptions q;
-  q.codec.codec = v1::CODEC_MINMAX;
-  q.codec.bits = 4;
-  q.codec.bucket_size = 256;
-  q.codec.min_compress_elements = 64;
-  q.bucket_elements = 2048;
+  const AllReduceOptions q = testing::MinMaxAllReduce(4, 256, 64, 2048);
   AllReduceOptions raw;
   raw.bucket_elements = 2048;
   for (int d : {2, 3}) {

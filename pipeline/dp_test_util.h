@@ -24,6 +24,20 @@ inline std::vector<float> RandomFloats(int64_t n, uint64_t seed) {
   return v;
 }
 
+// Min-max exchange options: `bits` per code, `bucket_size` values per
+// scale, chunks of fewer than `min_compress` values raw, all-reduce buckets
+// of `bucket_elements`.
+inline AllReduceOptions MinMaxAllReduce(int bits, int64_t bucket_size, int64_t min_compress,
+                                        int64_t bucket_elements) {
+  AllReduceOptions o;
+  o.codec.codec = v1::CODEC_MINMAX;
+  o.codec.bits = bits;
+  o.codec.bucket_size = bucket_size;
+  o.codec.min_compress_elements = min_compress;
+  o.bucket_elements = bucket_elements;
+  return o;
+}
+
 class Hub {
  public:
   using Key = std::tuple<int, int, uint64_t, uint32_t, int, uint32_t, uint32_t>;  // to, from, step, round, phase, bucket, chunk

@@ -97,12 +97,7 @@ TEST(LayerwisePlanTest, BadSizesAndWidthsAreRefused) {
 // exchange with it, several steps with error feedback: bit-identical means,
 // and fewer bytes than the uniform 4-bit exchange of the same inputs.
 TEST(LayerwisePlanTest, ReplicasChooseTheSamePlanStayIdenticalAndSendFewerBytes) {
-  AllReduceOptions ao;
-  ao.codec.codec = v1::CODEC_MINMAX;
-  ao.codec.bits = 4;
-  ao.codec.bucket_size = 64;
-  ao.codec.min_compress_elements = 16;
-  ao.bucket_elements = 8192;
+  const AllReduceOptions ao = testing::MinMaxAllReduce(4, 64, 16, 8192);
   const int64_t n = Mix(kSizes, 0).size();
   // Step 0 (uniform) gives the mean every replica then plans on.
   std::vector<std::vector<float>> mean(kReplicas, std::vector<float>(n));
