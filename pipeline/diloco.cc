@@ -167,23 +167,17 @@ absl::Status DiLoCo::SyncFragment(ReplicaExchange& ex, int f, uint64_t s, absl::
   for (int64_t i = 0; i < len; ++i) delta_[i] = anchor_[b + i] - params[b + i];
   const absl::Span<const float> d(delta_);
   const absl::Span<float> mean(mean_);
-  // The float32 part shares the round trips of the uniform-width min-max
-  // exchange; with Global-QSGD or layer-wise widths it follows it.
+  // The float32 part shares the min-max exchange's round trips; after
+  // Global-QSGD's it has its own.
   std::vector<AllReducePart> tail;
   if (e > ce) {
-    AllReduceOptions raw;  // float32, with the compressed exchange's buckets and robust aggregation
-    raw.bucket_elements = options_.compressed.bucket_elements;
-    raw.robust = options_.compressed.robust;
-    raw.robust_clip = options_.compressed.robust_clip;
-    tail.push_back({raw, options_.first_round + 1, d.subspan(ce - b), mean.subspan(ce - b)});
+    tail.push_back(
+        {Float32Like(options_.compressed), options_.first_round + 1, d.subspan(ce - b), mean.subspan(ce - b)});
   }
   if (ce > b) {
     if (options_.compressed.codec.codec == v1::CODEC_GLOBAL_QSGD) {
-      GlobalQsgdAllReduceOptions go;
-      go.bits = options_.compressed.codec.bits;
-      go.levels = options_.compressed.codec.levels;
-      go.bucket_size = options_.compressed.codec.bucket_size;
-      AQSWARM_RETURN_IF_ERROR(GlobalQsgdAllReduceMean(ex, go, s, options_.first_round, d.subspan(0, ce - b),
+      AQSWARM_RETURN_IF_ERROR(GlobalQsgdAllReduceMean(ex, GlobalQsgdOptionsOf(options_.compressed.codec), s,
+                                                      options_.first_round, d.subspan(0, ce - b),
                                                       mean.subspan(0, ce - b), &stats_));
       AQSWARM_RETURN_IF_ERROR(AllReduceMeanParts(ex, s, tail, &stats_));
     } else {
@@ -215,8 +209,7 @@ absl::Status DiLoCo::SyncFragment(ReplicaExchange& ex, int f, uint64_t s, absl::
       } else {
         AQSWARM_RETURN_IF_ERROR(AllReduceMeanLayerwise(ex, options_.compressed, pieces_[f], bits, s,
                                                        16 + 8 * options_.first_round, d.subspan(0, ce - b),
-                                                       mean.subspan(0, ce - b), &we_, &se_, &stats_));
-        AQSWARM_RETURN_IF_ERROR(AllReduceMeanParts(ex, s, tail, &stats_));
+                                                       mean.subspan(0, ce - b), &we_, &se_, &stats_, tail));
       }
       std::copy(we_.begin(), we_.end(), worker_error_.begin() + b);
       std::copy(se_.begin(), se_.end(), server_error_.begin() + se_begin);

@@ -359,6 +359,22 @@ class PartRun {
 
 }  // namespace
 
+AllReduceOptions Float32Like(const AllReduceOptions& like) {
+  AllReduceOptions a;
+  a.bucket_elements = like.bucket_elements;
+  a.robust = like.robust;
+  a.robust_clip = like.robust_clip;
+  return a;
+}
+
+GlobalQsgdAllReduceOptions GlobalQsgdOptionsOf(const compression::CodecOptions& codec) {
+  GlobalQsgdAllReduceOptions go;
+  go.bits = codec.bits;
+  go.levels = codec.levels;
+  go.bucket_size = codec.bucket_size;
+  return go;
+}
+
 absl::Status AllReduceMeanParts(ReplicaExchange& ex, uint64_t step, absl::Span<const AllReducePart> parts,
                                 AllReduceStats* stats) {
   std::vector<PartRun> runs;

@@ -133,6 +133,10 @@ absl::Status AllReduceMean(ReplicaExchange& ex, const AllReduceOptions& options,
                            absl::Span<const float> in, absl::Span<float> out, std::vector<float>* worker_error,
                            std::vector<float>* server_error, AllReduceStats* stats = nullptr);
 
+// Float32 options with `like`'s buckets and robust aggregation: the round of
+// the tensors too small to compress, beside a compressed round.
+AllReduceOptions Float32Like(const AllReduceOptions& like);
+
 // Buckets (of all parts together) whose phases overlap; see the banner.
 constexpr int64_t kAllReduceUnitsInFlight = 8;
 
@@ -171,6 +175,8 @@ struct GlobalQsgdAllReduceOptions {
   v1::LevelFamily levels = v1::LEVELS_EXPONENTIAL;       // the paper's choice for Adam
   int64_t bucket_size = 1024;                            // values per shared scale
 };
+// Global-QSGD options from a codec's bits, level family and bucket size.
+GlobalQsgdAllReduceOptions GlobalQsgdOptionsOf(const compression::CodecOptions& codec);
 absl::Status GlobalQsgdAllReduceMean(ReplicaExchange& ex, const GlobalQsgdAllReduceOptions& options, uint64_t step,
                                      uint32_t round, absl::Span<const float> in, absl::Span<float> out,
                                      AllReduceStats* stats = nullptr);

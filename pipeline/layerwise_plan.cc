@@ -136,7 +136,7 @@ absl::Status AllReduceMeanLayerwise(ReplicaExchange& ex, const AllReduceOptions&
                                     absl::Span<const int64_t> tensor_sizes, absl::Span<const int> bits, uint64_t step,
                                     uint32_t first_round, absl::Span<const float> in, absl::Span<float> out,
                                     std::vector<float>* worker_error, std::vector<float>* server_error,
-                                    AllReduceStats* stats) {
+                                    AllReduceStats* stats, absl::Span<const AllReducePart> also) {
   const int64_t n = static_cast<int64_t>(in.size());
   if (static_cast<int64_t>(out.size()) != n) {
     return absl::InvalidArgumentError(absl::StrCat("AllReduceMeanLayerwise: in holds ", n, " values, out ",
@@ -196,6 +196,7 @@ absl::Status AllReduceMeanLayerwise(ReplicaExchange& ex, const AllReduceOptions&
     parts.push_back({o, first_round + static_cast<uint32_t>(b - 1), g.x, absl::MakeSpan(g.mean),
                      worker_error != nullptr ? &g.ew : nullptr, server_error != nullptr ? &g.es : nullptr});
   }
+  parts.insert(parts.end(), also.begin(), also.end());
   AQSWARM_RETURN_IF_ERROR(AllReduceMeanParts(ex, step, parts, stats));
   for (const Group& g : groups) {
     Scatter(g.mean, g.ranges, out);

@@ -77,12 +77,14 @@ int64_t LayerwiseOwnedElements(absl::Span<const int64_t> tensor_sizes, absl::Spa
 // out = mean over replicas of `in` with tensor t at bits[t] (options.codec
 // is min-max; its bits are ignored). `in` and `out` may alias; the error
 // buffers may be null, empty (zeros) or of the sizes above. InvalidArgument
-// on sizes that do not match (nothing sent).
+// on sizes that do not match (nothing sent). The width groups, and `also`
+// (other vectors in rounds of their own, e.g. the float32 part), share one
+// AllReduceMeanParts lockstep.
 absl::Status AllReduceMeanLayerwise(ReplicaExchange& ex, const AllReduceOptions& options,
                                     absl::Span<const int64_t> tensor_sizes, absl::Span<const int> bits, uint64_t step,
                                     uint32_t first_round, absl::Span<const float> in, absl::Span<float> out,
                                     std::vector<float>* worker_error, std::vector<float>* server_error,
-                                    AllReduceStats* stats = nullptr);
+                                    AllReduceStats* stats = nullptr, absl::Span<const AllReducePart> also = {});
 
 }  // namespace aqswarm::pipeline
 

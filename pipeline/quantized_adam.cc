@@ -12,15 +12,6 @@ namespace {
 
 float Square(float x) { return x * x; }
 
-// Float32 rounds: the compressed exchange's buckets and robust aggregation.
-AllReduceOptions RawOptions(const AllReduceOptions& compressed) {
-  AllReduceOptions a;
-  a.bucket_elements = compressed.bucket_elements;
-  a.robust = compressed.robust;
-  a.robust_clip = compressed.robust_clip;
-  return a;
-}
-
 // Where v is 0 (no gradient yet), v = 1% of its tensor's mean, tensor by
 // tensor (see the header).
 void FloorVariance(absl::Span<const int64_t> tensor_sizes, std::vector<float>& v) {
@@ -263,17 +254,14 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
   // The float32 part (tiny tensors) shares the compressed part's round trips.
   std::vector<AllReducePart> tail;
   if (num_compressed_ < n_) {
-    tail.push_back({RawOptions(options_.compressed), options_.first_round + 1, x.subspan(num_compressed_),
+    tail.push_back({Float32Like(options_.compressed), options_.first_round + 1, x.subspan(num_compressed_),
                     mean.subspan(num_compressed_)});
   }
   if (num_compressed_ == 0) {
     AQSWARM_RETURN_IF_ERROR(AllReduceMeanParts(ex, s, tail, &stats_));
   } else if (options_.compressed.codec.codec == v1::CODEC_GLOBAL_QSGD) {
-    GlobalQsgdAllReduceOptions go;
-    go.bits = options_.compressed.codec.bits;
-    go.levels = options_.compressed.codec.levels;
-    go.bucket_size = options_.compressed.codec.bucket_size;
-    AQSWARM_RETURN_IF_ERROR(GlobalQsgdAllReduceMean(ex, go, s, options_.first_round, x.subspan(0, num_compressed_),
+    AQSWARM_RETURN_IF_ERROR(GlobalQsgdAllReduceMean(ex, GlobalQsgdOptionsOf(options_.compressed.codec), s,
+                                                    options_.first_round, x.subspan(0, num_compressed_),
                                                     mean.subspan(0, num_compressed_), &stats_));
     AQSWARM_RETURN_IF_ERROR(AllReduceMeanParts(ex, s, tail, &stats_));
   } else {
@@ -318,7 +306,7 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
 absl::Status QuantizedAdam::GradientMean(ReplicaExchange& ex, uint64_t step, absl::Span<const float> grads) {
   g_.resize(n_);
   const absl::Span<float> mean(g_);
-  const AllReduceOptions raw = RawOptions(options_.compressed);
+  const AllReduceOptions raw = Float32Like(options_.compressed);
   // Not quantized (the AdamW baseline): float32 whatever warmup_bits says.
   if (options_.warmup_bits == 0 || !options_.quantized || num_compressed_ == 0) {
     return AllReduceMean(ex, raw, step, options_.first_round, grads, mean, nullptr, nullptr, &stats_);
@@ -348,8 +336,7 @@ absl::Status QuantizedAdam::CompressedExchange(ReplicaExchange& ex, uint64_t ste
   } else {
     AQSWARM_RETURN_IF_ERROR(AllReduceMeanLayerwise(ex, options_.compressed, compressed_sizes_, bits, step,
                                                    16 + 8 * options_.first_round, x, mean, &worker_error_,
-                                                   &server_error_, &stats_));
-    AQSWARM_RETURN_IF_ERROR(AllReduceMeanParts(ex, step, also, &stats_));
+                                                   &server_error_, &stats_, also));
   }
   if (!layerwise) return absl::OkStatus();
   if (layerwise_.empty()) layerwise_ = {0.0f};

@@ -248,7 +248,7 @@ class QuantizedAdam {
   absl::Status GradientMean(ReplicaExchange& ex, uint64_t step, absl::Span<const float> grads);
   // The min-max exchange of the compressed part (uniform or layer-wise
   // widths), and the layer-wise re-plan after it. `also` (the float32 part)
-  // is exchanged with it, in the same round trips at uniform widths.
+  // is exchanged with it, in the same round trips.
   absl::Status CompressedExchange(ReplicaExchange& ex, uint64_t step, absl::Span<const float> x,
                                   absl::Span<float> mean, absl::Span<const AllReducePart> also);
 
