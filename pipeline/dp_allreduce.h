@@ -14,7 +14,7 @@
 // the SCATTER of up to kAllReduceUnitsInFlight buckets ahead leaves before a
 // bucket's contributions are awaited, and the means of as many buckets
 // before the first mean is awaited, so a call costs about two one-way
-// latencies, not two per bucket. AllReduceMeanParts runs several vectors
+// latencies whatever its number of buckets. AllReduceMeanParts runs several vectors
 // (rounds) in the same lockstep: a float32 round beside a compressed one
 // shares its round trips. Memory: that many buckets of encoded chunks in
 // flight.

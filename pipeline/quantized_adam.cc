@@ -251,7 +251,8 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
   }
   absl::Span<const float> x(scratch_);
   absl::Span<float> mean(g_);
-  // The float32 part (tiny tensors) shares the compressed part's round trips.
+  // The float32 part (tiny tensors) shares the min-max exchange's round
+  // trips; after Global-QSGD's it has its own.
   std::vector<AllReducePart> tail;
   if (num_compressed_ < n_) {
     tail.push_back({Float32Like(options_.compressed), options_.first_round + 1, x.subspan(num_compressed_),
