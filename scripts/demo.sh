@@ -4,9 +4,9 @@
 # small GPT on State of the Union speeches with AQ-SGD (3-bit activation
 # deltas forward, 6-bit gradients back) and DiLoCo (each pipeline takes 16
 # AdamW steps on its own, then the replicas all-reduce their 4-bit
-# pseudo-gradients and take an outer Nesterov step). One line per step; at
-# the end, bytes on the wire vs fp32 links and a float32 all-reduce every
-# step (about 90x fewer in all), and a loss curve.
+# pseudo-gradients, zstd-coded, and take an outer Nesterov step). One line per
+# step; at the end, bytes on the wire vs fp32 links and a float32 all-reduce
+# every step (about 115x fewer in all), and a loss curve.
 # Ctrl-C stops every process (peers leave the swarm); runs start clean.
 #   scripts/demo.sh            # the swarm demo (~2-4 minutes)
 #   scripts/demo.sh pipeline   # 4 local stage processes without a coordinator
