@@ -268,6 +268,11 @@ struct ConvergeBenchOptions {
   std::string out_dir;
   // Limit per pipeline run, seconds. Default: 3600.
   int run_timeout_s = 3600;
+  // A JSONL file of an earlier converge bench of the same job: its unshaped
+  // adamw-fp32 row stands in for the baseline, which then does not run
+  // (AdamW + fp32 trains bit-identically every time: its loss and bytes are
+  // the same; its times are that run's). Empty = run the baseline.
+  std::string baseline;
 };
 absl::Status RunConvergeBench(const ConvergeBenchOptions& options, std::ostream& out);
 

@@ -81,6 +81,14 @@
 // unshaped run did) gets a row {"run", ..., "error": why}, its other
 // shapings are skipped, the bench goes on and exits with an error at the
 // end; a failed baseline stops it at once.
+//
+// --baseline FILE (an earlier converge bench's JSONL of the same job) takes
+// that file's adamw-fp32@0/0 row as the baseline instead of running it:
+// AdamW + fp32 links train bit-identically every time, so its final loss and
+// bytes (the target and the ratios) are the same; times against AdamW are
+// then another run's. Rows carry the job's job_sha256 (its JSON, shaping
+// cleared), which the baseline row must match (rows older than the field:
+// its steps and lr), and "baseline": FILE.
 #include <unistd.h>
 
 #include <algorithm>
@@ -112,6 +120,7 @@
 #include "bench/bench.h"
 #include "bench/bench_util.h"
 #include "common/file_util.h"
+#include "common/sha256.h"
 #include "common/status_macros.h"
 #include "common/subprocess.h"
 #include "google/protobuf/util/json_util.h"
@@ -602,6 +611,63 @@ const char* OptimizerName(v1::DataParallelSpec::Optimizer o) {
   }
 }
 
+// What the rows compare against: the baseline's target inputs and totals.
+struct Baseline {
+  double final_val = NAN, dp_bytes = NAN, link_bytes = NAN, fw_bytes = NAN;
+};
+
+// The job's identity in rows: SHA-256 of its JSON with the shaping cleared
+// (every configuration and shaping of one bench has the same).
+std::string JobSha256(const v1::JobSpec& base) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions opts;
+  (void)google::protobuf::util::MessageToJsonString(base, &json, opts);
+  return Sha256Hex(json);
+}
+
+// The unshaped adamw-fp32 row of `path` (an earlier converge bench's JSONL),
+// checked against this job: the same job_sha256, or, in rows older than that
+// field, the same steps and lr.
+absl::StatusOr<Baseline> ReadBaseline(const std::string& path, const v1::JobSpec& base, const std::string& job_sha) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("converge: --baseline '", path, "': cannot read it"));
+  const uint32_t steps = base.max_steps() > 0 ? base.max_steps() : base.optimizer().total_steps();
+  int line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
+    const nlohmann::json row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!row.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("converge: --baseline '", path, "' line ", line_no, ": not a JSON object"));
+    }
+    auto num = [&](const char* key) {
+      return row.contains(key) && row[key].is_number() ? row[key].get<double>() : NAN;
+    };
+    if (row.value("config", "") != "adamw-fp32" || num("bandwidth_mbps") != 0 || num("latency_ms") != 0) continue;
+    const std::string at = absl::StrCat("converge: --baseline '", path, "' line ", line_no, " (adamw-fp32@0/0): ");
+    if (row.contains("error")) return absl::InvalidArgumentError(absl::StrCat(at, "a failed run"));
+    if (row.contains("job_sha256")) {
+      if (row["job_sha256"] != job_sha) {
+        return absl::InvalidArgumentError(absl::StrCat(at, "another job (job_sha256 ", row["job_sha256"].dump(),
+                                                       ", this job's \"", job_sha, "\")"));
+      }
+    } else if (num("job_steps") != steps || num("lr") != base.optimizer().lr()) {
+      return absl::InvalidArgumentError(absl::StrCat(at, "another job (", num("job_steps"), " steps at lr ", num("lr"),
+                                                     "; this job: ", steps, " at ", base.optimizer().lr(), ")"));
+    }
+    Baseline b{num("final_val_loss"), num("dp_bytes_per_replica"), num("link_bytes"), num("fw_bytes")};
+    for (double v : {b.final_val, b.dp_bytes, b.link_bytes, b.fw_bytes}) {
+      if (!(v > 0) || !std::isfinite(v)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(at, "want final_val_loss, dp_bytes_per_replica, link_bytes and fw_bytes > 0"));
+      }
+    }
+    return b;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("converge: --baseline '", path, "': no adamw-fp32@0/0 row"));
+}
+
 void PrintBanner(const v1::JobSpec& base, const ConvergeBenchOptions& o, std::ostream& err) {
   err << absl::StrFormat(
       "aqswarm bench converge: job %s (%s d_model %d, %d layers, seq %d; %d stages x %d pipelines; micro-batch %d x "
@@ -655,6 +721,11 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
         absl::StrCat("converge: job '", o.job, "' has evalEverySteps 0: the target is a validation loss"));
   }
   base->mutable_shaping()->Clear();
+  const std::string job_sha = JobSha256(*base);
+  std::optional<Baseline> given;  // --baseline's row: the baseline does not run
+  if (!o.baseline.empty()) {
+    AQSWARM_ASSIGN_OR_RETURN(given, ReadBaseline(o.baseline, *base, job_sha));
+  }
   std::vector<v1::JobSpec> jobs;  // checked before anything runs
   for (const Config& c : configs) {
     AQSWARM_ASSIGN_OR_RETURN(v1::JobSpec j, ConfigJob(*base, c));
@@ -688,11 +759,21 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
   PrintBanner(*base, o, std::cerr);
   const auto start = std::chrono::steady_clock::now();
   double target = o.target_val_loss, base_final = NAN, base_dp = NAN, base_link = NAN, base_fw = NAN;
+  if (given.has_value()) {
+    base_final = given->final_val;
+    base_dp = given->dp_bytes;
+    base_link = given->link_bytes;
+    base_fw = given->fw_bytes;
+    if (!(target > 0)) target = base_final * (1 + o.target_slack);
+    std::cerr << "  baseline: adamw-fp32@0/0 of " << o.baseline << " (final val loss " << base_final
+              << "), not run again\n";
+  }
   const double d = base->data_parallel();
-  const int total = static_cast<int>(configs.size() * shapings.size());
+  const size_t first = given.has_value() ? 1 : 0;  // configs[0] is the baseline
+  const int total = static_cast<int>((configs.size() - first) * shapings.size());
   int done = 0;
   std::vector<std::string> failed;  // "run: why" of configurations that failed (a row each)
-  for (size_t i = 0; i < configs.size(); ++i) {
+  for (size_t i = first; i < configs.size(); ++i) {
     const Config& c = configs[i];
     const v1::JobSpec& job = jobs[i];
     Run unshaped;
@@ -813,6 +894,8 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
           {"wall_seconds", run->wall_seconds},
       };
       if (keep) row["run_dir"] = run->dir;
+      row["job_sha256"] = job_sha;
+      if (given.has_value()) row["baseline"] = o.baseline;
       out << row.dump() << "\n";
       out.flush();
       std::cerr << absl::StrFormat("converge [%d/%d] %-22s %5d steps %8.1f s  to target: %s%s\n", ++done, total, name,

@@ -142,6 +142,71 @@ TEST_F(ConvergeBenchTest, TwoConfigsTwoShapingsGiveOneRowPerRunWithRatiosAgainst
   EXPECT_EQ(r.rows[3]["final_val_loss"], qadam["final_val_loss"]);
 }
 
+// --baseline: an earlier bench's adamw-fp32@0/0 row is the baseline, which
+// then does not run; a row of another job, a corrupt or a missing file is
+// refused before anything runs.
+TEST_F(ConvergeBenchTest, AnEarlierBaselineRowStandsInForTheBaselineRun) {
+  const std::string job = WriteJob();
+  Result first = Bench({"--job=" + job, "--configs=adamw-fp32", "--shapings=0/0"});
+  ASSERT_EQ(first.code, 0) << first.err;
+  ASSERT_EQ(first.rows.size(), 1u);
+  const nlohmann::json& base = first.rows[0];
+  ASSERT_TRUE(base.contains("job_sha256")) << base.dump();
+  const std::string file = dir_.Sub("base.jsonl");
+  std::ofstream(file) << base.dump() << "\n";
+
+  Result r = Bench({"--job=" + job, "--configs=qadam-aqsgd", "--shapings=0/0", "--baseline=" + file});
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(r.rows.size(), 1u) << r.err;  // no adamw-fp32 row: it did not run
+  const nlohmann::json& q = r.rows[0];
+  EXPECT_EQ(q["run"], "qadam-aqsgd@0/0");
+  EXPECT_EQ(q["baseline"], file);
+  EXPECT_EQ(q["job_sha256"], base["job_sha256"]);
+  EXPECT_EQ(q["target_val_loss"], base["target_val_loss"]);
+  EXPECT_DOUBLE_EQ(q["dp_bytes_ratio_vs_adamw"].get<double>(),
+                   base["dp_bytes_per_replica"].get<double>() / q["dp_bytes_per_replica"].get<double>());
+  EXPECT_DOUBLE_EQ(q["val_loss_vs_baseline"].get<double>(),
+                   (q["final_val_loss"].get<double>() - base["final_val_loss"].get<double>()) /
+                       base["final_val_loss"].get<double>());
+  EXPECT_THAT(r.err, HasSubstr("baseline: adamw-fp32@0/0 of " + file));
+
+  // Another job (twice the lr): refused by its job_sha256, and, in a row
+  // without one (an older bench), by its lr.
+  std::stringstream text;
+  text << std::ifstream(job).rdbuf();
+  std::string other_text = text.str();
+  other_text.replace(other_text.find("\"lr\":0.01"), 9, "\"lr\":0.02");
+  const std::string other = dir_.Sub("other.json");
+  std::ofstream(other) << other_text;
+  Result by_sha = Bench({"--job=" + other, "--configs=qadam-aqsgd", "--shapings=0/0", "--baseline=" + file});
+  EXPECT_EQ(by_sha.code, 1);
+  EXPECT_THAT(by_sha.err, HasSubstr("another job (job_sha256"));
+  nlohmann::json old_row = base;
+  old_row.erase("job_sha256");
+  const std::string old_file = dir_.Sub("old.jsonl");
+  std::ofstream(old_file) << old_row.dump() << "\n";
+  Result by_lr = Bench({"--job=" + other, "--configs=qadam-aqsgd", "--shapings=0/0", "--baseline=" + old_file});
+  EXPECT_EQ(by_lr.code, 1);
+  EXPECT_THAT(by_lr.err, HasSubstr("another job (6 steps at lr 0.01; this job: 6 at 0.02)"));
+
+  const std::string corrupt = dir_.Sub("corrupt.jsonl");
+  std::ofstream(corrupt) << "{\"config\": \"adamw-fp32\",\n";
+  Result bad = Bench({"--job=" + job, "--configs=qadam-aqsgd", "--baseline=" + corrupt});
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_THAT(bad.err, HasSubstr("line 1: not a JSON object"));
+  const std::string no_row = dir_.Sub("qadam.jsonl");
+  std::ofstream(no_row) << q.dump() << "\n";
+  Result none = Bench({"--job=" + job, "--configs=qadam-aqsgd", "--baseline=" + no_row});
+  EXPECT_THAT(none.err, HasSubstr("no adamw-fp32@0/0 row"));
+  Result missing = Bench({"--job=" + job, "--configs=qadam-aqsgd", "--baseline=" + dir_.Sub("nothing.jsonl")});
+  EXPECT_THAT(missing.err, HasSubstr("cannot read it"));
+  for (const Result* e : {&by_sha, &by_lr, &bad, &none, &missing}) {
+    EXPECT_EQ(e->code, 1);
+    EXPECT_TRUE(e->rows.empty());
+    EXPECT_THAT(e->err, ::testing::Not(HasSubstr("aqswarm bench converge: job")));  // nothing ran: no banner
+  }
+}
+
 TEST_F(ConvergeBenchTest, AMissingJobFileFailsWithItsName) {
   const std::string missing = dir_.Sub("no-such-job.json");
   Result r = Bench({"--job=" + missing, "--configs=adamw-fp32"});

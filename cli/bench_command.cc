@@ -76,6 +76,9 @@ ABSL_FLAG(std::string, shapings, "0/0,100/50,10/50",
           "Converge bench: link shapings MBIT/MS (Mbit/s / one-way ms; 0/0 = unshaped, always run first).");
 ABSL_FLAG(double, target_val_loss, 0,
           "Converge bench: target validation loss (0 = the baseline's final one x (1 + --target_slack)).");
+ABSL_FLAG(std::string, baseline, "",
+          "Converge bench: a JSONL file of an earlier converge bench of the same job; its unshaped adamw-fp32 row "
+          "is the baseline, which then does not run (empty: run it).");
 ABSL_FLAG(double, target_slack, 0.01, "Converge bench: the default target's margin above the baseline's final val loss.");
 ABSL_FLAG(int32_t, shaped_steps, 8,
           "Converge bench: least steps a shaped run trains before its time to target is extrapolated (it also runs "
@@ -214,7 +217,7 @@ std::vector<Command> BenchCommands() {
                  "job's relative data paths). Shaped runs train their first steps only and must match the unshaped "
                  "run's losses bit for bit; the rest of their time to target is extrapolated per DP step kind "
                  "(bench/converge_bench.cc). --out_dir keeps the runs.",
-                 {"job", "configs", "shapings", "target_val_loss", "target_slack", "shaped_steps", "out_dir"},
+                 {"job", "configs", "shapings", "target_val_loss", "target_slack", "shaped_steps", "out_dir", "baseline"},
                  [](const std::vector<std::string>& args) {
                    if (int rc = BenchNoArgs(args, "converge")) return rc;
                    bench::ConvergeBenchOptions o;
@@ -225,6 +228,7 @@ std::vector<Command> BenchCommands() {
                    o.target_slack = absl::GetFlag(FLAGS_target_slack);
                    o.shaped_steps = absl::GetFlag(FLAGS_shaped_steps);
                    o.out_dir = absl::GetFlag(FLAGS_out_dir);
+                   o.baseline = absl::GetFlag(FLAGS_baseline);
                    return BenchReport(bench::RunConvergeBench(o, std::cout), "converge");
                  }});
   return out;
