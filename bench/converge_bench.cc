@@ -644,7 +644,8 @@ absl::StatusOr<Baseline> ReadBaseline(const std::string& path, const v1::JobSpec
     auto num = [&](const char* key) {
       return row.contains(key) && row[key].is_number() ? row[key].get<double>() : NAN;
     };
-    if (row.value("config", "") != "adamw-fp32" || num("bandwidth_mbps") != 0 || num("latency_ms") != 0) continue;
+    const bool baseline_row = row.contains("config") && row["config"] == "adamw-fp32";
+    if (!baseline_row || num("bandwidth_mbps") != 0 || num("latency_ms") != 0) continue;
     const std::string at = absl::StrCat("converge: --baseline '", path, "' line ", line_no, " (adamw-fp32@0/0): ");
     if (row.contains("error")) return absl::InvalidArgumentError(absl::StrCat(at, "a failed run"));
     if (row.contains("job_sha256")) {

@@ -195,7 +195,7 @@ TEST_F(ConvergeBenchTest, AnEarlierBaselineRowStandsInForTheBaselineRun) {
   EXPECT_EQ(bad.code, 1);
   EXPECT_THAT(bad.err, HasSubstr("line 1: not a JSON object"));
   const std::string no_row = dir_.Sub("qadam.jsonl");
-  std::ofstream(no_row) << q.dump() << "\n";
+  std::ofstream(no_row) << q.dump() << "\n{\"config\": 7, \"bandwidth_mbps\": 0}\n";  // not a config name
   Result none = Bench({"--job=" + job, "--configs=qadam-aqsgd", "--baseline=" + no_row});
   EXPECT_THAT(none.err, HasSubstr("no adamw-fp32@0/0 row"));
   Result missing = Bench({"--job=" + job, "--configs=qadam-aqsgd", "--baseline=" + dir_.Sub("nothing.jsonl")});
