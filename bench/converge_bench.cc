@@ -611,7 +611,8 @@ const char* OptimizerName(v1::DataParallelSpec::Optimizer o) {
   }
 }
 
-// What the rows compare against: the baseline's target inputs and totals.
+// What the rows compare against: the baseline's final val loss (the
+// default target's base) and its byte totals.
 struct Baseline {
   double final_val = NAN, dp_bytes = NAN, link_bytes = NAN, fw_bytes = NAN;
 };
@@ -759,14 +760,15 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
 
   PrintBanner(*base, o, std::cerr);
   const auto start = std::chrono::steady_clock::now();
-  double target = o.target_val_loss, base_final = NAN, base_dp = NAN, base_link = NAN, base_fw = NAN;
+  double target = o.target_val_loss;
+  Baseline base_row;  // --baseline's row, or the baseline run's (configs[0])
+  const auto set_baseline = [&](const Baseline& b) {
+    base_row = b;
+    if (!(target > 0)) target = b.final_val * (1 + o.target_slack);
+  };
   if (given.has_value()) {
-    base_final = given->final_val;
-    base_dp = given->dp_bytes;
-    base_link = given->link_bytes;
-    base_fw = given->fw_bytes;
-    if (!(target > 0)) target = base_final * (1 + o.target_slack);
-    std::cerr << "  baseline: adamw-fp32@0/0 of " << o.baseline << " (final val loss " << base_final
+    set_baseline(*given);
+    std::cerr << "  baseline: adamw-fp32@0/0 of " << o.baseline << " (final val loss " << given->final_val
               << "), not run again\n";
   }
   const double d = base->data_parallel();
@@ -816,11 +818,8 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
       if (sh.unshaped()) {
         unshaped = *run;
         if (i == 0) {
-          base_final = unshaped.val_loss.rbegin()->second;
-          base_dp = unshaped.dp_bytes_per_replica;
-          base_link = unshaped.link_bytes;
-          base_fw = unshaped.fw_bytes;
-          if (!(target > 0)) target = base_final * (1 + o.target_slack);
+          set_baseline({unshaped.val_loss.rbegin()->second, unshaped.dp_bytes_per_replica, unshaped.link_bytes,
+                        unshaped.fw_bytes});
         }
       }
       AQSWARM_ASSIGN_OR_RETURN(const Timing t, ToTarget(*run, unshaped, target));
@@ -879,17 +878,17 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& o, std::ostream& out) 
           {"seconds_measured", measured},
           {"seconds_per_step", per_step},
           {"final_val_loss", Num(final_val)},
-          {"val_loss_vs_baseline", Num((final_val - base_final) / base_final)},
+          {"val_loss_vs_baseline", Num((final_val - base_row.final_val) / base_row.final_val)},
           {"dp_bytes_per_replica", unshaped.dp_bytes_per_replica},
-          {"dp_bytes_ratio_vs_adamw", Num(base_dp / unshaped.dp_bytes_per_replica)},
+          {"dp_bytes_ratio_vs_adamw", Num(base_row.dp_bytes / unshaped.dp_bytes_per_replica)},
           {"link_bytes", unshaped.link_bytes},
-          {"link_bytes_ratio_vs_fp32", Num(base_link / unshaped.link_bytes)},
+          {"link_bytes_ratio_vs_fp32", Num(base_row.link_bytes / unshaped.link_bytes)},
           {"fw_bytes", unshaped.fw_bytes},
-          {"fw_bytes_ratio_vs_fp32", Num(base_fw / unshaped.fw_bytes)},
+          {"fw_bytes_ratio_vs_fp32", Num(base_row.fw_bytes / unshaped.fw_bytes)},
           {"fw_bytes_per_token_per_link", Num(unshaped.fw_bytes / link_tokens)},
           {"bw_bytes_per_token_per_link", Num((unshaped.link_bytes - unshaped.fw_bytes) / link_tokens)},
           {"all_bytes_ratio_vs_baseline",
-           Num((base_link + base_dp * d) / (unshaped.link_bytes + unshaped.dp_bytes_per_replica * d))},
+           Num((base_row.link_bytes + base_row.dp_bytes * d) / (unshaped.link_bytes + unshaped.dp_bytes_per_replica * d))},
           {"val_curve", curve},
           {"training_checked_steps", sh.unshaped() ? 0 : run->steps},
           {"wall_seconds", run->wall_seconds},
