@@ -123,6 +123,18 @@ absl::Status ResolveLevels(const GlobalQsgdOptions& o, int* s, int* t) {
 
 }  // namespace
 
+int MinGlobalQsgdBits(v1::LevelFamily levels, int num_workers) {
+  for (int bits = 2; bits <= 8; ++bits) {
+    GlobalQsgdOptions o;
+    o.bits = bits;
+    o.levels = levels;
+    o.num_workers = num_workers;
+    int s = 0, t = 0;
+    if (ResolveLevels(o, &s, &t).ok()) return bits;
+  }
+  return 0;
+}
+
 int CeilLog2(uint64_t n) {
   int r = 0;
   while (r < 64 && (uint64_t{1} << r) < n) ++r;

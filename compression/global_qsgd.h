@@ -54,6 +54,11 @@ int CeilLog2(uint64_t n);
 // accumulator holding any sum of n codes in [-s, s].
 int RequiredAccumulatorBits(uint64_t s, uint64_t n);
 
+// The narrowest code width in 2..8 whose codes can carry the sums of
+// `num_workers` workers with `levels` at the default level count; 0 when
+// none can.
+int MinGlobalQsgdBits(v1::LevelFamily levels, int num_workers);
+
 // Per-bucket max |x| (bucket_size values per bucket); InvalidArgument on NaN/Inf.
 // out.size() must be NumBuckets(values.size(), bucket_size).
 absl::Status LocalBucketMaxAbs(absl::Span<const float> values, size_t bucket_size,

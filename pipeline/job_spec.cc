@@ -1,6 +1,7 @@
 #include "pipeline/job_spec.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -9,11 +10,14 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "common/data_identity.h"
+#include "common/logging.h"
 #include "common/row_format.h"
 #include "common/status_macros.h"
 #include "compression/global_qsgd.h"
 #include "compression/tiled.h"
 #include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
+#include "pipeline/quantized_adam.h"
 #include "pipeline/step_schedule.h"
 
 namespace aqswarm::pipeline {
@@ -32,6 +36,21 @@ void Default(T* field, T value) {
 }
 
 }  // namespace
+
+uint32_t DefaultQuantizedAdamWarmup(const v1::JobSpec& job) {
+  // 0/1 Adam's first phase: 16 full-precision steps before its variance
+  // interval first doubles.
+  constexpr uint64_t kZeroOneAdamFirstPhase = 16;
+  const uint64_t steps = job.max_steps() > 0 ? job.max_steps() : job.optimizer().total_steps();
+  const uint64_t w = steps == 0 ? kZeroOneAdamFirstPhase : std::min(kZeroOneAdamFirstPhase, steps / 16);
+  return static_cast<uint32_t>(std::max<uint64_t>(w, kMinQuantizedAdamWarmup));
+}
+
+int TiedGlobalQsgdBits(const v1::JobSpec& job) {
+  const int fits = compression::MinGlobalQsgdBits(v1::LEVELS_EXPONENTIAL,
+                                                  static_cast<int>(std::max<uint32_t>(1, job.data_parallel())));
+  return fits == 0 ? 0 : std::max(fits, static_cast<int>(job.dp().bits()));
+}
 
 void ApplyJobDefaults(v1::JobSpec* job) {
   if (job->name().empty()) job->set_name("job");
@@ -79,6 +98,9 @@ void ApplyJobDefaults(v1::JobSpec* job) {
   }
   if (dp->robust() == v1::DataParallelSpec::ROBUST_UNSPECIFIED) dp->set_robust(v1::DataParallelSpec::robust_off);
   if (dp->robust() != v1::DataParallelSpec::robust_off && dp->robust_clip() == 0) dp->set_robust_clip(2);
+  if (dp->optimizer() == v1::DataParallelSpec::quantized_adam && !dp->has_warmup_steps()) {
+    dp->set_warmup_steps(DefaultQuantizedAdamWarmup(*job));
+  }
   if (dp->optimizer() == v1::DataParallelSpec::quantized_adam && !dp->has_variance_refresh_steps()) {
     dp->set_variance_refresh_steps(kDefaultVarianceRefreshSteps);
   }
@@ -427,12 +449,143 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::JobSpec> ParseJobSpec(std::string_view json) {
+namespace {
+
+// Fields renamed in a job's JSON: the old name is still read, with a
+// warning, for one release after the rename.
+struct RenamedField {
+  const char* message;   // full name of the message holding it
+  const char* old_name;  // as jobs wrote it (JSON camelCase)
+  const char* new_name;  // the field's JSON name now
+};
+constexpr RenamedField kRenamedFields[] = {
+    {"aqswarm.v1.DataSpec", "tokenizerDir", "tokenizer"},
+};
+
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      const bool same = std::tolower(static_cast<unsigned char>(a[i - 1])) ==
+                        std::tolower(static_cast<unsigned char>(b[j - 1]));
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (same ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+const google::protobuf::FieldDescriptor* FindJsonField(const google::protobuf::Descriptor* d, std::string_view key) {
+  for (int i = 0; i < d->field_count(); ++i) {
+    const auto* f = d->field(i);
+    if (f->json_name() == key || f->name() == key) return f;
+  }
+  return nullptr;
+}
+
+// Walks `obj` (a JSON object for message `d`, at `path`) before protobuf's
+// parser sees it: renamed fields are moved to their new names (a warning
+// each); an unknown field is an error naming the message, the field and the
+// closest valid name; a scalar field given an object or array is refused
+// here (so nothing nests deeper than the messages do).
+absl::Status CheckJsonFields(nlohmann::json& obj, const google::protobuf::Descriptor* d, const std::string& path,
+                             std::vector<std::string>* warnings) {
+  std::vector<std::pair<std::string, std::string>> renames;
+  for (auto& [key, value] : obj.items()) {
+    const std::string where = path.empty() ? key : absl::StrCat(path, ".", key);
+    const google::protobuf::FieldDescriptor* f = FindJsonField(d, key);
+    if (f == nullptr) {
+      for (const RenamedField& r : kRenamedFields) {
+        if (d->full_name() == r.message && key == r.old_name) {
+          f = FindJsonField(d, r.new_name);
+          renames.emplace_back(key, r.new_name);
+          warnings->push_back(absl::StrCat("job spec: ", where, " is now ", path.empty() ? "" : absl::StrCat(path, "."),
+                                           r.new_name, "; the old name is read for one release, rename it"));
+        }
+      }
+    }
+    if (f == nullptr) {
+      std::string closest;
+      size_t best = std::string::npos;
+      for (int i = 0; i < d->field_count(); ++i) {
+        const size_t dist = EditDistance(key, d->field(i)->json_name());
+        if (dist < best) best = dist, closest = d->field(i)->json_name();
+      }
+      return absl::InvalidArgumentError(absl::StrCat("job spec: ", where, ": no such field in ", d->name(),
+                                                     closest.empty() ? "" : absl::StrCat("; did you mean '", closest, "'?")));
+    }
+    if (value.is_null()) continue;
+    const bool message = f->type() == google::protobuf::FieldDescriptor::TYPE_MESSAGE &&
+                         f->message_type()->file()->package() != "google.protobuf";
+    if (f->is_map()) {
+      if (!value.is_object()) return absl::InvalidArgumentError(absl::StrCat("job spec: ", where, ": expects an object"));
+      const google::protobuf::FieldDescriptor* v = f->message_type()->map_value();
+      for (auto& [k, item] : value.items()) {
+        if (v->type() == google::protobuf::FieldDescriptor::TYPE_MESSAGE && item.is_object()) {
+          AQSWARM_RETURN_IF_ERROR(CheckJsonFields(item, v->message_type(), absl::StrCat(where, ".", k), warnings));
+        } else if (item.is_structured()) {
+          return absl::InvalidArgumentError(absl::StrCat("job spec: ", where, ".", k, ": expects a single value"));
+        }
+      }
+      continue;
+    }
+    if (f->is_repeated() && !value.is_array()) {
+      return absl::InvalidArgumentError(absl::StrCat("job spec: ", where, ": expects an array"));
+    }
+    std::vector<nlohmann::json*> items;
+    if (f->is_repeated()) {
+      for (auto& item : value) items.push_back(&item);
+    } else {
+      items.push_back(&value);
+    }
+    for (nlohmann::json* item : items) {
+      if (message && item->is_object()) {
+        AQSWARM_RETURN_IF_ERROR(CheckJsonFields(*item, f->message_type(), where, warnings));
+      } else if (!message && item->is_structured()) {
+        return absl::InvalidArgumentError(absl::StrCat("job spec: ", where, ": expects ",
+                                                       f->is_repeated() ? "an array of single values" : "a single value",
+                                                       ", not an ", item->is_object() ? "object" : "array"));
+      }
+    }
+  }
+  for (const auto& [from, to] : renames) {
+    if (obj.contains(to)) {
+      return absl::InvalidArgumentError(absl::StrCat("job spec: ", path.empty() ? "" : absl::StrCat(path, "."), from,
+                                                     " and ", to, " both set (", from, " is ", to, "'s old name)"));
+    }
+    obj[to] = std::move(obj[from]);
+    obj.erase(from);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobSpec> ParseJobSpec(std::string_view json, std::vector<std::string>* warnings) {
+  nlohmann::json tree;
+  try {
+    tree = nlohmann::json::parse(json.begin(), json.end());
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: not valid JSON: ", e.what()));
+  }
+  if (!tree.is_object()) return absl::InvalidArgumentError("job spec: expects a JSON object");
+  std::vector<std::string> said;
+  AQSWARM_RETURN_IF_ERROR(CheckJsonFields(tree, v1::JobSpec::descriptor(), "", &said));
+  for (const std::string& w : said) {
+    if (warnings != nullptr) {
+      warnings->push_back(w);
+    } else {
+      AQSWARM_LOG(WARNING) << w;
+    }
+  }
   v1::JobSpec job;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;
-  const auto status = google::protobuf::util::JsonStringToMessage(
-      google::protobuf::StringPiece(json.data(), json.size()), &job, options);
+  const auto status = google::protobuf::util::JsonStringToMessage(tree.dump(), &job, options);
   if (!status.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("job spec: ", status.ToString()));
   }
@@ -446,7 +599,9 @@ absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path) {
   if (!in) return absl::NotFoundError(absl::StrCat("job spec: cannot read ", path));
   std::stringstream ss;
   ss << in.rdbuf();
-  auto job = ParseJobSpec(ss.str());
+  std::vector<std::string> warnings;
+  auto job = ParseJobSpec(ss.str(), &warnings);
+  for (const std::string& w : warnings) AQSWARM_LOG(WARNING) << path << ": " << w;
   if (!job.ok()) {
     return absl::Status(job.status().code(), absl::StrCat(path, ": ", job.status().message()));
   }

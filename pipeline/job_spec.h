@@ -2,7 +2,8 @@
 //
 //   AQSWARM_ASSIGN_OR_RETURN(v1::JobSpec job, LoadJobSpec("job.json"));
 //
-// Parsing uses protobuf's JSON parser (unknown fields are errors); defaults are
+// Parsing checks the field names against the messages (unknown fields are
+// errors, renamed ones read with a warning), then uses protobuf's JSON parser; defaults are
 // filled in for zero/empty fields, then every field is checked once. Errors
 // name the offending field and value.
 #ifndef AQSWARM_PIPELINE_JOB_SPEC_H_
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "pipeline/dataset.h"
@@ -18,10 +20,25 @@
 
 namespace aqswarm::pipeline {
 
-// Parses JSON text, applies defaults, validates.
-absl::StatusOr<v1::JobSpec> ParseJobSpec(std::string_view json);
+// Parses JSON text, applies defaults, validates. An unknown field is an
+// error naming its message and the closest valid name; a renamed field
+// (kRenamedFields, job_spec.cc) is read under its old name with a warning,
+// into `warnings` when given, else logged.
+absl::StatusOr<v1::JobSpec> ParseJobSpec(std::string_view json, std::vector<std::string>* warnings = nullptr);
 // Reads a JSON file, then ParseJobSpec.
 absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path);
+
+// dp.warmup_steps of a quantized_adam job that leaves it unset: 0/1 Adam's
+// 16 full-precision steps, but no more than a sixteenth of the job's steps
+// (max_steps, else optimizer.total_steps) and no fewer than
+// kMinQuantizedAdamWarmup (2).
+uint32_t DefaultQuantizedAdamWarmup(const v1::JobSpec& job);
+
+// The code width of the tied-embedding copy's Global-QSGD exchange
+// (quantized_adam and diloco with tied embeddings across stages): dp.bits,
+// widened to the narrowest width whose codes carry the sums of
+// data_parallel replicas (3 bits for 2 to 4 replicas); 0 when none does.
+int TiedGlobalQsgdBits(const v1::JobSpec& job);
 
 // Fills zero/empty fields with documented defaults (see proto/job.proto).
 void ApplyJobDefaults(v1::JobSpec* job);

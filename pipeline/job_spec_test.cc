@@ -3,7 +3,9 @@
 #include <filesystem>
 #include <iostream>
 #include <string>
+#include <tuple>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -28,6 +30,52 @@ TEST(JobSpecTest, SnakeCaseFieldNamesWork) {
   auto job = ParseJobSpec(R"({"model":{"n_layer":2,"d_model":64,"n_head":2},"micro_batch_size":3})");
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->micro_batch_size(), 3u);
+}
+
+// An unknown field names its message, its path and the closest valid name.
+TEST(JobSpecTest, AnUnknownFieldNamesTheMessageAndTheClosestValidName) {
+  struct Case {
+    const char* json;
+    const char* path;
+    const char* message;
+    const char* closest;
+  } cases[] = {
+      {R"({"data":{"tokenzier":"data/gpt2"}})", "data.tokenzier", "DataSpec", "'tokenizer'"},
+      {R"({"modle":{}})", "modle", "JobSpec", "'model'"},
+      {R"({"dp":{"optimizer":"diloco","innerStep":4}})", "dp.innerStep", "DataParallelSpec", "'innerSteps'"},
+      {R"({"shaping":{"bandwithMbps":10}})", "shaping.bandwithMbps", "LinkShaping", "'bandwidthMbps'"},
+  };
+  for (const Case& c : cases) {
+    const auto job = ParseJobSpec(c.json);
+    ASSERT_FALSE(job.ok()) << c.json;
+    const std::string m(job.status().message());
+    EXPECT_NE(m.find(c.path), std::string::npos) << m;
+    EXPECT_NE(m.find(c.message), std::string::npos) << m;
+    EXPECT_NE(m.find(c.closest), std::string::npos) << m;
+  }
+  // A scalar field given an object or an array, and JSON that is not JSON.
+  for (const char* bad : {R"({"name":{"a":1}})", R"({"seed":[1]})", R"({"model":)", "[1]"}) {
+    const auto job = ParseJobSpec(bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(job.status())) << bad << ": " << job.status();
+  }
+}
+
+// A renamed field (data.tokenizerDir, now data.tokenizer) still reads, with
+// a warning naming both; both names at once are refused.
+TEST(JobSpecTest, ARenamedFieldIsReadUnderItsOldNameWithAWarning) {
+  std::vector<std::string> warnings;
+  const auto job = ParseJobSpec(R"({"data":{"corpus":"data/sotu","tokenizerDir":"data/gpt2"}})", &warnings);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->data().tokenizer(), "data/gpt2");
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("data.tokenizerDir"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find("data.tokenizer;"), std::string::npos) << warnings[0];
+  warnings.clear();
+  ASSERT_TRUE(ParseJobSpec(R"({"data":{"tokenizer":"data/gpt2"}})", &warnings).ok());
+  EXPECT_TRUE(warnings.empty());
+  const auto both = ParseJobSpec(R"({"data":{"tokenizer":"a","tokenizerDir":"b"}})", &warnings);
+  EXPECT_TRUE(absl::IsInvalidArgument(both.status())) << both.status();
+  EXPECT_NE(both.status().message().find("both set"), std::string::npos) << both.status();
 }
 
 TEST(JobSpecTest, PreciseErrors) {
@@ -111,6 +159,36 @@ TEST(JobSpecTest, DataParallelCodecDefaultsToMinMaxAndAcceptsGlobalQsgd) {
   auto global = ParseJobSpec(R"({"dataParallel":4,"dp":{"optimizer":"quantized_adam","codec":"global_qsgd","bits":4}})");
   ASSERT_TRUE(global.ok()) << global.status();
   EXPECT_EQ(global->dp().codec(), v1::DataParallelSpec::global_qsgd);
+}
+
+// dp.warmupSteps: unset, 0/1 Adam's 16 full-precision steps, at most a
+// sixteenth of the job's steps and at least 2; set, as given, but a job runs
+// at least kMinQuantizedAdamWarmup (0 and 1 run as 2). The tied copy's
+// Global-QSGD width carries D replicas' sums whatever dp.bits says.
+TEST(JobSpecTest, QuantizedAdamWarmupDefaultsToZeroOneAdamsFirstPhaseAndRunsAtLeastTwoSteps) {
+  const auto warmup = [](const std::string& extra, const std::string& dp) {
+    auto job = ParseJobSpec(absl::StrCat(R"({"dataParallel":2,"optimizer":{"totalSteps":1000})", extra,
+                                         R"(,"dp":{"optimizer":"quantized_adam")", dp, "}}"));
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? std::pair<uint32_t, int64_t>(job->dp().warmup_steps(),
+                                                   QuantizedAdamOptionsFromJob(*job).warmup_steps)
+                    : std::pair<uint32_t, int64_t>(0, 0);
+  };
+  EXPECT_EQ(warmup("", ""), (std::pair<uint32_t, int64_t>(16, 16)));
+  EXPECT_EQ(warmup(R"(,"maxSteps":64)", ""), (std::pair<uint32_t, int64_t>(4, 4)));
+  EXPECT_EQ(warmup(R"(,"maxSteps":8)", ""), (std::pair<uint32_t, int64_t>(2, 2)));
+  EXPECT_EQ(warmup("", R"(,"warmupSteps":0)"), (std::pair<uint32_t, int64_t>(0, 2)));
+  EXPECT_EQ(warmup("", R"(,"warmupSteps":1)"), (std::pair<uint32_t, int64_t>(1, 2)));
+  EXPECT_EQ(warmup("", R"(,"warmupSteps":40)"), (std::pair<uint32_t, int64_t>(40, 40)));
+  auto adamw = ParseJobSpec(R"({"dataParallel":2})");
+  ASSERT_TRUE(adamw.ok());
+  EXPECT_FALSE(adamw->dp().has_warmup_steps());
+  for (auto [replicas, bits, want] : {std::tuple{2, 1, 3}, {2, 2, 3}, {4, 2, 3}, {8, 1, 4}, {2, 6, 6}}) {
+    v1::JobSpec job;
+    job.set_data_parallel(replicas);
+    job.mutable_dp()->set_bits(bits);
+    EXPECT_EQ(TiedGlobalQsgdBits(job), want) << replicas << " replicas, dp.bits " << bits;
+  }
 }
 
 TEST(JobSpecTest, RobustAggregationIsOffByDefaultAndValidated) {

@@ -1,6 +1,7 @@
 #include "pipeline/layerwise_plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -59,10 +60,9 @@ void Scatter(const std::vector<float>& from, const std::vector<std::pair<int64_t
 
 }  // namespace
 
-absl::StatusOr<LayerwisePlan> ChooseLayerwiseBits(absl::Span<const float> data,
-                                                  absl::Span<const int64_t> tensor_sizes,
-                                                  const LayerwisePlanOptions& options) {
-  AQSWARM_RETURN_IF_ERROR(CheckSizes(tensor_sizes, data.size(), "ChooseLayerwiseBits"));
+namespace {
+
+absl::Status CheckWidths(const LayerwisePlanOptions& options) {
   if (options.min_bits < 1 || options.max_bits > kMaxBits || options.min_bits > options.max_bits ||
       options.uniform_bits < options.min_bits || options.uniform_bits > options.max_bits) {
     return absl::InvalidArgumentError(absl::StrCat("ChooseLayerwiseBits: widths [", options.min_bits, ", ",
@@ -70,7 +70,18 @@ absl::StatusOr<LayerwisePlan> ChooseLayerwiseBits(absl::Span<const float> data,
                                                    " are not a range in [1, 8] holding the uniform width"));
   }
   if (options.replicas < 1) return absl::InvalidArgumentError("ChooseLayerwiseBits: replicas < 1");
-  std::vector<std::vector<compression::LayerOption>> layers(tensor_sizes.size());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<LayerwiseMeasurements> MeasureLayerwise(absl::Span<const float> data,
+                                                       absl::Span<const int64_t> tensor_sizes,
+                                                       const LayerwisePlanOptions& options) {
+  AQSWARM_RETURN_IF_ERROR(CheckSizes(tensor_sizes, data.size(), "ChooseLayerwiseBits"));
+  AQSWARM_RETURN_IF_ERROR(CheckWidths(options));
+  const int widths = options.max_bits - options.min_bits + 1;
+  LayerwiseMeasurements m(tensor_sizes.size() * widths * 2);
   std::vector<float> decoded;
   int64_t off = 0;
   for (size_t t = 0; t < tensor_sizes.size(); ++t) {
@@ -89,9 +100,36 @@ absl::StatusOr<LayerwisePlan> ChooseLayerwiseBits(absl::Span<const float> data,
         const double d = static_cast<double>(x[i]) - decoded[i];
         err += d * d;
       }
-      layers[t].push_back({static_cast<double>(compression::EncodedBytes(msg)), err});
+      const size_t at = 2 * (t * widths + (b - options.min_bits));
+      m[at] = static_cast<float>(compression::EncodedBytes(msg));
+      m[at + 1] = static_cast<float>(err);
     }
     off += tensor_sizes[t];
+  }
+  return m;
+}
+
+absl::StatusOr<LayerwisePlan> ChooseLayerwiseBitsFrom(absl::Span<const float> measurements,
+                                                      absl::Span<const int64_t> tensor_sizes,
+                                                      const LayerwisePlanOptions& options) {
+  AQSWARM_RETURN_IF_ERROR(CheckWidths(options));
+  const size_t widths = static_cast<size_t>(options.max_bits - options.min_bits + 1);
+  if (measurements.size() != tensor_sizes.size() * widths * 2) {
+    return absl::InvalidArgumentError(absl::StrCat("ChooseLayerwiseBits: ", measurements.size(),
+                                                   " measurements for ", tensor_sizes.size(), " tensors x ", widths,
+                                                   " widths (expected ", tensor_sizes.size() * widths * 2, ")"));
+  }
+  std::vector<std::vector<compression::LayerOption>> layers(tensor_sizes.size());
+  for (size_t t = 0; t < tensor_sizes.size(); ++t) {
+    for (size_t w = 0; w < widths; ++w) {
+      const float bytes = measurements[2 * (t * widths + w)], err = measurements[2 * (t * widths + w) + 1];
+      if (!(bytes >= 0) || !(err >= 0) || !std::isfinite(bytes) || !std::isfinite(err)) {
+        return absl::InvalidArgumentError(absl::StrCat("ChooseLayerwiseBits: tensor ", t, " width ",
+                                                       options.min_bits + static_cast<int>(w), " measured bytes ",
+                                                       bytes, " error ", err, " (not finite and >= 0)"));
+      }
+      layers[t].push_back({bytes, err});
+    }
   }
   const std::vector<int> uniform(tensor_sizes.size(), options.uniform_bits - options.min_bits);
   AQSWARM_ASSIGN_OR_RETURN(compression::Allocation a,
@@ -120,6 +158,13 @@ absl::StatusOr<LayerwisePlan> ChooseLayerwiseBits(absl::Span<const float> data,
     plan.uniform_error += uni.error;
   }
   return plan;
+}
+
+absl::StatusOr<LayerwisePlan> ChooseLayerwiseBits(absl::Span<const float> data,
+                                                  absl::Span<const int64_t> tensor_sizes,
+                                                  const LayerwisePlanOptions& options) {
+  AQSWARM_ASSIGN_OR_RETURN(const LayerwiseMeasurements m, MeasureLayerwise(data, tensor_sizes, options));
+  return ChooseLayerwiseBitsFrom(m, tensor_sizes, options);
 }
 
 int64_t LayerwiseOwnedElements(absl::Span<const int64_t> tensor_sizes, absl::Span<const int> bits, int rank, int size,

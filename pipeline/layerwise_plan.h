@@ -70,6 +70,27 @@ absl::StatusOr<LayerwisePlan> ChooseLayerwiseBits(absl::Span<const float> data,
                                                   absl::Span<const int64_t> tensor_sizes,
                                                   const LayerwisePlanOptions& options);
 
+// ChooseLayerwiseBits in two halves, for data that differs by replica (each
+// replica's own momentum): each measures its data, the replicas average the
+// measurements (e.g. a float32 round of the exchange), and every replica
+// chooses from the same mean. Measurements: {bytes, squared error} for each
+// tensor and each width in [min_bits, max_bits], tensor-major.
+// ChooseLayerwiseBits(d, s, o) is ChooseLayerwiseBitsFrom(MeasureLayerwise(d, s, o), s, o).
+using LayerwiseMeasurements = std::vector<float>;
+absl::StatusOr<LayerwiseMeasurements> MeasureLayerwise(absl::Span<const float> data,
+                                                       absl::Span<const int64_t> tensor_sizes,
+                                                       const LayerwisePlanOptions& options);
+// InvalidArgument on a count that is not 2 x tensors x widths, or a
+// measurement that is negative or not finite.
+absl::StatusOr<LayerwisePlan> ChooseLayerwiseBitsFrom(absl::Span<const float> measurements,
+                                                      absl::Span<const int64_t> tensor_sizes,
+                                                      const LayerwisePlanOptions& options);
+
+// The exchange round in which replicas average their MeasureLayerwise
+// measurements, for an optimizer whose rounds start at first_round (clear
+// of its own rounds and its layer-wise width groups').
+constexpr uint32_t LayerwiseMeasureRound(uint32_t first_round) { return 48 + first_round; }
+
 // Length of the server error buffer of AllReduceMeanLayerwise for this plan.
 int64_t LayerwiseOwnedElements(absl::Span<const int64_t> tensor_sizes, absl::Span<const int> bits, int rank, int size,
                                int64_t bucket_elements);

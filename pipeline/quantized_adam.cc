@@ -36,7 +36,7 @@ QuantizedAdamOptions QuantizedAdamOptionsFromJob(const v1::JobSpec& job) {
   o.eps = job.optimizer().eps();
   o.weight_decay = job.optimizer().weight_decay();
   o.quantized = job.dp().optimizer() == v1::DataParallelSpec::quantized_adam;
-  o.warmup_steps = job.dp().warmup_steps();
+  o.warmup_steps = std::max<int64_t>(job.dp().warmup_steps(), kMinQuantizedAdamWarmup);
   o.warmup_bits = static_cast<int>(job.dp().warmup_bits());
   o.compressed.codec.codec =
       job.dp().codec() == v1::DataParallelSpec::global_qsgd ? v1::CODEC_GLOBAL_QSGD : v1::CODEC_MINMAX;
@@ -116,6 +116,10 @@ QuantizedAdam::QuantizedAdam(int64_t n, int64_t num_compressed, std::vector<uint
   }
 }
 
+int64_t QuantizedAdam::WarmupSteps() const {
+  return options_.quantized ? std::max<int64_t>(options_.warmup_steps, 1) : 0;
+}
+
 std::vector<int> QuantizedAdam::layerwise_bits() const {
   if (layerwise_.size() < 2) return {};
   return std::vector<int>(layerwise_.begin() + 1, layerwise_.end());
@@ -129,11 +133,15 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
   const float b1 = static_cast<float>(options_.beta1), b2 = static_cast<float>(options_.beta2);
   const float eps = static_cast<float>(options_.eps), wd = static_cast<float>(lr * options_.weight_decay);
   const float flr = static_cast<float>(lr);
-  const bool compressed = options_.quantized && step_ >= options_.warmup_steps;
+  // A compressed step needs a frozen variance: a step at or after the warm-up
+  // with none yet (warm-up 0, or a state saved unfrozen) is a warm-up step
+  // that freezes it.
+  const int64_t warmup = WarmupSteps();
+  const bool compressed = options_.quantized && step_ >= warmup && frozen_;
   // Post-freeze step k (1-based) and what it is: refresh, local step, or a
   // compressed exchange (a sync when local steps are pending). The step
   // before a refresh always syncs, so a refresh finds the replicas identical.
-  const int64_t k = step_ + 1 - std::max<int64_t>(options_.warmup_steps, 0);
+  const int64_t k = step_ + 1 - warmup;
   const int64_t R = options_.variance_refresh_steps, G = options_.refresh_growth;
   const int64_t refresh_interval = compressed ? VarianceRefreshInterval(k, R, G) : 0;
   const bool local = compressed && refresh_interval == 0 && options_.max_local_steps > 1 &&
@@ -157,16 +165,13 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
       if (decay_[i] && wd > 0) params[i] *= 1 - wd;
       params[i] -= flr * (m_[i] / bc1) / (std::sqrt(v_[i] / bc2) + eps);
     }
-    if (options_.quantized && step_ == options_.warmup_steps) {
+    if (options_.quantized && step_ >= warmup) {
       // Freeze the bias-corrected variance, floored per tensor (see header).
       for (float& x : v_) x /= bc2;
       FloorVariance(tensor_sizes_, v_);
       frozen_ = true;
     }
     return absl::OkStatus();
-  }
-  if (!frozen_) {  // warm-up of 0 steps: freeze what we have (zeros, floored to 0: steps of m / eps)
-    frozen_ = true;
   }
   const float bc1 =
       options_.bias_correct_frozen ? static_cast<float>(1 - std::pow(options_.beta1, static_cast<double>(step_))) : 1;
@@ -277,6 +282,16 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
     AQSWARM_RETURN_IF_ERROR(
         CompressedExchange(ex, s, x.subspan(0, num_compressed_), mean.subspan(0, num_compressed_), tail));
   }
+  // No residue outweighs the largest step: |x / bc1| <= clip is all a step
+  // can apply, so error feedback keeps at most bc1 clip per coordinate (a
+  // residue past it, e.g. of a coordinate whose x is far past the bound,
+  // would otherwise arrive whole at a later step).
+  if (clip > 0) {
+    const float cap = bc1 * clip;
+    for (std::vector<float>* e : {&worker_error_, &server_error_}) {
+      for (float& r : *e) r = std::clamp(r, -cap, cap);
+    }
+  }
   // After local steps every replica restarts from the anchor: decayed as the
   // local steps and this one decayed, minus lr_sum times the mean's step.
   const float decayed = sync ? local_[1] * (1 - wd) : 1;
@@ -329,29 +344,41 @@ absl::Status QuantizedAdam::CompressedExchange(ReplicaExchange& ex, uint64_t ste
                                                absl::Span<float> mean, absl::Span<const AllReducePart> also) {
   const bool layerwise = options_.layerwise_every_steps > 0;
   const std::vector<int> bits = layerwise_bits();
-  if (bits.empty()) {
-    std::vector<AllReducePart> parts = {
-        {options_.compressed, options_.first_round, x, mean, &worker_error_, &server_error_}};
-    parts.insert(parts.end(), also.begin(), also.end());
-    AQSWARM_RETURN_IF_ERROR(AllReduceMeanParts(ex, step, parts, &stats_));
-  } else {
-    AQSWARM_RETURN_IF_ERROR(AllReduceMeanLayerwise(ex, options_.compressed, compressed_sizes_, bits, step,
-                                                   16 + 8 * options_.first_round, x, mean, &worker_error_,
-                                                   &server_error_, &stats_, also));
-  }
-  if (!layerwise) return absl::OkStatus();
-  if (layerwise_.empty()) layerwise_ = {0.0f};
-  layerwise_[0] += 1;
-  if (static_cast<int64_t>(layerwise_[0]) % options_.layerwise_every_steps != 0) return absl::OkStatus();
-  // A new plan from this exchange's mean, which every replica decoded from
-  // the same bytes: the same plan everywhere.
+  const int64_t exchanges = layerwise ? (layerwise_.empty() ? 0 : static_cast<int64_t>(layerwise_[0])) + 1 : 0;
+  const bool replan = layerwise && exchanges % options_.layerwise_every_steps == 0;
   LayerwisePlanOptions lo;
   lo.codec = options_.compressed.codec;
   lo.min_bits = options_.layerwise_min_bits;
   lo.max_bits = options_.layerwise_max_bits;
   lo.uniform_bits = options_.compressed.codec.bits;
   lo.replicas = ex.size();
-  AQSWARM_ASSIGN_OR_RETURN(LayerwisePlan plan, ChooseLayerwiseBits(mean, compressed_sizes_, lo));
+  // A re-plan measures each width's error on this replica's own momentum x
+  // (not on the exchanged mean: it lies on the exchange's min-max grid, where
+  // the current width measures no error), and the replicas average their
+  // measurements in a float32 round of this exchange: every replica then
+  // chooses from the same numbers, the same plan.
+  LayerwiseMeasurements measured, measured_mean;
+  std::vector<AllReducePart> parts(also.begin(), also.end());
+  if (replan) {
+    AQSWARM_ASSIGN_OR_RETURN(measured, MeasureLayerwise(x, compressed_sizes_, lo));
+    measured_mean.resize(measured.size());
+    parts.push_back({Float32Like(options_.compressed), LayerwiseMeasureRound(options_.first_round),
+                     absl::MakeConstSpan(measured), absl::MakeSpan(measured_mean)});
+  }
+  if (bits.empty()) {
+    parts.insert(parts.begin(),
+                 AllReducePart{options_.compressed, options_.first_round, x, mean, &worker_error_, &server_error_});
+    AQSWARM_RETURN_IF_ERROR(AllReduceMeanParts(ex, step, parts, &stats_));
+  } else {
+    AQSWARM_RETURN_IF_ERROR(AllReduceMeanLayerwise(ex, options_.compressed, compressed_sizes_, bits, step,
+                                                   16 + 8 * options_.first_round, x, mean, &worker_error_,
+                                                   &server_error_, &stats_, parts));
+  }
+  if (!layerwise) return absl::OkStatus();
+  layerwise_.resize(std::max<size_t>(layerwise_.size(), 1));
+  layerwise_[0] = static_cast<float>(exchanges);
+  if (!replan) return absl::OkStatus();
+  AQSWARM_ASSIGN_OR_RETURN(LayerwisePlan plan, ChooseLayerwiseBitsFrom(measured_mean, compressed_sizes_, lo));
   const std::vector<int> current = bits.empty() ? std::vector<int>(compressed_sizes_.size(), lo.uniform_bits) : bits;
   if (plan.bits != current) {
     // The error buffers are laid out (and their residues sized) by the old

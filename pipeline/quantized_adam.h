@@ -8,12 +8,16 @@
 //             m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //             p *= 1 - lr*wd (matrices);  p -= lr * (m/bc1) / (sqrt(v/bc2) + eps)
 //   freeze:   v = v / bc2 at the last warm-up step; where v is 0 (no
-//             gradient yet) v = 0.01 * mean over the tensor of v.
+//             gradient yet) v = 0.01 * mean over the tensor of v. There is
+//             at least one warm-up step (on a variance of zeros x would be
+//             m / eps); a job runs at least kMinQuantizedAdamWarmup.
 //   after:    m_local = b1 m + (1-b1) g_local
 //             x = mean_replicas~(m_local / s),  s = sqrt(v) + eps   (compressed)
 //             m = x s;  u = clamp(x / bc1, -B, B)   (bc1 = 1 - b1^t keeps going after the freeze)
 //             p *= 1 - lr*wd (matrices);  p -= lr * u
 //             where |x / bc1| > B:  v = (m / bc1 / B)^2   (raise_variance_at_bound)
+//             error buffers clamped to [-bc1 B, bc1 B] (no residue larger
+//             than the largest step it could become)
 //   refresh:  at the end of each refresh interval I after the freeze (R =
 //             variance_refresh_steps, doubling after every refresh_growth
 //             refreshes: VarianceRefreshInterval) exchanges g as the
@@ -37,10 +41,14 @@
 //             are both in units of m / s).
 //   layer-wise: with layerwise_every_steps = N > 0 (min-max only), after
 //             every N compressed exchanges the tensors of the compressed part
-//             get new bit widths (pipeline/layerwise_plan.h) measured on that
-//             exchange's mean, which every replica decoded from the same
-//             bytes: the same plan everywhere. A changed plan zeroes both
-//             error buffers (their layout follows the plan's width groups).
+//             get new bit widths (pipeline/layerwise_plan.h) measured on the
+//             raw x of the N-th exchange (each replica measures its own; the
+//             measurements are averaged in a float32 round of that exchange,
+//             so every replica chooses the same plan). Not on the exchanged
+//             mean: it lies on the exchange's min-max grid, so the current
+//             width measures no error there and no narrower width fits the
+//             budget. A changed plan zeroes both error buffers (their layout
+//             follows the plan's width groups).
 //   with B = AdamUpdateBound(b1, b2, t), the largest step Adam could take at
 //   step t (1.12 at t = 17, 1.83 at t = 65 for the default betas) and
 //   mean_replicas~ the compressed allreduce: min-max with error feedback on
@@ -107,14 +115,22 @@
 
 namespace aqswarm::pipeline {
 
+// The fewest warm-up steps a job runs (QuantizedAdamOptionsFromJob): the
+// variance frozen after them holds two gradients. Frozen from one, v = g^2
+// and the steps m / |g| have no finite mean (|g| near 0: steps up to the
+// bound, which then raises v for good); frozen from two, they do
+// (docs/CONVERGENCE.md, "QuantizedAdam's warm-up").
+constexpr int64_t kMinQuantizedAdamWarmup = 2;
+
 struct QuantizedAdamOptions {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0;
-  // Plain data-parallel AdamW steps before the variance freezes. Default: 100
-  // here; a job's dp.warmup_steps (QuantizedAdamOptionsFromJob) is 0 unless set,
-  // so a job freezes at once unless it asks for warm-up.
+  // Plain data-parallel AdamW steps before the variance freezes; 0 is taken
+  // as 1 (a variance of zeros would make x = m / eps). Default: 100 here; a
+  // job's is DefaultQuantizedAdamWarmup (pipeline/job_spec.h), and a job runs
+  // at least kMinQuantizedAdamWarmup.
   int64_t warmup_steps = 100;
   // How the warm-up and refresh steps exchange the gradient: 0 = float32;
   // 2..8 = min-max at this many bits over compressed.codec.bucket_size
@@ -158,6 +174,7 @@ struct QuantizedAdamOptions {
   int layerwise_max_bits = 8;
   // Exchange rounds this optimizer uses within a step: first_round and
   // first_round + 1; with layer-wise widths also 16 + 8 first_round + bits - 1
+  // and, at a re-plan, LayerwiseMeasureRound(first_round) (48 + first_round)
   // (bits 1..8: rounds 16..23 for first_round 0, 32..39 for 2). Two optimizers sharing one exchange in the same step
   // (a stage's parameters and its tied-embedding copy) use disjoint rounds;
   // the rounds also key the stochastic rounding, so optimizers with the same
@@ -174,7 +191,8 @@ struct QuantizedAdamOptions {
   }();
 };
 
-// From a job: optimizer betas/eps/decay + dp.{optimizer, warmup_steps, codec, bits, bucket_size,
+// From a job: optimizer betas/eps/decay + dp.{optimizer, warmup_steps (at least
+// kMinQuantizedAdamWarmup), codec, bits, bucket_size,
 // robust, robust_clip}. The robust aggregation applies to every round with a
 // bucketed or float32 codec (not Global-QSGD's integer sums).
 QuantizedAdamOptions QuantizedAdamOptionsFromJob(const v1::JobSpec& job);
@@ -252,6 +270,8 @@ class QuantizedAdam {
   absl::Status CompressedExchange(ReplicaExchange& ex, uint64_t step, absl::Span<const float> x,
                                   absl::Span<float> mean, absl::Span<const AllReducePart> also);
 
+  // options_.warmup_steps, at least 1 when quantized.
+  int64_t WarmupSteps() const;
   // Every buffer of NamedState, the empty ones included.
   std::vector<std::pair<std::string, std::vector<float>*>> AllState();
 

@@ -579,7 +579,7 @@ class StageWorkerImpl final : public StageWorker {
         to.first_round = 2;
         to.fragments = 1;
         to.compressed.codec.codec = v1::CODEC_GLOBAL_QSGD;
-        to.compressed.codec.bits = std::max(to.compressed.codec.bits, 2);
+        to.compressed.codec.bits = TiedGlobalQsgdBits(job_);
         // Global-QSGD sums codes without decoding them: under dp.robust the
         // tied copy's pseudo-gradient goes float32.
         if (to.compressed.robust != RobustAggregation::kOff) to.compressed.codec.codec = v1::CODEC_RAW_F32;
@@ -602,7 +602,7 @@ class StageWorkerImpl final : public StageWorker {
       QuantizedAdamOptions to = options;
       to.first_round = 2;
       to.compressed.codec.codec = v1::CODEC_GLOBAL_QSGD;
-      to.compressed.codec.bits = std::max(to.compressed.codec.bits, 2);
+      to.compressed.codec.bits = TiedGlobalQsgdBits(job_);
       // Global-QSGD sums codes without decoding them, so no contribution can
       // be clipped: under dp.robust the tied copy exchanges float32 means
       // (AdamW, no error feedback either).

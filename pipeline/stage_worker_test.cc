@@ -4,6 +4,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "pipeline/dp_test_util.h"
 #include "pipeline/job_spec.h"
@@ -389,4 +390,70 @@ TEST(StageWorkerDataParallelTest, DelayedUpdateLandsOneStepLateAndSurvivesACheck
 }
 
 }  // namespace
+// Every combination of dp.optimizer x dp.codec x dp.bits x tied embeddings x
+// dp.fragments x layer-wise widths on a 2 x 2 grid is either refused when
+// the job is loaded, naming one of the fields, or runs 4 steps with
+// compressed exchanges (warm-up 2, DiLoCo H = 2, a re-plan every exchange;
+// d 32 x 61 tokens: the tied copy is large enough to be compressed) and
+// keeps replicas and tied copies identical.
+TEST(StageWorkerDataParallelTest, EveryOptimizerCodecBitsTieFragmentsLayerwiseCombinationLoadsAndRunsOrIsRefused) {
+  const char* optimizers[] = {"adamw", "quantized_adam", "diloco"};
+  const char* codecs[] = {"minmax", "global_qsgd"};
+  int refused = 0, ran = 0;
+  for (const char* opt : optimizers) {
+    for (const char* codec : codecs) {
+      for (int bits : {1, 2, 3, 8}) {
+        for (bool tie : {false, true}) {
+          for (int fragments : {0, 2}) {
+            for (int layerwise : {0, 1}) {
+              std::string dp = absl::StrCat(R"("optimizer":")", opt, R"(","codec":")", codec, R"(","bits":)", bits);
+              if (std::string(opt) == "quantized_adam") absl::StrAppend(&dp, R"(,"warmupSteps":2)");
+              if (std::string(opt) == "diloco") absl::StrAppend(&dp, R"(,"innerSteps":2)");
+              if (fragments > 0) absl::StrAppend(&dp, R"(,"fragments":)", fragments);
+              if (layerwise > 0) absl::StrAppend(&dp, R"(,"layerwiseEverySteps":)", layerwise, R"(,"layerwiseMinBits":1)");
+              const std::string json = absl::StrCat(
+                  R"({"seed":3,"model":{"vocabSize":61,"seqLen":8,"dModel":32,"nLayer":2,"nHead":2,"tieEmbeddings":)",
+                  tie ? "true" : "false",
+                  R"(},"optimizer":{"lr":0.003,"warmupSteps":2,"totalSteps":20,"gradClip":1.0},
+                     "microBatchSize":2,"microBatchesPerStep":2,"stages":2,"dataParallel":2,"dp":{)",
+                  dp, "}}");
+              SCOPED_TRACE(json);
+              const absl::StatusOr<v1::JobSpec> job = ParseJobSpec(json);
+              if (!job.ok()) {
+                const std::string m(job.status().message());
+                EXPECT_TRUE(absl::IsInvalidArgument(job.status())) << m;
+                EXPECT_TRUE(m.find("dp.") != std::string::npos || m.find("tie_embeddings") != std::string::npos) << m;
+                ++refused;
+                continue;
+              }
+              std::vector<std::unique_ptr<testing::WorkerPipeline>> pipes;
+              for (int p = 0; p < 2; ++p) pipes.push_back(std::make_unique<testing::WorkerPipeline>(*job));
+              for (int s = 0; s < 4 && !::testing::Test::HasFailure(); ++s) {
+                std::vector<double> sq;
+                for (int p = 0; p < 2; ++p) {
+                  sq.push_back(pipes[p]->Run(s, [p](int mb, int step, int n) {
+                    return testing::Batch{Tokens(mb, step + 11 * p, n), Tokens(mb, step + 11 * p + 1, n)};
+                  }).grad_sq);
+                }
+                for (int stage = 0; stage < 2; ++stage) {
+                  ExchangeStep(*pipes[0]->w[stage], *pipes[1]->w[stage], s, sq[0], sq[1]);
+                }
+                if (tie) {
+                  for (int p = 0; p < 2; ++p) {
+                    EXPECT_EQ(pipes[p]->w[0]->TiedEmbeddingHash(), pipes[p]->w[1]->TiedEmbeddingHash()) << "step " << s;
+                  }
+                }
+              }
+              if (::testing::Test::HasFailure()) return;
+              ++ran;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(ran, 40);
+  EXPECT_GT(refused, 0);
+}
+
 }  // namespace aqswarm::pipeline
