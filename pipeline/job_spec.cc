@@ -543,9 +543,12 @@ absl::Status CheckJsonFields(nlohmann::json& obj, const google::protobuf::Descri
       items.push_back(&value);
     }
     for (nlohmann::json* item : items) {
-      if (message && item->is_object()) {
+      if (message && !item->is_object()) {
+        return absl::InvalidArgumentError(absl::StrCat("job spec: ", where, ": expects an object"));
+      }
+      if (message) {
         AQSWARM_RETURN_IF_ERROR(CheckJsonFields(*item, f->message_type(), where, warnings));
-      } else if (!message && item->is_structured()) {
+      } else if (item->is_structured()) {
         return absl::InvalidArgumentError(absl::StrCat("job spec: ", where, ": expects ",
                                                        f->is_repeated() ? "an array of single values" : "a single value",
                                                        ", not an ", item->is_object() ? "object" : "array"));

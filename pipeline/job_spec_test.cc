@@ -54,7 +54,7 @@ TEST(JobSpecTest, AnUnknownFieldNamesTheMessageAndTheClosestValidName) {
     EXPECT_NE(m.find(c.closest), std::string::npos) << m;
   }
   // A scalar field given an object or an array, and JSON that is not JSON.
-  for (const char* bad : {R"({"name":{"a":1}})", R"({"seed":[1]})", R"({"model":)", "[1]"}) {
+  for (const char* bad : {R"({"name":{"a":1}})", R"({"seed":[1]})", R"({"model":[[1]]})", R"({"model":)", "[1]"}) {
     const auto job = ParseJobSpec(bad);
     EXPECT_TRUE(absl::IsInvalidArgument(job.status())) << bad << ": " << job.status();
   }
