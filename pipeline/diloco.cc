@@ -104,12 +104,8 @@ absl::Status DiLoCo::UpdatePlan(ReplicaExchange& ex, int f, absl::Span<const flo
   if (layerwise_.empty()) layerwise_.assign(piece_begin_.back() + pieces_.back().size(), 0.0f);
   layerwise_[f] += 1;
   if (static_cast<int64_t>(layerwise_[f]) % options_.layerwise_every_steps != 0) return absl::OkStatus();
-  LayerwisePlanOptions lo;
-  lo.codec = options_.compressed.codec;
-  lo.min_bits = options_.layerwise_min_bits;
-  lo.max_bits = options_.layerwise_max_bits;
-  lo.uniform_bits = options_.compressed.codec.bits;
-  lo.replicas = ex.size();
+  const LayerwisePlanOptions lo = LayerwisePlanOptionsOf(options_.compressed, options_.layerwise_min_bits,
+                                                         options_.layerwise_max_bits, ex.size());
   AQSWARM_ASSIGN_OR_RETURN(LayerwisePlan plan, ChooseLayerwiseBits(momentum, pieces_[f], lo));
   std::vector<int> current = FragmentBits(f);
   if (current.empty()) current.assign(pieces_[f].size(), lo.uniform_bits);

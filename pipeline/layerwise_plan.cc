@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -75,6 +76,17 @@ absl::Status CheckWidths(const LayerwisePlanOptions& options) {
 
 }  // namespace
 
+LayerwisePlanOptions LayerwisePlanOptionsOf(const AllReduceOptions& exchange, int min_bits, int max_bits,
+                                            int replicas) {
+  LayerwisePlanOptions lo;
+  lo.codec = exchange.codec;
+  lo.min_bits = min_bits;
+  lo.max_bits = max_bits;
+  lo.uniform_bits = exchange.codec.bits;
+  lo.replicas = replicas;
+  return lo;
+}
+
 absl::StatusOr<LayerwiseMeasurements> MeasureLayerwise(absl::Span<const float> data,
                                                        absl::Span<const int64_t> tensor_sizes,
                                                        const LayerwisePlanOptions& options) {
@@ -102,7 +114,7 @@ absl::StatusOr<LayerwiseMeasurements> MeasureLayerwise(absl::Span<const float> d
       }
       const size_t at = 2 * (t * widths + (b - options.min_bits));
       m[at] = static_cast<float>(compression::EncodedBytes(msg));
-      m[at + 1] = static_cast<float>(err);
+      m[at + 1] = static_cast<float>(std::min(err, static_cast<double>(std::numeric_limits<float>::max())));
     }
     off += tensor_sizes[t];
   }

@@ -58,6 +58,11 @@ struct LayerwisePlanOptions {
   int error_bins = 1000;  // resolution of the knapsack DP (compression/layerwise.h)
 };
 
+// The plan options of an exchange with `exchange`'s codec (its bits the
+// uniform width) at widths [min_bits, max_bits] among `replicas` replicas.
+LayerwisePlanOptions LayerwisePlanOptionsOf(const AllReduceOptions& exchange, int min_bits, int max_bits,
+                                            int replicas);
+
 struct LayerwisePlan {
   std::vector<int> bits;  // per tensor
   double cost_bytes = 0, error = 0;                  // measured, of `bits`

@@ -346,12 +346,8 @@ absl::Status QuantizedAdam::CompressedExchange(ReplicaExchange& ex, uint64_t ste
   const std::vector<int> bits = layerwise_bits();
   const int64_t exchanges = layerwise ? (layerwise_.empty() ? 0 : static_cast<int64_t>(layerwise_[0])) + 1 : 0;
   const bool replan = layerwise && exchanges % options_.layerwise_every_steps == 0;
-  LayerwisePlanOptions lo;
-  lo.codec = options_.compressed.codec;
-  lo.min_bits = options_.layerwise_min_bits;
-  lo.max_bits = options_.layerwise_max_bits;
-  lo.uniform_bits = options_.compressed.codec.bits;
-  lo.replicas = ex.size();
+  const LayerwisePlanOptions lo = LayerwisePlanOptionsOf(options_.compressed, options_.layerwise_min_bits,
+                                                         options_.layerwise_max_bits, ex.size());
   // A re-plan measures each width's error on this replica's own momentum x
   // (not on the exchanged mean: it lies on the exchange's min-max grid, where
   // the current width measures no error), and the replicas average their

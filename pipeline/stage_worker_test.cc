@@ -106,6 +106,24 @@ void ExchangeStep(StageWorker& a, StageWorker& c, int s, double sq_a, double sq_
   ASSERT_EQ(a.ParameterHash(), c.ParameterHash()) << "step " << s;
 }
 
+// One step of a 2-stage x 2-pipeline grid: each pipeline's forwards and
+// backwards on its own tokens, then each stage's data-parallel step; after
+// it the replicas agree (ExchangeStep) and each pipeline's tied copies are
+// bit-identical.
+void GridStep(std::vector<std::unique_ptr<testing::WorkerPipeline>>& pipes, int s) {
+  std::vector<double> sq;
+  for (int p = 0; p < 2; ++p) {
+    sq.push_back(pipes[p]->Run(s, [p](int mb, int step, int n) {
+      return testing::Batch{Tokens(mb, step + 11 * p, n), Tokens(mb, step + 11 * p + 1, n)};
+    }).grad_sq);
+  }
+  for (int stage = 0; stage < 2; ++stage) ExchangeStep(*pipes[0]->w[stage], *pipes[1]->w[stage], s, sq[0], sq[1]);
+  for (int p = 0; p < 2; ++p) {
+    ASSERT_EQ(pipes[p]->w[0]->TiedEmbeddingHash(), pipes[p]->w[1]->TiedEmbeddingHash())
+        << "step " << s << " pipeline " << p;
+  }
+}
+
 // One data-parallel step of a one-stage job: replica `a` at rank 0 and `c`
 // at rank 1, each on its own tokens (seeded by the worker's index `ia`/`ic`);
 // their ParameterHash must agree after it.
@@ -212,21 +230,7 @@ TEST(StageWorkerDataParallelTest, DiLoCoGridKeepsTiedCopiesIdenticalThroughAResu
   std::vector<std::unique_ptr<testing::WorkerPipeline>> pipes;
   for (int p = 0; p < 2; ++p) pipes.push_back(std::make_unique<testing::WorkerPipeline>(job));
   const auto train = [&](int from, int to) {
-    for (int s = from; s < to; ++s) {
-      std::vector<double> sq;
-      for (int p = 0; p < 2; ++p) {
-        sq.push_back(pipes[p]->Run(s, [p](int mb, int step, int n) {
-          return testing::Batch{Tokens(mb, step + 11 * p, n), Tokens(mb, step + 11 * p + 1, n)};
-        }).grad_sq);
-      }
-      for (int stage = 0; stage < 2; ++stage) {
-        ExchangeStep(*pipes[0]->w[stage], *pipes[1]->w[stage], s, sq[0], sq[1]);
-      }
-      for (int p = 0; p < 2; ++p) {
-        ASSERT_EQ(pipes[p]->w[0]->TiedEmbeddingHash(), pipes[p]->w[1]->TiedEmbeddingHash())
-            << "step " << s << " pipeline " << p;
-      }
-    }
+    for (int s = from; s < to && !::testing::Test::HasFatalFailure(); ++s) GridStep(pipes, s);
   };
   train(0, 6);
   // Pipelines differ between outer steps: their tied copies too.
@@ -428,22 +432,7 @@ TEST(StageWorkerDataParallelTest, EveryOptimizerCodecBitsTieFragmentsLayerwiseCo
               }
               std::vector<std::unique_ptr<testing::WorkerPipeline>> pipes;
               for (int p = 0; p < 2; ++p) pipes.push_back(std::make_unique<testing::WorkerPipeline>(*job));
-              for (int s = 0; s < 4 && !::testing::Test::HasFailure(); ++s) {
-                std::vector<double> sq;
-                for (int p = 0; p < 2; ++p) {
-                  sq.push_back(pipes[p]->Run(s, [p](int mb, int step, int n) {
-                    return testing::Batch{Tokens(mb, step + 11 * p, n), Tokens(mb, step + 11 * p + 1, n)};
-                  }).grad_sq);
-                }
-                for (int stage = 0; stage < 2; ++stage) {
-                  ExchangeStep(*pipes[0]->w[stage], *pipes[1]->w[stage], s, sq[0], sq[1]);
-                }
-                if (tie) {
-                  for (int p = 0; p < 2; ++p) {
-                    EXPECT_EQ(pipes[p]->w[0]->TiedEmbeddingHash(), pipes[p]->w[1]->TiedEmbeddingHash()) << "step " << s;
-                  }
-                }
-              }
+              for (int s = 0; s < 4 && !::testing::Test::HasFailure(); ++s) GridStep(pipes, s);
               if (::testing::Test::HasFailure()) return;
               ++ran;
             }
