@@ -151,7 +151,7 @@ absl::Status DiLoCo::Step(ReplicaExchange& ex, double lr, absl::Span<float> para
     AQSWARM_RETURN_IF_ERROR(SyncFragment(ex, f, s, params));
     outer = true;
   }
-  last_step_kind_ = outer ? "outer" : "local";
+  last_step_kind_ = outer ? DpStepKind::kOuter : DpStepKind::kLocal;
   return absl::OkStatus();
 }
 
@@ -257,7 +257,8 @@ std::vector<std::pair<std::string, const std::vector<float>*>> DiLoCo::NamedStat
   return out;
 }
 
-absl::Status DiLoCo::LoadState(const std::vector<std::pair<std::string, std::vector<float>>>& state, int64_t step) {
+absl::Status DiLoCo::LoadState(const DpState& state, const DpStateMeta& meta) {
+  const int64_t step = meta.step;
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("DiLoCo state: step ", step, " is negative"));
   std::vector<std::pair<std::vector<float>*, const std::vector<float>*>> loads;
   for (auto& [name, buf] : NamedState()) {

@@ -64,6 +64,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "pipeline/dp_allreduce.h"
+#include "pipeline/dp_optimizer.h"
 #include "pipeline/quantized_adam.h"
 #include "proto/job.pb.h"
 
@@ -104,7 +105,7 @@ struct DiLoCoOptions {
 // layerwise_*}) + dp.{inner_steps, outer_lr, outer_momentum, fragments}.
 DiLoCoOptions DiLoCoOptionsFromJob(const v1::JobSpec& job);
 
-class DiLoCo {
+class DiLoCo final : public DataParallelOptimizer {
  public:
   // `decay[i]` says whether element i gets weight decay; elements
   // [0, num_compressed) are exchanged compressed; `tensor_sizes` cut the
@@ -116,24 +117,28 @@ class DiLoCo {
   // One inner step with this replica's (already clipped) gradient, then the
   // outer step of every fragment due at this step. The first call takes
   // `params` as the anchor (replicas start equal).
-  absl::Status Step(ReplicaExchange& ex, double lr, absl::Span<float> params, absl::Span<const float> grads);
+  absl::Status Step(ReplicaExchange& ex, double lr, absl::Span<float> params,
+                    absl::Span<const float> grads) override;
 
   // Drops this replica's inner progress: params = anchor, m = v = 0 and the
   // inner Adam step restarts. For a state that must not depend on the
   // replica (the tied-embedding copy after a state load). InvalidArgument on
   // a size mismatch; a no-op before the anchor exists.
   absl::Status RestartFromAnchor(absl::Span<float> params);
+  absl::Status RestartFromShared(absl::Span<float> params) override { return RestartFromAnchor(params); }
 
   int64_t step() const { return step_; }
   // Empty before the first Step.
   const std::vector<float>& anchor() const { return anchor_; }
+  const std::vector<float>* shared_params() const override { return &anchor_; }
+  DpStateMeta meta() const override { return {step_, false}; }
   // [begin, end) of fragment f, f < num_fragments().
   std::pair<int64_t, int64_t> fragment(int f) const { return {bounds_[f], bounds_[f + 1]}; }
   int num_fragments() const { return static_cast<int>(bounds_.size()) - 1; }
-  const AllReduceStats& stats() const { return stats_; }
-  // What the last Step did (events.proto StepDataParallel.kind): "local"
-  // (inner step only) or "outer" (some fragment synced); "" before the first.
-  const std::string& last_step_kind() const { return last_step_kind_; }
+  const AllReduceStats& stats() const override { return stats_; }
+  // What the last Step did: kLocal (inner step only) or kOuter (some
+  // fragment synced); kNone before the first.
+  DpStepKind last_step_kind() const override { return last_step_kind_; }
 
   // Named flat buffers: "m", "v", "anchor", "outer_momentum",
   // "worker_error", "server_error", "error_owner" ({rank, replicas}; empty:
@@ -141,7 +146,7 @@ class DiLoCo {
   // "layerwise" (empty: none yet; else F exchange counts, then a width per
   // compressed tensor piece, fragment by fragment, 0 = dp.bits).
   std::vector<std::pair<std::string, std::vector<float>*>> NamedState();
-  std::vector<std::pair<std::string, const std::vector<float>*>> NamedState() const;
+  std::vector<std::pair<std::string, const std::vector<float>*>> NamedState() const override;
   // m and v must hold n values; anchor and outer_momentum none or n;
   // worker_error none or num_compressed; server_error at most
   // num_compressed; error_owner none or {rank, replicas} with
@@ -149,7 +154,7 @@ class DiLoCo {
   // in [0, step]; layerwise (optional) none or F + pieces values, each
   // fragment's widths all 0 or all in [1, 8]. Anything else is InvalidArgument naming the buffer and
   // both sizes, and nothing is changed.
-  absl::Status LoadState(const std::vector<std::pair<std::string, std::vector<float>>>& state, int64_t step);
+  absl::Status LoadState(const DpState& state, const DpStateMeta& meta) override;
 
  private:
   absl::Status SyncFragment(ReplicaExchange& ex, int f, uint64_t s, absl::Span<float> params);
@@ -176,7 +181,7 @@ class DiLoCo {
   std::vector<float> delta_, mean_, we_, se_;  // scratch of an outer step
   int64_t step_ = 0;
   AllReduceStats stats_;
-  std::string last_step_kind_;
+  DpStepKind last_step_kind_ = DpStepKind::kNone;
 };
 
 }  // namespace aqswarm::pipeline

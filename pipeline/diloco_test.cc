@@ -116,10 +116,10 @@ TEST(DiLoCoTest, InnerStepsSendNothingAndOuterStepsSendBitsPerElement) {
   for (int t = 0; t < 3; ++t) {
     ASSERT_TRUE(g.Step(t).ok());
     EXPECT_EQ(g.opt[0]->stats().bytes_sent, 0u) << "step " << t + 1;
-    EXPECT_EQ(g.opt[0]->last_step_kind(), "local");
+    EXPECT_EQ(DpStepKindName(g.opt[0]->last_step_kind()), "local");
   }
   ASSERT_TRUE(g.Step(3).ok());
-  EXPECT_EQ(g.opt[0]->last_step_kind(), "outer");
+  EXPECT_EQ(DpStepKindName(g.opt[0]->last_step_kind()), "outer");
   const AllReduceStats& st = g.opt[0]->stats();
   // Scatter: the other replica's half; gather: my half to the other.
   EXPECT_EQ(st.raw_bytes, 2u * (kN / 2) * 4);
@@ -145,7 +145,7 @@ TEST(DiLoCoTest, AnchorsAreBitIdenticalOnEveryReplicaAtEveryStep) {
       const absl::Status s = g.Step(t);
       ASSERT_TRUE(s.ok()) << s;
       const bool outer = (t + 1) % 3 == 0;
-      EXPECT_EQ(g.opt[0]->last_step_kind(), outer ? "outer" : "local");
+      EXPECT_EQ(DpStepKindName(g.opt[0]->last_step_kind()), outer ? "outer" : "local");
       for (int r = 1; r < 3; ++r) {
         EXPECT_TRUE(SameBits(g.opt[0]->anchor(), g.opt[r]->anchor())) << "step " << t + 1 << " replica " << r;
         EXPECT_TRUE(SameBits(Buffer(*g.opt[0], "outer_momentum"), Buffer(*g.opt[r], "outer_momentum")));
@@ -207,7 +207,7 @@ TEST(DiLoCoTest, FragmentsSyncOnTheirStaggeredStepsAndOnlyTheirSliceMoves) {
     const uint64_t bytes0 = g.opt[0]->stats().bytes_sent;
     ASSERT_TRUE(g.Step(t).ok());
     const int synced = step % 4 == 0 ? 0 : (step + 2) % 4 == 0 ? 1 : -1;
-    EXPECT_EQ(g.opt[0]->last_step_kind(), synced >= 0 ? "outer" : "local") << "step " << step;
+    EXPECT_EQ(DpStepKindName(g.opt[0]->last_step_kind()), synced >= 0 ? "outer" : "local") << "step " << step;
     EXPECT_EQ(g.opt[0]->stats().bytes_sent > bytes0, synced >= 0) << "step " << step;
     const std::vector<float>& anchor = g.opt[0]->anchor();
     for (int f = 0; f < 2; ++f) {
@@ -305,14 +305,14 @@ TEST(DiLoCoTest, LoadStateRejectsWrongSizesAndKeepsItsState) {
       {"layerwise", {1, 4, 4}, "layerwise holds 3 values, expected 0 or 2"},
   };
   for (const auto& b : bad) {
-    const absl::Status s = g.opt[0]->LoadState(Replace(before, b.name, b.value), 3);
+    const absl::Status s = g.opt[0]->LoadState(Replace(before, b.name, b.value), {3});
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << b.name << ": " << s;
     EXPECT_NE(s.message().find(b.message), std::string::npos) << s;
     EXPECT_EQ(g.Save(0), before) << b.name;
   }
   State missing = before;
   std::erase_if(missing, [](const auto& e) { return e.first == "anchor"; });
-  EXPECT_TRUE(absl::IsNotFound(g.opt[0]->LoadState(missing, 3)));
+  EXPECT_TRUE(absl::IsNotFound(g.opt[0]->LoadState(missing, {3})));
   EXPECT_EQ(g.Save(0), before);
   EXPECT_EQ(g.opt[0]->step(), 3);
 
@@ -320,7 +320,7 @@ TEST(DiLoCoTest, LoadStateRejectsWrongSizesAndKeepsItsState) {
   Group copy(2, kN, Options(2), 400);
   for (int r = 0; r < 2; ++r) {
     copy.params[r] = g.params[r];
-    ASSERT_TRUE(copy.opt[r]->LoadState(g.Save(r), 3).ok());
+    ASSERT_TRUE(copy.opt[r]->LoadState(g.Save(r), {3}).ok());
   }
   ASSERT_TRUE(g.Run(3, 7).ok());
   ASSERT_TRUE(copy.Run(3, 7).ok());
@@ -342,8 +342,8 @@ TEST(DiLoCoTest, AJoinerGivenAnotherRanksStateStartsItsErrorFeedbackFromZero) {
   const auto group_from = [&](const State& rank0) {
     auto g = std::make_unique<Group>(2, kN, Options(2));
     g->params = base.params;
-    EXPECT_TRUE(g->opt[0]->LoadState(rank0, 4).ok());
-    EXPECT_TRUE(g->opt[1]->LoadState(s1, 4).ok());
+    EXPECT_TRUE(g->opt[0]->LoadState(rank0, {4}).ok());
+    EXPECT_TRUE(g->opt[1]->LoadState(s1, {4}).ok());
     EXPECT_TRUE(g->Run(4, 6).ok());
     return g;
   };

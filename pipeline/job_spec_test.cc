@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "pipeline/dp_optimizer.h"
 #include "pipeline/quantized_adam.h"
 
 namespace aqswarm::pipeline {

@@ -154,7 +154,7 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
   const uint64_t s = static_cast<uint64_t>(step_);
   ++step_;
   if (!compressed) {
-    last_step_kind_ = options_.quantized ? "warmup" : "adamw";
+    last_step_kind_ = options_.quantized ? DpStepKind::kWarmup : DpStepKind::kAdamW;
     AQSWARM_RETURN_IF_ERROR(GradientMean(ex, s, grads));
     const float bc1 = static_cast<float>(1 - std::pow(options_.beta1, static_cast<double>(step_)));
     const float bc2 = static_cast<float>(1 - std::pow(options_.beta2, static_cast<double>(step_)));
@@ -198,7 +198,7 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
   if (refresh_interval > 0) {
     // Variance refresh: the mean gradient, exchanged as in the warm-up; v
     // takes it with the weight of the `refresh_interval` steps since the last one.
-    last_step_kind_ = "refresh";
+    last_step_kind_ = DpStepKind::kRefresh;
     AQSWARM_RETURN_IF_ERROR(GradientMean(ex, s, grads));
     const double t = static_cast<double>(step_);
     const double keep = std::pow(options_.beta2, static_cast<double>(refresh_interval));
@@ -221,7 +221,7 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
   if (local) {
     // A local step: this replica's own momentum and a step from the anchor's
     // trajectory, no traffic; lr x is summed for the next sync.
-    last_step_kind_ = "local";
+    last_step_kind_ = DpStepKind::kLocal;
     if (local_.empty()) {
       anchor_.assign(params.begin(), params.end());
       local_update_.assign(n_, 0.0f);
@@ -241,7 +241,7 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
   // x = m (or the preconditioned momentum m / (sqrt(v_frozen) + eps), see the
   // header) is what travels; the means come back in g_. At a sync after local
   // steps, the lr-weighted mean of x over the interval travels instead.
-  last_step_kind_ = "compressed";
+  last_step_kind_ = DpStepKind::kCompressed;
   const bool sync = !local_.empty();
   const float lr_sum = sync ? local_[0] + flr : flr;
   scratch_.resize(n_);
@@ -413,8 +413,8 @@ std::vector<std::pair<std::string, const std::vector<float>*>> QuantizedAdam::Na
   return out;
 }
 
-absl::Status QuantizedAdam::LoadState(const std::vector<std::pair<std::string, std::vector<float>>>& state,
-                                      int64_t step, bool frozen) {
+absl::Status QuantizedAdam::LoadState(const DpState& state, const DpStateMeta& meta) {
+  const int64_t step = meta.step;
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("optimizer state: step ", step, " is negative"));
   std::vector<std::pair<std::vector<float>*, const std::vector<float>*>> loads;
   for (auto& [name, buf] : AllState()) {
@@ -491,7 +491,7 @@ absl::Status QuantizedAdam::LoadState(const std::vector<std::pair<std::string, s
   // Error buffers without an owner are of unknown origin: the next
   // compressed step starts them from zero (see the header).
   step_ = step;
-  frozen_ = frozen;
+  frozen_ = meta.frozen;
   return absl::OkStatus();
 }
 

@@ -59,7 +59,7 @@
 // bias correction, no bound)? DeepSpeed freezes after thousands of steps; a
 // short warm-up leaves coordinates whose token (embedding or output row) was
 // never or rarely seen with a tiny v, so the first gradient they get after
-// the freeze makes m/sqrt(v) 100-700 (measured, docs/CONVERGENCE.md): a step
+// the freeze makes m/sqrt(v) hundreds: a step
 // of hundreds of lr on one row, the loss spikes. Adam itself can never step
 // further than B lr at step t; the bound restores that, and raising v where it
 // binds lets the next steps decay with m as Adam's would (a stale v would
@@ -111,6 +111,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "pipeline/dp_allreduce.h"
+#include "pipeline/dp_optimizer.h"
 #include "proto/job.pb.h"
 
 namespace aqswarm::pipeline {
@@ -216,7 +217,7 @@ int64_t VarianceRefreshInterval(int64_t k, int64_t refresh_steps, int64_t growth
 // (growth 0: max_local_steps from the start; max_local_steps <= 1: every step).
 bool LocalStepsSyncAt(int64_t k, int64_t max_local_steps, int64_t growth);
 
-class QuantizedAdam {
+class QuantizedAdam final : public DataParallelOptimizer {
  public:
   // `decay[i]` says whether element i gets weight decay; elements
   // [0, num_compressed) are compressed after warm-up; `tensor_sizes` cut the
@@ -225,15 +226,17 @@ class QuantizedAdam {
                 std::vector<int64_t> tensor_sizes = {});
 
   // One step with this replica's (already clipped) gradient.
-  absl::Status Step(ReplicaExchange& ex, double lr, absl::Span<float> params, absl::Span<const float> grads);
+  absl::Status Step(ReplicaExchange& ex, double lr, absl::Span<float> params,
+                    absl::Span<const float> grads) override;
 
   int64_t step() const { return step_; }
   bool frozen() const { return frozen_; }
-  const AllReduceStats& stats() const { return stats_; }
-  // What the last Step exchanged (events.proto StepDataParallel.kind):
-  // "adamw" (not quantized), "warmup", "compressed" (also a local-step
-  // sync), "refresh" or "local" (no traffic); "" before the first step.
-  const std::string& last_step_kind() const { return last_step_kind_; }
+  const AllReduceStats& stats() const override { return stats_; }
+  // What the last Step exchanged: kAdamW (not quantized), kWarmup,
+  // kCompressed (also a local-step sync), kRefresh or kLocal (no traffic);
+  // kNone before the first step.
+  DpStepKind last_step_kind() const override { return last_step_kind_; }
+  DpStateMeta meta() const override { return {step_, frozen_}; }
   // The layer-wise plan: bits per tensor of the compressed part (the tensors
   // of `tensor_sizes` within [0, num_compressed)); empty while every tensor
   // travels at compressed.codec.bits (layer-wise off, or no plan yet).
@@ -248,7 +251,7 @@ class QuantizedAdam {
   // only when they hold something (a checkpoint's safetensors reader takes
   // an empty tensor that shares its offset with the next one for an overlap).
   std::vector<std::pair<std::string, std::vector<float>*>> NamedState();
-  std::vector<std::pair<std::string, const std::vector<float>*>> NamedState() const;
+  std::vector<std::pair<std::string, const std::vector<float>*>> NamedState() const override;
   // m and v must hold n values; the error buffers none or at most
   // num_compressed (worker_error exactly num_compressed); "error_owner"
   // (optional: older states lack it) none or {rank, replicas} with
@@ -257,8 +260,7 @@ class QuantizedAdam {
   // local_update of n values, and {count >= 0, one width in [1, 8] per
   // compressed tensor} (or {count} before the first plan). Anything else is
   // InvalidArgument naming the buffer and both sizes, and nothing is changed.
-  absl::Status LoadState(const std::vector<std::pair<std::string, std::vector<float>>>& state, int64_t step,
-                         bool frozen);
+  absl::Status LoadState(const DpState& state, const DpStateMeta& meta) override;
 
  private:
   // The mean gradient of a warm-up or refresh step into g_ (float32, or
@@ -287,7 +289,7 @@ class QuantizedAdam {
   int64_t step_ = 0;
   bool frozen_ = false;
   AllReduceStats stats_;
-  std::string last_step_kind_;
+  DpStepKind last_step_kind_ = DpStepKind::kNone;
 };
 
 }  // namespace aqswarm::pipeline

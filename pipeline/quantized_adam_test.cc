@@ -74,7 +74,7 @@ struct Group {
           }
           const uint64_t before = opt[r]->stats().bytes_sent;
           st[r] = opt[r]->Step(ex, lr, absl::MakeSpan(params[r]), g);
-          kinds.back()[r] = opt[r]->last_step_kind();
+          kinds.back()[r] = std::string(DpStepKindName(opt[r]->last_step_kind()));
           bytes.back()[r] = opt[r]->stats().bytes_sent - before;
         });
       }
@@ -151,12 +151,12 @@ TEST(QuantizedAdamStateTest, AJoinerGivenAnotherRanksStateStepsAsAnUndisturbedGr
     for (Group* g : {&joined, &reset}) {
       for (int r = 0; r < kReplicas; ++r) {
         g->params[r] = p;
-        if (r != joiner) ASSERT_TRUE(g->opt[r]->LoadState(saved[r], 4, true).ok());
+        if (r != joiner) ASSERT_TRUE(g->opt[r]->LoadState(saved[r], {4, true}).ok());
       }
     }
-    ASSERT_TRUE(joined.opt[joiner]->LoadState(saved[0], 4, true).ok());
+    ASSERT_TRUE(joined.opt[joiner]->LoadState(saved[0], {4, true}).ok());
     ASSERT_TRUE(reset.opt[joiner]
-                    ->LoadState(Replace(Replace(saved[joiner], "worker_error", {}), "server_error", {}), 4, true)
+                    ->LoadState(Replace(Replace(saved[joiner], "worker_error", {}), "server_error", {}), {4, true})
                     .ok());
     const absl::Status js = joined.Run(4, 8);
     ASSERT_TRUE(js.ok()) << js;
@@ -176,7 +176,7 @@ TEST(QuantizedAdamStateTest, AReplicaRestoredFromItsOwnStateStepsAsIfUndisturbed
   Group restored;
   for (int r = 0; r < kReplicas; ++r) {
     restored.params[r] = base.params[r];
-    ASSERT_TRUE(restored.opt[r]->LoadState(base.Save(r), 4, true).ok());
+    ASSERT_TRUE(restored.opt[r]->LoadState(base.Save(r), {4, true}).ok());
   }
   ASSERT_TRUE(base.Run(4, 8).ok());
   ASSERT_TRUE(restored.Run(4, 8).ok());
@@ -191,9 +191,9 @@ TEST(QuantizedAdamStateTest, AStateWithoutAnErrorOwnerLoadsWithItsErrorsReset) {
   Group old, reset;
   for (int r = 0; r < kReplicas; ++r) {
     old.params[r] = reset.params[r] = base.params[r];
-    ASSERT_TRUE(old.opt[r]->LoadState(Without(base.Save(r), "error_owner"), 4, true).ok());
+    ASSERT_TRUE(old.opt[r]->LoadState(Without(base.Save(r), "error_owner"), {4, true}).ok());
     ASSERT_TRUE(reset.opt[r]
-                    ->LoadState(Replace(Replace(base.Save(r), "worker_error", {}), "server_error", {}), 4, true)
+                    ->LoadState(Replace(Replace(base.Save(r), "worker_error", {}), "server_error", {}), {4, true})
                     .ok());
   }
   ASSERT_TRUE(old.Run(4, 6).ok());
@@ -226,15 +226,15 @@ TEST(QuantizedAdamStateTest, BuffersOfTheWrongSizeAreRefusedByNameAndChangeNothi
   };
   for (const Case& c : cases) {
     QuantizedAdam q(kN, kN, std::vector<uint8_t>(kN, 0), Options());
-    const absl::Status s = q.LoadState(c.state, 3, true);
+    const absl::Status s = q.LoadState(c.state, {3, true});
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.name << ": " << s;
     EXPECT_NE(s.message().find(c.name), std::string::npos) << s;
     EXPECT_EQ(q.step(), 0) << c.name;
     EXPECT_EQ(*q.NamedState()[0].second, std::vector<float>(kN, 0.0f)) << c.name << ": m changed";
   }
   QuantizedAdam q(kN, kN, std::vector<uint8_t>(kN, 0), Options());
-  EXPECT_EQ(q.LoadState(Without(good, "v"), 3, true).code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(q.LoadState(good, 3, true).ok());
+  EXPECT_EQ(q.LoadState(Without(good, "v"), {3, true}).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(q.LoadState(good, {3, true}).ok());
 }
 
 
@@ -349,7 +349,7 @@ TEST(QuantizedAdamLocalStepsTest, ALearningRateOfZeroThroughALocalIntervalMovesN
   ASSERT_TRUE(g.Run(9, 11, 0.0).ok());  // k = 9, 10: local, lr 0
   ASSERT_EQ(g.kinds.back()[0], "local");
   QuantizedAdam q(kN, kN, std::vector<uint8_t>(kN, 0), ZeroOneOptions());
-  const absl::Status load = q.LoadState(g.Save(0), 11, true);
+  const absl::Status load = q.LoadState(g.Save(0), {11, true});
   EXPECT_TRUE(load.ok()) << load;
   ASSERT_TRUE(g.Run(11, 12, 0.0).ok());  // k = 11: the sync
   ASSERT_EQ(g.kinds.back()[0], "compressed");
@@ -378,7 +378,7 @@ TEST(QuantizedAdamLocalStepsTest, AJoinerMidIntervalContinuesTheScheduleAndSyncs
       const int from = r == joiner ? 0 : r;
       for (Group* g : {&undisturbed, &joined}) {
         g->params[r] = base.params[g == &joined ? from : r];
-        ASSERT_TRUE(g->opt[r]->LoadState(base.Save(g == &joined ? from : r), 14, true).ok());
+        ASSERT_TRUE(g->opt[r]->LoadState(base.Save(g == &joined ? from : r), {14, true}).ok());
       }
     }
     ASSERT_TRUE(undisturbed.Run(14, 32).ok());
@@ -630,7 +630,7 @@ TEST(QuantizedAdamWarmupTest, WarmupZeroStartsWithAWarmupStepAndResiduesStayWith
     };
     for (int t = 0; t < 20; ++t) {
       ASSERT_TRUE(p.Step(t, grad).ok()) << "bits " << bits << " step " << t;
-      EXPECT_EQ(p.opt[0]->last_step_kind(), t == 0 ? "warmup" : "compressed") << "bits " << bits << " step " << t;
+      EXPECT_EQ(DpStepKindName(p.opt[0]->last_step_kind()), t == 0 ? "warmup" : "compressed") << "bits " << bits << " step " << t;
       EXPECT_TRUE(p.opt[0]->frozen());
       const double bc1 = 1 - std::pow(o.beta1, t + 1), bound = AdamUpdateBound(o.beta1, o.beta2, t + 1);
       for (int r = 0; r < 2; ++r) {
