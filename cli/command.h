@@ -45,6 +45,7 @@ std::vector<Command> ExportCommands();    // cli/export_command.cc
 std::vector<Command> GenerateCommands();  // cli/generate_command.cc
 std::vector<Command> TokenizeCommands();  // cli/tokenize_command.cc
 std::vector<Command> DataCommands();      // cli/data_command.cc
+std::vector<Command> JobCommands();       // cli/job_command.cc
 
 // The metrics endpoint named by --metrics_listen (cli/metrics_command.cc);
 // null when the flag is empty.

@@ -24,7 +24,7 @@ std::vector<Command> AllCommands() {
   std::vector<Command> all;
   for (auto group : {VersionCommands, PipelineCommands, CertsCommands, BenchCommands, AllreduceCommands,
                      CoordinatorCommands, MetricsCommands, PeerCommands, ExportCommands, GenerateCommands,
-                     TokenizeCommands, DataCommands}) {
+                     TokenizeCommands, DataCommands, JobCommands}) {
     for (auto& c : group()) all.push_back(std::move(c));
   }
   return all;

@@ -328,13 +328,8 @@ int RunPipeline(const std::vector<std::string>& args) {
   // checkpoint_every_steps at 0 (= every step) writes the first and the
   // final state only.
   if (job->checkpoint_every_steps() == 0) job->set_checkpoint_every_steps(1000000);
-  std::string json;
-  google::protobuf::util::JsonPrintOptions po;
-  po.add_whitespace = true;
-  po.always_print_primitive_fields = true;
-  (void)google::protobuf::util::MessageToJsonString(*job, &json, po);
   const std::string job_path = (out / "job.json").string();
-  std::ofstream(job_path) << json;
+  std::ofstream(job_path) << pipeline::JobSpecJson(*job);
 
   signal(SIGINT, OnInterrupt);
   signal(SIGTERM, OnInterrupt);

@@ -3,6 +3,7 @@
 #include <set>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -119,8 +120,11 @@ void CoordinatorState::Change::PutDataIdentity(const DataIdentity& d) {
 }
 
 void CoordinatorState::Change::PutUsedToken(const UsedToken& u) {
-  batch_.Put(StateKey<std::string>(TokenKey(u.token_id, u.peer_name)),
-             absl::StrCat(u.expiry_unix_s, "|", u.certificate_sha256, "|", u.session_token));
+  v1::UsedTokenRecord r;
+  r.set_expiry_unix_s(u.expiry_unix_s);
+  r.set_certificate_sha256(u.certificate_sha256);
+  r.set_session_token(u.session_token);
+  batch_.Put(StateKey<std::string>(TokenKey(u.token_id, u.peer_name)), r.SerializeAsString());
 }
 
 void CoordinatorState::Change::DeleteUsedToken(const std::string& token_id, const std::string& peer_name) {
@@ -217,15 +221,28 @@ absl::StatusOr<PersistedState> CoordinatorState::Load() const {
   for (const auto& [key, tagged] : tokens) {
     AQSWARM_ASSIGN_OR_RETURN(std::string raw, StateStore::Untag<std::string>(key, tagged));
     const std::vector<std::string> id_name = absl::StrSplit(key.substr(sizeof(kTokensPrefix) - 1), absl::MaxSplits('/', 1));
-    const std::vector<std::string> fields = absl::StrSplit(raw, absl::MaxSplits('|', 2));
     UsedToken u;
-    if (id_name.size() != 2 || fields.size() != 3 || !absl::SimpleAtoi(fields[0], &u.expiry_unix_s)) {
-      return absl::DataLossError(absl::StrCat("coordinator state: used token record '", key, "' is corrupt"));
+    bool ok = id_name.size() == 2;
+    if (ok && !raw.empty() && (absl::ascii_isdigit(static_cast<unsigned char>(raw[0])) || raw[0] == '-')) {
+      // Older builds' text, "<expiry>|<certificate sha256>|<session token>"
+      // (a UsedTokenRecord never starts with a digit or '-': its first byte
+      // is a field tag).
+      const std::vector<std::string> fields = absl::StrSplit(raw, absl::MaxSplits('|', 2));
+      ok = fields.size() == 3 && absl::SimpleAtoi(fields[0], &u.expiry_unix_s);
+      if (ok) {
+        u.certificate_sha256 = fields[1];
+        u.session_token = fields[2];
+      }
+    } else if (ok) {
+      v1::UsedTokenRecord r;
+      ok = r.ParseFromString(raw);
+      u.expiry_unix_s = r.expiry_unix_s();
+      u.certificate_sha256 = r.certificate_sha256();
+      u.session_token = r.session_token();
     }
+    if (!ok) return absl::DataLossError(absl::StrCat("coordinator state: used token record '", key, "' is corrupt"));
     u.token_id = id_name[0];
     u.peer_name = id_name[1];
-    u.certificate_sha256 = fields[1];
-    u.session_token = fields[2];
     s.used_tokens.push_back(std::move(u));
   }
 

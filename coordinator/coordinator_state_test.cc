@@ -1,6 +1,7 @@
 #include "coordinator/coordinator_state.h"
 
 #include "coordinator/coordinator_testing.h"
+#include "storage/state_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/scratch_dir.h"
@@ -86,6 +87,50 @@ TEST(CoordinatorStateTest, EverythingSurvivesReopen) {
   EXPECT_EQ(s->progress.progress.loss, 3.5);
   EXPECT_EQ(s->progress.progress.tokens_per_second, 900);
   EXPECT_EQ(s->progress.checkpoint_step, 100);
+}
+
+// A state dir of an older build holds used tokens as "expiry|sha|session"
+// text: it still loads, beside records written now; a record that is
+// neither is DataLoss naming its key.
+TEST(CoordinatorStateTest, UsedTokensWrittenAsTextByOlderBuildsStillLoad) {
+  ScratchDir dir;
+  {
+    auto store = storage::StateStore::Open({dir.Sub("state"), false});
+    ASSERT_TRUE(store.ok()) << store.status();
+    storage::StateStore::Batch b;
+    b.Put(storage::StateKey<std::string>("tokens/00aa/old-peer"), std::string("1900000000|") + std::string(64, 'c') +
+                                                                      "|sess|ion");
+    ASSERT_TRUE((*store)->Commit(b).ok());
+  }
+  {
+    auto state = CoordinatorState::Open({dir.Sub("state"), false});
+    ASSERT_TRUE(state.ok()) << state.status();
+    CoordinatorState::Change change;
+    change.PutUsedToken({"00bb", "new-peer", 1'900'000'001, "", "s2"});
+    ASSERT_TRUE((*state)->Commit(change).ok());
+    auto s = (*state)->Load();
+    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_EQ(s->used_tokens.size(), 2u);
+    EXPECT_EQ(s->used_tokens[0].peer_name, "old-peer");
+    EXPECT_EQ(s->used_tokens[0].expiry_unix_s, 1'900'000'000);
+    EXPECT_EQ(s->used_tokens[0].certificate_sha256, std::string(64, 'c'));
+    EXPECT_EQ(s->used_tokens[0].session_token, "sess|ion");
+    EXPECT_EQ(s->used_tokens[1].peer_name, "new-peer");
+    EXPECT_EQ(s->used_tokens[1].expiry_unix_s, 1'900'000'001);
+    EXPECT_EQ(s->used_tokens[1].session_token, "s2");
+  }
+  {
+    auto store = storage::StateStore::Open({dir.Sub("state"), false});
+    ASSERT_TRUE(store.ok()) << store.status();
+    storage::StateStore::Batch b;
+    b.Put(storage::StateKey<std::string>("tokens/00cc/bad"), std::string("12|only-one-bar"));
+    ASSERT_TRUE((*store)->Commit(b).ok());
+  }
+  auto state = CoordinatorState::Open({dir.Sub("state"), false});
+  ASSERT_TRUE(state.ok()) << state.status();
+  const auto s = (*state)->Load();
+  EXPECT_TRUE(absl::IsDataLoss(s.status())) << s.status();
+  EXPECT_NE(s.status().message().find("tokens/00cc/bad"), std::string::npos) << s.status();
 }
 
 TEST(CoordinatorStateTest, UsedTokensCertificatesAndStateHashesSurviveReopen) {

@@ -30,6 +30,7 @@
 #include "pipeline/step_schedule.h"
 #include "storage/memory_message_store.h"
 #include "storage/rocksdb_message_store.h"
+#include "storage/store_status.h"
 
 namespace aqswarm::peer {
 namespace {
@@ -389,9 +390,7 @@ class StageRunnerImpl final : public StageRunner {
         const bool final_step = (max_steps > 0 && global + 1 == max_steps) ||
                                 (epoch + 1 == job_.epochs() && s + 1 == sched.num_steps());
         absl::StatusOr<v1::StageEvent> stepped = RunStep(sched, epoch, s, global, final_step);
-        if (absl::IsResourceExhausted(stepped.status()) && store_ != nullptr &&
-            (absl::StrContains(stepped.status().message(), "disk full") ||
-             absl::StrContains(stepped.status().message(), "space"))) {
+        if (storage::IsDiskFull(stepped.status()) && store_ != nullptr) {
           // The disk under the message store may be full: say what bounds it.
           const storage::MessageStoreStats st = store_->GetStats();
           return absl::ResourceExhaustedError(absl::StrCat(

@@ -46,12 +46,6 @@ uint32_t DefaultQuantizedAdamWarmup(const v1::JobSpec& job) {
   return static_cast<uint32_t>(std::max<uint64_t>(w, kMinQuantizedAdamWarmup));
 }
 
-int TiedGlobalQsgdBits(const v1::JobSpec& job) {
-  const int fits = compression::MinGlobalQsgdBits(v1::LEVELS_EXPONENTIAL,
-                                                  static_cast<int>(std::max<uint32_t>(1, job.data_parallel())));
-  return fits == 0 ? 0 : std::max(fits, static_cast<int>(job.dp().bits()));
-}
-
 void ApplyJobDefaults(v1::JobSpec* job) {
   if (job->name().empty()) job->set_name("job");
   auto* m = job->mutable_model();
@@ -595,6 +589,15 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(std::string_view json, std::vector<std:
   ApplyJobDefaults(&job);
   AQSWARM_RETURN_IF_ERROR(ValidateJobSpec(job));
   return job;
+}
+
+std::string JobSpecJson(const v1::JobSpec& job) {
+  google::protobuf::util::JsonPrintOptions po;
+  po.add_whitespace = true;
+  po.always_print_primitive_fields = true;
+  std::string json;
+  (void)google::protobuf::util::MessageToJsonString(job, &json, po);
+  return json;
 }
 
 absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path) {

@@ -34,11 +34,10 @@ absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path);
 // kMinQuantizedAdamWarmup (2).
 uint32_t DefaultQuantizedAdamWarmup(const v1::JobSpec& job);
 
-// The code width of the tied-embedding copy's Global-QSGD exchange
-// (quantized_adam and diloco with tied embeddings across stages): dp.bits,
-// widened to the narrowest width whose codes carry the sums of
-// data_parallel replicas (3 bits for 2 to 4 replicas); 0 when none does.
-int TiedGlobalQsgdBits(const v1::JobSpec& job);
+// The job as JSON with every field printed, defaults included (after
+// ParseJobSpec: the effective job): what `aqswarm job show` prints and what
+// every `aqswarm pipeline` run writes to <out_dir>/job.json beside its events.
+std::string JobSpecJson(const v1::JobSpec& job);
 
 // Fills zero/empty fields with documented defaults (see proto/job.proto).
 void ApplyJobDefaults(v1::JobSpec* job);

@@ -14,7 +14,7 @@
 # rows again after the codes' zstd parameters changed; *_seed8: the best
 # rows again with seed 8). Writes
 # docs/data/codecs_<run>.jsonl (+ _noise.jsonl) and docs/data/codecs.meta,
-# and renders docs/CONVERGENCE.md, section "Link codecs by time to target
+# and renders docs/notebook/convergence_codecs.md, section "Link codecs by time to target
 # (issue 41)". About 100 minutes on 2 cores.
 #
 #   scripts/codecs_rank.sh            # run, then render
@@ -87,7 +87,7 @@ if [[ "${1:-}" != --render ]]; then
   done
   echo "${ONLY:-all runs}: build $build, finished $(date -u +%Y-%m-%dT%H:%MZ), $(( $(date +%s) - start )) s, $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at the end." >> "$meta"
 fi
-python3 - "$meta" docs/CONVERGENCE.md <<'PY'
+python3 - "$meta" docs/notebook/convergence_codecs.md <<'PY'
 import json, os, sys
 meta_file, doc = sys.argv[1:3]
 meta = open(meta_file).read().strip()

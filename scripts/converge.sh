@@ -4,7 +4,7 @@
 # unshaped, 100 Mbit/s + 50 ms, 10 Mbit/s + 50 ms), writes docs/data/converge.jsonl
 # (one JSON object per run), docs/data/converge.meta (build, time, load) and
 # docs/data/converge_noise.jsonl (the baseline with another seed), and
-# renders the table and the issue's goals into docs/CONVERGENCE.md, section
+# renders the table and the issue's goals into docs/notebook/convergence_time_to_target.md, section
 # "Time to target (issue 39)". About 25 minutes on a shared 2-core machine.
 #
 #   scripts/converge.sh            # run the bench, then render
@@ -47,7 +47,7 @@ if [[ "${1:-}" != --render ]]; then
   mv "$noise.tmp" "$noise"
   echo "build $build, finished $(date -u +%Y-%m-%dT%H:%MZ), $(( $(date +%s) - start )) s, $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at the end." > "$meta"
 fi
-python3 - "$data" "$meta" docs/CONVERGENCE.md "$noise" <<'PY'
+python3 - "$data" "$meta" docs/notebook/convergence_time_to_target.md "$noise" <<'PY'
 import json, os, sys
 data, meta, doc, noise_file = sys.argv[1:5]
 rows = [json.loads(l) for l in open(data) if l.strip()]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Convergence study (not a CI test): pre-trains the same small GPT from scratch
 # with each link/optimizer configuration on the State of the Union corpus and
-# writes docs/CONVERGENCE.md (table) and docs/convergence*.png (curves).
+# writes $OUT/table.md (table) and docs/convergence-<study>.png (curves).
 #
 #   scripts/convergence.sh pipeline    # issue 4: 4 stages, fp32 / aqsgd / directq
 #   scripts/convergence.sh dp          # issue 5: 2 stages x 2 replicas, QuantizedAdam

@@ -11,6 +11,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/rocksdb_message_store.h"
+#include "storage/rocksdb_util.h"
+#include "storage/store_status.h"
 #include "storage/test_util.h"
 #include "tests/testing/scratch_dir.h"
 
@@ -382,6 +384,20 @@ TEST(RocksDbMessageStoreTest, SecondOpenOfTheSameDirectoryFailsWithLockMessage) 
 
 TEST(RocksDbMessageStoreTest, RejectsEmptyPath) {
   EXPECT_TRUE(absl::IsInvalidArgument(RocksDbMessageStore::Open({}).status()));
+}
+
+// A full disk is a typed status: RocksDB's NoSpace becomes a DiskFullError,
+// which survives propagation and which no other ResourceExhausted status is
+// taken for, whatever its message says.
+TEST(StoreStatusTest, AFullDiskIsTypedAndOtherResourceExhaustedStatusesAreNot) {
+  const absl::Status full = internal::FromRocksDb(rocksdb::Status::NoSpace("write"), "put");
+  EXPECT_TRUE(absl::IsResourceExhausted(full)) << full;
+  EXPECT_TRUE(IsDiskFull(full)) << full;
+  const absl::Status copied = full;
+  EXPECT_TRUE(IsDiskFull(copied));
+  EXPECT_FALSE(IsDiskFull(absl::ResourceExhaustedError("disk full: no space")));
+  EXPECT_FALSE(IsDiskFull(internal::FromRocksDb(rocksdb::Status::IOError("read"), "get")));
+  EXPECT_FALSE(IsDiskFull(absl::OkStatus()));
 }
 
 }  // namespace

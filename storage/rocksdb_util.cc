@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "storage/rocksdb_crc32c.h"
+#include "storage/store_status.h"
 
 namespace aqswarm::storage::internal {
 
@@ -21,7 +22,7 @@ absl::Status FromRocksDb(const rocksdb::Status& s, absl::string_view context) {
   if (s.IsTimedOut()) return absl::DeadlineExceededError(msg);
   if (s.IsAborted()) return absl::AbortedError(msg);
   if (s.IsIOError()) {
-    if (s.IsNoSpace()) return absl::ResourceExhaustedError(absl::StrCat(msg, " (disk full)"));
+    if (s.IsNoSpace()) return DiskFullError(absl::StrCat(msg, " (disk full)"));
     const std::string text = s.ToString();
     if (absl::StrContains(absl::AsciiStrToLower(text), "lock")) {
       return absl::FailedPreconditionError(
@@ -52,7 +53,7 @@ absl::StatusOr<std::unique_ptr<rocksdb::DB>> OpenRocksDb(const rocksdb::Options&
     if (ec == std::errc::permission_denied || ec == std::errc::read_only_file_system) {
       return absl::PermissionDeniedError(msg);
     }
-    if (ec == std::errc::no_space_on_device) return absl::ResourceExhaustedError(msg);
+    if (ec == std::errc::no_space_on_device) return DiskFullError(msg);
     return absl::FailedPreconditionError(msg);
   }
   if (!std::filesystem::is_directory(path, ec)) {

@@ -23,6 +23,13 @@ while read -r cmd; do
   # shellcheck disable=SC2086
   check "help:$cmd" 0 "usage: aqswarm $cmd" -- "$bin" $cmd --help
 done < <("$bin" --help | awk '/^  [a-z]/{ if ($2 ~ /^[a-z]+$/ && $1 == "bench") print $1" "$2; else print $1 }')
+# job show: the effective job, every default filled in; a bad job is refused with the field named.
+root_dir="$(cd "$(dirname "$0")/../.." && pwd)"
+check job-show 0 '"innerSteps": 4' -- "$bin" job show --job="$root_dir/examples/tiny_diloco.json"
+check job-show-default 0 '"outerMomentum": 0.9' -- "$bin" job show --job="$root_dir/examples/tiny_diloco.json"
+check job-show-missing 2 "--job is required" -- "$bin" job show
+check job-show-bad 1 "job spec: data.tokenzier: no such field in DataSpec; did you mean 'tokenizer'?" -- \
+  "$bin" job show --job=<(echo '{"data":{"tokenzier":"x"}}')
 check bad-flag 2 "unknown flag" -- "$bin" bench compression --nope=1
 check foreign-flag 2 "unknown flag" -- "$bin" bench compression --samples=3
 check bad-value 1 "Illegal value" -- "$bin" bench compression --mib=lots
