@@ -198,17 +198,13 @@ absl::Status DataParallelStep::Finish() {
   if (shared != nullptr && !shared->empty()) {
     // The job ends on the shared parameters (DiLoCo's anchors), the model
     // every replica holds.
-    if (opt_.tied != nullptr) {
-      const std::vector<float>* a = opt_.tied->shared_params();
-      if (a != nullptr && !a->empty()) std::copy(a->begin(), a->end(), params_.begin());
-    }
+    const std::vector<float>* tied = opt_.tied != nullptr ? opt_.tied->shared_params() : nullptr;
+    if (tied != nullptr && !tied->empty()) std::copy(tied->begin(), tied->end(), params_.begin());
     std::copy(shared->begin(), shared->end(), params_.begin() + tied_n_);
-    torch::NoGradGuard ng;
-    Apply();
-    return absl::OkStatus();
+  } else {
+    AQSWARM_RETURN_IF_ERROR(Join());
+    if (!master_) return absl::OkStatus();
   }
-  AQSWARM_RETURN_IF_ERROR(Join());
-  if (!master_) return absl::OkStatus();
   torch::NoGradGuard ng;
   Apply();
   return absl::OkStatus();
@@ -217,7 +213,8 @@ absl::Status DataParallelStep::Finish() {
 bool DataParallelStep::HashShared(Checksummer& c) const {
   const std::vector<float>* shared = opt_.stage != nullptr ? opt_.stage->shared_params() : nullptr;
   if (shared == nullptr) return false;
-  if (opt_.tied != nullptr) c.Update(opt_.tied->shared_params()->data(), opt_.tied->shared_params()->size() * sizeof(float));
+  const std::vector<float>* tied = opt_.tied != nullptr ? opt_.tied->shared_params() : nullptr;
+  if (tied != nullptr) c.Update(tied->data(), tied->size() * sizeof(float));
   c.Update(shared->data(), shared->size() * sizeof(float));
   return true;
 }
@@ -244,10 +241,11 @@ absl::Status DataParallelStep::Load(ExtraCheckpointState& extra, const std::stri
   master_ = false;
   prev_params_.clear();
   if (extra.tensors.empty()) return absl::OkStatus();
+  AQSWARM_ASSIGN_OR_RETURN(const DpCheckpointMeta meta, DpCheckpointMeta::ReadFrom(extra.metadata, path));
   // A DiLoCo state has an anchor and no frozen variance: it does not fit
   // QuantizedAdam, nor the other way round.
   const bool job_diloco = job_.dp().optimizer() == v1::DataParallelSpec::diloco;
-  const bool saved_diloco = extra.metadata.count(kDpOptimizer) > 0 && extra.metadata.at(kDpOptimizer) == "diloco";
+  const bool saved_diloco = meta.diloco;
   if (job_diloco != saved_diloco) {
     return absl::FailedPreconditionError(absl::StrCat(
         path, ": its data-parallel optimizer state is ", saved_diloco ? "diloco's" : "quantized_adam's (or adamw's)",
@@ -274,7 +272,6 @@ absl::Status DataParallelStep::Load(ExtraCheckpointState& extra, const std::stri
       }
     }
   }
-  AQSWARM_ASSIGN_OR_RETURN(const DpCheckpointMeta meta, DpCheckpointMeta::ReadFrom(extra.metadata, path));
   AQSWARM_RETURN_IF_ERROR(opt_.stage->LoadState(state, meta.state));
   if (opt_.tied != nullptr) {
     AQSWARM_RETURN_IF_ERROR(opt_.tied->LoadState(tied_state, meta.state));

@@ -165,7 +165,7 @@ absl::Status QuantizedAdam::Step(ReplicaExchange& ex, double lr, absl::Span<floa
       if (decay_[i] && wd > 0) params[i] *= 1 - wd;
       params[i] -= flr * (m_[i] / bc1) / (std::sqrt(v_[i] / bc2) + eps);
     }
-    if (options_.quantized && step_ >= warmup) {
+    if (options_.quantized && step_ >= warmup && !frozen_) {
       // Freeze the bias-corrected variance, floored per tensor (see header).
       for (float& x : v_) x /= bc2;
       FloorVariance(tensor_sizes_, v_);
