@@ -374,7 +374,12 @@ absl::Status QuantizedAdam::CompressedExchange(ReplicaExchange& ex, uint64_t ste
   layerwise_.resize(std::max<size_t>(layerwise_.size(), 1));
   layerwise_[0] = static_cast<float>(exchanges);
   if (!replan) return absl::OkStatus();
-  AQSWARM_ASSIGN_OR_RETURN(LayerwisePlan plan, ChooseLayerwiseBitsFrom(measured_mean, compressed_sizes_, lo));
+  absl::StatusOr<LayerwisePlan> planned = ChooseLayerwiseBitsFrom(measured_mean, compressed_sizes_, lo);
+  // A mean no plan can come from (a replica that sent negative or
+  // overflowing measurements) keeps the current widths: every replica got
+  // the same mean, so every replica keeps them, and the step goes on.
+  if (absl::IsInvalidArgument(planned.status())) return absl::OkStatus();
+  AQSWARM_ASSIGN_OR_RETURN(LayerwisePlan plan, std::move(planned));
   const std::vector<int> current = bits.empty() ? std::vector<int>(compressed_sizes_.size(), lo.uniform_bits) : bits;
   if (plan.bits != current) {
     // The error buffers are laid out (and their residues sized) by the old

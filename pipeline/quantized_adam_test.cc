@@ -13,7 +13,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "compression/codec.h"
+#include "common/status_macros.h"
 #include "pipeline/dp_test_util.h"
+#include "pipeline/layerwise_plan.h"
 
 namespace aqswarm::pipeline {
 namespace {
@@ -677,6 +680,70 @@ TEST(QuantizedAdamLayerwiseTest, APlanOnBucketAlignedTensorsIsMeasuredOnTheMomen
               static_cast<unsigned long long>(uniform_bytes), static_cast<unsigned long long>(planned_bytes));
   EXPECT_LT(bits[0], 4);
   EXPECT_LT(planned_bytes, uniform_bytes);
+}
+
+// A replica that lies in the layer-wise measurement round (every value
+// -1e30, finite, so the exchange takes it) cannot stall the group: the mean
+// is refused as a plan, every replica keeps its widths (uniform here) and
+// both keep stepping, bit-identical, with their step counters rising.
+TEST(QuantizedAdamLayerwiseTest, AReplicaLyingInTheMeasurementRoundLeavesThePlanAndTheStepsGoOn) {
+  class Lying final : public ReplicaExchange {
+   public:
+    explicit Lying(HubExchange* inner) : inner_(inner) {}
+    int rank() const override { return inner_->rank(); }
+    int size() const override { return inner_->size(); }
+    absl::Status Send(int to, const v1::ExchangeChunk& chunk) override {
+      if (chunk.round() != LayerwiseMeasureRound(0)) return inner_->Send(to, chunk);
+      int64_t n = 1;
+      for (int64_t d : chunk.tensor().shape()) n *= d;
+      std::vector<float> lie(n, -1e30f);
+      v1::ExchangeChunk c = chunk;
+      compression::CodecOptions raw;
+      raw.codec = v1::CODEC_RAW_F32;
+      const int64_t shape[] = {n};
+      AQSWARM_RETURN_IF_ERROR(compression::Encode(raw, lie, shape, 0, c.mutable_tensor()));
+      return inner_->Send(to, c);
+    }
+    absl::StatusOr<v1::ExchangeChunk> Receive(int from, uint64_t step, uint32_t round, v1::ExchangeChunk::Phase phase,
+                                              uint32_t bucket, uint32_t chunk) override {
+      return inner_->Receive(from, step, round, phase, bucket, chunk);
+    }
+
+   private:
+    HubExchange* inner_;
+  };
+  constexpr int64_t n = 1024;
+  QuantizedAdamOptions o = Options();
+  o.warmup_steps = 2;
+  o.layerwise_every_steps = 1;
+  std::vector<std::unique_ptr<QuantizedAdam>> opt;
+  std::vector<std::vector<float>> params;
+  for (int r = 0; r < 2; ++r) {
+    opt.push_back(std::make_unique<QuantizedAdam>(n, n, std::vector<uint8_t>(n, 0), o, std::vector<int64_t>{512, 512}));
+    params.push_back(RandomFloats(n, 7));
+  }
+  for (int t = 0; t < 6; ++t) {
+    Hub hub;
+    absl::Status st[2];
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        HubExchange inner(&hub, r, 2);
+        Lying liar(&inner);
+        std::vector<float> g = RandomFloats(n, 100 * t + r);
+        for (int64_t i = 0; i < 512 && t >= 2; ++i) g[i] *= 0.01f;
+        ReplicaExchange& ex = r == 1 ? static_cast<ReplicaExchange&>(liar) : inner;
+        st[r] = opt[r]->Step(ex, 0.01, absl::MakeSpan(params[r]), g);
+      });
+    }
+    for (auto& th : threads) th.join();
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(st[r].ok()) << "replica " << r << " step " << t << ": " << st[r];
+      EXPECT_EQ(opt[r]->step(), t + 1);
+      EXPECT_TRUE(opt[r]->layerwise_bits().empty()) << "step " << t;
+    }
+    ASSERT_EQ(0, std::memcmp(params[0].data(), params[1].data(), n * sizeof(float))) << "step " << t;
+  }
 }
 
 }  // namespace aqswarm::pipeline
