@@ -1,5 +1,5 @@
 // `aqswarm bench allreduce`: D worker processes on loopback average a vector
-// with the GradientExchange (pipeline/dp_allreduce.h over peer/gradient_exchange.h),
+// with the GradientExchange (pipeline/dp_allreduce.h over stage/gradient_exchange.h),
 // uncompressed (32 bits) and compressed (min-max buckets, 1/4/8 bits, error
 // feedback), with links unshaped and shaped. Seconds per exchange and bytes on
 // the wire per replica, against the uncompressed exchange of the same run.
@@ -19,7 +19,7 @@
 #include "common/status_macros.h"
 #include "common/subprocess.h"
 #include "nlohmann/json.hpp"
-#include "peer/gradient_exchange.h"
+#include "stage/gradient_exchange.h"
 #include "pipeline/dp_allreduce.h"
 
 namespace aqswarm::bench {
@@ -44,13 +44,13 @@ std::vector<Cell> ParseBits(const std::string& s) {
 }  // namespace
 
 absl::Status RunAllreduceWorker(const AllreduceWorkerOptions& o, std::ostream& out) {
-  peer::ReplicaExchangeOptions eo;
+  stage::ReplicaExchangeOptions eo;
   eo.group = "bench/allreduce";
   eo.rank = o.rank;
   eo.size = o.size;
   eo.shaping.bandwidth_mbps = o.bandwidth_mbps;
   eo.timeout = absl::Seconds(600);
-  AQSWARM_ASSIGN_OR_RETURN(auto ex, peer::GrpcReplicaExchange::Start(eo));
+  AQSWARM_ASSIGN_OR_RETURN(auto ex, stage::GrpcReplicaExchange::Start(eo));
   out << nlohmann::json({{"event", "listening"}, {"port", ex->port()}}).dump() << std::endl;
   std::string line;
   AQSWARM_RETURN_IF_ERROR(ReadLineFromFd(0, &line, absl::Seconds(120)));

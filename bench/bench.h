@@ -204,7 +204,7 @@ struct CoordinatorBenchOptions {
 };
 absl::Status RunCoordinatorBench(const CoordinatorBenchOptions& options, std::ostream& out);
 
-// `aqswarm bench swarmsim` (issue 40): N simulated peers speaking the real
+// `aqswarm bench swarmsim`: N simulated peers speaking the real
 // protocol to the real coordinator (gRPC on loopback, RocksDB) under Poisson
 // churn, on a virtual clock; one JSON line per N with re-plan time, peers
 // moved per membership change, join-to-assignment time, heartbeat latency
@@ -232,7 +232,7 @@ struct SwarmsimOptions {
 };
 absl::Status RunSwarmsimBench(const SwarmsimOptions& options, std::ostream& out);
 
-// `aqswarm bench converge` (issue 39): time to a target validation loss.
+// `aqswarm bench converge`: time to a target validation loss.
 // Runs a base job (JSON) under each configuration (DP optimizer + link
 // compression) and each link shaping, one real `aqswarm pipeline` per run,
 // and prints one JSON object per run: steps and seconds to the target, final
@@ -249,7 +249,7 @@ struct ConvergeBenchOptions {
   // (dp.innerSteps H), LINK = fp32 | directq | aqsgd (fw3 bw6) | tiledB
   // (tiled fw B bw 6) | aqsgd_tiledB (tiled first visits at B bits), all but
   // fp32 optionally + _ent (zstd-coded codes). adamw-fp32, the baseline,
-  // always runs first. Default: issue 39's five.
+  // always runs first. Default: AdamW's baseline and four DP x link variants.
   std::string configs = "adamw-fp32,qadam-aqsgd,diloco-h16-aqsgd,diloco-h32-aqsgd,diloco-h64-aqsgd";
   // Comma-separated link shapings MBIT/MS (bandwidth in Mbit/s, one-way
   // latency in ms; 0/0 = unshaped, always run first). Default: the issue's.

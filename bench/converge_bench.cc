@@ -1,4 +1,4 @@
-// `aqswarm bench converge` (issue 39, item 4): time to a target validation
+// `aqswarm bench converge`: time to a target validation
 // loss, per DP optimizer, link compression and link shaping.
 //
 // Every run is a real `aqswarm pipeline` (a private copy of this executable)
@@ -121,12 +121,12 @@
 #include "bench/bench_util.h"
 #include "common/file_util.h"
 #include "common/sha256.h"
+#include "stage/pipeline_monitor.h"
 #include "common/status_macros.h"
 #include "common/subprocess.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/job_spec.h"
-#include "proto/event_json.h"
 
 namespace aqswarm::bench {
 namespace {
@@ -405,45 +405,31 @@ struct Run {
 
 // `first_epoch_kind`: steps of epoch 0 get their own kind ("<dp kind> epoch
 // 0"), so a shaped AQ-SGD run times steps after its first epoch too.
-absl::StatusOr<Run> ReadRun(const fs::path& events_path, int stages, int dp, bool first_epoch_kind) {
-  std::ifstream in(events_path);
-  if (!in) return absl::DataLossError(absl::StrCat("converge: no ", events_path.string()));
+absl::StatusOr<Run> ReadRun(const fs::path& events_path, const v1::JobSpec& job, bool first_epoch_kind) {
+  AQSWARM_ASSIGN_OR_RETURN(std::unique_ptr<stage::PipelineMonitor> m,
+                           stage::PipelineMonitor::Replay(job, events_path.string()));
+  const int dp = static_cast<int>(job.data_parallel());
   Run r;
-  std::map<int64_t, int> lines;                       // step -> stage lines
-  std::map<int64_t, std::vector<double>> val;         // step -> stage 0's val loss per pipeline
-  std::map<int64_t, std::pair<double, std::string>> s0;  // step -> (max step_seconds, kind of pipeline 0)
   double dp_bytes = 0;
-  for (std::string l; std::getline(in, l);) {
-    absl::StatusOr<v1::StageEvent> ev = events::ParseStageEvent(l);
-    if (!ev.ok()) return absl::DataLossError(absl::StrCat(events_path.string(), ": ", ev.status().message()));
-    if (ev->has_eval() && ev->eval().stage() == 0) {
-      const v1::EvalEvent& e = ev->eval();
-      val[e.step()].push_back(e.val_loss_not_finite() ? NAN : e.val_loss());
+  for (const std::vector<v1::StepEvent>& row : m->steps()) {
+    const int64_t step = row[0].step();
+    if (step != r.steps) {
+      return absl::DataLossError(absl::StrCat(events_path.string(), ": step ", step, " after step ", r.steps - 1));
     }
-    if (!ev->has_step()) continue;
-    const v1::StepEvent& e = ev->step();
-    ++lines[e.step()];
-    r.fingerprint[{static_cast<int>(e.pipeline()), static_cast<int>(e.stage()), e.step()}] = {
-        e.loss_not_finite() ? NAN : e.loss(), e.dp().param_hash()};
-    dp_bytes += static_cast<double>(e.dp().bytes());
-    r.link_bytes += static_cast<double>(e.fw_bytes()) + static_cast<double>(e.bw_bytes());
-    r.fw_bytes += static_cast<double>(e.fw_bytes());
-    if (e.stage() == 0) {
-      auto& [secs, kind] = s0[e.step()];
-      secs = std::max(secs, e.step_seconds());
-      if (e.pipeline() == 0) kind = first_epoch_kind && e.epoch() == 0 ? e.dp().kind() + " epoch 0" : e.dp().kind();
+    ++r.steps;
+    double secs = 0;
+    for (const v1::StepEvent& e : row) {
+      r.fingerprint[{static_cast<int>(e.pipeline()), static_cast<int>(e.stage()), e.step()}] = {
+          e.loss_not_finite() ? NAN : e.loss(), e.dp().param_hash()};
+      dp_bytes += static_cast<double>(e.dp().bytes());
+      r.link_bytes += static_cast<double>(e.fw_bytes()) + static_cast<double>(e.bw_bytes());
+      r.fw_bytes += static_cast<double>(e.fw_bytes());
+      if (e.stage() == 0) secs = std::max(secs, e.step_seconds());
     }
+    r.step_seconds.push_back(secs);
+    r.kinds.push_back(first_epoch_kind && row[0].epoch() == 0 ? row[0].dp().kind() + " epoch 0" : row[0].dp().kind());
   }
-  r.steps = static_cast<int64_t>(lines.size());
-  for (const auto& [step, n] : lines) {
-    if (step >= r.steps || n != stages * dp) {
-      return absl::DataLossError(absl::StrCat(events_path.string(), ": step ", step, " has ", n,
-                                              " stage lines, want ", stages * dp, " (steps 0..", r.steps - 1, ")"));
-    }
-    r.step_seconds.push_back(s0[step].first);
-    r.kinds.push_back(s0[step].second);
-  }
-  for (const auto& [step, v] : val) {
+  for (const auto& [step, v] : m->evals()) {
     if (static_cast<int>(v.size()) != dp) {
       return absl::DataLossError(absl::StrCat(events_path.string(), ": eval after step ", step, " has ", v.size(),
                                               " pipelines, want ", dp));
@@ -452,9 +438,8 @@ absl::StatusOr<Run> ReadRun(const fs::path& events_path, int stages, int dp, boo
     for (double x : v) sum += x;
     r.val_loss[step] = sum / dp;
   }
-  if (r.steps == 0 || r.val_loss.empty()) {
-    return absl::DataLossError(absl::StrCat(events_path.string(), ": no ", r.steps == 0 ? "step" : "eval",
-                                            " events (set the job's evalEverySteps)"));
+  if (r.val_loss.empty()) {
+    return absl::DataLossError(absl::StrCat(events_path.string(), ": no eval events (set the job's evalEverySteps)"));
   }
   r.dp_bytes_per_replica = dp_bytes / dp;
   return r;
@@ -500,8 +485,7 @@ absl::StatusOr<Run> RunJob(const std::string& exe, const v1::JobSpec& job, const
     return absl::InternalError(absl::StrCat("converge: ", job.name(), ": aqswarm pipeline failed (exit ",
                                             code.ok() ? *code : -1, "): ", ss.str().substr(0, 2000)));
   }
-  AQSWARM_ASSIGN_OR_RETURN(Run r, ReadRun(dir / "run" / "events.jsonl", static_cast<int>(job.stages()),
-                                          static_cast<int>(job.data_parallel()),
+  AQSWARM_ASSIGN_OR_RETURN(Run r, ReadRun(dir / "run" / "events.jsonl", job,
                                           job.compression().mode() == v1::LinkCompression::aqsgd));
   r.dir = dir.string();
   r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

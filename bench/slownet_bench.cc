@@ -4,7 +4,7 @@
 // Cells are real runs of `aqswarm pipeline` (this executable) on a fresh run
 // directory: K stage processes (x D pipelines for the grid) on 127.0.0.1,
 // links shaped in user space by the job's `shaping` (a FIFO wire per link
-// direction, peer/link_transport.h; the DP GradientExchange too). By default
+// direction, stage/link_transport.h; the DP GradientExchange too). By default
 // (sweep) one run holds every bandwidth of a mode: the job's
 // shaping.bandwidth_schedule_mbps gives step g the g % n-th bandwidth (or a
 // rotated order that spreads QuantizedAdam's periodic refresh steps evenly
@@ -125,9 +125,9 @@
 #include "common/status_macros.h"
 #include "common/subprocess.h"
 #include "nlohmann/json.hpp"
-#include "proto/event_json.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/step_schedule.h"
+#include "stage/pipeline_monitor.h"
 
 namespace aqswarm::bench {
 namespace {
@@ -438,70 +438,57 @@ absl::Status RunCells(const SlownetBenchOptions& o, const fs::path& root, std::v
     a.dpb.assign(c0.stages, 0);
     a.cpu_by_stage.assign(c0.stages, 0);
   }
-  // metrics.csv: step,epoch,loss,val_loss,step_seconds,tokens_per_second,
-  // fw_bytes_link<l>,bw_bytes_link<l>...[,dp_bytes_stage<s>...]
-  std::ifstream csv(dir / "run" / "metrics.csv");
-  std::string header;
-  if (!std::getline(csv, header)) return absl::DataLossError(absl::StrCat(name, ": empty metrics.csv"));
-  std::vector<std::string> cols = absl::StrSplit(header, ',');
-  std::map<std::string, size_t> col;
-  for (size_t i = 0; i < cols.size(); ++i) col[cols[i]] = i;
-  for (std::string row; std::getline(csv, row);) {
-    std::vector<std::string> v = absl::StrSplit(row, ',');
-    if (v.size() != cols.size()) continue;
-    int64_t step = 0, epoch = 0;
-    if (!absl::SimpleAtoi(v[col["step"]], &step) || !absl::SimpleAtoi(v[col["epoch"]], &epoch)) continue;
+  // The run's steps through the launcher's own reader (stage/pipeline_monitor.h):
+  // per step every stage's event, the step's time the slowest pipeline's.
+  AQSWARM_ASSIGN_OR_RETURN(const v1::JobSpec spec, pipeline::ParseJobSpec(job.dump()));
+  absl::StatusOr<std::unique_ptr<stage::PipelineMonitor>> replay =
+      stage::PipelineMonitor::Replay(spec, (dir / "run" / "events.jsonl").string());
+  if (!replay.ok()) return absl::DataLossError(absl::StrCat(name, ": ", replay.status().message()));
+  int64_t timed = 0;
+  for (const std::vector<v1::StepEvent>& row : (*replay)->steps()) {
+    const int64_t step = row[0].step();
     if (step < skip || step >= total_steps) continue;
-    Acc& a = acc[cell_of(step)];
-    if (a.first_epoch < 0) a.first_epoch = epoch;
-    double x = 0;
-    (void)absl::SimpleAtod(v[col["step_seconds"]], &x);
-    a.secs.push_back(x);
+    ++timed;
+    const int k = cell_of(step);
+    Acc& a = acc[k];
+    if (a.first_epoch < 0) a.first_epoch = row[0].epoch();
+    double secs = 0;
+    for (int p = 0; p < c0.dp; ++p) secs = std::max(secs, row[p * c0.stages].step_seconds());
+    a.secs.push_back(secs);
     for (int l = 0; l + 1 < c0.stages; ++l) {
-      if (absl::SimpleAtod(v[col[absl::StrCat("fw_bytes_link", l)]], &x)) a.fw[l] += x;
-      if (absl::SimpleAtod(v[col[absl::StrCat("bw_bytes_link", l)]], &x)) a.bw[l] += x;
+      a.fw[l] += static_cast<double>(row[l].fw_bytes());
+      a.bw[l] += static_cast<double>(row[l + 1].bw_bytes());
     }
-    for (int s = 0; s < c0.stages && c0.dp > 1; ++s) {
-      auto it = col.find(absl::StrCat("dp_bytes_stage", s));
-      if (it != col.end() && absl::SimpleAtod(v[it->second], &x)) a.dpb[s] += x;
-    }
+    for (int s = 0; s < c0.stages && c0.dp > 1; ++s) a.dpb[s] += static_cast<double>(row[s].dp().bytes());
+  }
+  if (timed != total_steps - skip) {
+    return absl::DataLossError(absl::StrCat(name, ": ", timed, " complete steps after the first ", skip,
+                                            " in events.jsonl, want ", total_steps - skip));
   }
   for (int k = 0; k < n_bw; ++k) {
     if (acc[k].secs.empty()) {
       return absl::DataLossError(absl::StrCat(name, ": no step of ", (*run)[k].bandwidth_mbps, " Mbit/s after the first ",
-                                              skip, " in metrics.csv"));
+                                              skip, " in events.jsonl"));
     }
   }
-  // CPU time of every stage process over the timed steps (events.jsonl: the
-  // stages' step lines, with cpu_seconds and the step's bandwidth).
-  std::ifstream events(dir / "run" / "events.jsonl");
-  std::map<int64_t, int> seen;  // step -> stage lines counted
-  for (std::string l; std::getline(events, l);) {
-    absl::StatusOr<v1::StageEvent> ev = events::ParseStageEvent(l);
-    if (!ev.ok()) return absl::DataLossError(absl::StrCat(name, ": events.jsonl: ", ev.status().message()));
-    if (!ev->has_step()) continue;
-    const v1::StepEvent& e = ev->step();
-    const int64_t step = e.step();
-    const int stage = static_cast<int>(e.stage());
-    if (step < skip || step >= total_steps || stage >= c0.stages) continue;
+  // CPU time of every stage process over the timed steps, at the step's bandwidth.
+  for (const std::vector<v1::StepEvent>& row : (*replay)->steps()) {
+    const int64_t step = row[0].step();
+    if (step < skip || step >= total_steps) continue;
     const int k = cell_of(step);
     const double want = (*run)[k].bandwidth_mbps;
-    if (std::fabs(e.bandwidth_mbps() - want) > 1e-9 * std::max(1.0, want)) {
-      return absl::DataLossError(absl::StrCat(name, ": step ", step, " of stage ", stage, " ran at ",
-                                              e.bandwidth_mbps(), " Mbit/s, want ", want));
-    }
     const double per = 1.0 / acc[k].secs.size();
-    acc[k].cpu_by_stage[stage] += e.cpu_seconds() * per;
-    acc[k].sys += e.sys_seconds() * per;
-    acc[k].minflt += e.minor_faults() * per;
-    acc[k].ctx += e.ctx_switches() * per;
-    acc[k].ictx += e.invol_ctx_switches() * per;
-    ++seen[step];
-  }
-  for (int64_t step = skip; step < total_steps; ++step) {
-    if (seen[step] != c0.stages * c0.dp) {
-      return absl::DataLossError(absl::StrCat(name, ": step ", step, " has ", seen[step],
-                                              " stage lines in events.jsonl, want ", c0.stages * c0.dp));
+    for (const v1::StepEvent& e : row) {
+      const int stage = static_cast<int>(e.stage());
+      if (std::fabs(e.bandwidth_mbps() - want) > 1e-9 * std::max(1.0, want)) {
+        return absl::DataLossError(absl::StrCat(name, ": step ", step, " of stage ", stage, " ran at ",
+                                                e.bandwidth_mbps(), " Mbit/s, want ", want));
+      }
+      acc[k].cpu_by_stage[stage] += e.cpu_seconds() * per;
+      acc[k].sys += e.sys_seconds() * per;
+      acc[k].minflt += e.minor_faults() * per;
+      acc[k].ctx += e.ctx_switches() * per;
+      acc[k].ictx += e.invol_ctx_switches() * per;
     }
   }
   for (int k = 0; k < n_bw; ++k) {

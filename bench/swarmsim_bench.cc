@@ -1,4 +1,4 @@
-// `aqswarm bench swarmsim` (issue 40): a swarm of N simulated peers under
+// `aqswarm bench swarmsim`: a swarm of N simulated peers under
 // churn against the real coordinator: SwarmCoordinator behind its gRPC
 // server on loopback, state in RocksDB (fsync'd, as deployed). The peers
 // speak the real protocol over real sockets: Join, an assignment watch
@@ -485,8 +485,9 @@ void Sim::Progress() {
       v1::StageCheckpoints* h = req.add_held();
       h->set_stage(a.stage());
       for (int64_t kept = std::max<int64_t>(10, checkpoint - 30); kept <= checkpoint; kept += 10) {
-        h->add_steps(kept);
-        h->add_sha256(Sha256Hex(absl::StrCat("stage ", a.stage(), " step ", kept)));
+        v1::HeldState& state = *h->add_states();
+        state.set_step(kept);
+        state.set_sha256(Sha256Hex(absl::StrCat("stage ", a.stage(), " step ", kept)));
       }
     }
     v1::ReportResponse resp;

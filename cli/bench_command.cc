@@ -211,7 +211,7 @@ std::vector<Command> BenchCommands() {
                    return BenchReport(bench::RunSlownetBench(o, std::cout), "slownet");
                  }});
   out.push_back({"bench converge",
-                 "Time to a target validation loss (issue 39): a base job under DP optimizers x link compression "
+                 "Time to a target validation loss: a base job under DP optimizers x link compression "
                  "x link shapings, one JSON object per run, ratios against AdamW + fp32 links.",
                  "Runs `aqswarm pipeline` per (configuration, shaping) on 127.0.0.1 from the working directory (the "
                  "job's relative data paths). Shaped runs train their first steps only and must match the unshaped "

@@ -12,7 +12,7 @@
 #include "common/status_macros.h"
 #include "peer/assignment.h"  // StageCheckpointDir
 #include "peer/coordinator_client.h"
-#include "peer/stage_checkpoints.h"
+#include "stage/stage_checkpoints.h"
 #include "peer/swarm_states.h"
 #include "pipeline/hf_checkpoint.h"
 #include "pipeline/job_spec.h"
@@ -44,7 +44,7 @@ absl::Status FindRun(const fs::path& run, pipeline::HfExportOptions* o, int64_t*
   *step = -1;
   for (uint32_t k = 0; k < job->stages(); ++k) {
     const fs::path dir = peer::StageCheckpointDir(run.string(), k);  // the peer daemon's layout too
-    const std::vector<int64_t> steps = peer::StageCheckpointSteps(dir.string());
+    const std::vector<int64_t> steps = stage::StageCheckpointSteps(dir.string());
     if (steps.empty()) {
       return absl::NotFoundError(absl::StrCat("no state of stage ", k, " in ", dir.string(),
                                               " (did the run finish? runs before `aqswarm export` existed kept none)"));
@@ -54,7 +54,7 @@ absl::Status FindRun(const fs::path& run, pipeline::HfExportOptions* o, int64_t*
                                                         ", stage 0's of step ", *step, ": not one model"));
     }
     *step = steps.back();
-    o->stage_checkpoints.push_back(peer::StageCheckpointPath(dir.string(), *step));
+    o->stage_checkpoints.push_back(stage::StageCheckpointPath(dir.string(), *step));
   }
   return absl::OkStatus();
 }

@@ -12,7 +12,7 @@
 #include "common/metrics.h"
 #include "coordinator/coordinator_metrics.h"
 #include "nlohmann/json.hpp"
-#include "peer/peer_metrics.h"
+#include "stage/stage_metrics.h"
 
 ABSL_DECLARE_FLAG(bool, json);
 
@@ -32,7 +32,7 @@ int RunList(const std::vector<std::string>& args) {
     std::cerr << "aqswarm metrics list: unexpected argument " << args[0] << "\n";
     return 2;
   }
-  peer::DeclarePeerMetrics();
+  stage::DeclarePeerMetrics();
   coordinator::DeclareCoordinatorMetrics();
   const std::vector<MetricInfo> all = MetricCatalog();
   if (absl::GetFlag(FLAGS_json)) {

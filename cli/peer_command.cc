@@ -17,19 +17,22 @@
 #include "cli/command.h"
 #include "common/metrics.h"
 #include "peer/peer_daemon.h"
-#include "peer/peer_metrics.h"
+#include "stage/stage_metrics.h"
 #include "proto/event_json.h"
 
 ABSL_DECLARE_FLAG(std::string, coordinator);
 ABSL_DECLARE_FLAG(std::string, name);
 ABSL_DECLARE_FLAG(std::string, tls_dir);
 ABSL_DECLARE_FLAG(bool, insecure);  // cli/coordinator_command.cc
-ABSL_DECLARE_FLAG(std::string, listen);
-ABSL_DECLARE_FLAG(std::string, exchange_listen);
 ABSL_DECLARE_FLAG(int32_t, link_timeout_s);
-ABSL_DECLARE_FLAG(int32_t, keep_checkpoints);
 ABSL_DECLARE_FLAG(std::string, metrics_listen);
 
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "Address this process's server binds (aqswarm peer: its stage's StageLink server; aqswarm coordinator: "
+          "the Coordinator service).");
+ABSL_FLAG(std::string, exchange_listen, "", "Address the stage's GradientExchange server binds (default: --listen's "
+                                            "host, any port).");
+ABSL_FLAG(int32_t, keep_checkpoints, 4, "Newest stage states kept in the work dir's checkpoints/stage-<j>.");
 ABSL_FLAG(std::string, join_token, "", "Join token from `aqswarm certs token` (or @FILE to read it from FILE).");
 ABSL_FLAG(std::string, advertise, "", "HOST:PORT other peers dial for --listen (default: --listen).");
 ABSL_FLAG(std::string, exchange_advertise, "", "HOST:PORT replicas dial for --exchange_listen (default: it).");
@@ -104,7 +107,7 @@ int RunPeer(const std::vector<std::string>& args) {
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   std::unique_ptr<MetricsServer> metrics;
   if (const std::string listen = absl::GetFlag(FLAGS_daemon_metrics_listen); !listen.empty()) {
-    peer::DeclarePeerMetrics();
+    stage::DeclarePeerMetrics();
     auto started = MetricsServer::Start(listen);
     if (!started.ok()) return fail(started.status());
     metrics = *std::move(started);

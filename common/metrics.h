@@ -4,7 +4,7 @@
 // Exposer, civetweb inside).
 //
 // Each component declares all of its metrics in one place (STYLE.md), with the
-// Declare* helpers below, e.g. peer/peer_metrics.cc, coordinator/coordinator_metrics.cc:
+// Declare* helpers below, e.g. stage/stage_metrics.cc, coordinator/coordinator_metrics.cc:
 //   auto& sent = DeclareCounter("aqswarm_link_bytes_total", "Bytes on the wire.",
 //                               {"link", "kind", "direction"});
 //   sent.Add({{"link", "p0:s0-s1"}, {"kind", "activation"}, {"direction", "sent"}}).Increment(n);
@@ -22,7 +22,7 @@
 // context when constructing CivetServer". metrics.cc therefore interposes
 // pthread_attr_setstacksize (exported from the executable, see
 // common/CMakeLists.txt) so that no thread asks for less than 1 MiB
-// (kMinThreadStackBytes). peer/peer_metrics_test.cc scrapes an exposer inside
+// (kMinThreadStackBytes). stage/stage_metrics_test.cc scrapes an exposer inside
 // a torch-linked test binary.
 //
 // Thread-safety: everything here is thread-safe.

@@ -36,28 +36,6 @@ PeerProgress FromProto(const v1::Progress& p) {
   return {p.step(), p.loss(), p.tokens_per_second(), p.plan_version()};
 }
 
-// Shape only (stage range and step order: ValidateHeldStates; hashes:
-// ValidateHeldHashes). `hashes` gets each stage's sha256 list when it has one.
-absl::StatusOr<HeldStates> FromProto(const google::protobuf::RepeatedPtrField<v1::StageCheckpoints>& held,
-                                     HeldHashes* hashes) {
-  if (held.size() > 4096) return absl::InvalidArgumentError("held: more than 4096 stages");
-  HeldStates out;
-  for (const v1::StageCheckpoints& h : held) {
-    if (h.steps_size() > static_cast<int>(kMaxHeldStepsPerStage)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("held: stage ", h.stage(), " lists ", h.steps_size(), " steps, at most ", kMaxHeldStepsPerStage));
-    }
-    if (h.sha256_size() != 0 && h.sha256_size() != h.steps_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("held: stage ", h.stage(), " lists ", h.steps_size(),
-                                                     " steps but ", h.sha256_size(), " sha256"));
-    }
-    if (!out.emplace(h.stage(), std::vector<int64_t>(h.steps().begin(), h.steps().end())).second) {
-      return absl::InvalidArgumentError(absl::StrCat("held: stage ", h.stage(), " is listed twice"));
-    }
-    if (h.sha256_size() > 0) (*hashes)[h.stage()].assign(h.sha256().begin(), h.sha256().end());
-  }
-  return out;
-}
 
 // Who called, as TLS says: not `tls` without an authenticated client certificate.
 struct Caller {
@@ -153,7 +131,7 @@ grpc::Status CoordinatorGrpcService::Join(grpc::ServerContext* ctx, const v1::Jo
   p.state_transfer_address = req->state_transfer_address();
   p.seconds_per_layer = req->seconds_per_layer();
   p.memory_bytes = req->memory_bytes();
-  absl::StatusOr<HeldStates> held = FromProto(req->held(), &p.held_sha256);
+  absl::StatusOr<HeldStates> held = HeldStatesFromProto(req->held());
   if (!held.ok()) return ToGrpcStatus(held.status());
   p.held = *std::move(held);
   p.held_job_name = req->held_job_name();
@@ -300,15 +278,13 @@ grpc::Status CoordinatorGrpcService::ReportProgress(grpc::ServerContext*, const 
   if (absl::Status s = CheckPeerRef(req->peer_id(), req->session_token()); !s.ok()) return ToGrpcStatus(s);
   if (!req->has_progress()) return ToGrpcStatus(absl::InvalidArgumentError("progress is required"));
   std::optional<HeldStates> held;
-  HeldHashes hashes;
   if (req->has_held()) {
-    absl::StatusOr<HeldStates> h = FromProto(req->held(), &hashes);
+    absl::StatusOr<HeldStates> h = HeldStatesFromProto(req->held());
     if (!h.ok()) return ToGrpcStatus(h.status());
     held = *std::move(h);
   }
   return ToGrpcStatus(coordinator_->ReportProgress(req->peer_id(), req->session_token(), FromProto(req->progress()),
-                                                   req->checkpoint_step(), held.has_value() ? &*held : nullptr,
-                                                   held.has_value() ? &hashes : nullptr));
+                                                   req->checkpoint_step(), held.has_value() ? &*held : nullptr));
 }
 
 grpc::Status CoordinatorGrpcService::Status(grpc::ServerContext* ctx, const v1::StatusRequest*,

@@ -154,11 +154,26 @@ TEST_F(CoordinatorServiceTest, MalformedRequestsAreInvalidArgument) {
   pr.set_has_held(true);
   v1::StageCheckpoints* h = pr.add_held();
   h->set_stage(0);
-  for (int i = 0; i < 65; ++i) h->add_steps(i);
+  for (int i = 0; i < 65; ++i) h->add_states()->set_step(i);
   grpc::ClientContext ctx4;
   s = stub_->ReportProgress(&ctx4, pr, &rr);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(), HasSubstr("at most 64"));
+  // An older peer's parallel lists: one hash per step, and not both forms.
+  h->clear_states();
+  h->add_legacy_steps(1);
+  h->add_legacy_steps(2);
+  h->add_legacy_sha256(std::string(64, 'a'));
+  grpc::ClientContext ctx5;
+  s = stub_->ReportProgress(&ctx5, pr, &rr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("2 steps but 1 sha256"));
+  h->add_legacy_sha256(std::string(64, 'b'));
+  h->add_states()->set_step(1);
+  grpc::ClientContext ctx6;
+  s = stub_->ReportProgress(&ctx6, pr, &rr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("twice"));
 }
 
 TEST_F(CoordinatorServiceTest, UnknownPeerHeartbeatIsNotFoundAndWrongSessionUnauthenticated) {
@@ -347,7 +362,8 @@ TEST_F(CoordinatorServiceTest, StatusListsThePeersWithOnlyTheirStateAddresses) {
   with_state.set_state_transfer_address("10.9.8.7:7003");
   v1::StageCheckpoints* held = with_state.add_held();
   held->set_stage(1);
-  held->add_steps(4);
+  held->add_legacy_steps(4);  // as a peer before HeldState sends it
+  held->add_legacy_sha256(std::string(64, '4'));
   with_state.set_held_job_name("test-job");
   v1::JoinResponse a;
   ASSERT_TRUE(Join(with_state, &a).ok());
@@ -394,7 +410,10 @@ TEST_F(CoordinatorServiceTest, StatusListsThePeersWithOnlyTheirStateAddresses) {
   EXPECT_EQ(st.peers(0).state_transfer_address(), "10.9.8.7:7003");
   ASSERT_EQ(st.peers(0).held_size(), 1);
   EXPECT_EQ(st.peers(0).held(0).stage(), 1u);
-  EXPECT_THAT(st.peers(0).held(0).steps(), ::testing::ElementsAre(4));
+  ASSERT_EQ(st.peers(0).held(0).states_size(), 1);  // reported as records
+  EXPECT_EQ(st.peers(0).held(0).states(0).step(), 4);
+  EXPECT_EQ(st.peers(0).held(0).states(0).sha256(), std::string(64, '4'));
+  EXPECT_EQ(st.peers(0).held(0).legacy_steps_size(), 0);
   EXPECT_EQ(st.job().name(), "test-job");
   EXPECT_EQ(st.job().stages(), 2u);
 }

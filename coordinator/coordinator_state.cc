@@ -69,15 +69,7 @@ void CoordinatorState::Change::PutMember(const Member& m) {
   r.set_lease_expiry_unix_ms(absl::ToUnixMillis(m.lease_expiry));
   r.set_certificate_sha256(m.certificate_sha256);
   r.set_reachability(m.reachability);
-  for (const auto& [stage, steps] : m.held) {
-    v1::StageCheckpoints* h = r.add_held();
-    h->set_stage(stage);
-    for (int64_t s : steps) h->add_steps(s);
-    auto hashes = m.held_sha256.find(stage);
-    if (hashes != m.held_sha256.end()) {
-      for (const std::string& x : hashes->second) h->add_sha256(x);
-    }
-  }
+  AddHeldTo(m.held, r.mutable_held());
   batch_.Put(StateKey<std::string>(MemberKey(m.id)), r.SerializeAsString());
 }
 
@@ -190,12 +182,11 @@ absl::StatusOr<PersistedState> CoordinatorState::Load() const {
     m.certificate_sha256 = r.certificate_sha256();
     // Records from before reachability existed: those peers were placed, so reachable.
     m.reachability = r.reachability() == v1::REACHABILITY_UNSPECIFIED ? v1::REACHABLE : r.reachability();
-    for (const v1::StageCheckpoints& h : r.held()) {
-      m.held[h.stage()].assign(h.steps().begin(), h.steps().end());
-      if (h.sha256_size() == h.steps_size() && h.sha256_size() > 0) {
-        m.held_sha256[h.stage()].assign(h.sha256().begin(), h.sha256().end());
-      }
+    absl::StatusOr<HeldStates> held = HeldStatesFromProto(r.held());
+    if (!held.ok()) {
+      return absl::DataLossError(absl::StrCat("coordinator state: member record '", key, "': ", held.status().message()));
     }
+    m.held = *std::move(held);
     s.members.push_back(std::move(m));
   }
 

@@ -137,8 +137,7 @@ TEST(CoordinatorStateTest, UsedTokensCertificatesAndStateHashesSurviveReopen) {
   ScratchDir dir;
   Member m = MakeMember(3);
   m.certificate_sha256 = std::string(64, 'c');
-  m.held = {{1, {4, 8}}};
-  m.held_sha256 = {{1, {std::string(64, '4'), std::string(64, '8')}}};
+  m.held = {{1, {{4, std::string(64, '4')}, {8, std::string(64, '8')}}}};
   {
     auto state = CoordinatorState::Open({dir.Sub("state"), false});
     ASSERT_TRUE(state.ok()) << state.status();
@@ -157,7 +156,7 @@ TEST(CoordinatorStateTest, UsedTokensCertificatesAndStateHashesSurviveReopen) {
   ASSERT_TRUE(s.ok()) << s.status();
   ASSERT_EQ(s->members.size(), 1u);
   EXPECT_EQ(s->members[0].certificate_sha256, m.certificate_sha256);
-  EXPECT_EQ(s->members[0].held_sha256, m.held_sha256);
+  EXPECT_EQ(s->members[0].held, m.held);
   ASSERT_EQ(s->used_tokens.size(), 2u);
   EXPECT_EQ(s->used_tokens[0].token_id, "00112233aabbccdd");
   EXPECT_EQ(s->used_tokens[0].peer_name, "peer-3");

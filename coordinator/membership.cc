@@ -1,5 +1,6 @@
 #include "coordinator/membership.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/ascii.h"
@@ -8,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/join_token.h"
 #include "common/status_macros.h"
+#include "proto/held_states.h"
 
 namespace aqswarm::coordinator {
 namespace {
@@ -162,7 +164,6 @@ absl::StatusOr<Member> Membership::Admit(const JoinParams& params, uint64_t id) 
   m.seconds_per_layer = params.seconds_per_layer;
   m.memory_bytes = params.memory_bytes;
   m.held = params.held;
-  m.held_sha256 = params.held_sha256;
   m.certificate_sha256 = params.certificate_sha256;
   m.reachability = params.no_inbound ? v1::NO_INBOUND : v1::REACHABLE;
   m.joined_at = now;
@@ -198,20 +199,63 @@ absl::StatusOr<const Member*> Membership::Authenticate(uint64_t id, absl::string
 
 void Membership::SetProgress(uint64_t id, const PeerProgress& progress) { members_.at(id).progress = progress; }
 
-void Membership::SetHeld(uint64_t id, HeldStates held, HeldHashes hashes) {
-  Member& m = members_.at(id);
-  m.held = std::move(held);
-  m.held_sha256 = std::move(hashes);
+void Membership::SetHeld(uint64_t id, HeldStates held) { members_.at(id).held = std::move(held); }
+
+const HeldState* FindHeld(const HeldStates& held, uint32_t stage, int64_t step) {
+  auto s = held.find(stage);
+  if (s == held.end()) return nullptr;
+  auto at = std::lower_bound(s->second.begin(), s->second.end(), step,
+                             [](const HeldState& h, int64_t x) { return h.step < x; });
+  return at == s->second.end() || at->step != step ? nullptr : &*at;
 }
 
-absl::Status ValidateHeldHashes(const HeldStates& held, const HeldHashes& hashes) {
-  for (const auto& [stage, list] : hashes) {
-    auto it = held.find(stage);
-    if (it == held.end() || it->second.size() != list.size()) {
+absl::StatusOr<HeldStates> HeldStatesFromProto(const google::protobuf::RepeatedPtrField<v1::StageCheckpoints>& held) {
+  if (held.size() > 4096) return absl::InvalidArgumentError("held: more than 4096 stages");
+  HeldStates out;
+  for (const v1::StageCheckpoints& c : held) {
+    const int n = std::max(c.states_size(), c.legacy_steps_size());
+    if (n > static_cast<int>(kMaxHeldStepsPerStage)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("held state of stage ", stage, ": sha256 must list one entry per step"));
+          absl::StrCat("held: stage ", c.stage(), " lists ", n, " states, at most ", kMaxHeldStepsPerStage));
     }
-    for (const std::string& h : list) {
+    AQSWARM_ASSIGN_OR_RETURN(const std::vector<v1::HeldState> states, v1::HeldStatesOf(c));
+    std::vector<HeldState> list;
+    for (const v1::HeldState& h : states) list.push_back({h.step(), h.sha256()});
+    if (!out.emplace(c.stage(), std::move(list)).second) {
+      return absl::InvalidArgumentError(absl::StrCat("held: stage ", c.stage(), " is listed twice"));
+    }
+  }
+  return out;
+}
+
+void AddHeldTo(const HeldStates& held, google::protobuf::RepeatedPtrField<v1::StageCheckpoints>* out) {
+  for (const auto& [stage, states] : held) {
+    v1::StageCheckpoints& c = *out->Add();
+    c.set_stage(stage);
+    for (const HeldState& h : states) {
+      v1::HeldState& r = *c.add_states();
+      r.set_step(h.step);
+      r.set_sha256(h.sha256);
+    }
+  }
+}
+
+absl::Status ValidateHeldStates(const HeldStates& held, int num_stages) {
+  for (const auto& [stage, states] : held) {
+    if (stage >= static_cast<uint32_t>(num_stages)) {
+      return absl::InvalidArgumentError(absl::StrCat("held state of stage ", stage, " but the job has ", num_stages,
+                                                     " stages"));
+    }
+    if (states.size() > kMaxHeldStepsPerStage) {
+      return absl::InvalidArgumentError(absl::StrCat("held states of stage ", stage, ": ", states.size(),
+                                                     " steps, at most ", kMaxHeldStepsPerStage));
+    }
+    for (size_t i = 0; i < states.size(); ++i) {
+      if (states[i].step < 0 || (i > 0 && states[i].step <= states[i - 1].step)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("held states of stage ", stage, ": steps must be >= 0 and strictly ascending"));
+      }
+      const std::string& h = states[i].sha256;
       if (h.empty()) continue;
       bool hex = h.size() == 64;
       for (char c : h) hex = hex && (absl::ascii_isdigit(c) || (c >= 'a' && c <= 'f'));
@@ -219,26 +263,6 @@ absl::Status ValidateHeldHashes(const HeldStates& held, const HeldHashes& hashes
         return absl::InvalidArgumentError(absl::StrCat("held state of stage ", stage, ": sha256 '",
                                                        absl::CHexEscape(h.substr(0, 80)),
                                                        "' is not 64 lowercase hex digits"));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateHeldStates(const HeldStates& held, int num_stages) {
-  for (const auto& [stage, steps] : held) {
-    if (stage >= static_cast<uint32_t>(num_stages)) {
-      return absl::InvalidArgumentError(absl::StrCat("held state of stage ", stage, " but the job has ", num_stages,
-                                                     " stages"));
-    }
-    if (steps.size() > kMaxHeldStepsPerStage) {
-      return absl::InvalidArgumentError(absl::StrCat("held states of stage ", stage, ": ", steps.size(),
-                                                     " steps, at most ", kMaxHeldStepsPerStage));
-    }
-    for (size_t i = 0; i < steps.size(); ++i) {
-      if (steps[i] < 0 || (i > 0 && steps[i] <= steps[i - 1])) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("held states of stage ", stage, ": steps must be >= 0 and strictly ascending"));
       }
     }
   }

@@ -45,13 +45,27 @@ struct PeerProgress {
   uint64_t plan_version = 0;  // the plan whose run completed `step`; 0: not given (current)
 };
 
-// Stage -> steps completed of the stage states (checkpoints) a peer holds
-// and serves; steps ascending, unique.
-using HeldStates = std::map<uint32_t, std::vector<int64_t>>;
+// One stage state (checkpoint) a peer holds and serves.
+struct HeldState {
+  // A state of `step` steps completed (HeldState{8}: its hash not reported).
+  HeldState(int64_t step = 0, std::string sha256 = "") : step(step), sha256(std::move(sha256)) {}
+  int64_t step;
+  std::string sha256;  // 64 lowercase hex digits of its file; "": not reported
+  bool operator==(const HeldState& o) const { return step == o.step && sha256 == o.sha256; }
+  bool operator!=(const HeldState& o) const { return !(*this == o); }
+};
+// Stage -> the states a peer holds, steps ascending, unique.
+using HeldStates = std::map<uint32_t, std::vector<HeldState>>;
 inline constexpr size_t kMaxHeldStepsPerStage = 64;
-// Stage -> SHA-256 (64 lowercase hex digits) of each held state, parallel to
-// HeldStates' steps; a stage absent here (or an empty string) is not reported.
-using HeldHashes = std::map<uint32_t, std::vector<std::string>>;
+// The state of `stage` at `step` in `held`, or null.
+const HeldState* FindHeld(const HeldStates& held, uint32_t stage, int64_t step);
+// From the wire or a state dir (either form, proto/held_states.h): shape
+// only (a stage listed twice, more than 4096 stages or
+// kMaxHeldStepsPerStage states refused; ranges and order are
+// ValidateHeldStates').
+absl::StatusOr<HeldStates> HeldStatesFromProto(const google::protobuf::RepeatedPtrField<v1::StageCheckpoints>& held);
+// Appends `held` as StageCheckpoints records.
+void AddHeldTo(const HeldStates& held, google::protobuf::RepeatedPtrField<v1::StageCheckpoints>* out);
 
 struct JoinParams {
   std::string peer_name;
@@ -64,7 +78,6 @@ struct JoinParams {
   HeldStates held;                        // states it already holds (a restarted peer)
   std::string held_job_name;              // the job `held` belongs to
   DataIdentity data;                      // hashes of its local copy of the job's data
-  HeldHashes held_sha256;                 // SHA-256 of the states in `held`
   // The session token of this name's previous membership (a rejoin proves
   // itself with it); "" on a first join.
   std::string previous_session_token;
@@ -87,7 +100,6 @@ struct Member {
   absl::Time lease_expiry;
   PeerProgress progress;  // latest reported (not persisted)
   HeldStates held;        // latest reported (persisted)
-  HeldHashes held_sha256;  // parallel to `held` (persisted)
   std::string certificate_sha256;  // of the client certificate it joined with ("" without TLS; persisted)
   // Whether others can dial it (persisted); only REACHABLE members are placed.
   v1::Reachability reachability = v1::REACHABLE;
@@ -106,11 +118,8 @@ absl::Status ValidateJoinParams(const JoinParams& params);
 // Finite, non-negative, below generous ceilings.
 absl::Status ValidateProgress(const PeerProgress& progress);
 // Stages < num_stages, steps >= 0 and ascending without repeats, at most
-// kMaxHeldStepsPerStage per stage.
+// kMaxHeldStepsPerStage per stage, each sha256 "" or 64 lowercase hex digits.
 absl::Status ValidateHeldStates(const HeldStates& held, int num_stages);
-// Each stage of `hashes` is in `held` with as many entries as steps, each ""
-// or 64 lowercase hex digits.
-absl::Status ValidateHeldHashes(const HeldStates& held, const HeldHashes& hashes);
 // Equal secrets, compared in constant time in the length of `expected`.
 bool SameSecret(absl::string_view expected, absl::string_view given);
 
@@ -146,7 +155,7 @@ class Membership {
   // Records the latest progress a member reported. The id must exist.
   void SetProgress(uint64_t id, const PeerProgress& progress);
   // Records the stage states a member holds. The id must exist.
-  void SetHeld(uint64_t id, HeldStates held, HeldHashes hashes = {});
+  void SetHeld(uint64_t id, HeldStates held);
   // Extends the lease to now + lease; returns the new expiry. The id must exist.
   absl::Time Renew(uint64_t id);
   // Members whose lease expired (expiry <= now), by id.

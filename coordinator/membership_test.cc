@@ -155,3 +155,62 @@ TEST(ValidateProgressTest, RejectsAbsurdNumbers) {
 
 }  // namespace
 }  // namespace aqswarm::coordinator
+
+namespace aqswarm::coordinator {
+namespace {
+
+// Held states come as {step, sha256} records, or as the parallel lists of
+// steps and hashes older peers and state dirs wrote: both read the same.
+TEST(HeldStatesTest, RecordsAndTheOlderParallelListsReadTheSame) {
+  const std::string h4(64, '4'), h8(64, '8');
+  google::protobuf::RepeatedPtrField<v1::StageCheckpoints> records, legacy;
+  v1::StageCheckpoints& r = *records.Add();
+  r.set_stage(1);
+  r.add_states()->set_step(4);
+  r.mutable_states(0)->set_sha256(h4);
+  r.add_states()->set_step(8);
+  r.mutable_states(1)->set_sha256(h8);
+  v1::StageCheckpoints& l = *legacy.Add();
+  l.set_stage(1);
+  l.add_legacy_steps(4);
+  l.add_legacy_steps(8);
+  l.add_legacy_sha256(h4);
+  l.add_legacy_sha256(h8);
+  const HeldStates want = {{1, {{4, h4}, {8, h8}}}};
+  EXPECT_EQ(*HeldStatesFromProto(records), want);
+  EXPECT_EQ(*HeldStatesFromProto(legacy), want);
+  EXPECT_EQ(FindHeld(want, 1, 8)->sha256, h8);
+  EXPECT_EQ(FindHeld(want, 1, 6), nullptr);
+  EXPECT_EQ(FindHeld(want, 0, 4), nullptr);
+  // Written back, always as records.
+  google::protobuf::RepeatedPtrField<v1::StageCheckpoints> out;
+  AddHeldTo(want, &out);
+  ASSERT_EQ(out.size(), 1);
+  EXPECT_EQ(out[0].states_size(), 2);
+  EXPECT_EQ(out[0].legacy_steps_size(), 0);
+  // Steps without hashes, from a peer that did not report them.
+  l.clear_legacy_sha256();
+  EXPECT_EQ(*HeldStatesFromProto(legacy), (HeldStates{{1, {4, 8}}}));
+}
+
+TEST(HeldStatesTest, MalformedListsAreRefused) {
+  google::protobuf::RepeatedPtrField<v1::StageCheckpoints> held;
+  v1::StageCheckpoints& c = *held.Add();
+  c.set_stage(0);
+  c.add_legacy_steps(4);
+  c.add_legacy_sha256(std::string(64, 'a'));
+  c.add_legacy_sha256(std::string(64, 'b'));
+  EXPECT_THAT(HeldStatesFromProto(held).status().message(), HasSubstr("1 steps but 2 sha256"));
+  c.clear_legacy_sha256();
+  c.add_states()->set_step(4);
+  EXPECT_THAT(HeldStatesFromProto(held).status().message(), HasSubstr("lists its states twice"));
+  c.clear_legacy_steps();
+  *held.Add() = c;
+  EXPECT_THAT(HeldStatesFromProto(held).status().message(), HasSubstr("listed twice"));
+  EXPECT_THAT(ValidateHeldStates({{0, {{4, "xyz"}}}}, 1).message(), HasSubstr("64 lowercase hex"));
+  EXPECT_THAT(ValidateHeldStates({{0, {8, 4}}}, 1).message(), HasSubstr("strictly ascending"));
+  EXPECT_THAT(ValidateHeldStates({{3, {4}}}, 2).message(), HasSubstr("the job has 2 stages"));
+}
+
+}  // namespace
+}  // namespace aqswarm::coordinator

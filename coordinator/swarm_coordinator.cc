@@ -37,9 +37,9 @@ Grid WithHoles(Grid grid, const std::unordered_set<uint64_t>& gone) {
 int64_t PickResumeStep(const Grid& grid, const Membership& members, std::optional<int64_t> bound) {
   std::set<int64_t, std::greater<>> candidates = {0};
   for (const auto& [id, m] : members.members()) {
-    for (const auto& [stage, steps] : m.held) {
-      for (int64_t s : steps) {
-        if (!bound.has_value() || s <= *bound) candidates.insert(s);
+    for (const auto& [stage, states] : m.held) {
+      for (const HeldState& h : states) {
+        if (!bound.has_value() || h.step <= *bound) candidates.insert(h.step);
       }
     }
   }
@@ -48,8 +48,7 @@ int64_t PickResumeStep(const Grid& grid, const Membership& members, std::optiona
     for (int j = 0; j < grid.num_stages && everywhere && s > 0; ++j) {
       bool held = false;
       for (const auto& [id, m] : members.members()) {
-        auto it = m.held.find(j);
-        if (it != m.held.end() && std::binary_search(it->second.begin(), it->second.end(), s)) {
+        if (FindHeld(m.held, j, s) != nullptr) {
           held = true;
           break;
         }
@@ -275,14 +274,10 @@ absl::StatusOr<JoinResult> SwarmCoordinator::Join(const JoinParams& given) {
   JoinParams params = given;
   if (params.held_job_name != options_.job.name()) {
     params.held.clear();
-    params.held_sha256.clear();
   }
   params.held.erase(params.held.lower_bound(static_cast<uint32_t>(planner_.num_stages())), params.held.end());
-  params.held_sha256.erase(params.held_sha256.lower_bound(static_cast<uint32_t>(planner_.num_stages())),
-                           params.held_sha256.end());
   AQSWARM_RETURN_IF_ERROR(ValidateJoinParams(params));
   AQSWARM_RETURN_IF_ERROR(ValidateHeldStates(params.held, planner_.num_stages()));
-  AQSWARM_RETURN_IF_ERROR(ValidateHeldHashes(params.held, params.held_sha256));
   // The token before the rate limits: a caller without a valid token for
   // this name costs an HMAC and charges nobody's budget.
   const absl::Time now = clock_->Now();
@@ -328,21 +323,17 @@ absl::StatusOr<JoinResult> SwarmCoordinator::Join(const JoinParams& given) {
   // it never reached (before that, peers restarting a stopped job name
   // what their disks hold: PickResumeStep).
   const int64_t reached = std::max(progress_.progress.step, grid_.resume_step);
-  for (auto& [stage, steps] : params.held) {
+  for (auto& [stage, states] : params.held) {
     if (reached == 0) break;
-    std::vector<int64_t> kept;
-    std::vector<std::string> kept_hashes;
-    auto hashes = params.held_sha256.find(stage);
-    for (size_t i = 0; i < steps.size(); ++i) {
-      if (steps[i] > reached) {
+    std::vector<HeldState> kept;
+    for (HeldState& h : states) {
+      if (h.step > reached) {
         CountRefusal(Refusal::kHeldFutureStep);
         continue;
       }
-      kept.push_back(steps[i]);
-      if (hashes != params.held_sha256.end()) kept_hashes.push_back(hashes->second[i]);
+      kept.push_back(std::move(h));
     }
-    steps = std::move(kept);
-    if (hashes != params.held_sha256.end()) hashes->second = std::move(kept_hashes);
+    states = std::move(kept);
   }
   AQSWARM_ASSIGN_OR_RETURN(Member m, membership_.Admit(params, counters_.next_peer_id));
   const bool probe = options_.probe_reachability && m.reachability == v1::REACHABLE && !m.state_transfer_address.empty();
@@ -474,13 +465,8 @@ absl::Status SwarmCoordinator::ReportLinkProbe(uint64_t peer_id, absl::string_vi
 
 absl::Status SwarmCoordinator::ReportProgress(uint64_t peer_id, absl::string_view session_token,
                                               const PeerProgress& progress, int64_t checkpoint_step,
-                                              const HeldStates* held, const HeldHashes* held_sha256) {
-  HeldHashes hashes;
-  if (held_sha256 != nullptr) hashes = *held_sha256;
-  if (held != nullptr) {
-    AQSWARM_RETURN_IF_ERROR(ValidateHeldStates(*held, planner_.num_stages()));
-    AQSWARM_RETURN_IF_ERROR(ValidateHeldHashes(*held, hashes));
-  }
+                                              const HeldStates* held) {
+  if (held != nullptr) AQSWARM_RETURN_IF_ERROR(ValidateHeldStates(*held, planner_.num_stages()));
   AQSWARM_RETURN_IF_ERROR(ValidateProgress(progress));
   if (checkpoint_step < 0 || checkpoint_step > progress.step) {
     return absl::InvalidArgumentError(
@@ -496,10 +482,10 @@ absl::Status SwarmCoordinator::ReportProgress(uint64_t peer_id, absl::string_vie
   AQSWARM_RETURN_IF_ERROR(CheckMonotonicLocked(*m, progress));
   if (held != nullptr) {
     HeldStates kept = *held;
-    KeepOwnStagesLocked(peer_id, &kept, &hashes);
-    CountHashDisagreementsLocked(peer_id, kept, hashes);
-    if (kept != m->held || hashes != m->held_sha256) {
-      membership_.SetHeld(peer_id, std::move(kept), std::move(hashes));
+    KeepOwnStagesLocked(peer_id, &kept);
+    CountHashDisagreementsLocked(peer_id, kept);
+    if (kept != m->held) {
+      membership_.SetHeld(peer_id, std::move(kept));
       dirty_members_.insert(peer_id);
     }
   }
@@ -519,7 +505,7 @@ absl::Status SwarmCoordinator::CheckMonotonicLocked(const Member& reporter, cons
                                                     ": progress only moves forward within a plan"));
 }
 
-void SwarmCoordinator::KeepOwnStagesLocked(uint64_t peer_id, HeldStates* held, HeldHashes* hashes) const {
+void SwarmCoordinator::KeepOwnStagesLocked(uint64_t peer_id, HeldStates* held) const {
   std::set<uint32_t> allowed;
   if (const auto pos = grid_.Find(peer_id); pos.has_value()) {
     allowed.insert(static_cast<uint32_t>(pos->first));
@@ -528,7 +514,7 @@ void SwarmCoordinator::KeepOwnStagesLocked(uint64_t peer_id, HeldStates* held, H
     }
   } else if (const Member* m = membership_.Find(peer_id)) {
     // A standby serves what it held when it joined (a restarted peer's disk), nothing new.
-    for (const auto& [stage, steps] : m->held) allowed.insert(stage);
+    for (const auto& [stage, states] : m->held) allowed.insert(stage);
   }
   for (auto it = held->begin(); it != held->end();) {
     if (allowed.count(it->first)) {
@@ -536,32 +522,24 @@ void SwarmCoordinator::KeepOwnStagesLocked(uint64_t peer_id, HeldStates* held, H
       continue;
     }
     CountRefusal(Refusal::kHeldForeignStage);
-    hashes->erase(it->first);
     it = held->erase(it);
   }
 }
 
-void SwarmCoordinator::CountHashDisagreementsLocked(uint64_t peer_id, const HeldStates& held,
-                                                    const HeldHashes& hashes) const {
-  for (const auto& [stage, list] : hashes) {
-    const std::vector<int64_t>& steps = held.at(stage);
-    for (size_t i = 0; i < list.size(); ++i) {
-      if (list[i].empty()) continue;
+void SwarmCoordinator::CountHashDisagreementsLocked(uint64_t peer_id, const HeldStates& held) const {
+  for (const auto& [stage, states] : held) {
+    for (const HeldState& mine : states) {
+      if (mine.sha256.empty()) continue;
       bool differs = false;
       for (const auto& [id, m] : membership_.members()) {
         if (id == peer_id || differs) continue;
-        auto s = m.held.find(stage);
-        auto h = m.held_sha256.find(stage);
-        if (s == m.held.end() || h == m.held_sha256.end()) continue;
-        auto at = std::lower_bound(s->second.begin(), s->second.end(), steps[i]);
-        if (at == s->second.end() || *at != steps[i]) continue;
-        const std::string& theirs = h->second[at - s->second.begin()];
-        differs = !theirs.empty() && theirs != list[i];
+        const HeldState* theirs = FindHeld(m.held, stage, mine.step);
+        differs = theirs != nullptr && !theirs->sha256.empty() && theirs->sha256 != mine.sha256;
       }
       if (differs) {
         CountStateHashDisagreement();
-        AQSWARM_LOG(WARNING) << "peer " << peer_id << " reports SHA-256 " << list[i] << " for stage " << stage
-                             << " at step " << steps[i] << ", other holders another";
+        AQSWARM_LOG(WARNING) << "peer " << peer_id << " reports SHA-256 " << mine.sha256 << " for stage " << stage
+                             << " at step " << mine.step << ", other holders another";
       }
     }
   }
@@ -570,13 +548,9 @@ void SwarmCoordinator::CountHashDisagreementsLocked(uint64_t peer_id, const Held
 std::string SwarmCoordinator::StateHashLocked(int stage, int64_t step) const {
   std::map<std::string, std::pair<int, uint64_t>> votes;  // hash -> (holders, lowest holder id)
   for (const auto& [id, m] : membership_.members()) {
-    auto s = m.held.find(stage);
-    auto h = m.held_sha256.find(stage);
-    if (s == m.held.end() || h == m.held_sha256.end()) continue;
-    auto at = std::lower_bound(s->second.begin(), s->second.end(), step);
-    if (at == s->second.end() || *at != step) continue;
-    const std::string& hash = h->second[at - s->second.begin()];
-    if (hash.empty()) continue;
+    const HeldState* h = FindHeld(m.held, stage, step);
+    if (h == nullptr || h->sha256.empty()) continue;
+    const std::string& hash = h->sha256;
     auto [v, fresh] = votes.try_emplace(hash, 0, id);
     v->second.first += 1;
     v->second.second = std::min(v->second.second, id);
@@ -741,9 +715,8 @@ absl::StatusOr<v1::Assignment> SwarmCoordinator::GetAssignment(uint64_t peer_id,
   }
   if (grid_.resume_step > 0) {
     for (const auto& [id, m] : membership_.members()) {
-      auto it = m.held.find(j);
-      if (id == peer_id || m.state_transfer_address.empty() || m.reachability != v1::REACHABLE || it == m.held.end() ||
-          !std::binary_search(it->second.begin(), it->second.end(), grid_.resume_step)) {
+      if (id == peer_id || m.state_transfer_address.empty() || m.reachability != v1::REACHABLE ||
+          FindHeld(m.held, j, grid_.resume_step) == nullptr) {
         continue;
       }
       const auto at = grid_.Find(id);
@@ -877,15 +850,7 @@ v1::StatusResponse SwarmCoordinator::GetStatus(bool details) const {
     ps->set_seconds_per_layer(m.seconds_per_layer);
     ps->set_memory_bytes(m.memory_bytes);
     ps->set_state_transfer_address(m.state_transfer_address);
-    for (const auto& [stage, steps] : m.held) {
-      v1::StageCheckpoints* h = ps->add_held();
-      h->set_stage(stage);
-      for (int64_t step : steps) h->add_steps(step);
-      auto hashes = m.held_sha256.find(stage);
-      if (hashes != m.held_sha256.end()) {
-        for (const std::string& x : hashes->second) h->add_sha256(x);
-      }
-    }
+    AddHeldTo(m.held, ps->mutable_held());
   }
   return s;
 }

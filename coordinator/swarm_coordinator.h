@@ -205,13 +205,11 @@ class SwarmCoordinator {
   // the guess) is kept.
   absl::Status ReportLinkProbe(uint64_t peer_id, absl::string_view session_token, uint64_t to_peer_id,
                                double bandwidth_bytes_per_second, double rtt_seconds, bool passive = false);
-  // `held` (optional) replaces the stage states the peer holds, with their
-  // SHA-256 in `held_sha256` (optional, parallel).
+  // `held` (optional) replaces the stage states the peer holds.
   // Errors: as Heartbeat; RESOURCE_EXHAUSTED over report_limit;
   // FAILED_PRECONDITION for progress behind the peer's own under this plan.
   absl::Status ReportProgress(uint64_t peer_id, absl::string_view session_token, const PeerProgress& progress,
-                              int64_t checkpoint_step, const HeldStates* held = nullptr,
-                              const HeldHashes* held_sha256 = nullptr);
+                              int64_t checkpoint_step, const HeldStates* held = nullptr);
   // Persists what reports changed since the last call (progress, held
   // states, link probes) in one commit.
   absl::Status FlushReports();
@@ -266,10 +264,10 @@ class SwarmCoordinator {
   absl::Status CheckMonotonicLocked(const Member& reporter, const PeerProgress& progress) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `held` limited to the stages `peer_id` may hold (its own, its mirror).
-  void KeepOwnStagesLocked(uint64_t peer_id, HeldStates* held, HeldHashes* hashes) const
+  void KeepOwnStagesLocked(uint64_t peer_id, HeldStates* held) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts each (stage, step) of `hashes` another member reports another hash for.
-  void CountHashDisagreementsLocked(uint64_t peer_id, const HeldStates& held, const HeldHashes& hashes) const
+  void CountHashDisagreementsLocked(uint64_t peer_id, const HeldStates& held) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The SHA-256 most members report for stage `stage` at `step` ("" if none).
   std::string StateHashLocked(int stage, int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

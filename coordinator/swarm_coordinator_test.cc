@@ -242,13 +242,10 @@ TEST_F(SwarmCoordinatorTest, TheResumeStateHashIsTheMajoritysAndDisagreementsAre
   JoinResult a = MustJoin(*c, "a"), b = MustJoin(*c, "b"), d = MustJoin(*c, "d");
   const uint64_t plan = c->grid().plan_version;
   const std::string h1(64, '1'), h2(64, '2');
-  HeldStates held{{0, {4}}};
-  HeldHashes first{{0, {h1}}}, second{{0, {h2}}};
-  ASSERT_TRUE(c->ReportProgress(a.peer_id, a.session_token, {4, 3.0, 10, plan}, 4, &held, &first).ok());
-  const int before = 0;
-  (void)before;
-  ASSERT_TRUE(c->ReportProgress(b.peer_id, b.session_token, {4, 3.0, 10, plan}, 4, &held, &second).ok());
-  ASSERT_TRUE(c->ReportProgress(d.peer_id, d.session_token, {4, 3.0, 10, plan}, 4, &held, &second).ok());
+  HeldStates first{{0, {{4, h1}}}}, second{{0, {{4, h2}}}};
+  ASSERT_TRUE(c->ReportProgress(a.peer_id, a.session_token, {4, 3.0, 10, plan}, 4, &first).ok());
+  ASSERT_TRUE(c->ReportProgress(b.peer_id, b.session_token, {4, 3.0, 10, plan}, 4, &second).ok());
+  ASSERT_TRUE(c->ReportProgress(d.peer_id, d.session_token, {4, 3.0, 10, plan}, 4, &second).ok());
   JoinResult s = MustJoin(*c, "s");
   ASSERT_TRUE(c->Leave(d.peer_id, d.session_token).ok());
   auto sa = c->GetAssignment(s.peer_id, s.session_token);
@@ -258,16 +255,14 @@ TEST_F(SwarmCoordinatorTest, TheResumeStateHashIsTheMajoritysAndDisagreementsAre
   EXPECT_EQ(sa->state_sha256(), h1);
   // With a third holder of h2 the majority wins.
   JoinParams e = JoinAs(clock_, "e");
-  e.held = held;
-  e.held_sha256 = second;
+  e.held = second;
   e.held_job_name = c->job().name();
   ASSERT_TRUE(c->Join(e).ok());
   sa = c->GetAssignment(s.peer_id, s.session_token);
   EXPECT_EQ(sa->state_sha256(), h2);
-  // Hashes must be hex and one per step.
-  HeldHashes bad{{0, {"xyz"}}};
-  EXPECT_TRUE(absl::IsInvalidArgument(
-      c->ReportProgress(a.peer_id, a.session_token, {4, 3.0, 10}, 4, &held, &bad)));
+  // Hashes must be hex.
+  HeldStates bad{{0, {{4, "xyz"}}}};
+  EXPECT_TRUE(absl::IsInvalidArgument(c->ReportProgress(a.peer_id, a.session_token, {4, 3.0, 10}, 4, &bad)));
 }
 
 TEST_F(SwarmCoordinatorTest, ReportsOverTheRateLimitAreRefused) {

@@ -6,9 +6,9 @@
 //   gradients    -> pipeline::GradientCodec::Decode, tied values decoded;
 //   commit       -> tied values decoded;
 //   hello        -> compared with the stage's expected hello as
-//                   peer::CheckHello does (plan order, then equality of the
+//                   stage::CheckHello does (plan order, then equality of the
 //                   serialized hellos; CheckHello itself is in
-//                   peer/link_handshake.cc, in the torch-linked aqswarm_peer,
+//                   stage/link_handshake.cc, in the torch-linked aqswarm_stage,
 //                   and is not linked here).
 // Input: [mode u8][m precision u8][fw bits u8][bw bits u8][seq_len u8]
 //        [d_model u8][micro-batch u8][resident u8] then records

@@ -51,51 +51,34 @@ std::string StageCheckpointDir(const std::string& work_dir, uint32_t stage) {
   return (std::filesystem::path(work_dir) / "checkpoints" / absl::StrCat("stage-", stage)).string();
 }
 
-StageCommand StageCommandFor(const v1::Assignment& a, const StagePlacement& p, const std::string& init_checkpoint) {
+v1::StageLaunch StageLaunchFor(const v1::Assignment& a, v1::StageLaunch base, const std::string& work_dir,
+                               const v1::Neighbor& self, const std::string& init_checkpoint) {
   namespace fs = std::filesystem;
-  StageCommand c;
-  c.job = (fs::path(p.work_dir) / "job.json").string();
-  c.stage = a.stage();
-  c.pipeline = a.pipeline();
-  c.listen = p.listen;
-  c.store_dir = (fs::path(p.work_dir) / "store").string();
-  c.start_step = a.resume_step();
-  c.plan = a.plan_version();
-  c.die_with_parent = true;
-  c.insecure = p.insecure;
-  c.checkpoint_dir = StageCheckpointDir(p.work_dir, a.stage());
-  c.keep_checkpoints = p.keep_checkpoints;
-  c.link_timeout_s = p.link_timeout_s;
-  c.uplink_kbps = p.uplink_kbps;
-  c.init_checkpoint = init_checkpoint;
-  if (a.has_next()) {
-    c.next = a.next().stage_link_address();
-    c.next_generation = a.next().link_generation();
-    c.next_peer = a.next().peer_name();
-    c.accept_next = a.next().reversed();
-  }
-  if (a.has_previous()) {
-    c.previous_generation = a.previous().link_generation();
-    c.previous_peer = a.previous().peer_name();
-    c.previous = a.previous().stage_link_address();
-    c.dial_previous = a.previous().reversed();
-  }
+  v1::StageLaunch& l = base;
+  l.set_stage(a.stage());
+  l.set_pipeline(a.pipeline());
+  l.set_plan(a.plan_version());
+  l.set_start_step(a.resume_step());
+  l.set_init_checkpoint(init_checkpoint);
+  l.set_store_dir((fs::path(work_dir) / "store").string());
+  l.set_checkpoint_dir(StageCheckpointDir(work_dir, a.stage()));
+  l.clear_next();
+  l.clear_previous();
+  l.clear_replicas();
+  if (a.has_next() && a.stage() + 1 < a.num_stages()) *l.mutable_next() = a.next();
+  if (a.has_previous() && a.stage() > 0) *l.mutable_previous() = a.previous();
   if (a.num_pipelines() > 1) {
-    c.replicas.assign(a.num_pipelines(), "");
-    c.replica_peers.assign(a.num_pipelines(), "");
-    c.replicas[a.pipeline()] = p.exchange_advertise;
-    c.replica_peers[a.pipeline()] = p.tls_name;
-    for (const auto& r : a.replicas()) {
-      c.replicas[r.pipeline()] = r.gradient_exchange_address();
-      c.replica_peers[r.pipeline()] = r.peer_name();
-      c.replica_generation = r.link_generation();
+    for (uint32_t p = 0; p < a.num_pipelines(); ++p) l.add_replicas()->set_pipeline(p);
+    for (const v1::Neighbor& r : a.replicas()) {
+      if (r.pipeline() < a.num_pipelines()) *l.mutable_replicas(static_cast<int>(r.pipeline())) = r;
     }
-    c.exchange_listen = p.exchange_listen;
+    v1::Neighbor& own = *l.mutable_replicas(static_cast<int>(a.pipeline()));
+    own = self;
+    own.set_pipeline(a.pipeline());
+    own.set_stage(a.stage());
+    if (a.replicas_size() > 0) own.set_link_generation(a.replicas(0).link_generation());
   }
-  c.metrics_listen = p.metrics_listen;
-  c.tls_dir = p.tls_dir;
-  c.name = p.tls_dir.empty() ? "" : p.tls_name;
-  return c;
+  return l;
 }
 
 }  // namespace aqswarm::peer

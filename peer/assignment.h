@@ -1,8 +1,8 @@
 // What a peer daemon does with an assignment from the coordinator, as pure
 // functions (peer/peer_daemon.h applies them; peer/assignment_test.cc tests
 // them): whether it is valid, whether the running stage child keeps
-// running, is restarted or stopped, and the `aqswarm stage` command line
-// that runs the assigned place.
+// running, is restarted or stopped, and the stage launch that runs the
+// assigned place.
 #ifndef AQSWARM_PEER_ASSIGNMENT_H_
 #define AQSWARM_PEER_ASSIGNMENT_H_
 
@@ -11,9 +11,9 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "peer/stage_command.h"
 #include "proto/coordinator.pb.h"
 #include "proto/job.pb.h"
+#include "proto/stage.pb.h"
 
 namespace aqswarm::peer {
 
@@ -51,23 +51,15 @@ enum class AssignmentAction {
 };
 AssignmentAction DecideAssignment(const v1::Assignment& a, const ChildState& now);
 
-// Where and how the daemon's stage child runs (PeerDaemonOptions' fields).
-struct StagePlacement {
-  std::string work_dir;         // job.json, store/, checkpoints/stage-<j>
-  std::string listen;           // StageLink server
-  std::string exchange_listen;  // GradientExchange server
-  std::string exchange_advertise;
-  std::string metrics_listen;
-  std::string tls_dir, tls_name;
-  bool insecure = false;        // the daemon's --insecure, passed on
-  int keep_checkpoints = 4;
-  int link_timeout_s = 60;
-  int uplink_kbps = 0;          // the daemon's --emulate_uplink_mbps, passed on
-};
-
-// The command that runs the assigned place from `init_checkpoint` (empty:
-// a fresh start at step 0).
-StageCommand StageCommandFor(const v1::Assignment& a, const StagePlacement& p, const std::string& init_checkpoint);
+// The launch (proto/stage.proto) that runs the assigned place from
+// `init_checkpoint` (empty: a fresh start at step 0). `base` holds what the
+// daemon decides whatever the place (the job, listen addresses, limits,
+// TLS); the slot and the neighbours come from the assignment, whole
+// Neighbor messages; `self` is this peer's own replica entry (its
+// GradientExchange address and name). The store and the stage's
+// checkpoints live under `work_dir`.
+v1::StageLaunch StageLaunchFor(const v1::Assignment& a, v1::StageLaunch base, const std::string& work_dir,
+                               const v1::Neighbor& self, const std::string& init_checkpoint);
 
 // <work_dir>/checkpoints/stage-<stage>
 std::string StageCheckpointDir(const std::string& work_dir, uint32_t stage);

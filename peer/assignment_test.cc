@@ -69,65 +69,95 @@ TEST(AssignmentTest, TheSamePlaceKeepsItsChildAFailedOneWaitsAnythingElseStarts)
   EXPECT_EQ(DecideAssignment(holes, {RunKeyOf(a), true, false}), AssignmentAction::kStop);
 }
 
-TEST(AssignmentTest, TheCommandRunsTheAssignedPlace) {
-  StagePlacement p;
-  p.work_dir = "/w";
-  p.listen = "0.0.0.0:7100";
-  p.exchange_listen = "0.0.0.0:7200";
-  p.exchange_advertise = "10.0.1.1:7200";
-  p.tls_dir = "/tls";
-  p.tls_name = "gpu-7";
-  p.link_timeout_s = 30;
-  const StageCommand c = StageCommandFor(Place(3, 0, 1), p, "/w/checkpoints/stage-0/state-40.ckpt");
-  EXPECT_EQ(c.job, "/w/job.json");
-  EXPECT_EQ(c.stage, 0);
-  EXPECT_EQ(c.pipeline, 1);
-  EXPECT_EQ(c.plan, 3u);
-  EXPECT_EQ(c.start_step, 40);
-  EXPECT_EQ(c.init_checkpoint, "/w/checkpoints/stage-0/state-40.ckpt");
-  EXPECT_EQ(c.checkpoint_dir, "/w/checkpoints/stage-0");
-  EXPECT_EQ(c.store_dir, "/w/store");
-  EXPECT_EQ(c.next, "10.0.0.2:7100");
-  EXPECT_EQ(c.next_generation, 5u);
-  EXPECT_THAT(c.replicas, ::testing::ElementsAre("10.0.1.0:7200", "10.0.1.1:7200"));  // ours at our index
-  EXPECT_EQ(c.replica_generation, 9u);
-  // The peers the assignment names, whose certificates the links check.
-  EXPECT_EQ(c.next_peer, "next-peer");
-  EXPECT_TRUE(c.previous_peer.empty());  // stage 0
-  EXPECT_THAT(c.replica_peers, ::testing::ElementsAre("replica-0", "gpu-7"));  // ours at our index
-  EXPECT_TRUE(c.die_with_parent);
-  EXPECT_EQ(c.link_timeout_s, 30);
-  EXPECT_EQ(c.tls_dir, "/tls");
-  EXPECT_EQ(c.name, "gpu-7");
-  // The last stage of a single pipeline: no next, no replicas, plaintext.
-  StagePlacement plain = p;
-  plain.tls_dir.clear();
-  const StageCommand last = StageCommandFor(Place(3, 1, 0, 2, 1), plain, "");
-  EXPECT_TRUE(last.next.empty());
-  EXPECT_EQ(last.previous_generation, 4u);
-  EXPECT_EQ(last.previous_peer, "previous-peer");
-  EXPECT_TRUE(last.next_peer.empty());
-  EXPECT_TRUE(last.replica_peers.empty());
-  EXPECT_TRUE(last.replicas.empty());
-  EXPECT_TRUE(last.name.empty());
+// What the daemon decides whatever the place.
+v1::StageLaunch Base() {
+  v1::StageLaunch base;
+  *base.mutable_job() = Job(2, 2);
+  base.set_listen("0.0.0.0:7100");
+  base.set_exchange_listen("0.0.0.0:7200");
+  base.mutable_tls()->set_dir("/tls");
+  base.mutable_tls()->set_name("gpu-7");
+  base.mutable_link_timeout()->set_seconds(30);
+  base.set_die_with_parent(true);
+  return base;
+}
+
+v1::Neighbor Self() {
+  v1::Neighbor self;
+  self.set_peer_name("gpu-7");
+  self.set_gradient_exchange_address("10.0.1.1:7200");
+  return self;
+}
+
+TEST(AssignmentTest, TheLaunchRunsTheAssignedPlace) {
+  const v1::StageLaunch l = StageLaunchFor(Place(3, 0, 1), Base(), "/w", Self(), "/w/checkpoints/stage-0/state-40.ckpt");
+  EXPECT_EQ(l.job().name(), "j");
+  EXPECT_EQ(l.stage(), 0u);
+  EXPECT_EQ(l.pipeline(), 1u);
+  EXPECT_EQ(l.plan(), 3u);
+  EXPECT_EQ(l.start_step(), 40);
+  EXPECT_EQ(l.init_checkpoint(), "/w/checkpoints/stage-0/state-40.ckpt");
+  EXPECT_EQ(l.checkpoint_dir(), "/w/checkpoints/stage-0");
+  EXPECT_EQ(l.store_dir(), "/w/store");
+  EXPECT_EQ(l.listen(), "0.0.0.0:7100");
+  // The assignment's neighbours, whole: address, generation, certificate name.
+  EXPECT_EQ(l.next().stage_link_address(), "10.0.0.2:7100");
+  EXPECT_EQ(l.next().link_generation(), 5u);
+  EXPECT_EQ(l.next().peer_name(), "next-peer");
+  EXPECT_FALSE(l.has_previous());  // stage 0
+  ASSERT_EQ(l.replicas_size(), 2);  // by pipeline, ours at our index
+  EXPECT_EQ(l.replicas(0).gradient_exchange_address(), "10.0.1.0:7200");
+  EXPECT_EQ(l.replicas(0).peer_name(), "replica-0");
+  EXPECT_EQ(l.replicas(1).gradient_exchange_address(), "10.0.1.1:7200");
+  EXPECT_EQ(l.replicas(1).peer_name(), "gpu-7");
+  for (const v1::Neighbor& r : l.replicas()) EXPECT_EQ(r.link_generation(), 9u);  // each carries the group's
+  EXPECT_TRUE(l.die_with_parent());
+  EXPECT_EQ(l.link_timeout().seconds(), 30);
+  EXPECT_EQ(l.tls().dir(), "/tls");
+  EXPECT_EQ(l.tls().name(), "gpu-7");
+  // The last stage of a single pipeline: no next, no replicas.
+  v1::StageLaunch base = Base();
+  *base.mutable_job() = Job(2, 1);
+  const v1::StageLaunch last = StageLaunchFor(Place(3, 1, 0, 2, 1), base, "/w", Self(), "");
+  EXPECT_FALSE(last.has_next());
+  EXPECT_EQ(last.previous().link_generation(), 4u);
+  EXPECT_EQ(last.previous().peer_name(), "previous-peer");
+  EXPECT_EQ(last.previous().stage_link_address(), "10.0.0.0:7100");
+  EXPECT_EQ(last.replicas_size(), 0);
+  EXPECT_TRUE(last.init_checkpoint().empty());
   // Links are dialed downstream unless the assignment reverses them.
-  EXPECT_FALSE(c.accept_next);
-  EXPECT_FALSE(last.dial_previous);
-  EXPECT_EQ(last.previous, "10.0.0.0:7100");
+  EXPECT_FALSE(l.next().reversed());
+  EXPECT_FALSE(last.previous().reversed());
+}
+
+// A field the coordinator adds to Neighbor reaches the stage with no edit
+// here: the launch carries the assignment's Neighbor messages whole.
+TEST(AssignmentTest, TheLaunchCarriesTheAssignmentsNeighboursWhole) {
+  v1::Assignment a = Place(3, 1, 0);
+  a.mutable_previous()->set_state_transfer_address("10.0.0.0:7300");
+  a.mutable_next()->set_peer_id(77);
+  const v1::StageLaunch l = StageLaunchFor(a, Base(), "/w", Self(), "");
+  EXPECT_EQ(l.previous().state_transfer_address(), "10.0.0.0:7300");
+  EXPECT_FALSE(l.has_next());  // the last stage of 2
+  const v1::StageLaunch first = StageLaunchFor(Place(3, 0, 0), Base(), "/w", Self(), "");
+  v1::Assignment b = Place(3, 0, 0);
+  b.mutable_next()->set_peer_id(77);
+  EXPECT_EQ(StageLaunchFor(b, Base(), "/w", Self(), "").next().peer_id(), 77u);
+  EXPECT_EQ(first.next().peer_id(), 0u);
 }
 
 TEST(AssignmentTest, AReversedLinkIsDialedByTheDownstreamAndAcceptedByTheUpstream) {
-  StagePlacement p;
-  p.work_dir = "/w";
+  v1::StageLaunch base = Base();
+  *base.mutable_job() = Job(2, 1);
   v1::Assignment up = Place(3, 0, 0, 2, 1), down = Place(3, 1, 0, 2, 1);
   up.mutable_next()->set_reversed(true);
   down.mutable_previous()->set_reversed(true);
-  const StageCommand u = StageCommandFor(up, p, ""), d = StageCommandFor(down, p, "");
-  EXPECT_TRUE(u.accept_next);
-  EXPECT_FALSE(u.dial_previous);
-  EXPECT_TRUE(d.dial_previous);
-  EXPECT_EQ(d.previous, "10.0.0.0:7100");
-  EXPECT_FALSE(d.accept_next);
+  const v1::StageLaunch u = StageLaunchFor(up, base, "/w", Self(), ""), d = StageLaunchFor(down, base, "/w", Self(), "");
+  EXPECT_TRUE(u.next().reversed());
+  EXPECT_FALSE(u.has_previous());
+  EXPECT_TRUE(d.previous().reversed());
+  EXPECT_EQ(d.previous().stage_link_address(), "10.0.0.0:7100");
+  EXPECT_FALSE(d.has_next());
 }
 
 TEST(AssignmentTest, AssignmentsThatDoNotFitTheJobAreRefused) {

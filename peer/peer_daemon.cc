@@ -72,7 +72,7 @@ absl::Status PeerDaemonImpl::Init() {
     o_.identify_data = [](const v1::DataSpec& d) { return pipeline::IdentifyData(pipeline::DataSourceFor(d)); };
   }
   launcher_ = o_.launcher;
-  if (launcher_ == nullptr) launcher_ = ProcessStageLauncher(o_.executable, (fs::path(o_.work_dir) / "stage.log").string());
+  if (launcher_ == nullptr) launcher_ = ProcessStageLauncher(o_.executable, o_.work_dir);
   return absl::OkStatus();
 }
 
@@ -201,18 +201,22 @@ absl::Status PeerDaemonImpl::Apply(const v1::Assignment& a, std::optional<absl::
   failed_at->reset();
   if (action == AssignmentAction::kStop) return absl::OkStatus();
   AQSWARM_ASSIGN_OR_RETURN(std::string init, keeper_->Prepare(a));
-  StagePlacement where;
-  where.work_dir = o_.work_dir;
-  where.listen = o_.listen;
-  where.exchange_listen = o_.exchange_listen;
-  where.exchange_advertise = o_.exchange_advertise;
-  where.metrics_listen = o_.metrics_listen;
-  where.tls_dir = o_.tls.dir;
-  where.tls_name = o_.tls.name;
-  where.insecure = o_.insecure;
-  where.keep_checkpoints = o_.keep_checkpoints;
-  where.link_timeout_s = static_cast<int>(std::max<int64_t>(1, absl::ToInt64Seconds(o_.link_timeout)));
-  where.uplink_kbps = static_cast<int>(std::lround(o_.emulate_uplink_mbps * 1000));
+  v1::StageLaunch base;
+  *base.mutable_job() = job_;
+  base.set_listen(o_.listen);
+  base.set_exchange_listen(o_.exchange_listen);
+  base.set_metrics_listen(o_.metrics_listen);
+  base.mutable_tls()->set_dir(o_.tls.dir);
+  if (!o_.tls.dir.empty()) base.mutable_tls()->set_name(o_.tls.name);
+  base.mutable_tls()->set_insecure(o_.insecure);
+  base.set_keep_checkpoints(static_cast<uint32_t>(std::max(1, o_.keep_checkpoints)));
+  base.mutable_link_timeout()->set_seconds(std::max<int64_t>(1, absl::ToInt64Seconds(o_.link_timeout)));
+  base.set_uplink_mbps(o_.emulate_uplink_mbps);
+  base.set_die_with_parent(true);
+  v1::Neighbor self;
+  self.set_peer_id(Session().first);
+  self.set_peer_name(o_.tls.name);
+  self.set_gradient_exchange_address(o_.exchange_advertise);
   {
     absl::MutexLock l(&mu_);
     child_exit_.reset();
@@ -223,7 +227,7 @@ absl::Status PeerDaemonImpl::Apply(const v1::Assignment& a, std::optional<absl::
     absl::MutexLock l(&mu_);
     child_exit_ = code;
   };
-  AQSWARM_ASSIGN_OR_RETURN(child_, launcher_->Launch(StageCommandFor(a, where, init), std::move(callbacks)));
+  AQSWARM_ASSIGN_OR_RETURN(child_, launcher_->Launch(StageLaunchFor(a, std::move(base), o_.work_dir, self, init), std::move(callbacks)));
   started_for_ = RunKeyOf(a);
   {
     v1::PeerEvent e;

@@ -28,7 +28,7 @@
 //     holders reported (Assignment.state_sha256) and stay under a bound
 //     derived from the job. A new plan first moves every state past its
 //     resume step to the stage's bounded quarantine
-//     (peer/stage_checkpoints.h): they belong to the abandoned timeline,
+//     (stage/stage_checkpoints.h): they belong to the abandoned timeline,
 //     unless the report that forced it lied.
 //   - Held states: the daemon tells the coordinator which stage states it
 //     holds, with each one's SHA-256 (Join, and every progress report, one report at a time so the
@@ -38,7 +38,7 @@
 //     of its own checkpoints the daemon copies the mirrored peer's state of
 //     the same step (the newest one, when copies fall behind) and serves it,
 //     so that stage survives losing its peer. Its own state of the newest
-//     copied step stays pinned (peer/stage_checkpoints.h) until a newer copy
+//     copied step stays pinned (stage/stage_checkpoints.h) until a newer copy
 //     lands: a slow copy is never left without its partner.
 //   - Probes: heartbeat answers name peers whose link from here is unmeasured
 //     or stale; a background thread times transfers to their StateTransfer

@@ -35,7 +35,6 @@
 #include "peer/link_prober.h"
 #include "peer/stage_child.h"
 #include "peer/state_keeper.h"
-#include "peer/stage_command.h"
 #include "peer/state_transfer.h"
 #include "proto/event_json.h"
 #include "proto/coordinator.pb.h"

@@ -1,4 +1,5 @@
 #include "peer/peer_daemon_impl.h"
+#include "pipeline/job_spec.h"
 
 namespace aqswarm::peer::daemon {
 namespace {
@@ -134,13 +135,7 @@ absl::Status PeerDaemonImpl::WriteJob(const v1::JobSpec& job) {
     job_ = job;
     keeper_->SetJob(job.name());
   }
-  std::string json;
-  google::protobuf::util::JsonPrintOptions jo;
-  jo.preserve_proto_field_names = true;
-  if (!google::protobuf::util::MessageToJsonString(job, &json, jo).ok()) {
-    return absl::InternalError("cannot print the job spec");
-  }
-  return WriteFileAtomically((fs::path(o_.work_dir) / "job.json").string(), json + "\n", 0644);
+  return WriteFileAtomically((fs::path(o_.work_dir) / "job.json").string(), pipeline::JobSpecJson(job) + "\n", 0644);
 }
 
 void PeerDaemonImpl::HeartbeatLoop() {

@@ -24,15 +24,15 @@ namespace {
 class FakeLauncher final : public StageLauncher {
  public:
   struct Record {
-    StageCommand command;
+    v1::StageLaunch launch;
     StageChildCallbacks callbacks;
     bool exited = false;
     bool stopped = false;
   };
 
-  absl::StatusOr<std::unique_ptr<StageChild>> Launch(const StageCommand& command,
+  absl::StatusOr<std::unique_ptr<StageChild>> Launch(const v1::StageLaunch& launch,
                                                      StageChildCallbacks callbacks) override {
-    auto r = std::make_shared<Record>(Record{command, std::move(callbacks)});
+    auto r = std::make_shared<Record>(Record{launch, std::move(callbacks)});
     absl::MutexLock l(&mu_);
     records_.push_back(r);
     return std::unique_ptr<StageChild>(new Child(this, r));
@@ -47,9 +47,9 @@ class FakeLauncher final : public StageLauncher {
     absl::MutexLock l(&mu_);
     return records_.size();
   }
-  StageCommand command(size_t i) {
+  v1::StageLaunch launch(size_t i) {
     absl::MutexLock l(&mu_);
-    return records_.at(i)->command;
+    return records_.at(i)->launch;
   }
   bool stopped(size_t i) {
     absl::MutexLock l(&mu_);
@@ -196,13 +196,13 @@ class PeerDaemonTest : public ::testing::Test {
 TEST_F(PeerDaemonTest, FollowsItsAssignmentsAndPassesItsStagesProgressOn) {
   coordinator_->Push(Stage0(1, 1));
   ASSERT_TRUE(launcher_->WaitForLaunches(1));
-  const StageCommand c = launcher_->command(0);
-  EXPECT_EQ(c.stage, 0);
-  EXPECT_EQ(c.plan, 1u);
-  EXPECT_EQ(c.start_step, 0);
-  EXPECT_EQ(c.next, "127.0.0.1:9");
-  EXPECT_TRUE(c.die_with_parent);
-  EXPECT_THAT(c.checkpoint_dir, ::testing::EndsWith("work/checkpoints/stage-0"));
+  const v1::StageLaunch c = launcher_->launch(0);
+  EXPECT_EQ(c.stage(), 0u);
+  EXPECT_EQ(c.plan(), 1u);
+  EXPECT_EQ(c.start_step(), 0);
+  EXPECT_EQ(c.next().stage_link_address(), "127.0.0.1:9");
+  EXPECT_TRUE(c.die_with_parent());
+  EXPECT_THAT(c.checkpoint_dir(), ::testing::EndsWith("work/checkpoints/stage-0"));
 
   // A step event becomes a progress report (steps completed, under its plan)
   // and is passed on as the daemon's own event.
@@ -222,8 +222,8 @@ TEST_F(PeerDaemonTest, FollowsItsAssignmentsAndPassesItsStagesProgressOn) {
   coordinator_->Push(Stage0(3, 2));
   ASSERT_TRUE(launcher_->WaitForLaunches(2));
   EXPECT_TRUE(launcher_->stopped(0));
-  EXPECT_EQ(launcher_->command(1).plan, 2u);
-  EXPECT_EQ(launcher_->command(1).next_generation, 2u);
+  EXPECT_EQ(launcher_->launch(1).plan(), 2u);
+  EXPECT_EQ(launcher_->launch(1).next().link_generation(), 2u);
 
   // Standby: no child.
   v1::Assignment standby = Stage0(4, 3);
@@ -260,7 +260,7 @@ TEST_F(PeerDaemonTest, AFailedStageWaitsForTheNextPlanAndRestartsUnderIt) {
   EXPECT_EQ(launcher_->launches(), 1u);
   coordinator_->Push(Stage0(3, 2));  // the coordinator's next plan
   ASSERT_TRUE(launcher_->WaitForLaunches(2));
-  EXPECT_EQ(launcher_->command(1).plan, 2u);
+  EXPECT_EQ(launcher_->launch(1).plan(), 2u);
 }
 
 TEST_F(PeerDaemonTest, AStageThatFinishesTheJobEndsTheRunAndLeaves) {

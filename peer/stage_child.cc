@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <filesystem>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
@@ -9,6 +10,7 @@
 #include "common/status_macros.h"
 #include "common/subprocess.h"
 #include "proto/event_json.h"
+#include "stage/stage_launch.h"
 
 namespace aqswarm::peer {
 namespace {
@@ -71,25 +73,29 @@ class ProcessStageChild final : public StageChild {
 
 class ProcessLauncher final : public StageLauncher {
  public:
-  ProcessLauncher(std::string executable, std::string log_path)
-      : executable_(std::move(executable)), log_path_(std::move(log_path)) {}
+  ProcessLauncher(std::string executable, std::string work_dir)
+      : executable_(std::move(executable)),
+        launch_path_((std::filesystem::path(work_dir) / "stage-launch.json").string()),
+        log_path_((std::filesystem::path(work_dir) / "stage.log").string()) {}
 
-  absl::StatusOr<std::unique_ptr<StageChild>> Launch(const StageCommand& command,
+  absl::StatusOr<std::unique_ptr<StageChild>> Launch(const v1::StageLaunch& launch,
                                                      StageChildCallbacks callbacks) override {
+    AQSWARM_RETURN_IF_ERROR(stage::WriteStageLaunch(launch_path_, launch));
     SubprocessOptions so;
     so.stderr_path = log_path_;
-    AQSWARM_ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> process, Subprocess::Spawn(command.ToArgv(executable_), so));
+    AQSWARM_ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> process,
+                             Subprocess::Spawn({executable_, "stage", "--launch=" + launch_path_}, so));
     return std::make_unique<ProcessStageChild>(std::move(process), std::move(callbacks));
   }
 
  private:
-  const std::string executable_, log_path_;
+  const std::string executable_, launch_path_, log_path_;
 };
 
 }  // namespace
 
-std::unique_ptr<StageLauncher> ProcessStageLauncher(std::string executable, std::string log_path) {
-  return std::make_unique<ProcessLauncher>(std::move(executable), std::move(log_path));
+std::unique_ptr<StageLauncher> ProcessStageLauncher(std::string executable, std::string work_dir) {
+  return std::make_unique<ProcessLauncher>(std::move(executable), std::move(work_dir));
 }
 
 }  // namespace aqswarm::peer

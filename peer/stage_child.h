@@ -1,10 +1,11 @@
 // The stage process a peer daemon runs, behind an interface: the real
-// launcher starts `aqswarm stage` (peer/stage_command.h) as a child process
-// and reads its events (proto/events.proto) on a thread; tests of the
-// daemon launch fakes instead (peer/peer_daemon_test.cc).
+// launcher writes the launch (proto/stage.proto) to a file, starts
+// `aqswarm stage --launch FILE` as a child process and reads its events
+// (proto/events.proto) on a thread; tests of the daemon launch fakes
+// instead (peer/peer_daemon_test.cc).
 //
-//   auto launcher = ProcessStageLauncher("/usr/bin/aqswarm", "/var/lib/aqswarm/stage.log");
-//   AQSWARM_ASSIGN_OR_RETURN(auto child, launcher->Launch(command, {on_event, on_exit}));
+//   auto launcher = ProcessStageLauncher("/usr/bin/aqswarm", "/var/lib/aqswarm");
+//   AQSWARM_ASSIGN_OR_RETURN(auto child, launcher->Launch(launch, {on_event, on_exit}));
 //   ...
 //   child->Stop(absl::Seconds(10));   // SIGTERM, SIGKILL after the grace; returns once it is reaped
 #ifndef AQSWARM_PEER_STAGE_CHILD_H_
@@ -17,8 +18,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "peer/stage_command.h"
 #include "proto/events.pb.h"
+#include "proto/stage.pb.h"
 
 namespace aqswarm::peer {
 
@@ -43,13 +44,14 @@ struct StageChildCallbacks {
 class StageLauncher {
  public:
   virtual ~StageLauncher() = default;
-  virtual absl::StatusOr<std::unique_ptr<StageChild>> Launch(const StageCommand& command,
+  virtual absl::StatusOr<std::unique_ptr<StageChild>> Launch(const v1::StageLaunch& launch,
                                                              StageChildCallbacks callbacks) = 0;
 };
 
-// Runs `executable stage ...` as a child process, its stderr appended to
-// `log_path`. A line that is no event is logged and skipped.
-std::unique_ptr<StageLauncher> ProcessStageLauncher(std::string executable, std::string log_path);
+// Writes <work_dir>/stage-launch.json and runs `executable stage --launch`
+// on it as a child process, its stderr appended to <work_dir>/stage.log. A
+// line that is no event is logged and skipped.
+std::unique_ptr<StageLauncher> ProcessStageLauncher(std::string executable, std::string work_dir);
 
 }  // namespace aqswarm::peer
 

@@ -16,7 +16,7 @@
 //
 //   StateChunkChecker check(options.max_bytes);
 //   while (reader->Read(&c)) {
-//     if (absl::Status s = check.Add(c); !s.ok()) { CountStateTransferRefused(check.refusal()); return s; }
+//     if (absl::Status s = check.Add(c); !s.ok()) { stage::CountStateTransferRefused(check.refusal()); return s; }
 //     AQSWARM_RETURN_IF_ERROR(sink(c.data()));
 //   }
 //   AQSWARM_RETURN_IF_ERROR(check.Finish());   // DataLoss "ended after N of M bytes" when cut short

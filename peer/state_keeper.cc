@@ -18,8 +18,8 @@
 #include "common/status_macros.h"
 #include "common/sha256.h"
 #include "peer/assignment.h"
-#include "peer/peer_metrics.h"
-#include "peer/stage_checkpoints.h"
+#include "stage/stage_metrics.h"
+#include "stage/stage_checkpoints.h"
 
 namespace aqswarm::peer {
 
@@ -52,17 +52,18 @@ std::vector<v1::StageCheckpoints> StateKeeper::Held() const {
     const std::string name = entry.path().filename().string();
     uint32_t stage = 0;
     if (!absl::StartsWith(name, "stage-") || !absl::SimpleAtoi(name.substr(6), &stage)) continue;
-    std::vector<int64_t> steps = StageCheckpointSteps(entry.path().string());
+    std::vector<int64_t> steps = stage::StageCheckpointSteps(entry.path().string());
     if (steps.empty()) continue;
     v1::StageCheckpoints h;
     h.set_stage(stage);
     for (size_t i = steps.size() > 64 ? steps.size() - 64 : 0; i < steps.size(); ++i) {
-      absl::StatusOr<std::string> sha = Digest(StageCheckpointPath(entry.path().string(), steps[i]));
+      absl::StatusOr<std::string> sha = Digest(stage::StageCheckpointPath(entry.path().string(), steps[i]));
       if (!sha.ok() && absl::IsNotFound(sha.status())) continue;  // pruned meanwhile
-      h.add_steps(steps[i]);
-      h.add_sha256(sha.ok() ? *sha : "");
+      v1::HeldState& state = *h.add_states();
+      state.set_step(steps[i]);
+      state.set_sha256(sha.ok() ? *sha : "");
     }
-    if (h.steps().empty()) continue;
+    if (h.states().empty()) continue;
     out.push_back(std::move(h));
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.stage() < b.stage(); });
@@ -135,11 +136,11 @@ absl::StatusOr<StateSnapshot> StateKeeper::Serve(const v1::StateRequest& r) {
   const std::string dir = StageDir(r.stage());
   int64_t step = r.step();
   if (step == 0) {  // the newest
-    const std::vector<int64_t> kept = StageCheckpointSteps(dir);
+    const std::vector<int64_t> kept = stage::StageCheckpointSteps(dir);
     if (kept.empty()) return absl::NotFoundError(absl::StrCat("no state of stage ", r.stage(), " here"));
     step = kept.back();
   }
-  const std::string path = StageCheckpointPath(dir, step);
+  const std::string path = stage::StageCheckpointPath(dir, step);
   std::error_code ec;
   if (step < 0 || !fs::is_regular_file(path, ec)) {
     return absl::NotFoundError(absl::StrCat("no state of stage ", r.stage(), " at step ", step,
@@ -173,17 +174,17 @@ absl::StatusOr<uint64_t> StateKeeper::Fetch(const std::string& address, uint32_t
   AQSWARM_ASSIGN_OR_RETURN(FetchedState got, FetchStateToFile(address, req, incoming, fo));
   if (got.step != static_cast<uint64_t>(step)) {
     fs::remove(incoming, ec);
-    CountStateTransferRefused("bad_chunk");
+    stage::CountStateTransferRefused("bad_chunk");
     return absl::DataLossError(absl::StrCat("asked for step ", step, ", got step ", got.step));
   }
-  const std::string path = StageCheckpointPath(dir, step);
+  const std::string path = stage::StageCheckpointPath(dir, step);
   AQSWARM_RETURN_IF_ERROR(PublishFileAtomically(incoming, path));
   CacheDigest(path, got.sha256);
   return got.bytes;
 }
 
 absl::StatusOr<std::string> StateKeeper::Prepare(const v1::Assignment& a) {
-  const std::string want = StageCheckpointPath(StageDir(a.stage()), a.resume_step());
+  const std::string want = stage::StageCheckpointPath(StageDir(a.stage()), a.resume_step());
   std::error_code ec;
   if (fs::exists(want, ec)) {
     if (a.state_sha256().empty()) return want;
@@ -194,7 +195,7 @@ absl::StatusOr<std::string> StateKeeper::Prepare(const v1::Assignment& a) {
     AQSWARM_LOG(WARNING) << "peer " << o_.name << ": kept state of stage " << a.stage() << " at step "
                          << a.resume_step() << " has SHA-256 " << (mine.ok() ? *mine : mine.status().ToString())
                          << ", the swarm's is " << a.state_sha256() << ": quarantining it";
-    PruneStageCheckpoints(StageDir(a.stage()), a.resume_step() - 1, std::numeric_limits<size_t>::max());
+    stage::PruneStageCheckpoints(StageDir(a.stage()), a.resume_step() - 1, std::numeric_limits<size_t>::max());
   }
   if (a.resume_step() == 0) return std::string();
   std::vector<std::string> tried;
@@ -241,11 +242,11 @@ bool StateKeeper::Follow(const v1::Assignment& a) {
       if (mirror_landed_ > a.resume_step()) mirror_landed_ = 0;
       std::error_code ec;
       for (const auto& entry : fs::directory_iterator(root(), ec)) {
-        const size_t n = PruneStageCheckpoints(entry.path().string(), a.resume_step(), o_.keep_checkpoints);
+        const size_t n = stage::PruneStageCheckpoints(entry.path().string(), a.resume_step(), o_.keep_checkpoints);
         if (n > 0) {
           AQSWARM_LOG(WARNING) << "peer " << o_.name << ": plan " << a.plan_version() << " resumes at step "
                                << a.resume_step() << ": " << n << " later state(s) of " << entry.path().string()
-                               << " moved to " << StageQuarantineDir(entry.path().string());
+                               << " moved to " << stage::StageQuarantineDir(entry.path().string());
         }
       }
     }
@@ -316,10 +317,10 @@ absl::Status StateKeeper::CopyMirror(const v1::Neighbor& target, int64_t step, u
       absl::MutexLock l(&mu_);
       if (plan_ != plan) {  // a re-plan pruned while we fetched: this state may be from its abandoned timeline
         std::error_code ec;
-        fs::remove(StageCheckpointPath(dir, step), ec);
+        fs::remove(stage::StageCheckpointPath(dir, step), ec);
         return absl::CancelledError("the plan changed");
       }
-      PruneStageCheckpoints(dir, std::numeric_limits<int64_t>::max(), o_.keep_checkpoints);
+      stage::PruneStageCheckpoints(dir, std::numeric_limits<int64_t>::max(), o_.keep_checkpoints);
       return absl::OkStatus();
     }
     if (!absl::IsNotFound(s.status()) || absl::Now() > deadline) return s.status();
@@ -346,7 +347,7 @@ void StateKeeper::UpdatePins() {
   steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
   if (pins_dir_ != dir) {  // we moved to another stage (or none)
     if (!pins_dir_.empty()) {
-      const absl::Status s = WriteStageCheckpointPins(pins_dir_, {});
+      const absl::Status s = stage::WriteStageCheckpointPins(pins_dir_, {});
       if (!s.ok()) {
         AQSWARM_LOG(WARNING) << "peer " << o_.name << ": " << s;
       }
@@ -355,7 +356,7 @@ void StateKeeper::UpdatePins() {
     pinned_.reset();  // unknown there (a file of an earlier run): written below
   }
   if (dir.empty() || steps == pinned_) return;
-  const absl::Status s = WriteStageCheckpointPins(dir, steps);
+  const absl::Status s = stage::WriteStageCheckpointPins(dir, steps);
   if (!s.ok()) {
     AQSWARM_LOG(WARNING) << "peer " << o_.name << ": cannot pin the states of mirrored steps: " << s;
     return;

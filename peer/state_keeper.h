@@ -1,6 +1,6 @@
 // A peer's stage states on disk (<work_dir>/checkpoints/stage-<j>/
 // state-<step>.ckpt, written by its stage child every checkpoint_every_steps,
-// peer/stage_checkpoints.h): which it holds, serving them to other peers,
+// stage/stage_checkpoints.h): which it holds, serving them to other peers,
 // fetching the one an assignment starts from, and mirroring another stage.
 //
 // - Held: the kept steps of each stage and each state's SHA-256 (computed
@@ -18,7 +18,7 @@
 //   SetMaxStateBytes (per stage; default 8 GiB).
 // - Follow: each assignment names our stage and the stage we mirror. A new
 //   plan restarts everyone at its resume step: every state past it belongs
-//   to the abandoned timeline and is quarantined (peer/stage_checkpoints.h),
+//   to the abandoned timeline and is quarantined (stage/stage_checkpoints.h),
 //   and pending copies are dropped.
 // - Mirroring (Assignment.mirror): after each of our checkpoints
 //   (Checkpointed) a thread copies the mirrored peer's state of the same

@@ -10,7 +10,7 @@
 #include "common/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "peer/stage_checkpoints.h"
+#include "stage/stage_checkpoints.h"
 #include "tests/testing/scratch_dir.h"
 #include "tests/testing/status_matchers.h"
 
@@ -48,7 +48,7 @@ struct Peer {
   }
   void Write(uint32_t stage, int64_t step, const std::string& bytes) {
     std::filesystem::create_directories(keeper->StageDir(stage));
-    std::ofstream(StageCheckpointPath(keeper->StageDir(stage), step)) << bytes;
+    std::ofstream(stage::StageCheckpointPath(keeper->StageDir(stage), step)) << bytes;
   }
   std::string address() const { return absl::StrCat("127.0.0.1:", server->port()); }
   v1::Neighbor AsNeighbor(uint32_t stage) const {
@@ -87,11 +87,16 @@ TEST(StateKeeperTest, HoldsServesAndANewPlanPrunesTheAbandonedTimeline) {
   p.Write(1, 4, "s1@4");
   const std::vector<v1::StageCheckpoints> held = p.keeper->Held();
   ASSERT_EQ(held.size(), 2u);
-  EXPECT_THAT(held[0].steps(), ElementsAre(2, 4, 6));
-  EXPECT_THAT(held[1].steps(), ElementsAre(4));
-  // Each state's SHA-256, parallel to the steps.
-  EXPECT_THAT(held[0].sha256(), ElementsAre(Sha256Hex("s0@2"), Sha256Hex("s0@4"), Sha256Hex("s0@6")));
-  EXPECT_THAT(held[1].sha256(), ElementsAre(Sha256Hex("s1@4")));
+  // Each state with its SHA-256.
+  auto states = [](const v1::StageCheckpoints& c) {
+    std::vector<std::pair<int64_t, std::string>> out;
+    for (const v1::HeldState& h : c.states()) out.emplace_back(h.step(), h.sha256());
+    return out;
+  };
+  EXPECT_THAT(states(held[0]), ElementsAre(std::pair<int64_t, std::string>{2, Sha256Hex("s0@2")},
+                                           std::pair<int64_t, std::string>{4, Sha256Hex("s0@4")},
+                                           std::pair<int64_t, std::string>{6, Sha256Hex("s0@6")}));
+  EXPECT_THAT(states(held[1]), ElementsAre(std::pair<int64_t, std::string>{4, Sha256Hex("s1@4")}));
 
   v1::StateRequest r;
   r.set_job_name("job");
@@ -105,10 +110,10 @@ TEST(StateKeeperTest, HoldsServesAndANewPlanPrunesTheAbandonedTimeline) {
   EXPECT_THAT(p.keeper->Serve(r), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another")));
 
   EXPECT_TRUE(p.keeper->Follow(At(1, 0, 4)));   // a new plan resuming at 4: 6 is set aside
-  EXPECT_THAT(StageCheckpointSteps(p.keeper->StageDir(0)), ElementsAre(2, 4));
-  const std::vector<std::string> quarantined = QuarantinedStates(p.keeper->StageDir(0));
+  EXPECT_THAT(stage::StageCheckpointSteps(p.keeper->StageDir(0)), ElementsAre(2, 4));
+  const std::vector<std::string> quarantined = stage::QuarantinedStates(p.keeper->StageDir(0));
   ASSERT_EQ(quarantined.size(), 1u);
-  EXPECT_EQ(Read(StageQuarantineDir(p.keeper->StageDir(0)) + "/" + quarantined[0]), "s0@6");
+  EXPECT_EQ(Read(stage::StageQuarantineDir(p.keeper->StageDir(0)) + "/" + quarantined[0]), "s0@6");
   EXPECT_FALSE(p.keeper->Follow(At(1, 0, 4)));  // the same plan again: nothing pruned
 }
 
@@ -144,11 +149,12 @@ TEST(StateKeeperTest, AStateWhoseSha256DiffersFromTheReportedOneIsRefusedAndAnot
   EXPECT_THAT(joiner.keeper->Prepare(a),
               StatusIs(absl::StatusCode::kNotFound, ::testing::AllOf(HasSubstr(reported),
                                                                      HasSubstr(Sha256Hex("forged stage-1 after 8")))));
-  EXPECT_TRUE(StageCheckpointSteps(joiner.keeper->StageDir(1)).empty()) << "the forged state was kept";
+  EXPECT_TRUE(stage::StageCheckpointSteps(joiner.keeper->StageDir(1)).empty()) << "the forged state was kept";
   *a.add_state_sources() = honest.AsNeighbor(1);
   ASSERT_OK_AND_ASSIGN(const std::string path, joiner.keeper->Prepare(a));
   EXPECT_EQ(Read(path), "stage-1 after 8 steps");
-  EXPECT_THAT(joiner.keeper->Held()[0].sha256(), ElementsAre(reported));
+  ASSERT_EQ(joiner.keeper->Held()[0].states_size(), 1);
+  EXPECT_EQ(joiner.keeper->Held()[0].states(0).sha256(), reported);
 
   // Our own state of step 8 from another timeline: quarantined, the swarm's fetched.
   Peer other(dir.Sub("other"));
@@ -158,7 +164,7 @@ TEST(StateKeeperTest, AStateWhoseSha256DiffersFromTheReportedOneIsRefusedAndAnot
   *b.add_state_sources() = honest.AsNeighbor(1);
   ASSERT_OK_AND_ASSIGN(const std::string path2, other.keeper->Prepare(b));
   EXPECT_EQ(Read(path2), "stage-1 after 8 steps");
-  EXPECT_EQ(QuarantinedStates(other.keeper->StageDir(1)).size(), 1u);
+  EXPECT_EQ(stage::QuarantinedStates(other.keeper->StageDir(1)).size(), 1u);
 }
 
 // A sender declaring more than the stage's bound is refused before a byte is kept.
@@ -170,7 +176,7 @@ TEST(StateKeeperTest, AStateOverTheStagesBoundIsRefused) {
   v1::Assignment a = At(1, 1, 8);
   *a.add_state_sources() = holder.AsNeighbor(1);
   EXPECT_THAT(joiner.keeper->Prepare(a), StatusIs(absl::StatusCode::kNotFound, HasSubstr("999")));
-  EXPECT_TRUE(StageCheckpointSteps(joiner.keeper->StageDir(1)).empty());
+  EXPECT_TRUE(stage::StageCheckpointSteps(joiner.keeper->StageDir(1)).empty());
   joiner.keeper->SetMaxStateBytes({0, 1000});
   EXPECT_TRUE(joiner.keeper->Prepare(a).ok());
 }
@@ -191,8 +197,8 @@ TEST(StateKeeperTest, AMirrorCopiesTheMirroredStageAfterOurCheckpointAndPinsOurs
     EXPECT_EQ(me.events.back().mirrored().step(), 3);
     EXPECT_TRUE(me.events.back().mirrored().reported());
   }
-  EXPECT_EQ(Read(StageCheckpointPath(me.keeper->StageDir(1), 3)), "its stage-1 after 3");
-  ASSERT_OK_AND_ASSIGN(const std::vector<int64_t> pins, ReadStageCheckpointPins(me.keeper->StageDir(0)));
+  EXPECT_EQ(Read(stage::StageCheckpointPath(me.keeper->StageDir(1), 3)), "its stage-1 after 3");
+  ASSERT_OK_AND_ASSIGN(const std::vector<int64_t> pins, stage::ReadStageCheckpointPins(me.keeper->StageDir(0)));
   EXPECT_THAT(pins, ElementsAre(3)) << "our own state of the copied step stays";
 }
 

@@ -17,7 +17,7 @@
 #include "rpc/server.h"
 #include "rpc/status.h"
 #include "grpcpp/grpcpp.h"
-#include "peer/peer_metrics.h"
+#include "stage/stage_metrics.h"
 
 namespace aqswarm::peer {
 
@@ -95,7 +95,7 @@ class StateTransferServer::Service final : public v1::StateTransfer::Service {
     if (active_.fetch_add(1) >= max_fetches_) {
       active_.fetch_sub(1);
       refused_busy_.fetch_add(1);
-      CountStateTransferRefused("busy");
+      stage::CountStateTransferRefused("busy");
       return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                           absl::StrCat("this peer serves at most ", max_fetches_,
                                        " state fetches at once; try another source or again later"));
@@ -243,8 +243,8 @@ absl::StatusOr<uint64_t> FetchInto(const std::string& target, const v1::StateReq
   }
   if (!bad.ok()) {
     if (*reason != '\0') {
-      CountStateTransferRefused(reason);
-      CountRejectedMessage("state_chunk_invalid");
+      stage::CountStateTransferRefused(reason);
+      stage::CountRejectedMessage(stage::RejectReason::kStateChunkInvalid);
     }
     ctx.TryCancel();
     reader->Finish().ok();
@@ -252,14 +252,14 @@ absl::StatusOr<uint64_t> FetchInto(const std::string& target, const v1::StateReq
   }
   AQSWARM_RETURN_IF_ERROR(rpc::FromGrpc(reader->Finish(), absl::StrCat("state transfer from ", target)));
   if (first || !done) {
-    CountStateTransferRefused("truncated");
+    stage::CountStateTransferRefused("truncated");
     return absl::DataLossError(absl::StrCat("state transfer from ", target, " ended after ", received, " of ",
                                             total, " bytes"));
   }
   *bytes = received;
   *sha256 = sha.HexDigest();
   if (!options.expected_sha256.empty() && *sha256 != options.expected_sha256) {
-    CountStateTransferRefused("sha256_mismatch");
+    stage::CountStateTransferRefused("sha256_mismatch");
     return absl::DataLossError(absl::StrCat("state transfer from ", target, ": the state's SHA-256 is ", *sha256,
                                             ", its holders reported ", options.expected_sha256));
   }

@@ -22,7 +22,7 @@
 // (or file) grows with the data that arrived, never with what the sender
 // declared.
 //
-// Metrics (peer/peer_metrics.h): every refusal counts
+// Metrics (stage/stage_metrics.h): every refusal counts
 // aqswarm_peer_state_transfer_refused_total{reason}: busy (server: too many
 // fetches), too_large (declared total over the bound), bad_chunk (offset,
 // size, step or total inconsistent), checksum, sha256_mismatch, truncated.

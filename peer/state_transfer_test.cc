@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/stage_worker.h"
+#include "stage/link_transport.h"
 #include "tests/testing/scratch_dir.h"
 
 namespace aqswarm::peer {
@@ -96,6 +97,18 @@ class RogueService final : public v1::StateTransfer::Service {
  private:
   int mode_;
 };
+
+TEST(StateTransferTest, APortAlreadyServedIsRefusedNotShared) {
+  // A StateTransfer server on a StageLink server's port would split the
+  // connections between them (SO_REUSEPORT): it must fail to start instead.
+  auto link = stage::StageLinkServer::Start("127.0.0.1:0", {});
+  ASSERT_TRUE(link.ok()) << link.status();
+  auto state = StateTransferServer::Start(absl::StrCat("127.0.0.1:", (*link)->port()),
+                                          [](const v1::StateRequest&) -> absl::StatusOr<StateSnapshot> {
+                                            return absl::NotFoundError("none");
+                                          });
+  EXPECT_TRUE(absl::IsUnavailable(state.status())) << state.status();
+}
 
 TEST(StateTransferTest, MalformedStreamsAreRejected) {
   for (int mode = 0; mode < 7; ++mode) {

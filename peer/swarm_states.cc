@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/file_util.h"
 #include "common/status_macros.h"
+#include "proto/held_states.h"
 
 namespace aqswarm::peer {
 
@@ -22,11 +23,10 @@ absl::StatusOr<SwarmStateSources> PickSwarmStateSources(const v1::StatusResponse
     if (p.state_transfer_address().empty()) continue;
     for (const v1::StageCheckpoints& h : p.held()) {
       if (h.stage() >= stages) continue;
-      const bool digests = h.sha256_size() == h.steps_size();
-      for (int i = 0; i < h.steps_size(); ++i) {
-        if (h.steps(i) >= 1) {
-          served[h.stage()][h.steps(i)].emplace_back(p.state_transfer_address(), digests ? h.sha256(i) : "");
-        }
+      const absl::StatusOr<std::vector<v1::HeldState>> states = v1::HeldStatesOf(h);
+      if (!states.ok()) continue;  // an older coordinator's malformed list: that peer serves nothing here
+      for (const v1::HeldState& state : *states) {
+        if (state.step() >= 1) served[h.stage()][state.step()].emplace_back(p.state_transfer_address(), state.sha256());
       }
     }
   }

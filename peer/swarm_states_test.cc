@@ -21,7 +21,7 @@ void Serve(v1::PeerStatus* p, const std::string& address, uint32_t stage, std::v
   p->set_state_transfer_address(address);
   v1::StageCheckpoints* h = p->add_held();
   h->set_stage(stage);
-  for (int64_t s : steps) h->add_steps(s);
+  for (int64_t s : steps) h->add_states()->set_step(s);
 }
 
 v1::StatusResponse TwoStageStatus() {
@@ -100,7 +100,7 @@ TEST(SwarmStatesTest, FetchesEveryStageOverStateTransferSkippingASourceThatDropp
   auto digested = [&](const std::string& address, uint32_t stage, const std::string& sha) {
     v1::PeerStatus p;
     Serve(&p, address, stage, {5});
-    p.mutable_held(0)->add_sha256(sha);
+    p.mutable_held(0)->mutable_states(0)->set_sha256(sha);
     return p;
   };
   v1::StatusResponse lying;

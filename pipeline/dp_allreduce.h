@@ -46,7 +46,7 @@
 namespace aqswarm::pipeline {
 
 // Point-to-point messages among the replicas of one stage. Implementations:
-// gRPC (peer/gradient_exchange.h) and in-process (tests).
+// gRPC (stage/gradient_exchange.h) and in-process (tests).
 class ReplicaExchange {
  public:
   virtual ~ReplicaExchange() = default;

@@ -10,7 +10,7 @@
 // Tied embeddings across stages (model.tie_embeddings, K > 1): stage 0's
 // embedding and the last stage's head are two copies of one matrix
 // (tied_embedding()); the step protocol sums their gradients every step
-// (peer/step_protocol.h), so both copies stay bit-identical.
+// (stage/step_protocol.h), so both copies stay bit-identical.
 //
 // Compute precision (set_compute_dtype; job.precision): parameters stay
 // float32 masters and forward() casts each weight at its use (a

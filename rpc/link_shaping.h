@@ -8,7 +8,7 @@
 // <= 0: no time). Reserve() books the frame's wire time and returns when its
 // last byte leaves (now, when unshaped or when the wire is behind);
 // Transmit() also sleeps until then. The stage links Reserve (the receiver
-// holds the frame until then: peer/link_transport.h); the gradient exchange
+// holds the frame until then: stage/link_transport.h); the gradient exchange
 // Transmits. One per sender thread.
 //
 //   rpc::EmulatedWire wire(clock);                  // default: the real clock

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Link codecs ranked by time to target (issue 41): runs `aqswarm bench converge`
+# Link codecs ranked by time to target: runs `aqswarm bench converge`
 # with AdamW and each link codec on two jobs, unshaped, 100 Mbit/s + 50 ms and
 # 10 Mbit/s + 50 ms:
 #   single pass   examples/converge_single_pass.json  (all 233 speeches, 1 epoch:
@@ -15,7 +15,7 @@
 # rows again with seed 8). Writes
 # docs/data/codecs_<run>.jsonl (+ _noise.jsonl) and docs/data/codecs.meta,
 # and renders docs/notebook/convergence_codecs.md, section "Link codecs by time to target
-# (issue 41)". About 100 minutes on 2 cores.
+#". About 100 minutes on 2 cores.
 #
 #   scripts/codecs_rank.sh            # run, then render
 #   scripts/codecs_rank.sh --render   # only redraw the section from docs/data

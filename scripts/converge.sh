@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Time to target (issue 39): runs `aqswarm bench converge` on examples/converge.json
+# Time to target: runs `aqswarm bench converge` on examples/converge.json
 # with the full matrix (adamw-fp32, qadam-aqsgd, diloco-h16/h32/h64-aqsgd x
 # unshaped, 100 Mbit/s + 50 ms, 10 Mbit/s + 50 ms), writes docs/data/converge.jsonl
 # (one JSON object per run), docs/data/converge.meta (build, time, load) and
 # docs/data/converge_noise.jsonl (the baseline with another seed), and
 # renders the table and the issue's goals into docs/notebook/convergence_time_to_target.md, section
-# "Time to target (issue 39)". About 25 minutes on a shared 2-core machine.
+# "Time to target". About 25 minutes on a shared 2-core machine.
 #
 #   scripts/converge.sh            # run the bench, then render
 #   scripts/converge.sh --render   # only redraw the section from docs/data/converge.jsonl
@@ -143,7 +143,7 @@ goals.append(f'- The demo\'s end-to-end ratio >= 20x: the demo (item 5) is not t
              f'(every link and DP byte vs AdamW + fp32 links) is {best_all["config"]}\'s {num(all_ratio(best_all))}x.')
 
 section = f"""<!-- converge:begin -->
-## Time to target (issue 39)
+## Time to target
 
 The headline metric: how long each configuration takes to reach a validation loss, on links shaped to a
 bandwidth and latency. Reproduce: `scripts/converge.sh` (about 30 minutes on 2 cores; `--render` redraws this

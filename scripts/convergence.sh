@@ -3,10 +3,10 @@
 # with each link/optimizer configuration on the State of the Union corpus and
 # writes $OUT/table.md (table) and docs/convergence-<study>.png (curves).
 #
-#   scripts/convergence.sh pipeline    # issue 4: 4 stages, fp32 / aqsgd / directq
-#   scripts/convergence.sh dp          # issue 5: 2 stages x 2 replicas, QuantizedAdam
+#   scripts/convergence.sh pipeline    # 4 stages, fp32 / aqsgd / directq
+#   scripts/convergence.sh dp          # 2 stages x 2 replicas, QuantizedAdam
 #                                      # (and the -dpu rows: dp.delayedUpdate)
-#   scripts/convergence.sh finetune    # issue 36: pre-train a tied GPT on the
+#   scripts/convergence.sh finetune    # pre-train a tied GPT on the
 #                                      # 18th-19th century speeches, export it,
 #                                      # fine-tune it on 4 stages on the
 #                                      # post-1946 ones: fp32 / aqsgd / directq

@@ -78,7 +78,7 @@ cmake -S . -B $B -G Ninja -Wno-dev -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX
   { tail -40 "$OUT/configure.txt"; exit 1; }
 
 el build
-ninja -C $B -k 0 aqswarm aqswarm_events_python peer_nccl_test pipeline_integration_test schedule_integration_test \
+ninja -C $B -k 0 aqswarm aqswarm_events_python stage_nccl_test pipeline_integration_test schedule_integration_test \
   pipeline_model_test pipeline_training_test pipeline_hf_test > "$OUT/build.txt" 2>&1
 rc=$?; grep -E "error|FAILED" "$OUT/build.txt" | head -40; el "build rc=$rc"
 $B/aqswarm version
@@ -90,7 +90,7 @@ gtest() {  # name, timeout, binary...
 }
 if [[ ${SKIP_E2E:-0} != 1 ]]; then  # SKIP_E2E=1: build, model tests and the sizes table only
 el "NCCL transport"
-gtest nccl 120 $B/peer/peer_nccl_test
+gtest nccl 120 $B/stage/stage_nccl_test
 el "pipeline end to end, stages on cuda:0"
 AQSWARM_TEST_DEVICE=cuda:0 gtest pipeline_cuda $(( $(left) / 2 )) $B/tests/integration/pipeline_integration_test
 el "schedules end to end, stages on cuda:0"

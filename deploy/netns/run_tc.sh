@@ -4,7 +4,7 @@
 # Runs the slownet benchmark's pipeline with each stage in its own network
 # namespace, neighbours joined by a veth pair whose two ends each get a
 # `tc qdisc ... tbf` at the link rate (so each direction is shaped, as the
-# user-space shaping in peer/link_transport.cc, a FIFO wire per direction, does),
+# user-space shaping in stage/link_transport.cc, a FIFO wire per direction, does),
 # and the job's own shaping switched off. Then runs the same job with
 # `aqswarm pipeline` on 127.0.0.1 with user-space shaping at the same rate and
 # compares samples/s over the same steady-state window.
@@ -169,10 +169,18 @@ run_netns() {  # dir
   for s in $(seq $((STAGES - 1)) -1 0); do
     local listen="127.0.0.1:0"
     (( s > 0 )) && listen="10.77.$((s - 1)).2:0"
-    local args=(stage --job="$dir/job.json" --stage="$s" --pipeline_index=0 --store_dir="$dir/store-$s"
-                --listen="$listen" --link_timeout_s=300)
-    [[ -n $next ]] && args+=(--next="$next")
-    ip netns exec "${PREFIX}-$s" "$AQSWARM" "${args[@]}" >"$dir/stage-$s.jsonl" 2>"$dir/stage-$s.log" &
+    # The stage's launch (proto/stage.proto's StageLaunch, the job under "job").
+    python3 -c 'import json, sys
+job, out, stage, store, listen, nxt = sys.argv[1:]
+with open(job) as f:
+    launch = {"job": json.load(f), "stage": int(stage), "pipeline": 0, "storeDir": store,
+              "listen": listen, "linkTimeout": "300s"}
+if nxt:
+    launch["next"] = {"stageLinkAddress": nxt}
+with open(out, "w") as f:
+    json.dump(launch, f)' "$dir/job.json" "$dir/launch-$s.json" "$s" "$dir/store-$s" "$listen" "$next"
+    ip netns exec "${PREFIX}-$s" "$AQSWARM" stage --launch="$dir/launch-$s.json" >"$dir/stage-$s.jsonl" \
+      2>"$dir/stage-$s.log" &
     PIDS+=($!)
     for _ in $(seq 1 600); do
       line=$(grep -m1 '^{"listening"' "$dir/stage-$s.jsonl" 2>/dev/null || true)

@@ -42,12 +42,26 @@ check slownet-bad-store 1 "bad mode 'aqsgd:3:6:ssd'" -- "$bin" bench slownet --s
 check slownet-bad-dp-option 1 "bad DP option '+dpu' in mode 'fp32+dpu+dpu'" -- "$bin" bench slownet --slownet_modes=fp32+dpu+dpu
 check link-bad-bits 1 "fw_bits in 2..8" -- "$bin" bench link --link_fw_bits=9
 check link-bad-thrash 1 "thrash_bytes >= 0" -- "$bin" bench link --link_thrash_bytes=-1
-# Plaintext servers only on loopback unless --insecure (issue 38).
+# Plaintext servers only on loopback unless --insecure.
 root="$(cd "$(dirname "$0")/../.." && pwd)"
+# stage_launch NAME FIELDS: a launch file for `aqswarm stage --launch`
+# (proto/stage.proto: FIELDS, a JSON object, and examples/tiny_aqsgd.json
+# under "job"); prints its path.
+launch_dir="${TMPDIR:-/tmp}/cli-smoke-launch-$$"
+mkdir -p "$launch_dir"
+stage_launch() {
+  python3 -c 'import json, sys
+launch = json.loads(sys.argv[3])
+with open(sys.argv[2]) as f:
+    launch["job"] = json.load(f)
+with open(sys.argv[1], "w") as f:
+    json.dump(launch, f)' "$launch_dir/$1.json" "$root/examples/tiny_aqsgd.json" "$2"
+  echo "$launch_dir/$1.json"
+}
 check coordinator-plaintext-off-loopback 1 "pass --insecure" -- \
   "$bin" coordinator --job "$root/examples/tiny_aqsgd.json" --listen 0.0.0.0:0 --state_dir "${TMPDIR:-/tmp}/cli-smoke-coord-$$"
 check stage-plaintext-off-loopback 1 "pass --insecure" -- \
-  "$bin" stage --job "$root/examples/tiny_aqsgd.json" --stage 3 --listen 0.0.0.0:0
+  "$bin" stage --launch="$(stage_launch plaintext '{"stage": 3, "listen": "0.0.0.0:0"}')"
 check peer-plaintext-off-loopback 1 "pass --insecure" -- \
   "$bin" peer --coordinator 127.0.0.1:1 --join_token x --name p --listen 0.0.0.0:7101 --advertise 127.0.0.1:7101 \
   --exchange_listen 127.0.0.1:7102 --work_dir "${TMPDIR:-/tmp}/cli-smoke-peer-$$"
@@ -77,9 +91,10 @@ check peer-keep 1 "keep_checkpoints" -- "${peer[@]}" --listen=127.0.0.1:7001 --e
 check peer-probe-bytes 1 "probe_bytes" -- "${peer[@]}" --listen=127.0.0.1:7001 --exchange_listen=127.0.0.1:7002 --probe_bytes=99999999
 check coord-probe-age 1 "probe_max_age_s" -- "$bin" coordinator --job=/nonexistent.json --state_dir=/nonexistent --probe_max_age_s=-1
 check coord-probes 1 "probes_per_heartbeat" -- "$bin" coordinator --job=/nonexistent.json --state_dir=/nonexistent --probes_per_heartbeat=65
-check stage-negative-start 1 "start_step must be" -- "$bin" stage --job=/nonexistent.json --start_step=-1
-check stage-negative-uplink 1 "uplink_kbps must be" -- "$bin" stage --job=/nonexistent.json --uplink_kbps=-5
-check stage-dial-previous 1 "needs --previous" -- "$bin" stage --job="$root/examples/tiny_aqsgd.json" --stage=1 --next=127.0.0.1:1 --dial_previous
+check stage-negative-start 1 "start_step must be" -- "$bin" stage --launch="$(stage_launch start '{"startStep": -1}')"
+check stage-negative-uplink 1 "uplink_mbps must be" -- "$bin" stage --launch="$(stage_launch uplink '{"uplinkMbps": -5}')"
+check stage-dial-previous 1 "needs previous.stage_link_address" -- "$bin" stage --launch="$(stage_launch dial-previous \
+  '{"stage": 1, "next": {"stageLinkAddress": "127.0.0.1:1"}, "previous": {"reversed": true}}')"
 check peer-uplink 1 "emulate_uplink_mbps" -- "${peer[@]}" --listen=127.0.0.1:7001 --exchange_listen=127.0.0.1:7002 --emulate_uplink_mbps=-1
 check coord-replan-gain 1 "replan_min_gain" -- "$bin" coordinator --job=/nonexistent.json --state_dir=/nonexistent --replan_min_gain=1.5
 check coord-replan-interval 1 "replan_interval_s" -- "$bin" coordinator --job=/nonexistent.json --state_dir=/nonexistent --replan_interval_s=0
@@ -87,5 +102,5 @@ check coord-replan-hold 1 "replan_hold_s" -- "$bin" coordinator --job=/nonexiste
 check coord-reach 1 "reachability_timeout_s" -- "$bin" coordinator --job=/nonexistent.json --state_dir=/nonexistent --reachability_timeout_s=9
 check swarmsim-grid 1 "STAGESxPIPELINES" -- "$bin" bench swarmsim --swarmsim_grid=8
 check swarmsim-sizes 1 "bad peer count" -- "$bin" bench swarmsim --swarmsim_sizes=0
-rm -rf "${TMPDIR:-/tmp}/aqswarm_smoke_peer_$$"
+rm -rf "${TMPDIR:-/tmp}/aqswarm_smoke_peer_$$" "$launch_dir"
 exit $fail

@@ -60,7 +60,7 @@ class HostileCoordinatorTest : public SwarmTest {
       for (uint32_t s : held_stages) {
         v1::StageCheckpoints* h = r.add_held();
         h->set_stage(s);
-        h->add_steps(step);
+        h->add_states()->set_step(step);
       }
     }
     v1::ReportResponse resp;

@@ -1,9 +1,9 @@
-// Hostile peers on the StageLink and the GradientExchange (issue 38, findings
-// 1 and 4): real `aqswarm stage` processes on 127.0.0.1 under mutual TLS,
-// attacked through raw gRPC clients holding certificates of the same swarm CA.
+// Hostile peers on the StageLink and the GradientExchange: real
+// `aqswarm stage` processes on 127.0.0.1 under mutual TLS, attacked through
+// raw gRPC clients holding certificates of the same swarm CA.
 // What must hold:
 //   - a link is opened only by the upstream the stage was told about
-//     (--previous_peer): another certificate is refused (PERMISSION_DENIED);
+//     (previous.peerName): another certificate is refused (PERMISSION_DENIED);
 //     a silent connection, a wrong hello and a hello of a newer plan are
 //     answered in a few words and dropped while the stage keeps waiting, and
 //     the real upstream then trains with a falling loss;
@@ -36,6 +36,7 @@
 #include "proto/exchange.grpc.pb.h"
 #include "proto/link.grpc.pb.h"
 #include "tests/testing/ports.h"
+#include "tests/testing/stage_launch_file.h"
 #include "tests/integration/small_corpus.h"
 
 namespace aqswarm {
@@ -93,15 +94,18 @@ class HostileLinkTest : public ::testing::Test {
     return job;
   }
 
-  // `aqswarm stage` under mTLS as `name`, its stderr in <dir>/<name>-<n>.err.
-  std::unique_ptr<Subprocess> StartStage(const std::string& job, const std::string& name,
-                                         std::vector<std::string> flags) {
-    std::vector<std::string> argv = {kBinary, "stage", "--job=" + job, "--tls_dir=" + tls_, "--name=" + name,
-                                     "--link_timeout_s=60", "--metrics_listen=127.0.0.1:0",
-                                     "--store_dir=" + (dir_ / absl::StrCat("store-", name, "-", ++started_)).string()};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    auto p = Subprocess::Spawn(argv, {.capture_stdout = true,
-                                      .stderr_path = (dir_ / absl::StrCat(name, "-", started_, ".err")).string()});
+  // `aqswarm stage` under mTLS as `name` from <dir>/<name>-<n>.launch.json
+  // (`fields` and the common ones), its stderr in <dir>/<name>-<n>.err.
+  std::unique_ptr<Subprocess> StartStage(const std::string& job, const std::string& name, nlohmann::json fields) {
+    fields["tls"] = {{"dir", tls_}, {"name", name}};
+    fields["linkTimeout"] = "60s";
+    fields["metricsListen"] = "127.0.0.1:0";
+    fields["storeDir"] = (dir_ / absl::StrCat("store-", name, "-", ++started_)).string();
+    const std::string launch = testing::WriteStageLaunchFile(
+        (dir_ / absl::StrCat(name, "-", started_, ".launch.json")).string(), job, std::move(fields));
+    auto p = Subprocess::Spawn({kBinary, "stage", "--launch=" + launch},
+                               {.capture_stdout = true,
+                                .stderr_path = (dir_ / absl::StrCat(name, "-", started_, ".err")).string()});
     EXPECT_TRUE(p.ok()) << p.status();
     return p.ok() ? std::move(*p) : nullptr;
   }
@@ -152,7 +156,7 @@ class HostileLinkTest : public ::testing::Test {
                                grpc::SslCredentials({files->ca_cert_pem, files->key_pem, files->cert_pem}));
   }
 
-  // The hello `aqswarm stage --stage=0` sends for this job (plan 0).
+  // The hello stage 0 sends for this job (plan 0).
   static v1::LinkHello Hello() {
     v1::LinkHello h;
     h.set_job_name("hostile-link");
@@ -214,7 +218,8 @@ v1::LinkFrame HelloFrame(const v1::LinkHello& h) {
 
 TEST_F(HostileLinkTest, SquattersAreRefusedWhileTheStageWaitsForItsUpstreamWhichThenTrains) {
   const std::string job = WriteJob(R"("stages":2,"maxSteps":24)");
-  auto b = StartStage(job, "stage-b", {"--stage=1", "--listen=127.0.0.1:0", "--previous_peer=stage-a"});
+  auto b = StartStage(job, "stage-b",
+                      {{"stage", 1}, {"listen", "127.0.0.1:0"}, {"previous", {{"peerName", "stage-a"}}}});
   ASSERT_NE(b, nullptr);
   const v1::ListeningEvent lb = Listening(*b);
   ASSERT_GT(lb.port(), 0u);
@@ -258,7 +263,10 @@ TEST_F(HostileLinkTest, SquattersAreRefusedWhileTheStageWaitsForItsUpstreamWhich
   EXPECT_GE(Rejected(page, "link_not_hello"), 1);
 
   // The real upstream connects and both stages train to the end.
-  auto a = StartStage(job, "stage-a", {"--stage=0", absl::StrCat("--next=127.0.0.1:", port), "--next_peer=stage-b"});
+  auto a = StartStage(
+      job, "stage-a",
+      {{"stage", 0},
+       {"next", {{"stageLinkAddress", absl::StrCat("127.0.0.1:", port)}, {"peerName", "stage-b"}}}});
   ASSERT_NE(a, nullptr);
   std::string out_a, out_b;
   std::thread finish_a([&] { EXPECT_EQ(Finish(*a, &out_a), 0) << out_a; });
@@ -271,7 +279,8 @@ TEST_F(HostileLinkTest, AnUpstreamThatFloodsOrRunsFarAheadIsCutOffWithTheBoundNa
   const std::string job = WriteJob(R"("stages":2,"maxSteps":24)");
   for (const bool flood : {true, false}) {
     SCOPED_TRACE(flood ? "flood" : "far ahead");
-    auto b = StartStage(job, "stage-b", {"--stage=1", "--listen=127.0.0.1:0", "--previous_peer=stage-a"});
+    auto b = StartStage(job, "stage-b",
+                        {{"stage", 1}, {"listen", "127.0.0.1:0"}, {"previous", {{"peerName", "stage-a"}}}});
     ASSERT_NE(b, nullptr);
     const int port = static_cast<int>(Listening(*b).port());
     auto stub = v1::StageLink::NewStub(Channel(port, "stage-a"));
@@ -311,11 +320,19 @@ TEST_F(HostileLinkTest, SpoofedDuplicateAndFarFutureExchangeChunksAreRefusedAndT
       WriteJob(R"("stages":1,"dataParallel":2,"maxSteps":30,
                   "dp":{"optimizer":"quantized_adam","warmupSteps":3,"bits":4,"bucketSize":512})");
   const int p0 = testing::UniqueLoopbackPort(), p1 = testing::UniqueLoopbackPort();
-  const std::string replicas = absl::StrCat("--replicas=127.0.0.1:", p0, ",127.0.0.1:", p1);
-  auto r0 = StartStage(job, "rep-0", {"--stage=0", "--pipeline_index=0", absl::StrCat("--exchange_listen=127.0.0.1:", p0),
-                                      replicas, "--replica_peers=rep-0,rep-1"});
-  auto r1 = StartStage(job, "rep-1", {"--stage=0", "--pipeline_index=1", absl::StrCat("--exchange_listen=127.0.0.1:", p1),
-                                      replicas, "--replica_peers=rep-0,rep-1"});
+  const nlohmann::json replicas = {
+      {{"pipeline", 0}, {"gradientExchangeAddress", absl::StrCat("127.0.0.1:", p0)}, {"peerName", "rep-0"}},
+      {{"pipeline", 1}, {"gradientExchangeAddress", absl::StrCat("127.0.0.1:", p1)}, {"peerName", "rep-1"}}};
+  auto r0 = StartStage(job, "rep-0",
+                       {{"stage", 0},
+                        {"pipeline", 0},
+                        {"exchangeListen", absl::StrCat("127.0.0.1:", p0)},
+                        {"replicas", replicas}});
+  auto r1 = StartStage(job, "rep-1",
+                       {{"stage", 0},
+                        {"pipeline", 1},
+                        {"exchangeListen", absl::StrCat("127.0.0.1:", p1)},
+                        {"replicas", replicas}});
   ASSERT_NE(r0, nullptr);
   ASSERT_NE(r1, nullptr);
   const v1::ListeningEvent l0 = Listening(*r0);

@@ -184,9 +184,9 @@ TEST_F(HostileStateTest, AStateTransferFloodIsBoundedAndAnHonestFetchStillWorks)
           if (p.state_transfer_address() != target) continue;
           for (const auto& h : p.held()) {
             if (h.stage() != stage) continue;
-            for (int i = 0; i < h.steps_size() && i < h.sha256_size(); ++i) {
-              if (h.steps(i) == fetched_step) {
-                EXPECT_EQ(h.sha256(i), digest) << "step " << fetched_step;
+            for (const v1::HeldState& state : h.states()) {
+              if (state.step() == fetched_step) {
+                EXPECT_EQ(state.sha256(), digest) << "step " << fetched_step;
                 compared = true;
               }
             }

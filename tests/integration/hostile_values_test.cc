@@ -1,4 +1,4 @@
-// Poisoned values on a live pipeline (issue 38, finding 5): real `aqswarm
+// Poisoned values on a live pipeline: real `aqswarm
 // stage` processes on 127.0.0.1, their StageLink relayed through a proxy in
 // this test that plays a hostile (or broken) upstream: it forwards the real
 // stage 0's frames to stage 1 and rewrites one of them. What must hold:
@@ -34,6 +34,7 @@
 #include "proto/link.grpc.pb.h"
 #include "storage/rocksdb_message_store.h"
 #include "tests/integration/small_corpus.h"
+#include "tests/testing/stage_launch_file.h"
 
 namespace aqswarm {
 namespace {
@@ -108,12 +109,14 @@ class HostileValuesTest : public ::testing::Test {
   }
 
   std::unique_ptr<Subprocess> StartStage(int stage, const std::string& next, const std::string& log) {
-    std::vector<std::string> argv = {kBinary, "stage", "--job=" + job_, absl::StrCat("--stage=", stage),
-                                     "--store_dir=" + (dir_ / absl::StrCat("store-", stage)).string(),
-                                     "--link_timeout_s=30"};
-    if (stage > 0) argv.push_back("--listen=127.0.0.1:0");
-    if (!next.empty()) argv.push_back("--next=" + next);
-    auto p = Subprocess::Spawn(argv, {.capture_stdout = true, .stderr_path = (dir_ / log).string()});
+    nlohmann::json fields = {
+        {"stage", stage}, {"storeDir", (dir_ / absl::StrCat("store-", stage)).string()}, {"linkTimeout", "30s"}};
+    if (stage > 0) fields["listen"] = "127.0.0.1:0";
+    if (!next.empty()) fields["next"] = {{"stageLinkAddress", next}};
+    const std::string launch = testing::WriteStageLaunchFile(
+        (dir_ / absl::StrCat("launch-", stage, "-", ++started_, ".json")).string(), job_, std::move(fields));
+    auto p = Subprocess::Spawn({kBinary, "stage", "--launch=" + launch},
+                               {.capture_stdout = true, .stderr_path = (dir_ / log).string()});
     EXPECT_TRUE(p.ok()) << p.status();
     return p.ok() ? std::move(*p) : nullptr;
   }
@@ -179,6 +182,7 @@ class HostileValuesTest : public ::testing::Test {
 
   fs::path dir_;
   std::string job_;
+  int started_ = 0;  // stages started (their launch files' names)
 };
 
 // The first DELTA activation batch: its first row's tensor becomes raw

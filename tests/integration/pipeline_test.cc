@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -21,11 +22,13 @@
 #include "nlohmann/json.hpp"
 #include "storage/rocksdb_message_store.h"
 #include "tests/integration/test_device.h"
+#include "tests/testing/stage_launch_file.h"
 
 namespace aqswarm {
 namespace {
 
 namespace fs = std::filesystem;
+using ::aqswarm::testing::WriteStageLaunchFile;
 
 const char* kBinary = AQSWARM_BINARY;
 
@@ -399,15 +402,22 @@ TEST_F(PipelineTest, GridRunsOverMutualTlsAndAPlaintextNeighbourIsRejected) {
 
   // A TLS stage 1, and a stage 0 that dials it in plaintext: refused.
   const std::string job2 = WriteJob("tlsmix", "aqsgd", 2, 3, 1);
-  auto down = Subprocess::Spawn({kBinary, "stage", "--job=" + job2, "--stage=1", "--store_dir=" + (dir_ / "m1").string(),
-                                 "--tls_dir=" + tls, "--name=local"},
+  const std::string down_launch = WriteStageLaunchFile(
+      (dir_ / "m1.launch.json").string(), job2,
+      {{"stage", 1}, {"storeDir", (dir_ / "m1").string()}, {"tls", {{"dir", tls}, {"name", "local"}}}});
+  auto down = Subprocess::Spawn({kBinary, "stage", "--launch=" + down_launch},
                                 {.capture_stdout = true, .stderr_path = (dir_ / "m1.err").string()});
   ASSERT_TRUE(down.ok());
   std::string line;
   ASSERT_TRUE((*down)->ReadLine(&line, absl::Seconds(120)).ok());
   const int port = ListeningPort(line);
-  auto up = Subprocess::Spawn({kBinary, "stage", "--job=" + job2, "--stage=0", "--store_dir=" + (dir_ / "m0").string(),
-                               absl::StrCat("--next=127.0.0.1:", port), "--link_timeout_s=5"},
+  const std::string up_launch = WriteStageLaunchFile(
+      (dir_ / "m0.launch.json").string(), job2,
+      {{"stage", 0},
+       {"storeDir", (dir_ / "m0").string()},
+       {"next", {{"stageLinkAddress", absl::StrCat("127.0.0.1:", port)}}},
+       {"linkTimeout", "5s"}});
+  auto up = Subprocess::Spawn({kBinary, "stage", "--launch=" + up_launch},
                               {.capture_stdout = true, .stderr_path = (dir_ / "m0.err").string()});
   ASSERT_TRUE(up.ok());
   auto cu = (*up)->Wait(absl::Seconds(60));
@@ -430,11 +440,13 @@ TEST_F(PipelineTest, KilledStageMakesItsNeighboursFailWithAClearErrorQuickly) {
   std::string next;
   for (int s = 2; s >= 0; --s) {
     st[s].err = (dir_ / absl::StrCat("stage", s, ".err")).string();
-    std::vector<std::string> argv = {kBinary, "stage", "--job=" + job, absl::StrCat("--stage=", s),
-                                     "--store_dir=" + (dir_ / absl::StrCat("store", s)).string(),
-                                     "--link_timeout_s=60"};
-    if (!next.empty()) argv.push_back("--next=" + next);
-    auto p = Subprocess::Spawn(argv, {.capture_stdout = true, .stderr_path = st[s].err});
+    nlohmann::json fields = {
+        {"stage", s}, {"storeDir", (dir_ / absl::StrCat("store", s)).string()}, {"linkTimeout", "60s"}};
+    if (!next.empty()) fields["next"] = {{"stageLinkAddress", next}};
+    const std::string launch =
+        WriteStageLaunchFile((dir_ / absl::StrCat("stage", s, ".launch.json")).string(), job, std::move(fields));
+    auto p = Subprocess::Spawn({kBinary, "stage", "--launch=" + launch},
+                               {.capture_stdout = true, .stderr_path = st[s].err});
     ASSERT_TRUE(p.ok());
     st[s].proc = std::move(*p);
     std::string line;
@@ -467,15 +479,21 @@ TEST_F(PipelineTest, NeighbourWithDifferentLinkSettingsIsRefused) {
   const std::string job_a = WriteJob("same", "aqsgd", 2, 2, 1, 3), job_b = WriteJob("same", "aqsgd", 2, 2, 1, 4);
   // The downstream drops the mismatched hello and waits for its real upstream
   // until its link timeout.
-  auto down = Subprocess::Spawn({kBinary, "stage", "--job=" + job_a, "--stage=1",
-                                 "--store_dir=" + (dir_ / "s1").string(), "--link_timeout_s=15"},
+  const std::string down_launch = WriteStageLaunchFile(
+      (dir_ / "down.launch.json").string(), job_a,
+      {{"stage", 1}, {"storeDir", (dir_ / "s1").string()}, {"linkTimeout", "15s"}});
+  auto down = Subprocess::Spawn({kBinary, "stage", "--launch=" + down_launch},
                                 {.capture_stdout = true, .stderr_path = (dir_ / "down.err").string()});
   ASSERT_TRUE(down.ok());
   std::string line;
   ASSERT_TRUE((*down)->ReadLine(&line, absl::Seconds(120)).ok());
   const int port = ListeningPort(line);
-  auto up = Subprocess::Spawn({kBinary, "stage", "--job=" + job_b, "--stage=0", "--store_dir=" + (dir_ / "s0").string(),
-                               absl::StrCat("--next=127.0.0.1:", port)},
+  const std::string up_launch = WriteStageLaunchFile(
+      (dir_ / "up.launch.json").string(), job_b,
+      {{"stage", 0},
+       {"storeDir", (dir_ / "s0").string()},
+       {"next", {{"stageLinkAddress", absl::StrCat("127.0.0.1:", port)}}}});
+  auto up = Subprocess::Spawn({kBinary, "stage", "--launch=" + up_launch},
                               {.capture_stdout = true, .stderr_path = (dir_ / "up.err").string()});
   ASSERT_TRUE(up.ok());
   auto cu = (*up)->Wait(absl::Seconds(120));
@@ -533,12 +551,15 @@ TEST_F(PipelineTest, StageThatFailsToStartIsNamedAndTheOthersAreStopped) {
   ss << in.rdbuf();
   EXPECT_NE(ss.str().find("stage p0-s1 did not start"), std::string::npos) << ss.str();
   EXPECT_NE(ss.str().find(absl::StrCat(port)), std::string::npos) << ss.str();  // the stage's own error
-  EXPECT_EQ(ProcessesMentioning(job), std::vector<int>{}) << "stages left running";
+  // The stages run from <out_dir>/launch-<p>-<s>.json.
+  EXPECT_EQ(ProcessesMentioning((dir_ / "run" / "launch-").string()), std::vector<int>{}) << "stages left running";
 }
 
 TEST_F(PipelineTest, StageRejectsBadNeighbourAddressesOnStdin) {
   const std::string job = WriteJob("stdin", "fp32", 2, 1, 1);
-  auto no_next = Subprocess::Spawn({kBinary, "stage", "--job=" + job, "--stage=0"},
+  const std::string no_next_launch =
+      WriteStageLaunchFile((dir_ / "none.launch.json").string(), job, {{"stage", 0}});
+  auto no_next = Subprocess::Spawn({kBinary, "stage", "--launch=" + no_next_launch},
                                    {.capture_stdout = true, .stderr_path = (dir_ / "none.err").string()});
   ASSERT_TRUE(no_next.ok());
   auto code = (*no_next)->Wait(absl::Seconds(60));
@@ -547,12 +568,20 @@ TEST_F(PipelineTest, StageRejectsBadNeighbourAddressesOnStdin) {
   std::ifstream none(dir_ / "none.err");
   std::stringstream ns;
   ns << none.rdbuf();
-  EXPECT_NE(ns.str().find("needs --next"), std::string::npos) << ns.str();
+  EXPECT_NE(ns.str().find("needs next.stage_link_address"), std::string::npos) << ns.str();
 
-  for (const std::string bad : {"not json", R"({"replicas":[]})", R"({"next":5})", ""}) {
+  const std::string launch =
+      WriteStageLaunchFile((dir_ / "stdin.launch.json").string(), job, {{"stage", 0}, {"neighborsOnStdin", true}});
+  // Each bad patch line (empty: stdin closed) and what the stage says of it.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"not json", "stdin: not a StageLaunch patch"},
+      {R"({"replicas":[]})", "no next.stage_link_address"},
+      {R"({"next":5})", "stdin: not a StageLaunch patch"},
+      {"", "no neighbour patch on stdin"}};
+  for (const auto& [bad, want] : cases) {
     const std::string err = (dir_ / "bad.err").string();
     fs::remove(err);
-    auto p = Subprocess::Spawn({kBinary, "stage", "--job=" + job, "--stage=0", "--peers_on_stdin"},
+    auto p = Subprocess::Spawn({kBinary, "stage", "--launch=" + launch},
                                {.capture_stdout = true, .stderr_path = err, .pipe_stdin = true});
     ASSERT_TRUE(p.ok());
     std::string line;
@@ -569,8 +598,7 @@ TEST_F(PipelineTest, StageRejectsBadNeighbourAddressesOnStdin) {
     std::ifstream in(err);
     std::stringstream ss;
     ss << in.rdbuf();
-    EXPECT_NE(ss.str().find(bad.empty() ? "no neighbour addresses" : "stdin"), std::string::npos) << bad << ": "
-                                                                                                   << ss.str();
+    EXPECT_NE(ss.str().find(want), std::string::npos) << bad << ": " << ss.str();
   }
 }
 

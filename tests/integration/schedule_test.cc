@@ -4,7 +4,7 @@
 // optimizer state.
 // Real `aqswarm stage` processes over loopback gRPC, AQ-SGD links with their
 // RocksDB stores; every stage writes its state after every step
-// (--checkpoint_dir) and the files are compared byte for byte.
+// (checkpointDir) and the files are compared byte for byte.
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -18,11 +18,13 @@
 #include "proto/event_json.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/test_device.h"
+#include "tests/testing/stage_launch_file.h"
 
 namespace aqswarm {
 namespace {
 
 namespace fs = std::filesystem;
+using ::aqswarm::testing::WriteStageLaunchFile;
 
 const char* kBinary = AQSWARM_BINARY;
 
@@ -76,13 +78,17 @@ class ScheduleTest : public ::testing::Test {
     std::vector<std::unique_ptr<Subprocess>> procs(kStages);
     std::string next;
     for (int s = kStages - 1; s >= 0; --s) {
-      std::vector<std::string> argv = {kBinary, "stage", "--job=" + job, absl::StrCat("--stage=", s),
-                                       "--store_dir=" + (dir_ / absl::StrCat(tag, "-store", s)).string(),
-                                       "--checkpoint_dir=" + (run->checkpoints / absl::StrCat("stage", s)).string(),
-                                       absl::StrCat("--keep_checkpoints=", kSteps + 1), "--link_timeout_s=60"};
-      if (!next.empty()) argv.push_back("--next=" + next);
-      auto p = Subprocess::Spawn(argv, {.capture_stdout = true,
-                                        .stderr_path = (dir_ / absl::StrCat(tag, "-stage", s, ".err")).string()});
+      nlohmann::json fields = {{"stage", s},
+                               {"storeDir", (dir_ / absl::StrCat(tag, "-store", s)).string()},
+                               {"checkpointDir", (run->checkpoints / absl::StrCat("stage", s)).string()},
+                               {"keepCheckpoints", kSteps + 1},
+                               {"linkTimeout", "60s"}};
+      if (!next.empty()) fields["next"] = {{"stageLinkAddress", next}};
+      const std::string launch = WriteStageLaunchFile((dir_ / absl::StrCat(tag, "-stage", s, ".launch.json")).string(),
+                                                      job, std::move(fields));
+      auto p = Subprocess::Spawn({kBinary, "stage", "--launch=" + launch},
+                                 {.capture_stdout = true,
+                                  .stderr_path = (dir_ / absl::StrCat(tag, "-stage", s, ".err")).string()});
       ASSERT_TRUE(p.ok()) << p.status();
       procs[s] = std::move(*p);
       std::string line;
@@ -137,7 +143,9 @@ TEST_F(ScheduleTest, GpipeOneFOneBAndAdaptiveTrainToBitIdenticalWeights) {
 TEST_F(ScheduleTest, UnknownScheduleIsRejectedBeforeTraining) {
   const std::string job = WriteJob("bad", "interleaved", 0);
   const std::string err = (dir_ / "bad.err").string();
-  auto p = Subprocess::Spawn({kBinary, "stage", "--job=" + job, "--stage=1", "--store_dir=" + (dir_ / "bad").string()},
+  const std::string launch = WriteStageLaunchFile((dir_ / "bad.launch.json").string(), job,
+                                                  {{"stage", 1}, {"storeDir", (dir_ / "bad").string()}});
+  auto p = Subprocess::Spawn({kBinary, "stage", "--launch=" + launch},
                              {.capture_stdout = true, .stderr_path = err});
   ASSERT_TRUE(p.ok());
   auto code = (*p)->Wait(absl::Seconds(60));

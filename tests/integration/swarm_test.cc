@@ -313,7 +313,7 @@ TEST_F(SwarmTest, UnderMutualTlsAStageWithNoReplicaResumesFromAMirrorsCopyAndLin
       absl::StatusOr<v1::PeerEvent> e = events::ParsePeerEvent(line);
       if (!e.ok() || !e->has_mirrored() || e->mirrored().stage() != 1 || !e->mirrored().reported()) continue;
       const int64_t step = e->mirrored().step();
-      // peer/stage_checkpoints.h StageCheckpointPath: <work dir>/checkpoints/stage-<j>/state-<step>.ckpt
+      // stage/stage_checkpoints.h StageCheckpointPath: <work dir>/checkpoints/stage-<j>/state-<step>.ckpt
       if (fs::exists(dir_ / first_name / "checkpoints" / "stage-0" / absl::StrCat("state-", step, ".ckpt"))) return true;
     }
     return false;
@@ -352,7 +352,7 @@ TEST_F(SwarmTest, UnderMutualTlsAStageWithNoReplicaResumesFromAMirrorsCopyAndLin
   TerminatePeersExcept(victim_name);
 }
 
-// Re-planning on measurements (issue 40): the swarm forms with a peer whose
+// Re-planning on measurements: the swarm forms with a peer whose
 // uplink is slow (emulated: its stage sends and its link probes go at
 // 0.2 Mbit/s); nothing is lost, so only the measured links can move it.
 // Its probes and its forward link's send rate show the slow uplink, the

@@ -1,0 +1,123 @@
+#include "stage/stage_main.h"
+
+#include <sys/prctl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "common/malloc_tuning.h"
+#include "common/metrics.h"
+#include "common/status_macros.h"
+#include "common/subprocess.h"
+#include "google/protobuf/util/json_util.h"
+#include "proto/event_json.h"
+#include "rpc/server.h"
+#include "stage/stage_launch.h"
+#include "stage/stage_runner.h"
+
+namespace aqswarm::stage {
+namespace {
+
+int Fail(const absl::Status& s) {
+  std::cerr << "aqswarm stage: " << s.message() << "\n";
+  return 1;
+}
+
+// One StageLaunch JSON line on stdin: the neighbours the launcher learned
+// once every stage listened, e.g.
+//   {"next": {"stageLinkAddress": "127.0.0.1:7001"},
+//    "replicas": [{"gradientExchangeAddress": "127.0.0.1:7101"}, {"pipeline": 1, ...}]}
+absl::StatusOr<v1::StageLaunch> ReadNeighborPatch(absl::Duration timeout) {
+  std::string line;
+  absl::Status rs = ReadLineFromFd(0, &line, timeout);
+  if (!rs.ok()) return absl::InvalidArgumentError(absl::StrCat("no neighbour patch on stdin: ", rs.message()));
+  v1::StageLaunch patch;
+  const auto status = google::protobuf::util::JsonStringToMessage(line, &patch);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("stdin: not a StageLaunch patch (", status.ToString(), "): ", line));
+  }
+  return patch;
+}
+
+// Every event, one line each, from any thread.
+class EventPrinter {
+ public:
+  void operator()(const v1::StageEvent& e) {
+    const std::string line = events::ToJsonLine(e);
+    std::lock_guard<std::mutex> l(mu_);
+    std::fprintf(stdout, "%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+
+ private:
+  std::mutex mu_;
+};
+
+absl::Status CheckServers(const v1::StageLaunch& l) {
+  for (const std::string& listen : {l.listen(), l.exchange_listen()}) {
+    if (listen.empty()) continue;
+    AQSWARM_RETURN_IF_ERROR(rpc::CheckListenSecurity(listen, !l.tls().dir().empty(), l.tls().insecure()));
+  }
+  return absl::OkStatus();
+}
+
+// Errors before the ListeningEvent are the launch's (the launcher reads
+// them on stderr); after it, they are the run's (an ErrorEvent as well).
+absl::Status Train(const v1::StageLaunch& launch, EventPrinter& print, bool* listened) {
+  AQSWARM_RETURN_IF_ERROR(CheckServers(launch));
+  std::unique_ptr<MetricsServer> metrics;
+  if (!launch.metrics_listen().empty()) {
+    AQSWARM_ASSIGN_OR_RETURN(metrics, MetricsServer::Start(launch.metrics_listen()));
+  }
+  AQSWARM_ASSIGN_OR_RETURN(std::unique_ptr<StageRunner> runner,
+                           StageRunner::Create(launch, [&print](const v1::StageEvent& e) { print(e); }));
+  v1::StageEvent listening;
+  v1::ListeningEvent& l = *listening.mutable_listening();
+  l.set_stage(launch.stage());
+  l.set_pipeline(launch.pipeline());
+  l.set_port(runner->port());
+  l.set_exchange_port(runner->exchange_port());
+  l.set_metrics_port(metrics ? metrics->port() : 0);
+  print(listening);
+  *listened = true;
+  if (launch.neighbors_on_stdin()) {
+    AQSWARM_ASSIGN_OR_RETURN(const v1::StageLaunch patch, ReadNeighborPatch(LinkTimeout(launch)));
+    AQSWARM_RETURN_IF_ERROR(runner->SetNeighbors(patch));
+  }
+  return runner->Run();
+}
+
+}  // namespace
+
+int RunStageProcess(const std::string& launch_path) {
+  if (launch_path.empty()) return Fail(absl::InvalidArgumentError("--launch is required"));
+  absl::StatusOr<v1::StageLaunch> launch = ReadStageLaunch(launch_path);
+  if (!launch.ok()) return Fail(launch.status());
+  if (launch->die_with_parent()) {
+    const pid_t parent = getppid();
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) return Fail(absl::AbortedError("the parent process is gone"));
+  }
+  KeepFreedMemoryForReuse();  // no fresh zeroed pages every micro-batch (common/malloc_tuning.h)
+  EventPrinter print;
+  bool listened = false;
+  const absl::Status s = Train(*launch, print, &listened);
+  v1::StageEvent e;
+  if (!s.ok() && !listened) return Fail(s);
+  if (!s.ok()) {
+    e.mutable_error()->set_stage(launch->stage());
+    e.mutable_error()->set_code(absl::StatusCodeToString(s.code()));
+    e.mutable_error()->set_message(std::string(s.message()));
+    print(e);
+    return Fail(s);
+  }
+  e.mutable_done()->set_stage(launch->stage());
+  print(e);
+  return 0;
+}
+
+}  // namespace aqswarm::stage
