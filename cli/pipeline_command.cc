@@ -75,8 +75,9 @@ std::string Tail(const std::string& path, size_t max_lines) {
 }
 
 // Waits until every child has printed its first line, which must be the
-// stage's listening event, all by `deadline`, and returns those events. On failure *failed is the child that exited first or printed
-// something else, or the first one still silent at the deadline. Lines a
+// stage's listening event, all by `deadline`, and returns those events. On
+// failure *failed is the child that exited first or printed something else,
+// or the first one still silent at the deadline. Lines a
 // child printed after its listening line are appended to (*rest)[i].
 absl::StatusOr<std::vector<v1::ListeningEvent>> AwaitListening(const std::vector<std::unique_ptr<Subprocess>>& children,
                                                             absl::Time deadline, int* failed,
@@ -206,9 +207,8 @@ absl::Status SpawnStages(const PipelineRun& run, std::vector<std::unique_ptr<Sub
     std::filesystem::remove(run.Log(i), ec);
     const std::string launch = (run.out / absl::StrCat("launch-", run.Name(i), ".json")).string();
     AQSWARM_RETURN_IF_ERROR(stage::WriteStageLaunch(launch, LaunchOf(run, i)));
-    AQSWARM_ASSIGN_OR_RETURN((*children)[i],
-                             Subprocess::Spawn({self, "stage", "--launch=" + launch},
-                                               {.capture_stdout = true, .stderr_path = run.Log(i), .pipe_stdin = true}));
+    const SubprocessOptions so{.capture_stdout = true, .stderr_path = run.Log(i), .pipe_stdin = true};
+    AQSWARM_ASSIGN_OR_RETURN((*children)[i], Subprocess::Spawn({self, "stage", "--launch=" + launch}, so));
   }
   return absl::OkStatus();
 }
@@ -353,7 +353,8 @@ std::vector<Command> PipelineCommands() {
        {"job", "stages", "dp", "out_dir", "keep_stores", "link_timeout_s", "tls_dir", "name", "metrics_port_base"},
        RunPipeline},
       {"stage",
-       "Run one pipeline stage from its launch (used by `aqswarm pipeline` and `aqswarm peer`; prints JSON event lines).",
+       "Run one pipeline stage from its launch (what `aqswarm pipeline` and `aqswarm peer` start; prints JSON "
+       "event lines).",
        "example: aqswarm stage --launch run/launch-p0-s1.json\n"
        "The launch is a StageLaunch as JSON (proto/stage.proto); the events are proto/events.proto (StageEvent).",
        {"launch"},

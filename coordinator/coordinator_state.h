@@ -14,13 +14,15 @@
 //   counters/assignment_version      uint64
 //   counters/next_peer_id            uint64
 //   counters/next_generation         uint64
-//   members/<peer id, 20 digits>     string   serialized v1::MemberRecord
+//   members/<peer id, 20 digits>     string   serialized v1::MemberRecord (held states as
+//                                             HeldState records; older dirs' parallel lists read too)
 //   grid                             string   serialized v1::GridRecord
 //   links/<from id>/<to id>          string   serialized v1::LinkRecord (measured links)
 //   progress/step, progress/checkpoint_step   int64
 //   progress/loss, progress/tokens_per_second double
 //   data_identity                    string   "<dataset hash>/<tokenizer hash>" fixed by the first peer
-//   tokens/<token id>/<peer name>    string   "<expiry unix s>|<certificate sha256>|<session token>":
+//   tokens/<token id>/<peer name>    string   serialized v1::UsedTokenRecord (older dirs: the text
+//                                             "<expiry unix s>|<certificate sha256>|<session token>"):
 //                                             a join token used by that name (single use; kept
 //                                             until the token expires, see SwarmCoordinator)
 // Lease expiries are stored as of the last membership change, not per

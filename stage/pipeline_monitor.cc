@@ -164,7 +164,9 @@ void PipelineMonitor::PrintSummary() const {
     std::printf("data parallelism: %.2f MB sent per replica over the run (a float32 all-reduce: %.2f MB, %.1fx)\n",
                 dp_run_bytes_ / 1e6, dp_run_raw_ / 1e6, dp_run_raw_ / std::max(dp_run_bytes_, 1.0));
   }
-  if (!out_dir_.empty()) std::printf("metrics: %s\n", (std::filesystem::path(out_dir_) / "metrics.csv").string().c_str());
+  if (!out_dir_.empty()) {
+    std::printf("metrics: %s\n", (std::filesystem::path(out_dir_) / "metrics.csv").string().c_str());
+  }
   std::fflush(stdout);
 }
 

@@ -142,7 +142,9 @@ absl::Status ApplyNeighborPatch(const v1::StageLaunch& patch, v1::StageLaunch* l
     return absl::InvalidArgumentError("neighbour patch: this stage does not dial a next stage");
   }
   if (l->job().data_parallel() > 1) {
-    if (patch.replicas_size() == 0) return absl::InvalidArgumentError("neighbour patch: no replicas for data parallelism");
+    if (patch.replicas_size() == 0) {
+      return absl::InvalidArgumentError("neighbour patch: no replicas for data parallelism");
+    }
     // The stage's exchange group was formed at start-up, under the launch's
     // generation.
     if (ReplicaGeneration(patch) != ReplicaGeneration(*l)) {

@@ -65,9 +65,25 @@ absl::Status CheckServers(const v1::StageLaunch& l) {
   return absl::OkStatus();
 }
 
+// The run's last event: DoneEvent, or ErrorEvent with the status.
+void PrintEnd(const v1::StageLaunch& launch, const absl::Status& s, EventPrinter& print) {
+  v1::StageEvent e;
+  if (s.ok()) {
+    e.mutable_done()->set_stage(launch.stage());
+  } else {
+    e.mutable_error()->set_stage(launch.stage());
+    e.mutable_error()->set_code(absl::StatusCodeToString(s.code()));
+    e.mutable_error()->set_message(std::string(s.message()));
+  }
+  print(e);
+}
+
 // Errors before the ListeningEvent are the launch's (the launcher reads
-// them on stderr); after it, they are the run's (an ErrorEvent as well).
-absl::Status Train(const v1::StageLaunch& launch, EventPrinter& print, bool* listened) {
+// them on stderr); after it, the run's last event says how it ended. That
+// event goes out as soon as training ends, before the runner and the
+// metrics server are torn down (which may take seconds): the launcher acts
+// on it (a peer daemon leaves the swarm).
+absl::Status Train(const v1::StageLaunch& launch, EventPrinter& print) {
   AQSWARM_RETURN_IF_ERROR(CheckServers(launch));
   std::unique_ptr<MetricsServer> metrics;
   if (!launch.metrics_listen().empty()) {
@@ -83,12 +99,14 @@ absl::Status Train(const v1::StageLaunch& launch, EventPrinter& print, bool* lis
   l.set_exchange_port(runner->exchange_port());
   l.set_metrics_port(metrics ? metrics->port() : 0);
   print(listening);
-  *listened = true;
+  absl::Status s;
   if (launch.neighbors_on_stdin()) {
-    AQSWARM_ASSIGN_OR_RETURN(const v1::StageLaunch patch, ReadNeighborPatch(LinkTimeout(launch)));
-    AQSWARM_RETURN_IF_ERROR(runner->SetNeighbors(patch));
+    absl::StatusOr<v1::StageLaunch> patch = ReadNeighborPatch(LinkTimeout(launch));
+    s = patch.ok() ? runner->SetNeighbors(*patch) : patch.status();
   }
-  return runner->Run();
+  if (s.ok()) s = runner->Run();
+  PrintEnd(launch, s, print);
+  return s;
 }
 
 }  // namespace
@@ -104,20 +122,8 @@ int RunStageProcess(const std::string& launch_path) {
   }
   KeepFreedMemoryForReuse();  // no fresh zeroed pages every micro-batch (common/malloc_tuning.h)
   EventPrinter print;
-  bool listened = false;
-  const absl::Status s = Train(*launch, print, &listened);
-  v1::StageEvent e;
-  if (!s.ok() && !listened) return Fail(s);
-  if (!s.ok()) {
-    e.mutable_error()->set_stage(launch->stage());
-    e.mutable_error()->set_code(absl::StatusCodeToString(s.code()));
-    e.mutable_error()->set_message(std::string(s.message()));
-    print(e);
-    return Fail(s);
-  }
-  e.mutable_done()->set_stage(launch->stage());
-  print(e);
-  return 0;
+  const absl::Status s = Train(*launch, print);
+  return s.ok() ? 0 : Fail(s);
 }
 
 }  // namespace aqswarm::stage

@@ -99,22 +99,22 @@ class StageRunnerImpl final : public StageRunner {
     // Run() is vetted as well.
     std::optional<LinkServerOptions> upstream, downstream;
     if (!first_ && !launch_.previous().reversed()) {
-      upstream = UpstreamServerOptions(LinkHelloFor(job_, pipeline_, stage_ - 1, LinkGeneration(launch_.previous()), launch_.plan()),
-                                       launch_.previous().peer_name(), shaping, tls_, LinkLimitsFor(job_, launch_.start_step()));
+      upstream = UpstreamServerOptions(UpHello(), launch_.previous().peer_name(), shaping, tls_, Limits());
     }
     if (!last_ && launch_.next().reversed()) {
-      downstream = UpstreamServerOptions(LinkHelloFor(job_, pipeline_, stage_, LinkGeneration(launch_.next()), launch_.plan()),
-                                         launch_.next().peer_name(), shaping, tls_, LinkLimitsFor(job_, launch_.start_step()));
+      downstream = UpstreamServerOptions(DownHello(), launch_.next().peer_name(), shaping, tls_, Limits());
     }
     if (upstream.has_value() || downstream.has_value()) {
       AQSWARM_ASSIGN_OR_RETURN(server_, StageLinkServer::StartSlots(launch_.listen(), upstream, downstream));
     }
     if (job_.data_parallel() > 1) {
       ReplicaExchangeOptions eo;
-      eo.group = absl::StrCat(job_.name(), "/stage-", stage_, "/gen-", ReplicaGeneration(launch_), "/plan-", launch_.plan());
+      eo.group =
+          absl::StrCat(job_.name(), "/stage-", stage_, "/gen-", ReplicaGeneration(launch_), "/plan-", launch_.plan());
       eo.rank = pipeline_;
       eo.size = static_cast<int>(job_.data_parallel());
-      eo.listen = launch_.exchange_listen().empty() ? launch_.listen().substr(0, launch_.listen().rfind(':')) + ":0" : launch_.exchange_listen();
+      eo.listen = launch_.exchange_listen().empty() ? launch_.listen().substr(0, launch_.listen().rfind(':')) + ":0"
+                                                    : launch_.exchange_listen();
       eo.shaping = shaping;
       eo.bandwidth_schedule_mbps.assign(job_.shaping().bandwidth_schedule_mbps().begin(),
                                         job_.shaping().bandwidth_schedule_mbps().end());
@@ -216,28 +216,25 @@ class StageRunnerImpl final : public StageRunner {
       if (launch_.next().reversed()) {
         AQSWARM_ASSIGN_OR_RETURN(down_, AcceptNext(*server_, timeout_));
       } else {
-        AQSWARM_ASSIGN_OR_RETURN(down_owned_,
-                                 DialNext(launch_.next().stage_link_address(), LinkHelloFor(job_, pipeline_, stage_, LinkGeneration(launch_.next()), launch_.plan()),
-                                          shaping, tls_, timeout_, launch_.next().peer_name(),
-                                          LinkLimitsFor(job_, launch_.start_step())));
+        AQSWARM_ASSIGN_OR_RETURN(down_owned_, DialNext(launch_.next().stage_link_address(), DownHello(), shaping,
+                                                       tls_, timeout_, launch_.next().peer_name(), Limits()));
         down_ = down_owned_.get();
       }
-      AQSWARM_ASSIGN_OR_RETURN(auto lo, pipeline::LinkOptionsFromJob(job_, pipeline_, stage_, LinkGeneration(launch_.next())));
+      AQSWARM_ASSIGN_OR_RETURN(auto lo,
+                               pipeline::LinkOptionsFromJob(job_, pipeline_, stage_, LinkGeneration(launch_.next())));
       lo.tokens = SampleTokens();
       AQSWARM_ASSIGN_OR_RETURN(sender_, ActivationSender::Create(store_.get(), lo));
     }
     if (!first_) {
       if (launch_.previous().reversed()) {
-        AQSWARM_ASSIGN_OR_RETURN(
-            up_owned_, DialPrevious(launch_.previous().stage_link_address(), LinkHelloFor(job_, pipeline_, stage_ - 1, LinkGeneration(launch_.previous()), launch_.plan()),
-                                    shaping, tls_, timeout_, launch_.previous().peer_name(),
-                                    LinkLimitsFor(job_, launch_.start_step())));
+        AQSWARM_ASSIGN_OR_RETURN(up_owned_, DialPrevious(launch_.previous().stage_link_address(), UpHello(), shaping,
+                                                         tls_, timeout_, launch_.previous().peer_name(), Limits()));
         up_ = up_owned_.get();
       } else {
         AQSWARM_ASSIGN_OR_RETURN(up_, AcceptPrevious(*server_, timeout_));
       }
-      AQSWARM_ASSIGN_OR_RETURN(auto lo,
-                               pipeline::LinkOptionsFromJob(job_, pipeline_, stage_ - 1, LinkGeneration(launch_.previous())));
+      AQSWARM_ASSIGN_OR_RETURN(
+          auto lo, pipeline::LinkOptionsFromJob(job_, pipeline_, stage_ - 1, LinkGeneration(launch_.previous())));
       lo.tokens = SampleTokens();
       AQSWARM_ASSIGN_OR_RETURN(receiver_, ActivationReceiver::Create(store_.get(), lo));
     }
@@ -275,7 +272,8 @@ class StageRunnerImpl final : public StageRunner {
     AQSWARM_RETURN_IF_ERROR(worker_->SaveCheckpoint(tmp.string()));
     AQSWARM_RETURN_IF_ERROR(PublishFileAtomically(tmp.string(), StageCheckpointPath(launch_.checkpoint_dir(), steps)));
     // At the start, states past it belong to a timeline this run abandons.
-    PruneStageCheckpoints(launch_.checkpoint_dir(), steps == launch_.start_step() ? steps : std::numeric_limits<int64_t>::max(),
+    PruneStageCheckpoints(launch_.checkpoint_dir(),
+                          steps == launch_.start_step() ? steps : std::numeric_limits<int64_t>::max(),
                           std::max(1, static_cast<int>(launch_.keep_checkpoints())));
     return absl::OkStatus();
   }
@@ -460,6 +458,15 @@ class StageRunnerImpl final : public StageRunner {
     }
     return job;
   }
+  // The hellos of the link from stage-1 and to stage+1, and what the far
+  // end's frames may make this end hold.
+  v1::LinkHello UpHello() const {
+    return LinkHelloFor(job_, pipeline_, stage_ - 1, LinkGeneration(launch_.previous()), launch_.plan());
+  }
+  v1::LinkHello DownHello() const {
+    return LinkHelloFor(job_, pipeline_, stage_, LinkGeneration(launch_.next()), launch_.plan());
+  }
+  LinkLimits Limits() const { return LinkLimitsFor(job_, launch_.start_step()); }
   static rpc::TlsOptions TlsOf(const v1::StageLaunch& launch) {
     rpc::TlsOptions tls;
     tls.dir = launch.tls().dir();

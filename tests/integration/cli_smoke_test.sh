@@ -95,6 +95,14 @@ check stage-negative-start 1 "start_step must be" -- "$bin" stage --launch="$(st
 check stage-negative-uplink 1 "uplink_mbps must be" -- "$bin" stage --launch="$(stage_launch uplink '{"uplinkMbps": -5}')"
 check stage-dial-previous 1 "needs previous.stage_link_address" -- "$bin" stage --launch="$(stage_launch dial-previous \
   '{"stage": 1, "next": {"stageLinkAddress": "127.0.0.1:1"}, "previous": {"reversed": true}}')"
+# The launch is the stage's only input: the old per-field flags are gone,
+# and a missing, malformed or misspelled launch is refused naming the problem.
+check stage-no-launch 1 "--launch is required" -- "$bin" stage
+check stage-old-flag 2 "unknown flag" -- "$bin" stage --job="$root/examples/tiny_aqsgd.json" --stage=1
+check stage-missing-launch 1 "cannot read /nonexistent/launch.json" -- "$bin" stage --launch=/nonexistent/launch.json
+check stage-unknown-field 1 "nextStage" -- "$bin" stage --launch="$(stage_launch unknown '{"nextStage": 1}')"
+check stage-bad-job 1 "microBatchSise" -- "$bin" stage --launch="$(stage_launch bad-job '{"stage": 3}' \
+  | xargs -I{} python3 -c 'import json,sys; l=json.load(open(sys.argv[1])); l["job"]["microBatchSise"]=2; json.dump(l,open(sys.argv[1],"w")); print(sys.argv[1])' {})"
 check peer-uplink 1 "emulate_uplink_mbps" -- "${peer[@]}" --listen=127.0.0.1:7001 --exchange_listen=127.0.0.1:7002 --emulate_uplink_mbps=-1
 check coord-replan-gain 1 "replan_min_gain" -- "$bin" coordinator --job=/nonexistent.json --state_dir=/nonexistent --replan_min_gain=1.5
 check coord-replan-interval 1 "replan_interval_s" -- "$bin" coordinator --job=/nonexistent.json --state_dir=/nonexistent --replan_interval_s=0
