@@ -43,12 +43,12 @@ namespace {
 absl::StatusOr<v1::JobSpec> LoadJobFromFlags() {
   const std::string path = absl::GetFlag(FLAGS_job);
   if (path.empty()) return absl::InvalidArgumentError("--job is required");
-  auto job = pipeline::LoadJobSpec(path);
+  auto job = pipeline::LoadJobSpec(path);  // defaults applied, validated
   if (!job.ok()) return job.status();
+  if (absl::GetFlag(FLAGS_stages) <= 0 && absl::GetFlag(FLAGS_dp) <= 0) return job;
   if (absl::GetFlag(FLAGS_stages) > 0) job->set_stages(absl::GetFlag(FLAGS_stages));
   if (absl::GetFlag(FLAGS_dp) > 0) job->set_data_parallel(absl::GetFlag(FLAGS_dp));
-  absl::Status s = pipeline::ValidateJobSpec(*job);
-  if (!s.ok()) return s;
+  AQSWARM_RETURN_IF_ERROR(pipeline::ValidateJobSpec(*job));  // the grid the flags give
   return job;
 }
 

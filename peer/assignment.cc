@@ -51,10 +51,9 @@ std::string StageCheckpointDir(const std::string& work_dir, uint32_t stage) {
   return (std::filesystem::path(work_dir) / "checkpoints" / absl::StrCat("stage-", stage)).string();
 }
 
-v1::StageLaunch StageLaunchFor(const v1::Assignment& a, v1::StageLaunch base, const std::string& work_dir,
+v1::StageLaunch StageLaunchFor(const v1::Assignment& a, v1::StageLaunch l, const std::string& work_dir,
                                const v1::Neighbor& self, const std::string& init_checkpoint) {
   namespace fs = std::filesystem;
-  v1::StageLaunch& l = base;
   l.set_stage(a.stage());
   l.set_pipeline(a.pipeline());
   l.set_plan(a.plan_version());

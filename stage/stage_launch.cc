@@ -103,7 +103,7 @@ absl::Status ValidateStageLaunch(const v1::StageLaunch& l) {
                                                    l.job().data_parallel(), ")"));
   }
   if (l.start_step() < 0) return absl::InvalidArgumentError("start_step must be >= 0");
-  if (l.uplink_mbps() < 0 || !(l.uplink_mbps() == l.uplink_mbps())) {
+  if (!(l.uplink_mbps() >= 0)) {  // NaN too
     return absl::InvalidArgumentError("uplink_mbps must be >= 0");
   }
   if (l.link_timeout().seconds() < 0 || l.link_timeout().nanos() < 0 ||

@@ -11,7 +11,7 @@
 namespace aqswarm::stage {
 
 // The process's exit code: 0 when the job's steps are done; 1 with the
-// reason on stderr (and, once the launch was read, as an ErrorEvent).
+// reason on stderr (and, once it listened, as an ErrorEvent).
 int RunStageProcess(const std::string& launch_path);
 
 }  // namespace aqswarm::stage

@@ -513,8 +513,6 @@ class StageRunnerImpl final : public StageRunner {
 
 absl::StatusOr<std::unique_ptr<StageRunner>> StageRunner::Create(
     v1::StageLaunch launch, std::function<void(const v1::StageEvent&)> report) {
-  ApplyStageLaunchDefaults(&launch);
-  AQSWARM_RETURN_IF_ERROR(ValidateStageLaunch(launch));
   auto r = std::make_unique<StageRunnerImpl>(std::move(launch), std::move(report));
   AQSWARM_RETURN_IF_ERROR(r->Init());
   AQSWARM_RETURN_IF_ERROR(r->ConnectReplicas());

@@ -34,10 +34,11 @@ namespace aqswarm::stage {
 
 class StageRunner {
  public:
-  // Validates the launch (stage/stage_launch.h: ValidateStageLaunch; its
-  // defaults applied), loads the corpus, builds the stage, opens the store
-  // and binds the StageLink server (no neighbour contact yet). `report`
-  // receives the progress events (may be null).
+  // From a launch as ReadStageLaunch / ParseStageLaunch return it (its
+  // defaults applied and validated there, once: stage/stage_launch.h):
+  // loads the corpus, builds the stage, opens the store and binds the
+  // StageLink server (no neighbour contact yet). `report` receives the
+  // progress events (may be null).
   static absl::StatusOr<std::unique_ptr<StageRunner>> Create(v1::StageLaunch launch,
                                                              std::function<void(const v1::StageEvent&)> report);
   virtual ~StageRunner() = default;
