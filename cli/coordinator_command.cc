@@ -54,6 +54,10 @@ ABSL_FLAG(double, replan_min_gain, 0.2,
           "(and the gain repays moving state within 500 steps); 0 = only re-plan when a placed peer is lost.");
 ABSL_FLAG(double, replan_interval_s, 60, "Coordinator: how often to check whether re-planning on measurements pays.");
 ABSL_FLAG(double, replan_hold_s, 600, "Coordinator: no re-plan on measurements within this many seconds of a plan change.");
+ABSL_FLAG(double, replan_backoff_s, 10,
+          "Coordinator: a peer name whose departures (leave, lease expiry, a rejoin while placed) re-planned the "
+          "swarm twice within 30 min has its joins held back this many seconds, doubled with each further "
+          "re-plan up to 300 s; 0: no hold.");
 ABSL_FLAG(double, reachability_timeout_s, 3,
           "Coordinator: after a join, dial the peer's StateTransfer address and wait this long for an answer; a "
           "peer that does not answer (behind NAT or a firewall) is placed only where it opens its links itself "
@@ -113,6 +117,10 @@ int RunCoordinator(const std::vector<std::string>& args) {
   if (!(hold >= 0 && hold <= 30 * 24 * 3600)) {
     return Fail("coordinator", absl::InvalidArgumentError("--replan_hold_s must be in [0, 2592000]"));
   }
+  const double backoff_s = absl::GetFlag(FLAGS_replan_backoff_s);
+  if (!(backoff_s >= 0 && backoff_s <= 300)) {
+    return Fail("coordinator", absl::InvalidArgumentError("--replan_backoff_s must be in [0, 300]"));
+  }
   const double reach_s = absl::GetFlag(FLAGS_reachability_timeout_s);
   if (!(reach_s >= 0 && reach_s <= 5)) {  // within a peer's 10 s Join deadline
     return Fail("coordinator", absl::InvalidArgumentError("--reachability_timeout_s must be in [0, 5]"));
@@ -160,6 +168,7 @@ int RunCoordinator(const std::vector<std::string>& args) {
   o.improve_interval = min_gain == 0 ? absl::ZeroDuration() : absl::Seconds(interval);
   o.improve_min_gain = min_gain;
   o.improve_hold = absl::Seconds(hold);
+  o.replan_backoff.first = absl::Seconds(backoff_s);
   o.probe_reachability = reach_s > 0;
   auto coord = coordinator::SwarmCoordinator::Create(std::move(o));
   if (!coord.ok()) return Fail("coordinator", coord.status());
@@ -311,7 +320,7 @@ std::vector<Command> CoordinatorCommands() {
        "[--tls_dir ./tls --name coordinator] [--lease_s 10]",
        {"job", "stages", "dp", "listen", "state_dir", "tls_dir", "name", "swarm", "insecure", "admin_names", "lease_s",
         "mirror_checkpoints", "probe_max_age_s", "probes_per_heartbeat", "replan_min_gain", "replan_interval_s", "replan_hold_s",
-        "reachability_timeout_s",
+        "replan_backoff_s", "reachability_timeout_s",
         "metrics_listen"},
        RunCoordinator},
       {"status", "Ask a coordinator for the swarm: peers, stages, links, assignment version, step, loss, tokens/s.",

@@ -63,7 +63,8 @@ CoordinatorFamilies& Families() {
 constexpr Refusal kAllRefusals[] = {
     Refusal::kJoinCertificateName, Refusal::kJoinNameHeld,     Refusal::kJoinTokenReplayed,
     Refusal::kJoinRate,            Refusal::kReportRate,       Refusal::kProgressBackward,
-    Refusal::kHeldForeignStage,    Refusal::kHeldFutureStep,   Refusal::kWatchSuperseded};
+    Refusal::kHeldForeignStage,    Refusal::kHeldFutureStep,   Refusal::kWatchSuperseded,
+    Refusal::kJoinReplanHeld};
 
 std::string Reason(absl::StatusCode code) { return absl::AsciiStrToLower(absl::StatusCodeToString(code)); }
 
@@ -95,6 +96,7 @@ const char* RefusalCause(Refusal r) {
     case Refusal::kJoinNameHeld: return "join_name_held";
     case Refusal::kJoinTokenReplayed: return "join_token_replayed";
     case Refusal::kJoinRate: return "join_rate";
+    case Refusal::kJoinReplanHeld: return "join_replan_held";
     case Refusal::kReportRate: return "report_rate";
     case Refusal::kProgressBackward: return "progress_backward";
     case Refusal::kHeldForeignStage: return "held_foreign_stage";
@@ -109,6 +111,7 @@ void CountRefusal(Refusal r, double n) { Families().refusals.Add({{"cause", Refu
 double RefusalCount(Refusal r) { return Families().refusals.Add({{"cause", RefusalCause(r)}}).Value(); }
 
 void CountStateHashDisagreement() { Families().hash_disagreements.Add({}).Increment(); }
+double StateHashDisagreements() { return Families().hash_disagreements.Add({}).Value(); }
 
 void CountHeartbeat() { Families().heartbeats.Add({}).Increment(); }
 

@@ -39,6 +39,7 @@ enum class Refusal {
   kJoinNameHeld,         // the name has a live lease and the joiner proved no claim to it
   kJoinTokenReplayed,    // a join token already used under that name, without proof
   kJoinRate,             // joins of one name, or of everyone, over the rate limit
+  kJoinReplanHeld,       // a name whose departures re-planned the swarm repeatedly, during its hold
   kReportRate,           // one peer's reports over its rate limit
   kProgressBackward,     // progress lower than the peer already reported under the same plan
   kHeldForeignStage,     // held states of a stage that is neither the peer's nor its mirror
@@ -52,6 +53,7 @@ double RefusalCount(Refusal r);
 // Two holders reported different SHA-256 for the same stage state:
 // aqswarm_coordinator_state_hash_disagreements_total.
 void CountStateHashDisagreement();
+double StateHashDisagreements();  // the counter's value in this process (tests)
 void CountLeaseExpiries(size_t peers);
 
 // Samples `coordinator`'s status into the gauges before every scrape while

@@ -1,9 +1,14 @@
-// Token buckets by key, and a log limiter: what bounds how often one caller
-// (a peer name, a peer id, the whole swarm) may do something expensive at
-// the coordinator, and how often one kind of refusal is logged.
+// Token buckets by key, growing holds by key, and a log limiter: what
+// bounds how often one caller (a peer name, a peer id, the whole swarm) may
+// do something expensive at the coordinator, and how often one kind of
+// refusal is logged.
 //
 //   RateLimiter joins({.per_second = 0.3, .burst = 3});
 //   if (!joins.Allow(name, clock->Now())) return absl::ResourceExhaustedError(...);
+//
+//   Backoff replans({.first = absl::Seconds(10), .most = absl::Minutes(5), .decay = absl::Minutes(30)});
+//   replans.Record(name, now);                      // it cost the swarm a re-plan
+//   if (replans.HeldUntil(name) > now) return absl::ResourceExhaustedError(...);
 //
 //   LogLimiter log(absl::Seconds(10));
 //   if (int64_t n = log.Admit("unauthenticated", absl::Now()); n > 0)
@@ -57,6 +62,42 @@ class RateLimiter {
   const size_t max_keys_;
   absl::Mutex mu_;
   std::map<std::string, Bucket, std::less<>> buckets_ ABSL_GUARDED_BY(mu_);
+};
+
+struct BackoffPolicy {
+  // The hold after a key's second offence; each later one doubles it, up to
+  // `most`. The first offence earns no hold.
+  absl::Duration first = absl::Seconds(10);
+  absl::Duration most = absl::Minutes(5);
+  // A key with no offence for this long starts over.
+  absl::Duration decay = absl::Minutes(30);
+};
+
+class Backoff {
+ public:
+  // At most `max_keys` keys are kept; beyond that, the key whose last
+  // offence is oldest is forgotten. Default: 100000.
+  explicit Backoff(BackoffPolicy policy, size_t max_keys = 100000);
+
+  // Counts one offence of `key` at `now`; returns its offences in the
+  // current run (1 after a quiet `decay`).
+  int Record(absl::string_view key, absl::Time now);
+  // Until when `key` is held back (InfinitePast: not held).
+  absl::Time HeldUntil(absl::string_view key) const;
+  // The offences of `key` in its current run (0 if none or decayed at `now`).
+  int Offences(absl::string_view key, absl::Time now) const;
+  const BackoffPolicy& policy() const { return policy_; }
+
+ private:
+  struct Run {
+    int offences = 0;
+    absl::Time last;
+    absl::Time held_until = absl::InfinitePast();
+  };
+  const BackoffPolicy policy_;
+  const size_t max_keys_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Run, std::less<>> runs_ ABSL_GUARDED_BY(mu_);
 };
 
 // Logs one line per kind per `every`: Admit() returns how many events of

@@ -66,6 +66,7 @@ SwarmCoordinator::SwarmCoordinator(SwarmCoordinatorOptions options, std::unique_
       clock_(options_.clock != nullptr ? options_.clock : rpc::RealClock::Get()),
       join_per_name_(options_.join_limit_per_name),
       join_all_(options_.join_limit),
+      replans_(options_.replan_backoff),
       reports_(options_.report_limit),
       planner_(options_.planner, options_.job),
       state_(std::move(state)),
@@ -175,10 +176,13 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
   Counters counters = counters_;
   Grid grid = WithHoles(grid_, gone);
   const bool grid_lost_peer = grid.slots != grid_.slots;
+  // Peers that leave having completed the job leave their slots empty: the
+  // peers still finishing its last steps keep their plan.
+  const bool finished = replacement == nullptr && !added.has_value() && AllFinishedLocked(removed);
   if (replacement != nullptr) {
     grid = replacement->grid;
     counters.next_generation = replacement->next_generation;
-  } else if (grid_lost_peer || !grid.complete()) {
+  } else if (!finished && (grid_lost_peer || !grid.complete())) {
     std::vector<PlannerPeer> peers;
     peers.reserve(membership_.size() + 1);
     for (const auto& [id, m] : membership_.members()) {
@@ -196,7 +200,7 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
   }
   grid.plan_version = grid_.plan_version;
   grid.resume_step = grid_.resume_step;
-  const bool replanned = grid.slots != grid_.slots;
+  const bool replanned = !finished && grid.slots != grid_.slots;
   if (replanned) {
     // Every placed peer restarts at the same step: the most steps completed,
     // at most the fewest any peer that keeps a place has completed, for which
@@ -235,6 +239,7 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
   if (used != nullptr) change.PutUsedToken(*used);
   AQSWARM_RETURN_IF_ERROR(state_->Commit(change));
 
+  if (replanned) RecordReplanCausesLocked(removed, added);
   for (uint64_t id : removed) {
     dirty_members_.erase(id);
     reports_.Forget(absl::StrCat(id));
@@ -318,6 +323,13 @@ absl::StatusOr<JoinResult> SwarmCoordinator::Join(const JoinParams& given) {
         "join token ", claims.token_id, " was already used by peer '", params.peer_name,
         "' (tokens are single use): rejoin with the previous session token or the same certificate, or ask "
         "the operator for a new token (aqswarm certs token --peer ", params.peer_name, ")"));
+  }
+  if (const absl::Time held = replans_.HeldUntil(params.peer_name); held > now) {
+    CountRefusal(Refusal::kJoinReplanHeld);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "peer '", params.peer_name, "' re-planned the swarm ", replans_.Offences(params.peer_name, now),
+        " times recently (leaving, expiring or rejoining while placed): its joins are held back for another ",
+        absl::FormatDuration(absl::Ceil(held - now, absl::Seconds(1)))));
   }
   // Once the swarm has trained here, a joiner cannot hold states of steps
   // it never reached (before that, peers restarting a stopped job name
@@ -492,6 +504,30 @@ absl::Status SwarmCoordinator::ReportProgress(uint64_t peer_id, absl::string_vie
   return RecordProgressLocked(*m, progress, checkpoint_step);
 }
 
+void SwarmCoordinator::RecordReplanCausesLocked(const std::vector<uint64_t>& removed,
+                                                const std::optional<Member>& added) {
+  const absl::Time now = clock_->Now();
+  for (uint64_t id : removed) {
+    const Member* m = membership_.Find(id);
+    if (m == nullptr || !grid_.Find(id).has_value() || (added.has_value() && added->id == id)) continue;
+    const int n = replans_.Record(m->name, now);
+    if (n >= 2) {
+      AQSWARM_LOG(WARNING) << "peer '" << m->name << "' re-planned the swarm " << n << " times recently: its joins "
+                           << "are held back until " << absl::FormatTime(replans_.HeldUntil(m->name));
+    }
+  }
+}
+
+bool SwarmCoordinator::AllFinishedLocked(const std::vector<uint64_t>& removed) const {
+  const int64_t last = options_.job.max_steps();
+  if (last == 0 || removed.empty()) return false;
+  for (uint64_t id : removed) {
+    const Member* m = membership_.Find(id);
+    if (m == nullptr || m->progress.step < last || m->progress.plan_version != grid_.plan_version) return false;
+  }
+  return true;
+}
+
 absl::Status SwarmCoordinator::CheckMonotonicLocked(const Member& reporter, const PeerProgress& progress) const {
   const uint64_t plan = progress.plan_version == 0 ? grid_.plan_version : progress.plan_version;
   if (plan != grid_.plan_version || reporter.progress.plan_version != plan ||
@@ -527,6 +563,7 @@ void SwarmCoordinator::KeepOwnStagesLocked(uint64_t peer_id, HeldStates* held) c
 }
 
 void SwarmCoordinator::CountHashDisagreementsLocked(uint64_t peer_id, const HeldStates& held) const {
+  if (options_.job.dp().optimizer() == v1::DataParallelSpec::diloco && grid_.num_pipelines > 1) return;
   for (const auto& [stage, states] : held) {
     for (const HeldState& mine : states) {
       if (mine.sha256.empty()) continue;
@@ -680,7 +717,10 @@ absl::StatusOr<v1::Assignment> SwarmCoordinator::GetAssignment(uint64_t peer_id,
   a.set_peer_id(peer_id);
   a.set_num_stages(grid_.num_stages);
   a.set_num_pipelines(grid_.num_pipelines);
-  a.set_grid_complete(grid_.complete());
+  // Once a pipeline completed the job, the slots its peers left stay empty
+  // and the others finish their last steps.
+  const int64_t last = options_.job.max_steps();
+  a.set_grid_complete(grid_.complete() || (last > 0 && progress_.progress.step >= last));
   a.set_resume_step(grid_.resume_step);
   a.set_plan_version(grid_.plan_version);
   a.set_checkpoint_step(progress_.checkpoint_step);

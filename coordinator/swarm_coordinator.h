@@ -17,6 +17,9 @@
 //     atomic batch (members, grid, counters), and only then applied in memory;
 //     it bumps the assignment version and wakes AwaitVersionAbove().
 //     A failed commit leaves memory unchanged and returns the error.
+//     Peers that leave (or expire) having completed the job's max_steps
+//     under the current plan do not re-plan: their slots stay empty, so the
+//     peers still finishing the last steps keep training.
 //   - Heartbeats touch memory only (leases are not persisted per heartbeat).
 //     Reports (progress, held states, link probes) change memory at once; what
 //     they changed is committed in one batch at most once per
@@ -40,7 +43,10 @@
 //     limited per name (join_limit_per_name) and in total (join_limit);
 //     over the limit: RESOURCE_EXHAUSTED. Tokens are checked before either
 //     limit is charged, so callers without a valid token cannot use up an
-//     honest name's budget.
+//     honest name's budget. A name whose departures (leave, expiry, a
+//     rejoin replacing its placed member) keep re-planning the swarm has its
+//     joins held back with doubling delays (replan_backoff), so one flapping
+//     or hostile peer cannot roll everyone back every few seconds.
 //   - Reports: per peer at most report_limit (RESOURCE_EXHAUSTED beyond).
 //     Progress is monotonic within a plan: a step below one the peer
 //     already reported under the same plan is FAILED_PRECONDITION (nothing
@@ -51,7 +57,8 @@
 //     counted); a joiner's held states past the swarm's step are dropped.
 //     Each held state's SHA-256 is kept; Assignment.state_sha256 is the hash
 //     most holders of the resume state report (ties: the longest-standing
-//     holder), and holders that disagree are counted.
+//     holder), and holders that disagree are counted (not under DiLoCo
+//     with replicas, whose replicas differ between outer steps).
 //   - Restart: Create() on a state dir that holds a job resumes it (the given
 //     job must be equal: FAILED_PRECONDITION otherwise) with the same members,
 //     session tokens, grid, generations and assignment version; every lease
@@ -147,6 +154,11 @@ struct SwarmCoordinatorOptions {
   // names together (default: 40 at once, 20/s).
   RateLimit join_limit_per_name{1.0 / 3, 3};
   RateLimit join_limit{20, 40};
+  // A peer name whose placed member left, expired or was replaced by its
+  // own rejoin, and so re-planned the swarm: its second such re-plan within
+  // `decay` holds its joins back for `first` (RESOURCE_EXHAUSTED), each
+  // later one doubles the hold up to `most` (default: 10 s, 5 min, 30 min).
+  BackoffPolicy replan_backoff;
   // Progress and link-probe reports per peer (default: 100 at once, 50/s).
   RateLimit report_limit{50, 100};
   // Reports are committed at most this often (real time). Default: 1 s.
@@ -259,6 +271,13 @@ class SwarmCoordinator {
   // peer that keeps a place has completed.
   int64_t ResumeStepLocked(const Grid& grid, const Membership& live, std::optional<int64_t>* bound) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a re-plan against the name of each placed member in `removed`
+  // (not a member replaced by its own update, `added` with the same id).
+  void RecordReplanCausesLocked(const std::vector<uint64_t>& removed, const std::optional<Member>& added)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether every one of `removed` completed the job's last step (max_steps)
+  // under the current plan: such peers leave no work behind.
+  bool AllFinishedLocked(const std::vector<uint64_t>& removed) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION (counted) when `progress` is behind what `reporter`
   // reported under the same plan.
   absl::Status CheckMonotonicLocked(const Member& reporter, const PeerProgress& progress) const
@@ -266,7 +285,9 @@ class SwarmCoordinator {
   // `held` limited to the stages `peer_id` may hold (its own, its mirror).
   void KeepOwnStagesLocked(uint64_t peer_id, HeldStates* held) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Counts each (stage, step) of `hashes` another member reports another hash for.
+  // Counts each (stage, step) of `held` another member reports another hash
+  // for. Not under DiLoCo with replicas: its replicas differ between outer
+  // steps (their own inner steps and AdamW moments), so their states do too.
   void CountHashDisagreementsLocked(uint64_t peer_id, const HeldStates& held) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The SHA-256 most members report for stage `stage` at `step` ("" if none).
@@ -290,6 +311,7 @@ class SwarmCoordinator {
   const rpc::Clock* const clock_;
   RateLimiter join_per_name_;
   RateLimiter join_all_;
+  Backoff replans_;  // by peer name
   RateLimiter reports_;
   const Planner planner_;
   std::unique_ptr<CoordinatorState> state_;

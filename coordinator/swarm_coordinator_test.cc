@@ -157,6 +157,70 @@ TEST_F(SwarmCoordinatorTest, JoinsOfOneNameAreRateLimitedAndForgedTokensChargeNo
   EXPECT_TRUE(c->Join(JoinAs(clock_, "b")).ok()) << "another name has its own budget";
 }
 
+TEST(BackoffTest, TheSecondOffenceHoldsAndEachLaterOneDoublesUpToTheCapUntilAQuietSpell) {
+  Backoff b({.first = absl::Seconds(10), .most = absl::Seconds(35), .decay = absl::Minutes(30)});
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  EXPECT_EQ(b.Record("x", t0), 1);
+  EXPECT_EQ(b.HeldUntil("x"), absl::InfinitePast()) << "one offence earns no hold";
+  EXPECT_EQ(b.Record("x", t0), 2);
+  EXPECT_EQ(b.HeldUntil("x"), t0 + absl::Seconds(10));
+  EXPECT_EQ(b.Record("x", t0), 3);
+  EXPECT_EQ(b.HeldUntil("x"), t0 + absl::Seconds(20));
+  EXPECT_EQ(b.Record("x", t0), 4);
+  EXPECT_EQ(b.HeldUntil("x"), t0 + absl::Seconds(35)) << "capped";
+  for (int i = 0; i < 100; ++i) b.Record("x", t0);
+  EXPECT_EQ(b.HeldUntil("x"), t0 + absl::Seconds(35)) << "no overflow";
+  EXPECT_EQ(b.HeldUntil("y"), absl::InfinitePast()) << "keys are apart";
+  const absl::Time later = t0 + absl::Minutes(31);
+  EXPECT_EQ(b.Offences("x", later), 0);
+  EXPECT_EQ(b.Record("x", later), 1) << "a quiet spell starts over";
+  EXPECT_EQ(b.Record("x", later), 2);
+  EXPECT_EQ(b.HeldUntil("x"), later + absl::Seconds(10));
+}
+
+TEST_F(SwarmCoordinatorTest, ANameThatRejoinsEveryThreeSecondsReplansTheSwarmThreeTimesIn30sNotTen) {
+  // 2 stages x 2 pipelines; f, placed, rejoins under its name every 3 s
+  // for 30 s (each rejoin proves it: its last session token). Without the
+  // backoff every rejoin re-plans and rolls the swarm back (10 bumps); with
+  // it, f's joins are held after its second re-plan and the plan stays put
+  // between them.
+  auto run = [&](BackoffPolicy policy, const std::string& dir) {
+    SwarmCoordinatorOptions o = TestOptions(&clock_, dir_.Sub(dir), 2, 2);
+    o.replan_backoff = policy;
+    auto c = Make(std::move(o));
+    std::vector<JoinResult> honest;
+    for (const char* name : {"a", "b", "d"}) honest.push_back(MustJoin(*c, name));
+    JoinResult f = MustJoin(*c, "f");
+    EXPECT_TRUE(c->grid().complete());
+    const uint64_t plan = c->grid().plan_version;
+    int held = 0;
+    for (int i = 0; i < 10; ++i) {
+      clock_.Advance(absl::Seconds(3));
+      for (const JoinResult& h : honest) EXPECT_TRUE(c->Heartbeat(h.peer_id, h.session_token).ok());
+      EXPECT_TRUE(c->Heartbeat(f.peer_id, f.session_token).ok());
+      JoinParams again = JoinAs(clock_, "f");
+      again.previous_session_token = f.session_token;
+      absl::StatusOr<JoinResult> r;
+      held += static_cast<int>(Counted(Refusal::kJoinReplanHeld, [&] { r = c->Join(again); }));
+      if (r.ok()) {
+        f = *r;
+      } else {
+        EXPECT_TRUE(absl::IsResourceExhausted(r.status())) << r.status();
+        EXPECT_THAT(r.status().message(), HasSubstr("held back for another"));
+      }
+    }
+    return std::make_pair(c->grid().plan_version - plan, held);
+  };
+  const auto [bumps_without, held_without] = run({.first = absl::ZeroDuration()}, "off");
+  EXPECT_EQ(bumps_without, 10u);
+  EXPECT_EQ(held_without, 0);
+  // Rejoins at 3 s and 6 s re-plan (hold 10 s: until 16 s), 9-15 s are held,
+  // 18 s re-plans (hold 20 s: until 38 s), 21-30 s are held.
+  const auto [bumps, held] = run(BackoffPolicy{}, "on");
+  EXPECT_EQ(bumps, 3u);
+  EXPECT_EQ(held, 7);
+}
+
 TEST_F(SwarmCoordinatorTest, ProgressNeverMovesBackWithinAPlanAndCannotDragTheResumeStep) {
   auto c = Make(2, 1);
   JoinResult a = MustJoin(*c, "a"), b = MustJoin(*c, "b");
@@ -263,6 +327,71 @@ TEST_F(SwarmCoordinatorTest, TheResumeStateHashIsTheMajoritysAndDisagreementsAre
   // Hashes must be hex.
   HeldStates bad{{0, {{4, "xyz"}}}};
   EXPECT_TRUE(absl::IsInvalidArgument(c->ReportProgress(a.peer_id, a.session_token, {4, 3.0, 10}, 4, &bad)));
+}
+
+TEST_F(SwarmCoordinatorTest, DiLoCoReplicasDifferingBetweenOuterStepsAreNoDisagreement) {
+  const std::string h1(64, '1'), h2(64, '2');
+  for (const bool diloco : {false, true}) {
+    SwarmCoordinatorOptions o = TestOptions(&clock_, dir_.Sub(diloco ? "diloco" : "qadam"), 1, 2);
+    o.job.mutable_dp()->set_optimizer(diloco ? v1::DataParallelSpec::diloco : v1::DataParallelSpec::quantized_adam);
+    auto c = Make(std::move(o));
+    JoinResult a = MustJoin(*c, "a"), b = MustJoin(*c, "b");
+    const uint64_t plan = c->grid().plan_version;
+    HeldStates first{{0, {{4, h1}}}}, second{{0, {{4, h2}}}};
+    const double before = StateHashDisagreements();
+    ASSERT_TRUE(c->ReportProgress(a.peer_id, a.session_token, {4, 3.0, 10, plan}, 4, &first).ok());
+    ASSERT_TRUE(c->ReportProgress(b.peer_id, b.session_token, {4, 3.0, 10, plan}, 4, &second).ok());
+    EXPECT_EQ(StateHashDisagreements() - before, diloco ? 0 : 1) << (diloco ? "diloco" : "quantized_adam");
+  }
+}
+
+TEST_F(SwarmCoordinatorTest, PeersThatFinishedTheJobLeaveWithoutAReplan) {
+  // 1 stage x 2 pipelines and a standby, 10 steps: a leaves (and b's lease
+  // runs out) having completed step 10. Their slots stay empty, the plan
+  // stays, and the standby is not placed. A peer that leaves before the
+  // end still re-plans.
+  SwarmCoordinatorOptions o = TestOptions(&clock_, dir_.Sub("state"), 1, 2);
+  o.job.set_max_steps(10);
+  auto c = Make(std::move(o));
+  JoinResult a = MustJoin(*c, "a"), b = MustJoin(*c, "b"), s = MustJoin(*c, "s");
+  const Grid before = c->grid();
+  ASSERT_EQ(before.at(0, 0), a.peer_id);
+  ASSERT_EQ(before.at(0, 1), b.peer_id);
+  const uint64_t plan = before.plan_version;
+  ASSERT_TRUE(c->ReportProgress(a.peer_id, a.session_token, {10, 3.0, 10, plan}, 10).ok());
+  ASSERT_TRUE(c->ReportProgress(b.peer_id, b.session_token, {9, 3.0, 10, plan}, 0).ok());
+  ASSERT_TRUE(c->Leave(a.peer_id, a.session_token).ok());
+  EXPECT_EQ(c->grid().plan_version, plan);
+  EXPECT_EQ(c->grid().at(0, 0), 0u) << "the finished slot stays empty";
+  EXPECT_EQ(c->grid().at(0, 1), b.peer_id);
+  EXPECT_FALSE(c->grid().Find(s.peer_id).has_value());
+  auto sb = c->GetAssignment(b.peer_id, b.session_token);
+  ASSERT_TRUE(sb.ok()) << sb.status();
+  EXPECT_EQ(sb->plan_version(), plan) << "b keeps training its last step";
+  EXPECT_TRUE(sb->grid_complete()) << "the empty slot is a finished one";
+  EXPECT_EQ(sb->replicas_size(), 0);
+  ASSERT_TRUE(c->ReportProgress(b.peer_id, b.session_token, {10, 3.0, 10, plan}, 10).ok());
+  clock_.Advance(absl::Seconds(6));
+  ASSERT_TRUE(c->Heartbeat(s.peer_id, s.session_token).ok());
+  clock_.Advance(absl::Seconds(5));  // b's 10 s lease is over, s's is not
+  auto expired = c->ExpireLeases();
+  ASSERT_TRUE(expired.ok()) << expired.status();
+  EXPECT_THAT(*expired, ::testing::ElementsAre(b.peer_id));
+  EXPECT_EQ(c->grid().plan_version, plan);
+  EXPECT_FALSE(c->grid().Find(s.peer_id).has_value());
+
+  // Before the last step, a departure re-plans as ever.
+  SwarmCoordinatorOptions o2 = TestOptions(&clock_, dir_.Sub("early"), 1, 2);
+  o2.job.set_max_steps(10);
+  auto c2 = Make(std::move(o2));
+  JoinResult x = MustJoin(*c2, "x");
+  MustJoin(*c2, "y");
+  JoinResult z = MustJoin(*c2, "z");
+  const uint64_t plan2 = c2->grid().plan_version;
+  ASSERT_TRUE(c2->ReportProgress(x.peer_id, x.session_token, {9, 3.0, 10, plan2}, 0).ok());
+  ASSERT_TRUE(c2->Leave(x.peer_id, x.session_token).ok());
+  EXPECT_EQ(c2->grid().plan_version, plan2 + 1);
+  EXPECT_TRUE(c2->grid().Find(z.peer_id).has_value()) << "the standby takes the hole";
 }
 
 TEST_F(SwarmCoordinatorTest, ReportsOverTheRateLimitAreRefused) {

@@ -104,7 +104,7 @@ TEST(LinkTransportTest, ShapedLinkKeepsItsBandwidthWithManySmallFrames) {
   p.server_end->NotifyArrivals(&arrivals);
   const absl::Time start = clock.Now();
   for (uint64_t i = 0; i < 400; ++i) ASSERT_TRUE(p.client->Send(Commit(i, 2500)).ok());
-  while (arrivals.count() < 400) ASSERT_TRUE(arrivals.WaitPast(arrivals.count(), absl::Now() + absl::Seconds(30)));
+  ASSERT_TRUE(arrivals.WaitFor(400, absl::Now() + absl::Seconds(30)));
   EXPECT_FALSE(*p.server_end->Has(StepIs(0))) << "held until the clock moves";
   const double wire = p.client->bytes_sent() * 8.0 / 80e6;
   clock.Advance(absl::Seconds(wire * 1.01));
@@ -142,7 +142,7 @@ TEST(LinkTransportTest, AShapedFrameArrivesAtOnceAndIsHeldUntilItsWireTimeEnds) 
   EXPECT_EQ(p.server_end->NextDue(clock.Now()), absl::InfiniteFuture());
   const absl::Time start = clock.Now();
   for (uint64_t i = 0; i < 5; ++i) ASSERT_TRUE(p.client->Send(big(i)).ok());
-  while (arrivals.count() < 5) ASSERT_TRUE(arrivals.WaitPast(arrivals.count(), absl::Now() + absl::Seconds(10)));
+  ASSERT_TRUE(arrivals.WaitFor(5, absl::Now() + absl::Seconds(10)));
   EXPECT_EQ(clock.Now(), start) << "all five arrived with no wire time passing";
   const double wire = p.client->bytes_sent() * 8.0 / 1e6;
   for (uint64_t i = 0; i < 5; ++i) EXPECT_FALSE(*p.server_end->Has(is(i))) << "arrived but held: its wire time runs";
@@ -207,7 +207,7 @@ TEST(LinkTransportTest, AHoldFromThePeerIsBoundedNeverNegativeOrForEver) {
   huge.set_hold_micros(std::numeric_limits<int64_t>::max());
   ASSERT_TRUE(stream->Write(negative));
   ASSERT_TRUE(stream->Write(huge));
-  while (arrivals.count() < 2) ASSERT_TRUE(arrivals.WaitPast(arrivals.count(), absl::Now() + absl::Seconds(10)));
+  ASSERT_TRUE(arrivals.WaitFor(2, absl::Now() + absl::Seconds(10)));
   EXPECT_TRUE(*(*end)->Has(StepIs(1))) << "a negative hold is no hold";
   EXPECT_FALSE(*(*end)->Has(StepIs(2)));
   EXPECT_EQ((*end)->NextDue(clock.Now()), clock.Now() + absl::Seconds(60));
@@ -230,7 +230,7 @@ TEST(LinkTransportTest, SetBandwidthShapesTheFramesQueuedAfterIt) {
   for (uint64_t i = 0; i < 5; ++i) ASSERT_TRUE(p.client->Send(Commit(i, 50000)).ok());
   p.client->SetBandwidth(2.0);
   for (uint64_t i = 5; i < 10; ++i) ASSERT_TRUE(p.client->Send(Commit(i, 50000)).ok());
-  while (arrivals.count() < 10) ASSERT_TRUE(arrivals.WaitPast(arrivals.count(), absl::Now() + absl::Seconds(30)));
+  ASSERT_TRUE(arrivals.WaitFor(10, absl::Now() + absl::Seconds(30)));
   const double half = p.client->bytes_sent() / 2 * 8.0;  // bits of each five
   clock.Advance(absl::Seconds(half / 8e6 + half / 2e6 + 1));
   std::vector<double> left;  // seconds after start
@@ -243,7 +243,7 @@ TEST(LinkTransportTest, SetBandwidthShapesTheFramesQueuedAfterIt) {
   EXPECT_NEAR(left[9], half / 8e6 + half / 2e6, half / 2e6 * 0.01) << "the next five at 2 Mbit/s";
   p.client->SetBandwidth(0);
   for (uint64_t i = 100; i < 120; ++i) ASSERT_TRUE(p.client->Send(Commit(i)).ok());
-  while (arrivals.count() < 30) ASSERT_TRUE(arrivals.WaitPast(arrivals.count(), absl::Now() + absl::Seconds(30)));
+  ASSERT_TRUE(arrivals.WaitFor(30, absl::Now() + absl::Seconds(30)));
   for (uint64_t i = 100; i < 120; ++i) EXPECT_TRUE(*p.server_end->Has(StepIs(i))) << "unshaped frames are not held";
 }
 
@@ -257,7 +257,7 @@ TEST(LinkTransportTest, PassiveMeasurementOfBusyTimeFindsTheShapedBandwidth) {
   p.server_end->NotifyArrivals(&arrivals);
   for (uint64_t i = 0; i < 10; ++i) ASSERT_TRUE(p.client->Send(Commit(i, 50000)).ok());
   ASSERT_TRUE(p.client->Send(Commit(99)).ok());  // small: not counted
-  while (arrivals.count() < 11) ASSERT_TRUE(arrivals.WaitPast(arrivals.count(), absl::Now() + absl::Seconds(30)));
+  ASSERT_TRUE(arrivals.WaitFor(11, absl::Now() + absl::Seconds(30)));
   EXPECT_GE(p.client->busy_bytes(), 10u * 50000);
   EXPECT_LT(p.client->busy_bytes(), p.client->bytes_sent() + 200);
   const double mbit = p.client->busy_bytes() * 8 / p.client->busy_seconds() / 1e6;

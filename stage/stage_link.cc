@@ -13,6 +13,12 @@ bool FrameArrivals::WaitPast(uint64_t seen, absl::Time deadline) const {
   return mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
 }
 
+bool FrameArrivals::WaitFor(uint64_t n, absl::Time deadline) const {
+  absl::MutexLock l(&mu_);
+  auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return count_ >= n; };
+  return mu_.AwaitWithDeadline(absl::Condition(&reached), deadline);
+}
+
 void FrameArrivals::Notify() {
   absl::MutexLock l(&mu_);
   ++count_;

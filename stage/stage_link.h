@@ -35,6 +35,8 @@ class FrameArrivals {
   uint64_t count() const;
   // Waits until count() != seen; false if the deadline came first.
   bool WaitPast(uint64_t seen, absl::Time deadline) const;
+  // Waits until count() >= n; false if the deadline came first.
+  bool WaitFor(uint64_t n, absl::Time deadline) const;
   void Notify();
 
  private:

@@ -27,6 +27,16 @@ StageLink::Match StepIs(uint64_t step) {
   return [step](const v1::LinkFrame& f) { return f.has_commit() && f.commit().step() == step; };
 }
 
+// Waits until `link` holds a frame that matches. The count is read before
+// each check, so a frame that arrives between the check and the wait wakes it.
+bool AwaitFrame(StageLink& link, const FrameArrivals& arrivals, const StageLink::Match& match) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  for (uint64_t seen = arrivals.count(); !*link.Has(match); seen = arrivals.count()) {
+    if (!arrivals.WaitPast(seen, deadline)) return false;
+  }
+  return true;
+}
+
 // Two connected ends: `up` (stage j) and `down` (stage j + 1).
 class LinkPair {
  public:
@@ -104,7 +114,7 @@ TEST_P(StageLinkConformanceTest, HasPeeksWithoutTaking) {
   pair_->down()->NotifyArrivals(&arrivals);
   EXPECT_FALSE(*pair_->down()->Has(StepIs(1)));
   ASSERT_TRUE(pair_->up()->Send(Commit(1), absl::Seconds(10)).ok());
-  while (!*pair_->down()->Has(StepIs(1))) ASSERT_TRUE(arrivals.WaitPast(arrivals.count(), absl::Now() + absl::Seconds(10)));
+  ASSERT_TRUE(AwaitFrame(*pair_->down(), arrivals, StepIs(1)));
   EXPECT_TRUE(*pair_->down()->Has(StepIs(1))) << "Has does not take the frame";
   EXPECT_FALSE(*pair_->down()->Has(StepIs(2)));
   ASSERT_TRUE(pair_->down()->Receive(StepIs(1), absl::Seconds(1)).ok());
@@ -136,7 +146,7 @@ TEST_P(StageLinkConformanceTest, AVanishedFarEndFailsWaitsWithUnavailableAndKeep
   FrameArrivals arrivals;
   pair_->up()->NotifyArrivals(&arrivals);
   ASSERT_TRUE(pair_->down()->Send(Commit(1), absl::Seconds(10)).ok());
-  while (!*pair_->up()->Has(StepIs(1))) ASSERT_TRUE(arrivals.WaitPast(arrivals.count(), absl::Now() + absl::Seconds(10)));
+  ASSERT_TRUE(AwaitFrame(*pair_->up(), arrivals, StepIs(1)));
   const absl::Time start = absl::Now();
   pair_->VanishDown();
   absl::StatusOr<v1::LinkFrame> missing = pair_->up()->Receive(StepIs(2), absl::Seconds(30));
