@@ -64,7 +64,7 @@ constexpr Refusal kAllRefusals[] = {
     Refusal::kJoinCertificateName, Refusal::kJoinNameHeld,     Refusal::kJoinTokenReplayed,
     Refusal::kJoinRate,            Refusal::kReportRate,       Refusal::kProgressBackward,
     Refusal::kHeldForeignStage,    Refusal::kHeldFutureStep,   Refusal::kWatchSuperseded,
-    Refusal::kJoinReplanHeld};
+    Refusal::kJoinReplanHeld,      Refusal::kProgressAhead};
 
 std::string Reason(absl::StatusCode code) { return absl::AsciiStrToLower(absl::StatusCodeToString(code)); }
 
@@ -99,6 +99,7 @@ const char* RefusalCause(Refusal r) {
     case Refusal::kJoinReplanHeld: return "join_replan_held";
     case Refusal::kReportRate: return "report_rate";
     case Refusal::kProgressBackward: return "progress_backward";
+    case Refusal::kProgressAhead: return "progress_ahead";
     case Refusal::kHeldForeignStage: return "held_foreign_stage";
     case Refusal::kHeldFutureStep: return "held_future_step";
     case Refusal::kWatchSuperseded: return "watch_superseded";

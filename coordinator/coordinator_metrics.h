@@ -42,6 +42,7 @@ enum class Refusal {
   kJoinReplanHeld,       // a name whose departures re-planned the swarm repeatedly, during its hold
   kReportRate,           // one peer's reports over its rate limit
   kProgressBackward,     // progress lower than the peer already reported under the same plan
+  kProgressAhead,        // progress its pipeline cannot back, or past the job's max_steps (ignored)
   kHeldForeignStage,     // held states of a stage that is neither the peer's nor its mirror
   kHeldFutureStep,       // held states past any step the swarm reached
   kWatchSuperseded,      // a second assignment watch of the same peer ended the first

@@ -381,12 +381,12 @@ TEST_F(CoordinatorServiceTest, StatusListsThePeersWithOnlyTheirStateAddresses) {
     ASSERT_TRUE(stub_->ReportLinkProbe(&ctx, probe, &rr).ok());
   }
   v1::ProgressReport pr;
-  pr.set_peer_id(b.peer_id());
-  pr.set_session_token(b.session_token());
   pr.mutable_progress()->set_step(12);
   pr.mutable_progress()->set_loss(4.5);
   pr.set_checkpoint_step(10);
-  {
+  for (const v1::JoinResponse* p : {&a, &b}) {  // both stages: one alone is not backed
+    pr.set_peer_id(p->peer_id());
+    pr.set_session_token(p->session_token());
     grpc::ClientContext ctx;
     ASSERT_TRUE(stub_->ReportProgress(&ctx, pr, &rr).ok());
   }

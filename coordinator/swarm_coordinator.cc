@@ -242,6 +242,7 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
   if (replanned) RecordReplanCausesLocked(removed, added);
   for (uint64_t id : removed) {
     dirty_members_.erase(id);
+    claimed_steps_.erase(id);
     reports_.Forget(absl::StrCat(id));
     membership_.Remove(id);
     links_.RemovePeer(id);
@@ -518,6 +519,30 @@ void SwarmCoordinator::RecordReplanCausesLocked(const std::vector<uint64_t>& rem
   }
 }
 
+bool SwarmCoordinator::PlausibleProgressLocked(const Member& reporter, int64_t step) const {
+  // Honest stages of one pipeline finish a step within one or two of each
+  // other (the next step needs the commit of this one); their reports race.
+  static constexpr int64_t kProgressSlack = 8;
+  const int64_t last = options_.job.max_steps();
+  if (last > 0 && step > last) return false;
+  const auto pos = grid_.Find(reporter.id);
+  if (!pos.has_value()) return step <= std::max(progress_.progress.step, grid_.resume_step);
+  if (grid_.num_stages < 2) return true;  // replicas only: nothing in its pipeline to compare with
+  int64_t backed = grid_.resume_step;
+  for (int j = 0; j < grid_.num_stages; ++j) {
+    if (j == pos->first) continue;
+    const uint64_t id = grid_.at(j, pos->second);
+    const Member* m = membership_.Find(id);
+    if (m != nullptr && m->progress.plan_version == grid_.plan_version) backed = std::max(backed, m->progress.step);
+    // What that stage claimed last, taken or not: two stages reporting the
+    // same jump back each other (one stage alone cannot).
+    if (auto c = claimed_steps_.find(id); c != claimed_steps_.end() && c->second.first == grid_.plan_version) {
+      backed = std::max(backed, c->second.second);
+    }
+  }
+  return step <= backed + kProgressSlack;
+}
+
 bool SwarmCoordinator::AllFinishedLocked(const std::vector<uint64_t>& removed) const {
   const int64_t last = options_.job.max_steps();
   if (last == 0 || removed.empty()) return false;
@@ -657,6 +682,12 @@ absl::Status SwarmCoordinator::RecordProgressLocked(const Member& reporter, cons
     // the re-plan may have rolled back. The peer counts as at the resume step
     // until it reports under this plan.
     return absl::OkStatus();
+  }
+  const bool plausible = PlausibleProgressLocked(reporter, progress.step);
+  claimed_steps_[reporter.id] = {grid_.plan_version, progress.step};
+  if (!plausible) {
+    CountRefusal(Refusal::kProgressAhead);
+    return dirty_members_.empty() ? absl::OkStatus() : MaybeFlushReportsLocked();
   }
   PeerProgress recorded = progress;
   recorded.plan_version = grid_.plan_version;

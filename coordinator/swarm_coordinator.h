@@ -55,6 +55,9 @@
 //     resume step below the current one. `held` is kept only for the
 //     peer's own stage and its mirror stage (others are dropped and
 //     counted); a joiner's held states past the swarm's step are dropped.
+//     A step the swarm cannot back (past max_steps, or more than
+//     kProgressSlack past every other stage of the reporter's pipeline) is
+//     ignored and counted (progress_ahead); the report's held states are kept.
 //     Each held state's SHA-256 is kept; Assignment.state_sha256 is the hash
 //     most holders of the resume state report (ties: the longest-standing
 //     holder), and holders that disagree are counted (not under DiLoCo
@@ -278,6 +281,13 @@ class SwarmCoordinator {
   // Whether every one of `removed` completed the job's last step (max_steps)
   // under the current plan: such peers leave no work behind.
   bool AllFinishedLocked(const std::vector<uint64_t>& removed) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `step`, reported by `reporter`, is one the swarm can back: not
+  // past the job's max_steps; for a placed peer of a pipeline with more
+  // stages, at most kProgressSlack past the most another stage of that
+  // pipeline reported or claimed under this plan (a stage cannot finish a
+  // step the stage before it has not run); for a standby, not past the
+  // swarm's step.
+  bool PlausibleProgressLocked(const Member& reporter, int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION (counted) when `progress` is behind what `reporter`
   // reported under the same plan.
   absl::Status CheckMonotonicLocked(const Member& reporter, const PeerProgress& progress) const
@@ -341,6 +351,9 @@ class SwarmCoordinator {
   bool progress_dirty_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_report_flush_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::set<uint64_t> dirty_members_ ABSL_GUARDED_BY(mu_);
+  // Member id -> (plan, step) of its last progress report, taken or not
+  // (PlausibleProgressLocked). In memory only.
+  std::map<uint64_t, std::pair<uint64_t, int64_t>> claimed_steps_ ABSL_GUARDED_BY(mu_);
   std::set<std::pair<uint64_t, uint64_t>> dirty_links_ ABSL_GUARDED_BY(mu_);
 };
 

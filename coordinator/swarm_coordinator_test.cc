@@ -250,6 +250,52 @@ TEST_F(SwarmCoordinatorTest, ProgressNeverMovesBackWithinAPlanAndCannotDragTheRe
   EXPECT_TRUE(absl::IsFailedPrecondition(c->ReportProgress(s.peer_id, s.session_token, {1, 3.0, 10, plan2}, 0)));
 }
 
+TEST_F(SwarmCoordinatorTest, ProgressFarAheadOfThePipelineOrPastTheJobIsIgnoredAndCounted) {
+  // 2 stages x 1 pipeline, 100 steps. Stage 1 cannot run a step stage 0 has
+  // not: a report far past its pipeline's other stage is a lie (2^40 with
+  // loss 0.01 would show in Status and set the resume step). It is ignored
+  // (the held states it carries are kept) and counted; honest lockstep
+  // reports pass.
+  SwarmCoordinatorOptions o = TestOptions(&clock_, dir_.Sub("state"), 2, 1);
+  o.job.set_max_steps(100);
+  auto c = Make(std::move(o));
+  JoinResult a = MustJoin(*c, "a"), b = MustJoin(*c, "b");
+  const uint64_t plan = c->grid().plan_version;
+  ASSERT_TRUE(c->ReportProgress(a.peer_id, a.session_token, {5, 3.0, 10, plan}, 0).ok());
+  ASSERT_TRUE(c->ReportProgress(b.peer_id, b.session_token, {4, 3.0, 10, plan}, 0).ok());
+  const uint32_t b_stage = c->grid().Find(b.peer_id)->first;
+  HeldStates held{{b_stage, {4}}};
+  double ignored = Counted(Refusal::kProgressAhead, [&] {
+    EXPECT_TRUE(c->ReportProgress(b.peer_id, b.session_token, {int64_t{1} << 40, 0.01, 10, plan}, 4, &held).ok());
+  });
+  EXPECT_EQ(ignored, 1);
+  v1::StatusResponse st = c->GetStatus(true);
+  EXPECT_EQ(st.step(), 5) << "the lie is not the swarm's step";
+  EXPECT_DOUBLE_EQ(st.loss(), 3.0);
+  for (const auto& p : st.peers()) {
+    if (p.peer_id() == b.peer_id) {
+      EXPECT_EQ(p.progress().step(), 4);
+      EXPECT_EQ(p.held_size(), 1) << "the held states of the report are kept";
+    }
+  }
+  // Past the job's last step: ignored even where the pipeline would allow it.
+  for (int64_t step = 6; step <= 100; ++step) {
+    clock_.Advance(absl::Milliseconds(50));  // within the report rate limit
+    ASSERT_TRUE(c->ReportProgress(a.peer_id, a.session_token, {step, 3.0, 10, plan}, 0).ok());
+    ASSERT_TRUE(c->ReportProgress(b.peer_id, b.session_token, {step - 1, 3.0, 10, plan}, 0).ok());
+  }
+  ASSERT_TRUE(c->ReportProgress(b.peer_id, b.session_token, {100, 3.0, 10, plan}, 0).ok());
+  EXPECT_EQ(Counted(Refusal::kProgressAhead,
+                    [&] { EXPECT_TRUE(c->ReportProgress(a.peer_id, a.session_token, {101, 3.0, 10, plan}, 0).ok()); }),
+            1);
+  EXPECT_EQ(c->GetStatus(false).step(), 100);
+  // Heartbeats carry progress too: the same rule.
+  const PeerProgress far{300, 0.01, 10, plan};
+  EXPECT_EQ(Counted(Refusal::kProgressAhead, [&] { EXPECT_TRUE(c->Heartbeat(a.peer_id, a.session_token, &far).ok()); }),
+            1);
+  EXPECT_EQ(c->GetStatus(false).step(), 100);
+}
+
 TEST_F(SwarmCoordinatorTest, AReportBelowTheResumeStepIsRefusedSoTheNextReplanKeepsIt) {
   SwarmCoordinatorOptions o = TestOptions(&clock_, dir_.Sub("state"), 2, 1);
   o.mirror_checkpoints = true;
@@ -544,6 +590,7 @@ TEST_F(SwarmCoordinatorTest, ARollbackLowersTheSwarmStepAndReportsFromTheOldPlan
     const uint32_t a_stage = g.Find(a.peer_id)->first, b_stage = g.Find(b.peer_id)->first;
     const uint64_t plan = c->GetAssignment(a.peer_id, a.session_token)->plan_version();
     HeldStates a_holds{{a_stage, {6, 8, 10}}}, b_holds{{b_stage, {6, 8, 10}}};
+    ASSERT_TRUE(c->ReportProgress(b.peer_id, b.session_token, {8, 4.0, 10, plan}, 8, &b_holds).ok());
     ASSERT_TRUE(c->ReportProgress(a.peer_id, a.session_token, {10, 4.0, 10, plan}, 10, &a_holds).ok());
     ASSERT_TRUE(c->ReportProgress(b.peer_id, b.session_token, {10, 4.0, 10, plan}, 10, &b_holds).ok());
     // A standby restarted with a copy of b's stage at step 6 on its disk.
@@ -616,6 +663,8 @@ TEST_F(SwarmCoordinatorTest, RestartFromTheStateDirRestoresEverything) {
     a = MustJoin(*c, "a");
     b = MustJoin(*c, "b");
     s = MustJoin(*c, "s");
+    // Both stages of the pipeline report step 42 (one alone is not backed).
+    ASSERT_TRUE(c->ReportProgress(b.peer_id, b.session_token, {42, 2.5, 1000}, 40).ok());
     ASSERT_TRUE(c->ReportProgress(a.peer_id, a.session_token, {42, 2.5, 1000}, 40).ok());
     grid = c->grid();
     EXPECT_EQ(c->assignment_version(), 3u);

@@ -130,11 +130,11 @@ TEST_F(CoordinatorProcessTest, SurvivesSigkillWithMembersVersionAndHeartbeats) {
   for (const auto& p : peers) ASSERT_TRUE(Heartbeat(p, &hb).ok());
   EXPECT_EQ(hb.assignment_version(), 3u);
   v1::ProgressReport pr;
-  pr.set_peer_id(peers[0].peer_id());
-  pr.set_session_token(peers[0].session_token());
   pr.mutable_progress()->set_step(17);
   pr.mutable_progress()->set_loss(5.25);
-  {
+  for (int i : {1, 0}) {  // both stages of the pipeline: one alone is not backed
+    pr.set_peer_id(peers[i].peer_id());
+    pr.set_session_token(peers[i].session_token());
     v1::ReportResponse rr;
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline());
