@@ -86,7 +86,6 @@ class Backoff {
   absl::Time HeldUntil(absl::string_view key) const;
   // The offences of `key` in its current run (0 if none or decayed at `now`).
   int Offences(absl::string_view key, absl::Time now) const;
-  const BackoffPolicy& policy() const { return policy_; }
 
  private:
   struct Run {

@@ -685,22 +685,22 @@ absl::Status SwarmCoordinator::RecordProgressLocked(const Member& reporter, cons
   }
   const bool plausible = PlausibleProgressLocked(reporter, progress.step);
   claimed_steps_[reporter.id] = {grid_.plan_version, progress.step};
-  if (!plausible) {
-    CountRefusal(Refusal::kProgressAhead);
-    return dirty_members_.empty() ? absl::OkStatus() : MaybeFlushReportsLocked();
+  if (plausible) {
+    PeerProgress recorded = progress;
+    recorded.plan_version = grid_.plan_version;
+    membership_.SetProgress(reporter.id, recorded);
+    SwarmProgress next = progress_;
+    if (progress.step > next.progress.step) next.progress.step = progress.step;
+    if (progress.step >= next.progress.step && progress.loss > 0) next.progress.loss = progress.loss;
+    next.checkpoint_step = std::max(next.checkpoint_step, checkpoint_step);
+    next.progress.tokens_per_second = SwarmTokensPerSecondLocked();
+    if (next.progress.step != progress_.progress.step || next.checkpoint_step != progress_.checkpoint_step) {
+      progress_dirty_ = true;
+    }
+    progress_ = next;
+  } else {
+    CountRefusal(Refusal::kProgressAhead);  // ignored; the held states the caller applied stay
   }
-  PeerProgress recorded = progress;
-  recorded.plan_version = grid_.plan_version;
-  membership_.SetProgress(reporter.id, recorded);
-  SwarmProgress next = progress_;
-  if (progress.step > next.progress.step) next.progress.step = progress.step;
-  if (progress.step >= next.progress.step && progress.loss > 0) next.progress.loss = progress.loss;
-  next.checkpoint_step = std::max(next.checkpoint_step, checkpoint_step);
-  next.progress.tokens_per_second = SwarmTokensPerSecondLocked();
-  if (next.progress.step != progress_.progress.step || next.checkpoint_step != progress_.checkpoint_step) {
-    progress_dirty_ = true;
-  }
-  progress_ = next;
   if (!progress_dirty_ && dirty_members_.empty()) return absl::OkStatus();
   return MaybeFlushReportsLocked();
 }

@@ -107,6 +107,7 @@ check peer-uplink 1 "emulate_uplink_mbps" -- "${peer[@]}" --listen=127.0.0.1:700
 check coord-replan-gain 1 "replan_min_gain" -- "$bin" coordinator --job=/nonexistent.json --state_dir=/nonexistent --replan_min_gain=1.5
 check coord-replan-interval 1 "replan_interval_s" -- "$bin" coordinator --job=/nonexistent.json --state_dir=/nonexistent --replan_interval_s=0
 check coord-replan-hold 1 "replan_hold_s" -- "$bin" coordinator --job=/nonexistent.json --state_dir=/nonexistent --replan_hold_s=-1
+check coord-replan-backoff 1 "replan_backoff_s must be in" -- "$bin" coordinator --job=/nonexistent.json --state_dir=/nonexistent --replan_backoff_s=301
 check coord-reach 1 "reachability_timeout_s" -- "$bin" coordinator --job=/nonexistent.json --state_dir=/nonexistent --reachability_timeout_s=9
 check swarmsim-grid 1 "STAGESxPIPELINES" -- "$bin" bench swarmsim --swarmsim_grid=8
 check swarmsim-sizes 1 "bad peer count" -- "$bin" bench swarmsim --swarmsim_sizes=0
