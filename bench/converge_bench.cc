@@ -320,14 +320,15 @@ absl::StatusOr<v1::JobSpec> ConfigJob(const v1::JobSpec& base, const Config& c) 
     comp->set_bw_bits(c.bw_bits);
   }
   if (c.first_visit_bits > 0) {
-    comp->set_first_visit(c.fixed_first_visits ? "fixed_point" : "tiled");
+    comp->set_first_visit(c.fixed_first_visits ? v1::LinkCompression::FirstVisit::fixed_point
+                                               : v1::LinkCompression::FirstVisit::tiled);
     comp->set_first_visit_bits(c.first_visit_bits);
   }
   comp->set_entropy_coding(c.entropy);
-  if (c.tiles_along_tokens) comp->set_tile_along("tokens");
-  comp->set_tile_grid(c.midtread ? "midtread" : "midrise");
+  if (c.tiles_along_tokens) comp->set_tile_along(v1::LinkCompression::TileAlong::tokens);
+  comp->set_tile_grid(c.midtread ? v1::LinkCompression::TileGrid::midtread : v1::LinkCompression::TileGrid::midrise);
   comp->set_first_visit_reference(c.reference);
-  if (c.tiled_gradients) comp->set_bw_codec("tiled");
+  if (c.tiled_gradients) comp->set_bw_codec(v1::LinkCompression::BwCodec::tiled);
   if (c.lr_scale != 1) {
     job.mutable_optimizer()->set_lr(base.optimizer().lr() * c.lr_scale);
     job.mutable_optimizer()->set_min_lr(base.optimizer().min_lr() * c.lr_scale);
@@ -658,7 +659,7 @@ void PrintBanner(const v1::JobSpec& base, const ConvergeBenchOptions& o, std::os
   err << absl::StrFormat(
       "aqswarm bench converge: job %s (%s d_model %d, %d layers, seq %d; %d stages x %d pipelines; micro-batch %d x "
       "%d; %d steps, eval every %d)\n",
-      o.job, base.model().family(), base.model().d_model(), base.model().n_layer(), base.model().seq_len(),
+      o.job, pipeline::ModelFamilyName(base.model()), base.model().d_model(), base.model().n_layer(), base.model().seq_len(),
       base.stages(), base.data_parallel(), base.micro_batch_size(), base.micro_batches_per_step(), base.max_steps(),
       base.eval_every_steps());
   err << "  target: " << (o.target_val_loss > 0 ? absl::StrCat(o.target_val_loss)

@@ -127,6 +127,7 @@
 #include "nlohmann/json.hpp"
 #include "pipeline/job_spec.h"
 #include "pipeline/step_schedule.h"
+#include "proto/job_format.h"
 #include "stage/pipeline_monitor.h"
 
 namespace aqswarm::bench {
@@ -162,6 +163,13 @@ struct Mode {
 // RocksDB every micro-batch instead of kept resident), any of them with
 // "+qadam4" and/or "+dpu" (delayed DP updates), then
 // optionally "@adaptive" (the default), "@1f1b", "@gpipe", or "@1f1b/W" /
+// The job's schedule that JSON names `name` ("adaptive", "1f1b", "gpipe");
+// UNSPECIFIED when none does.
+v1::JobSpec::Schedule::Value ScheduleNamed(absl::string_view name) {
+  const auto* v = job_format::FindJobEnumValue(v1::JobSpec::Schedule::Value_descriptor(), name);
+  return v == nullptr ? v1::JobSpec::Schedule::UNSPECIFIED : static_cast<v1::JobSpec::Schedule::Value>(v->number());
+}
+
 // "@adaptive/W" (W micro-batches in flight at stage 0).
 absl::StatusOr<Mode> ParseMode(absl::string_view text) {
   Mode m;
@@ -170,9 +178,7 @@ absl::StatusOr<Mode> ParseMode(absl::string_view text) {
     text = text.substr(0, at);
     std::vector<absl::string_view> parts = absl::StrSplit(sched, absl::MaxSplits('/', 1));
     m.schedule = std::string(parts[0]);
-    v1::JobSpec job;  // the schedule names are pipeline::StepScheduleFromJob's
-    job.set_schedule(m.schedule);
-    if (m.schedule.empty() || !pipeline::StepScheduleFromJob(job).ok() ||
+    if (ScheduleNamed(m.schedule) == v1::JobSpec::Schedule::UNSPECIFIED ||
         (parts.size() == 2 &&
          !(m.schedule != "gpipe" && absl::SimpleAtoi(parts[1], &m.in_flight) && m.in_flight >= 1))) {
       return absl::InvalidArgumentError(absl::StrCat("bad schedule in mode '", text, "@", sched,
@@ -772,7 +778,7 @@ absl::Status RunSlownetBench(const SlownetBenchOptions& o, std::ostream& out) {
     if (c.bandwidth_mbps > 0) {
       const double bps = c.bandwidth_mbps * 1e6 / 8;  // bytes per second
       v1::JobSpec job;
-      job.set_schedule(c.mode.schedule);
+      job.set_schedule(ScheduleNamed(c.mode.schedule));
       job.set_schedule_in_flight(c.mode.in_flight);
       job.set_stages(c.stages);
       job.set_micro_batches_per_step(o.micro_batches);

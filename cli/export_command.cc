@@ -88,7 +88,7 @@ int RunExport(const std::vector<std::string>& args) {
   if (s.ok()) s = pipeline::ExportHfModel(o);
   if (!states_dir.empty()) RemoveTree(states_dir).IgnoreError();
   if (!s.ok()) return Fail(s);
-  std::cout << "aqswarm export: " << o.job.model().family() << " model of " << o.stage_checkpoints.size()
+  std::cout << "aqswarm export: " << pipeline::ModelFamilyName(o.job.model()) << " model of " << o.stage_checkpoints.size()
             << " stage(s) after " << step << " steps -> " << o.out_dir << " (config.json, model.safetensors"
             << (o.job.data().tokenizer().empty() ? "" : ", tokenizer") << ")\n";
   return 0;

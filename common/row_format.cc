@@ -38,14 +38,6 @@ const char* RowPrecisionName(RowPrecision p) {
   return "unknown";
 }
 
-absl::StatusOr<RowPrecision> ParseRowPrecision(std::string_view name) {
-  if (name == "fp32") return RowPrecision::kFloat32;
-  if (name == "fp16") return RowPrecision::kFloat16;
-  if (name == "int8") return RowPrecision::kInt8;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown row precision '", std::string(name), "' (want fp32, fp16 or int8)"));
-}
-
 bool IsValidRowPrecision(uint8_t p) { return p <= static_cast<uint8_t>(RowPrecision::kInt8); }
 
 size_t EncodedRowBytes(RowPrecision p, int64_t rows, int64_t cols) {

@@ -32,7 +32,6 @@ namespace aqswarm {
 enum class RowPrecision : uint8_t { kFloat32 = 0, kFloat16 = 1, kInt8 = 2 };
 
 const char* RowPrecisionName(RowPrecision p);
-absl::StatusOr<RowPrecision> ParseRowPrecision(std::string_view name);  // "fp32", "fp16", "int8"
 bool IsValidRowPrecision(uint8_t p);
 
 // Encoded size in bytes; 0 for an empty row.

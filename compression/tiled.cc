@@ -97,14 +97,6 @@ Grid MakeGrid(int bits, bool midtread) {
 
 }  // namespace
 
-absl::StatusOr<TileRotation> ParseTileRotation(std::string_view name) {
-  if (name == "none") return TileRotation::kNone;
-  if (name == "outliers" || name.empty()) return TileRotation::kOutliers;
-  if (name == "all") return TileRotation::kAll;
-  return absl::InvalidArgumentError(
-      absl::StrCat("tile rotation '", std::string(name), "' is not one of none, outliers, all"));
-}
-
 const char* TileRotationName(TileRotation rotation) {
   switch (rotation) {
     case TileRotation::kNone: return "none";

@@ -57,8 +57,6 @@ enum class TileRotation {
   kAll,       // rotate every whole tile
 };
 
-// "none" | "outliers" | "all".
-absl::StatusOr<TileRotation> ParseTileRotation(std::string_view name);
 const char* TileRotationName(TileRotation rotation);
 
 // Tile sizes the wire accepts: powers of two in 2..4096.

@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "proto/coordinator.pb.h"
+#include "proto/job_format.h"
 
 namespace aqswarm::coordinator {
 namespace {
@@ -140,6 +141,9 @@ absl::StatusOr<PersistedState> CoordinatorState::Load() const {
   if (job.ok()) {
     v1::JobSpec spec;
     if (!spec.ParseFromString(*job)) return absl::DataLossError("coordinator state: key 'job' is corrupt");
+    if (absl::Status s = job_format::UpgradeStoredJob(&spec); !s.ok()) {
+      return absl::DataLossError(absl::StrCat("coordinator state: key 'job': ", s.message()));
+    }
     s.job = std::move(spec);
   } else if (!absl::IsNotFound(job.status())) {
     return job.status();

@@ -1,7 +1,8 @@
 // libFuzzer target: job specs, as the coordinator, the peers and the CLI read
 // them. Input starting with 0x01: the rest is a binary v1::JobSpec (the form
 // the coordinator persists and sends in assignments), put through
-// ApplyJobDefaults + ValidateJobSpec; anything else: JSON text through
+// UpgradeStoredJob (as a state dir's job is read) + ApplyJobDefaults +
+// ValidateJobSpec; anything else: JSON text through
 // ParseJobSpec (protobuf's JSON parser, defaults, validation). A spec that
 // validates is then used as the code that trusts a validated spec uses it:
 // per-stage parameter counts and memory estimates, link options,
@@ -14,6 +15,7 @@
 #include "fuzz/fuzz_input.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/link_endpoint.h"
+#include "proto/job_format.h"
 #include "fuzz/quiet_protobuf.h"
 
 using namespace aqswarm;
@@ -23,6 +25,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   v1::JobSpec job;
   if (size > 0 && data[0] == 0x01) {
     if (!job.ParseFromArray(data + 1, static_cast<int>(size - 1))) return 0;
+    if (!job_format::UpgradeStoredJob(&job).ok()) return 0;
     pipeline::ApplyJobDefaults(&job);
     if (!pipeline::ValidateJobSpec(job).ok()) return 0;
   } else {

@@ -125,9 +125,10 @@ std::optional<v1::JobSpec> PeerDaemonImpl::ReadPreviousJob() const {
   if (!in) return std::nullopt;
   std::stringstream buf;
   buf << in.rdbuf();
-  v1::JobSpec job;
-  if (!google::protobuf::util::JsonStringToMessage(buf.str(), &job).ok()) return std::nullopt;
-  return job;
+  // As written (an older build's job.json too: its "" choices, "1f1b").
+  absl::StatusOr<v1::JobSpec> job = pipeline::ReadJobSpecJson(buf.str());
+  if (!job.ok()) return std::nullopt;
+  return *std::move(job);
 }
 
 absl::Status PeerDaemonImpl::WriteJob(const v1::JobSpec& job) {

@@ -109,7 +109,7 @@ TEST(GptStageTest, ParameterCountMatchesFormula) {
 // pipeline/llama_test.cc). Skipped without CUDA.
 TEST(StageModelCudaTest, Bf16Fp16AndRecomputeOnCudaMatchFp32OnCpu) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  for (const char* family : {"gpt2", "llama"}) {
+  for (const auto family : {v1::ModelSpec::Family::gpt2, v1::ModelSpec::Family::llama}) {
     v1::ModelSpec spec = SmallSpec(false);
     spec.set_family(family);
     spec.set_n_kv_head(2);
@@ -136,7 +136,7 @@ TEST(StageModelCudaTest, Bf16Fp16AndRecomputeOnCudaMatchFp32OnCpu) {
     auto ref = run(torch::kCPU, torch::kFloat32, false);
     const torch::Device cuda(torch::kCUDA, 0);
     for (torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
-      const std::string what = std::string(family) + " " + c10::toString(dtype);
+      const std::string what = v1::ModelSpec::Family::Value_Name(family) + " " + c10::toString(dtype);
       auto got = run(cuda, dtype, false), again = run(cuda, dtype, true);
       EXPECT_NEAR(got.first, ref.first, 0.02 * ref.first) << what;
       EXPECT_TRUE(torch::isfinite(got.second).all().item<bool>()) << what;

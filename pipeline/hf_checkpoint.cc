@@ -27,7 +27,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-bool IsLlama(const v1::ModelSpec& spec) { return spec.family() == "llama"; }
+bool IsLlama(const v1::ModelSpec& spec) { return spec.family() == v1::ModelSpec::Family::llama; }
 
 // The family defaults a 0 in the spec stands for (proto/job.proto).
 double NormEps(const v1::ModelSpec& spec) { return spec.norm_eps() > 0 ? spec.norm_eps() : 1e-5; }
@@ -141,7 +141,7 @@ std::string HfFileName(const v1::ModelSpec& spec, const std::string& name) {
 
 absl::Status CheckHfConfig(const std::string& config_json, const v1::ModelSpec& spec) {
   AQSWARM_ASSIGN_OR_RETURN(json c, ParseConfig(config_json));
-  const std::string family = spec.family().empty() ? "gpt2" : spec.family();
+  const std::string& family = ModelFamilyName(spec);
   if (!c.contains("model_type") || !c["model_type"].is_string()) {
     return absl::InvalidArgumentError("config.json lacks model_type");
   }
@@ -265,10 +265,11 @@ absl::StatusOr<v1::ModelSpec> ModelSpecFromHfDir(const std::string& dir, int64_t
   }
   v1::ModelSpec s;
   const std::string type = c["model_type"].get<std::string>();
-  if (type != "gpt2" && type != "llama") {
+  v1::ModelSpec::Family::Value family;
+  if (!v1::ModelSpec::Family::Value_Parse(type, &family) || family == v1::ModelSpec::Family::UNSPECIFIED) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: model_type '", type, "' is not gpt2 or llama"));
   }
-  s.set_family(type);
+  s.set_family(family);
   AQSWARM_ASSIGN_OR_RETURN(int64_t vocab, IntField(c, "vocab_size", 0, true));
   s.set_vocab_size(vocab);
   const bool llama = type == "llama";
@@ -338,7 +339,7 @@ absl::Status ExportHfModel(const HfExportOptions& o) {
   for (const auto& [name, unused] : params) {
     if (!expected.count(name)) {
       return absl::DataLossError(absl::StrCat("the checkpoints hold ", name, ", not a parameter of this ",
-                                              spec.family(), " model"));
+                                              ModelFamilyName(spec), " model"));
     }
   }
   std::deque<std::vector<float>> data;

@@ -33,7 +33,7 @@ using ::testing::HasSubstr;
 
 v1::ModelSpec Gpt2Spec(int seq_len = 8) {
   v1::ModelSpec s;
-  s.set_family("gpt2");
+  s.set_family(v1::ModelSpec::Family::gpt2);
   s.set_vocab_size(50);
   s.set_seq_len(seq_len);
   s.set_d_model(16);
@@ -276,7 +276,7 @@ TEST_F(HfCheckpointTest, AConfigMismatchNamesTheField) {
 
 TEST_F(HfCheckpointTest, TheLlamaConfigIsCheckedFieldByField) {
   v1::ModelSpec spec = Gpt2Spec(8);
-  spec.set_family("llama");
+  spec.set_family(v1::ModelSpec::Family::llama);
   spec.set_n_kv_head(1);
   spec.set_d_ff(40);
   spec.set_tie_embeddings(false);
@@ -381,7 +381,7 @@ TEST_F(HfCheckpointTest, ExportThenImportGivesIdenticalLogits) {
 TEST_F(HfCheckpointTest, LlamaExportThenImportGivesIdenticalLogits) {
   for (bool tied : {false, true}) {
     v1::ModelSpec spec = Gpt2Spec(8);
-    spec.set_family("llama");
+    spec.set_family(v1::ModelSpec::Family::llama);
     spec.set_n_kv_head(1);
     spec.set_d_ff(40);
     spec.set_rope_theta(500000);
@@ -539,7 +539,7 @@ TEST_F(GenerateTest, ALlama3TokenizerIsExportedWithItsEndOfTextId) {
   const fs::path tok = fs::path(AQSWARM_DATA_DIR) / "llama3";
   ASSERT_TRUE(fs::exists(tok / "tokenizer.json")) << "Llama-3 tokenizer missing: run scripts/fetch_data.sh";
   v1::ModelSpec spec = Gpt2Spec(16);
-  spec.set_family("llama");
+  spec.set_family(v1::ModelSpec::Family::llama);
   spec.set_n_kv_head(1);
   spec.set_d_ff(40);
   spec.set_vocab_size(128256);

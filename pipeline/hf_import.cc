@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/hf_checkpoint.h"
+#include "pipeline/job_spec.h"
 #include "pipeline/safetensors.h"
 #include "pipeline/stage_model.h"
 
@@ -74,7 +75,7 @@ absl::StatusOr<Layout> ReadLayout(const fs::path& dir) {
 absl::Status LoadHfCheckpoint(const std::string& dir_path, StageModel& stage) {
   const fs::path dir(dir_path);
   const v1::ModelSpec& spec = stage.spec();
-  const bool llama = spec.family() == "llama";
+  const bool llama = spec.family() == v1::ModelSpec::Family::llama;
   AQSWARM_ASSIGN_OR_RETURN(std::string config, ReadText(dir / kHfConfigFile));
   {
     absl::Status s = CheckHfConfig(config, spec);
@@ -92,7 +93,7 @@ absl::Status LoadHfCheckpoint(const std::string& dir_path, StageModel& stage) {
   auto check_known = [&](const std::string& file_name, const std::string& where) -> absl::Status {
     if (canonical.count(file_name) || IsIgnoredBuffer(file_name)) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat("tensor ", file_name, " in ", where, " is not a parameter of a ",
-                                                   spec.family(), " model with n_layer ", spec.n_layer()));
+                                                   ModelFamilyName(spec), " model with n_layer ", spec.n_layer()));
   };
   if (!layout.single) {
     for (const auto& [name, file] : layout.weight_map) AQSWARM_RETURN_IF_ERROR(check_known(name, kHfIndexFile));

@@ -11,13 +11,12 @@
 #include "absl/strings/string_view.h"
 #include "common/data_identity.h"
 #include "common/logging.h"
-#include "common/row_format.h"
 #include "common/status_macros.h"
 #include "compression/global_qsgd.h"
-#include "compression/tiled.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/quantized_adam.h"
+#include "proto/job_format.h"
 #include "pipeline/step_schedule.h"
 
 namespace aqswarm::pipeline {
@@ -54,8 +53,8 @@ void ApplyJobDefaults(v1::JobSpec* job) {
   if (m->d_model() == 0) m->set_d_model(256);
   if (m->n_layer() == 0) m->set_n_layer(4);
   if (m->n_head() == 0) m->set_n_head(4);
-  if (m->family().empty()) m->set_family("gpt2");
-  if (job->precision().empty()) job->set_precision("fp32");
+  if (m->family() == v1::ModelSpec::Family::UNSPECIFIED) m->set_family(v1::ModelSpec::Family::gpt2);
+  if (job->precision() == v1::JobSpec::Precision::UNSPECIFIED) job->set_precision(v1::JobSpec::Precision::fp32);
   auto* d = job->mutable_data();
   if (d->validation_fraction() == 0) d->set_validation_fraction(0.05);
   auto* o = job->mutable_optimizer();
@@ -70,9 +69,13 @@ void ApplyJobDefaults(v1::JobSpec* job) {
   if (c->mode() == v1::LinkCompression::MODE_UNSPECIFIED) c->set_mode(v1::LinkCompression::fp32);
   if (c->fw_bits() == 0) c->set_fw_bits(4);
   if (c->bw_bits() == 0) c->set_bw_bits(8);
-  if (c->m_precision().empty()) c->set_m_precision("fp16");
-  if (c->store().empty()) c->set_store("rocksdb");
-  if (c->tile_grid().empty()) c->set_tile_grid("midrise");
+  if (c->m_precision() == v1::LinkCompression::MPrecision::UNSPECIFIED) {
+    c->set_m_precision(v1::LinkCompression::MPrecision::fp16);
+  }
+  if (c->store() == v1::LinkCompression::Store::UNSPECIFIED) c->set_store(v1::LinkCompression::Store::rocksdb);
+  if (c->tile_grid() == v1::LinkCompression::TileGrid::UNSPECIFIED) {
+    c->set_tile_grid(v1::LinkCompression::TileGrid::midrise);
+  }
   if (job->stages() == 0) job->set_stages(1);
   if (job->data_parallel() == 0) job->set_data_parallel(1);
   if (job->device().empty()) job->set_device("cpu");
@@ -108,7 +111,7 @@ void ApplyJobDefaults(v1::JobSpec* job) {
     if (dp->layerwise_max_bits() == 0) dp->set_layerwise_max_bits(8);
   }
   if (job->eval_batches() == 0) job->set_eval_batches(8);
-  if (job->schedule().empty()) job->set_schedule("adaptive");
+  if (job->schedule() == v1::JobSpec::Schedule::UNSPECIFIED) job->set_schedule(v1::JobSpec::Schedule::adaptive);
 }
 
 // Slowest link rate a job may shape to, in Mbit/s (1 kbit/s).
@@ -121,7 +124,6 @@ absl::Status ValidateDataParallelSchedules(const v1::JobSpec& job) {
   const auto& dp = job.dp();
   const bool qadam = dp.optimizer() == v1::DataParallelSpec::quantized_adam;
   const bool diloco = dp.optimizer() == v1::DataParallelSpec::diloco;
-  if (!v1::DataParallelSpec::Optimizer_IsValid(dp.optimizer())) return Invalid("dp.optimizer", "unknown value");
   if (dp.warmup_bits() > 0 && !qadam) {
     return Invalid("dp.warmup_bits", "compresses quantized_adam's warm-up and variance-refresh gradients; set "
                                      "dp.optimizer to quantized_adam or drop it");
@@ -210,7 +212,31 @@ DataSource DataSourceFor(const v1::DataSpec& data) {
   return DataSource{data.corpus(), data.tokenizer(), data.text_field(), data.cache_dir()};
 }
 
+namespace {
+
+// Every enum field of `m` (at `path`) holds one of its values: a binary job,
+// or a JSON number, can carry any other.
+absl::Status ValidateEnums(const google::protobuf::Message& m, const std::string& path) {
+  const google::protobuf::Reflection* r = m.GetReflection();
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  r->ListFields(m, &fields);
+  for (const google::protobuf::FieldDescriptor* f : fields) {
+    const std::string where = absl::StrCat(path, f->name());
+    if (f->is_repeated()) continue;  // the job has no repeated messages or enums
+    if (f->type() == google::protobuf::FieldDescriptor::TYPE_MESSAGE) {
+      AQSWARM_RETURN_IF_ERROR(ValidateEnums(r->GetMessage(m, f), absl::StrCat(where, ".")));
+    } else if (f->type() == google::protobuf::FieldDescriptor::TYPE_ENUM &&
+               f->enum_type()->FindValueByNumber(r->GetEnumValue(m, f)) == nullptr) {
+      return Invalid(where, absl::StrCat(r->GetEnumValue(m, f), " is not ", job_format::JobEnumChoices(f->enum_type())));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateJobSpec(const v1::JobSpec& job) {
+  AQSWARM_RETURN_IF_ERROR(ValidateEnums(job, ""));
   const auto& m = job.model();
   if (m.vocab_size() < 2) return Invalid("model.vocab_size", "must be >= 2");
   if (m.seq_len() < 2 || m.seq_len() > 8192) return Invalid("model.seq_len", "must be in [2, 8192]");
@@ -222,9 +248,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   if (m.vocab_size() > (1u << 24)) return Invalid("model.vocab_size", "at most 2^24");
   if (m.d_model() > (1u << 16)) return Invalid("model.d_model", "at most 65536");
   if (m.d_ff() > (1u << 20)) return Invalid("model.d_ff", "at most 2^20");
-  if (m.family() != "gpt2" && m.family() != "llama") {
-    return Invalid("model.family", absl::StrCat("'", m.family(), "' is not gpt2 or llama"));
-  }
+  if (m.family() == v1::ModelSpec::Family::UNSPECIFIED) return Invalid("model.family", "is not set (gpt2 or llama)");
   if (m.n_kv_head() != 0 && (m.n_kv_head() > m.n_head() || m.n_head() % m.n_kv_head() != 0)) {
     return Invalid("model.n_kv_head", absl::StrCat(m.n_kv_head(), " does not divide n_head ", m.n_head()));
   }
@@ -233,13 +257,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   if (!m.init_from().empty() && !m.init_weights().empty()) {
     return Invalid("model.init_from", "set init_from or init_weights, not both");
   }
-  if (job.precision() != "fp32" && job.precision() != "bf16" && job.precision() != "fp16") {
-    return Invalid("precision", absl::StrCat("'", job.precision(), "' is not fp32, bf16 or fp16"));
-  }
-  const std::string& scaling = job.optimizer().loss_scale();
-  if (!scaling.empty() && scaling != "dynamic" && scaling != "off") {
-    return Invalid("optimizer.loss_scale", absl::StrCat("'", scaling, "' is not dynamic or off"));
-  }
+  if (job.precision() == v1::JobSpec::Precision::UNSPECIFIED) return Invalid("precision", "is not set (fp32, bf16 or fp16)");
   if (job.optimizer().initial_loss_scale() < 0 || !std::isfinite(job.optimizer().initial_loss_scale())) {
     return Invalid("optimizer.initial_loss_scale", "must be a finite number >= 0");
   }
@@ -279,16 +297,13 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   if (c.bw_bits() < 1 || c.bw_bits() > 8) {
     return Invalid("compression.bw_bits", absl::StrCat(c.bw_bits(), " is not in [1, 8]"));
   }
-  if (!ParseRowPrecision(c.m_precision()).ok()) {
-    return Invalid("compression.m_precision",
-                   absl::StrCat("'", c.m_precision(), "' is not fp32, fp16 or int8"));
+  using Compression = v1::LinkCompression;
+  if (c.m_precision() == Compression::MPrecision::UNSPECIFIED) {
+    return Invalid("compression.m_precision", "is not set (fp32, fp16 or int8)");
   }
-  if (!c.first_visit().empty() && c.first_visit() != "raw" && c.first_visit() != "tiled" &&
-      c.first_visit() != "fixed_point") {
-    return Invalid("compression.first_visit",
-                   absl::StrCat("'", c.first_visit(), "' is not raw, tiled or fixed_point"));
-  }
-  if (!c.first_visit().empty() && c.first_visit() != "raw" && c.mode() != v1::LinkCompression::aqsgd) {
+  const bool compressed_first_visits =
+      c.first_visit() == Compression::FirstVisit::tiled || c.first_visit() == Compression::FirstVisit::fixed_point;
+  if (compressed_first_visits && c.mode() != Compression::aqsgd) {
     return Invalid("compression.first_visit",
                    "compressed first visits are for mode aqsgd (mode tiled is tiled throughout, directq fixed point)");
   }
@@ -298,25 +313,18 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
   if (c.tile_size() != 0 && (c.tile_size() < 16 || c.tile_size() > 1024 || (c.tile_size() & (c.tile_size() - 1)) != 0)) {
     return Invalid("compression.tile_size", absl::StrCat(c.tile_size(), " is not a power of two in [16, 1024]"));
   }
-  if (!c.rotation().empty() && !compression::ParseTileRotation(c.rotation()).ok()) {
-    return Invalid("compression.rotation", absl::StrCat("'", c.rotation(), "' is not none, outliers or all"));
-  }
-  if (!c.tile_along().empty() && c.tile_along() != "channels" && c.tile_along() != "tokens") {
-    return Invalid("compression.tile_along", absl::StrCat("'", c.tile_along(), "' is not channels or tokens"));
-  }
-  if (!c.tile_grid().empty() && c.tile_grid() != "midrise" && c.tile_grid() != "midtread") {
-    return Invalid("compression.tile_grid", absl::StrCat("'", c.tile_grid(), "' is not midrise or midtread"));
-  }
-  if (c.tile_grid() == "midtread") {
-    const bool tiled = c.mode() == v1::LinkCompression::tiled;
-    const uint32_t first = c.first_visit() == "tiled" ? (c.first_visit_bits() ? c.first_visit_bits() : c.fw_bits()) : 0;
-    const bool tiled_bw = tiled || c.bw_codec() == "tiled";
+  if (c.tile_grid() == Compression::TileGrid::midtread) {
+    const bool tiled = c.mode() == Compression::tiled;
+    const uint32_t first = c.first_visit() == Compression::FirstVisit::tiled
+                               ? (c.first_visit_bits() ? c.first_visit_bits() : c.fw_bits())
+                               : 0;
+    const bool tiled_bw = tiled || c.bw_codec() == Compression::BwCodec::tiled;
     if ((tiled && c.fw_bits() == 1) || (tiled_bw && c.bw_bits() == 1) || first == 1) {
       return Invalid("compression.tile_grid", "the midtread grid needs tiled codes of 2 bits or more");
     }
   }
   if (c.first_visit_reference()) {
-    if (c.mode() != v1::LinkCompression::aqsgd || c.first_visit().empty() || c.first_visit() == "raw") {
+    if (c.mode() != Compression::aqsgd || !compressed_first_visits) {
       return Invalid("compression.first_visit_reference", "needs mode aqsgd with firstVisit tiled or fixed_point");
     }
     const uint64_t table_bytes = uint64_t{job.model().vocab_size()} * job.model().d_model() * 4;
@@ -326,24 +334,19 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
                                   " bytes per link end, over 1 GiB"));
     }
   }
-  if (!c.bw_codec().empty() && c.bw_codec() != "fixed_point" && c.bw_codec() != "tiled") {
-    return Invalid("compression.bw_codec", absl::StrCat("'", c.bw_codec(), "' is not fixed_point or tiled"));
-  }
-  if (c.bw_codec() == "tiled" && c.mode() != v1::LinkCompression::aqsgd &&
-      c.mode() != v1::LinkCompression::directq && c.mode() != v1::LinkCompression::tiled) {
+  if (c.bw_codec() == Compression::BwCodec::tiled && c.mode() != Compression::aqsgd &&
+      c.mode() != Compression::directq && c.mode() != Compression::tiled) {
     return Invalid("compression.bw_codec", "fp32 links send raw gradients; tiled gradients need mode directq, aqsgd "
                                            "or tiled");
   }
-  if (c.bw_codec() == "fixed_point" && c.mode() == v1::LinkCompression::tiled) {
+  if (c.bw_codec() == Compression::BwCodec::fixed_point && c.mode() == Compression::tiled) {
     return Invalid("compression.bw_codec", "mode tiled sends its gradients tiled; drop bw_codec or use mode aqsgd or "
                                            "directq");
   }
   if (c.entropy_coding() && c.mode() == v1::LinkCompression::fp32) {
     return Invalid("compression.entropy_coding", "fp32 links send raw floats; it needs mode directq, aqsgd or tiled");
   }
-  if (c.store() != "rocksdb" && c.store() != "memory") {
-    return Invalid("compression.store", absl::StrCat("'", c.store(), "' is not rocksdb or memory"));
-  }
+  if (c.store() == Compression::Store::UNSPECIFIED) return Invalid("compression.store", "is not set (rocksdb or memory)");
   if (c.resident_bytes() > (uint64_t{1} << 40)) {
     return Invalid("compression.resident_bytes", absl::StrCat(c.resident_bytes(), " is over 1 TiB"));
   }
@@ -396,7 +399,6 @@ absl::Status ValidateJobSpec(const v1::JobSpec& job) {
                                              job.data_parallel(), " replicas: ", fits.message()));
     }
   }
-  if (!v1::DataParallelSpec::Robust_IsValid(dp.robust())) return Invalid("dp.robust", "unknown value");
   if (dp.robust() != v1::DataParallelSpec::ROBUST_UNSPECIFIED && dp.robust() != v1::DataParallelSpec::robust_off) {
     // pipeline/dp_allreduce.h: the owner of each chunk combines the
     // replicas' contributions; D = 2 bounds the larger by the smaller but has
@@ -481,11 +483,31 @@ const google::protobuf::FieldDescriptor* FindJsonField(const google::protobuf::D
   return nullptr;
 }
 
+// An enum field's JSON string, for protobuf's parser: "" is the field's 0
+// (UNSPECIFIED: the default), a json_alias ("1f1b") its value's name; a
+// name of no value is an error listing the choices.
+absl::Status CheckEnumName(nlohmann::json& item, const google::protobuf::FieldDescriptor* f, const std::string& where) {
+  if (!item.is_string()) return absl::OkStatus();  // a number: ValidateJobSpec checks it
+  const std::string name = item.get<std::string>();
+  if (name.empty()) {
+    item = 0;
+    return absl::OkStatus();
+  }
+  const google::protobuf::EnumValueDescriptor* v = job_format::FindJobEnumValue(f->enum_type(), name);
+  if (v == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: ", where, ": '", name, "' is not ",
+                                                   job_format::JobEnumChoices(f->enum_type())));
+  }
+  item = v->name();
+  return absl::OkStatus();
+}
+
 // Walks `obj` (a JSON object for message `d`, at `path`) before protobuf's
 // parser sees it: renamed fields are moved to their new names (a warning
 // each); an unknown field is an error naming the message, the field and the
 // closest valid name; a scalar field given an object or array is refused
-// here (so nothing nests deeper than the messages do).
+// here (so nothing nests deeper than the messages do); enum names are
+// checked and aliases resolved (CheckEnumName).
 absl::Status CheckJsonFields(nlohmann::json& obj, const google::protobuf::Descriptor* d, const std::string& path,
                              std::vector<std::string>* warnings) {
   std::vector<std::pair<std::string, std::string>> renames;
@@ -542,6 +564,8 @@ absl::Status CheckJsonFields(nlohmann::json& obj, const google::protobuf::Descri
       }
       if (message) {
         AQSWARM_RETURN_IF_ERROR(CheckJsonFields(*item, f->message_type(), where, warnings));
+      } else if (f->type() == google::protobuf::FieldDescriptor::TYPE_ENUM) {
+        AQSWARM_RETURN_IF_ERROR(CheckEnumName(*item, f, where));
       } else if (item->is_structured()) {
         return absl::InvalidArgumentError(absl::StrCat("job spec: ", where, ": expects ",
                                                        f->is_repeated() ? "an array of single values" : "a single value",
@@ -562,7 +586,7 @@ absl::Status CheckJsonFields(nlohmann::json& obj, const google::protobuf::Descri
 
 }  // namespace
 
-absl::StatusOr<v1::JobSpec> ParseJobSpec(std::string_view json, std::vector<std::string>* warnings) {
+absl::StatusOr<v1::JobSpec> ReadJobSpecJson(std::string_view json, std::vector<std::string>* warnings) {
   nlohmann::json tree;
   try {
     tree = nlohmann::json::parse(json.begin(), json.end());
@@ -586,18 +610,44 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(std::string_view json, std::vector<std:
   if (!status.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("job spec: ", status.ToString()));
   }
+  return job;
+}
+
+absl::StatusOr<v1::JobSpec> ParseJobSpec(std::string_view json, std::vector<std::string>* warnings) {
+  AQSWARM_ASSIGN_OR_RETURN(v1::JobSpec job, ReadJobSpecJson(json, warnings));
   ApplyJobDefaults(&job);
   AQSWARM_RETURN_IF_ERROR(ValidateJobSpec(job));
   return job;
 }
 
+namespace {
+
+// The JSON form of `obj` (message `d` as protobuf prints it) as jobs are
+// written: an enum at 0 (UNSPECIFIED: the field's default) as "", a value
+// with a json_alias as the alias.
+void WriteEnumNames(nlohmann::ordered_json& obj, const google::protobuf::Descriptor* d) {
+  for (auto& [key, value] : obj.items()) {
+    const google::protobuf::FieldDescriptor* f = FindJsonField(d, key);
+    if (f == nullptr || f->is_repeated() || f->is_map()) continue;
+    if (f->type() == google::protobuf::FieldDescriptor::TYPE_MESSAGE && value.is_object()) {
+      WriteEnumNames(value, f->message_type());
+    } else if (f->type() == google::protobuf::FieldDescriptor::TYPE_ENUM && value.is_string()) {
+      const google::protobuf::EnumValueDescriptor* v = f->enum_type()->FindValueByName(value.get<std::string>());
+      if (v != nullptr) value = v->number() == 0 ? std::string() : job_format::JobEnumJsonName(v);
+    }
+  }
+}
+
+}  // namespace
+
 std::string JobSpecJson(const v1::JobSpec& job) {
   google::protobuf::util::JsonPrintOptions po;
-  po.add_whitespace = true;
   po.always_print_primitive_fields = true;
   std::string json;
   (void)google::protobuf::util::MessageToJsonString(job, &json, po);
-  return json;
+  nlohmann::ordered_json tree = nlohmann::ordered_json::parse(json);
+  WriteEnumNames(tree, v1::JobSpec::descriptor());
+  return tree.dump(1) + "\n";
 }
 
 absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path) {
@@ -641,7 +691,7 @@ int64_t KvDim(const v1::ModelSpec& s) {
 
 int64_t BlockParameterCount(const v1::ModelSpec& s) {
   const int64_t d = s.d_model(), f = FeedForwardDim(s);
-  if (s.family() == "llama") {
+  if (s.family() == v1::ModelSpec::Family::llama) {
     // 2 RMSNorm weights, q [d, d], k and v [kv, d], o [d, d], gate/up/down.
     return 2 * d + d * d + 2 * KvDim(s) * d + d * d + 3 * d * f;
   }
@@ -652,7 +702,7 @@ int64_t BlockParameterCount(const v1::ModelSpec& s) {
 // Values per token and block that autograd keeps for backward (see the header).
 int64_t KeptValuesPerTokenAndBlock(const v1::ModelSpec& s) {
   const int64_t d = s.d_model(), attention = int64_t{s.n_head()} * s.seq_len();
-  if (s.family() == "llama") return 7 * d + 3 * KvDim(s) + 4 * FeedForwardDim(s) + attention;
+  if (s.family() == v1::ModelSpec::Family::llama) return 7 * d + 3 * KvDim(s) + 4 * FeedForwardDim(s) + attention;
   return 17 * d + attention;
 }
 
@@ -679,8 +729,14 @@ std::string GiB(int64_t bytes) { return absl::StrFormat("%.1f GiB", static_cast<
 }  // namespace
 
 bool DynamicLossScaling(const v1::JobSpec& job) {
-  const std::string& mode = job.optimizer().loss_scale();
-  return mode == "dynamic" || (mode.empty() && job.precision() == "fp16");
+  const auto mode = job.optimizer().loss_scale();
+  return mode == v1::OptimizerSpec::LossScale::dynamic ||
+         (mode == v1::OptimizerSpec::LossScale::UNSPECIFIED && job.precision() == v1::JobSpec::Precision::fp16);
+}
+
+const std::string& ModelFamilyName(const v1::ModelSpec& s) {
+  return v1::ModelSpec::Family::Value_Name(s.family() == v1::ModelSpec::Family::UNSPECIFIED ? v1::ModelSpec::Family::gpt2
+                                                                                              : s.family());
 }
 
 int64_t KeyValueHeads(const v1::ModelSpec& s) { return s.n_kv_head() == 0 ? s.n_head() : s.n_kv_head(); }
@@ -688,12 +744,12 @@ int64_t KeyValueHeads(const v1::ModelSpec& s) { return s.n_kv_head() == 0 ? s.n_
 int64_t FeedForwardDim(const v1::ModelSpec& s) {
   const int64_t d = s.d_model();
   if (s.d_ff() != 0) return s.d_ff();
-  return s.family() == "llama" ? 256 * ((8 * d / 3 + 255) / 256) : 4 * d;
+  return s.family() == v1::ModelSpec::Family::llama ? 256 * ((8 * d / 3 + 255) / 256) : 4 * d;
 }
 
 int64_t StageParameterCount(const v1::ModelSpec& s, int stage, int num_stages) {
   const int64_t d = s.d_model(), v = s.vocab_size();
-  const bool llama = s.family() == "llama";
+  const bool llama = s.family() == v1::ModelSpec::Family::llama;
   int64_t n = StageBlocks(s, stage, num_stages) * BlockParameterCount(s);
   if (stage == 0) n += v * d + (llama ? 0 : int64_t{s.seq_len()} * d);  // token (+ gpt2 position) embedding
   if (stage == num_stages - 1) {
@@ -713,7 +769,7 @@ int64_t EstimateStageBytes(const v1::JobSpec& job, int stage) {
   const double params = static_cast<double>(StageParameterCount(s, stage, num_stages));
   // Weights, gradients, AdamW m and v (float32), and writing a checkpoint.
   int64_t per_param = 16 + kCheckpointBytesPerParameter;
-  if (job.precision() != "fp32") per_param += 2;  // compute copies of the weights
+  if (job.precision() != v1::JobSpec::Precision::fp32) per_param += 2;  // compute copies of the weights
   if (job.data_parallel() > 1 && job.dp().optimizer() == v1::DataParallelSpec::quantized_adam) per_param += 8;
   // diloco: the anchor, the outer momentum and two error buffers.
   if (job.data_parallel() > 1 && job.dp().optimizer() == v1::DataParallelSpec::diloco) per_param += 16;
@@ -724,7 +780,7 @@ int64_t EstimateStageBytes(const v1::JobSpec& job, int stage) {
 
   const double tokens = static_cast<double>(job.micro_batch_size()) * s.seq_len();  // per micro-batch
   const double blocks = static_cast<double>(StageBlocks(s, stage, num_stages));
-  const double elem = job.precision() == "fp32" ? 4 : 2;
+  const double elem = job.precision() == v1::JobSpec::Precision::fp32 ? 4 : 2;
   const absl::StatusOr<StepSchedule> schedule = StepScheduleFromJob(job);
   const double in_flight = static_cast<double>(
       schedule.ok() ? InFlightAt(*schedule, stage) : std::max<int64_t>(1, job.micro_batches_per_step()));

@@ -25,6 +25,10 @@ namespace aqswarm::pipeline {
 // (kRenamedFields, job_spec.cc) is read under its old name with a warning,
 // into `warnings` when given, else logged.
 absl::StatusOr<v1::JobSpec> ParseJobSpec(std::string_view json, std::vector<std::string>* warnings = nullptr);
+// ParseJobSpec's reading alone: field names checked, renamed fields moved,
+// choices read by their JSON names ("" = unset, "1f1b"); no defaults, no
+// validation: the job as it was written (a peer's saved copy).
+absl::StatusOr<v1::JobSpec> ReadJobSpecJson(std::string_view json, std::vector<std::string>* warnings = nullptr);
 // Reads a JSON file, then ParseJobSpec.
 absl::StatusOr<v1::JobSpec> LoadJobSpec(const std::string& path);
 
@@ -63,6 +67,9 @@ double LearningRateAt(const v1::OptimizerSpec& opt, int64_t step);
 // Counts follow the models' parameter lists exactly (pipeline/gpt.h,
 // pipeline/llama.h; tests compare them with the built models). The memory
 // estimate is rough, see EstimateStageBytes.
+
+// The name of the model's family ("gpt2" when unset, its default).
+const std::string& ModelFamilyName(const v1::ModelSpec& spec);
 
 // d_ff of a model: the spec's, or the family default when 0 (gpt2: 4 d;
 // llama: 256 * ceil(floor(8 d / 3) / 256), pipeline/llama.h).

@@ -21,16 +21,45 @@ TEST(JobSpecTest, ParsesAndFillsDefaults) {
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->model().vocab_size(), 50257u);
   EXPECT_EQ(job->compression().mode(), v1::LinkCompression::aqsgd);
-  EXPECT_EQ(job->compression().m_precision(), "fp16");
-  EXPECT_EQ(job->compression().store(), "rocksdb");
+  EXPECT_EQ(job->compression().m_precision(), v1::LinkCompression::MPrecision::fp16);
+  EXPECT_EQ(job->compression().store(), v1::LinkCompression::Store::rocksdb);
   EXPECT_EQ(job->stages(), 2u);
-  EXPECT_EQ(job->schedule(), "adaptive");
+  EXPECT_EQ(job->schedule(), v1::JobSpec::Schedule::adaptive);
 }
 
 TEST(JobSpecTest, SnakeCaseFieldNamesWork) {
   auto job = ParseJobSpec(R"({"model":{"n_layer":2,"d_model":64,"n_head":2},"micro_batch_size":3})");
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->micro_batch_size(), 3u);
+}
+
+// A choice is written by its JSON name ("1f1b"; "" for one left to its
+// default) and read back to the same job; an older build's job.json, with ""
+// for every choice it left unset, reads as unset.
+TEST(JobSpecTest, ChoicesAreWrittenByTheirJsonNamesAndReadBack) {
+  auto job = ParseJobSpec(R"({"schedule":"1f1b","model":{"family":"llama","nLayer":2,"dModel":64,"nHead":2},
+      "compression":{"mode":"aqsgd","tileGrid":"midtread","rotation":"none"}})");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->schedule(), v1::JobSpec::Schedule::one_f_one_b);
+  EXPECT_EQ(job->compression().rotation(), v1::LinkCompression::Rotation::none);
+  const std::string json = JobSpecJson(*job);
+  for (const char* want : {R"("schedule": "1f1b")", R"("family": "llama")", R"("mPrecision": "fp16")",
+                           R"("tileGrid": "midtread")", R"("rotation": "none")", R"("firstVisit": "")",
+                           R"("bwCodec": "")", R"("lossScale": "")", R"("precision": "fp32")"}) {
+    EXPECT_NE(json.find(want), std::string::npos) << want << " in " << json;
+  }
+  EXPECT_EQ(json.find("one_f_one_b"), std::string::npos) << json;
+  EXPECT_EQ(json.find("UNSPECIFIED"), std::string::npos) << json;
+  auto back = ParseJobSpec(json);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->SerializeAsString(), job->SerializeAsString());
+  auto older = ParseJobSpec(R"({"schedule":"","optimizer":{"lossScale":""},"compression":{"firstVisit":"",
+      "bwCodec":"","rotation":"","tileAlong":""}})");
+  ASSERT_TRUE(older.ok()) << older.status();
+  EXPECT_EQ(older->schedule(), v1::JobSpec::Schedule::adaptive);  // then defaulted
+  EXPECT_EQ(older->optimizer().loss_scale(), v1::OptimizerSpec::LossScale::UNSPECIFIED);
+  EXPECT_EQ(older->compression().first_visit(), v1::LinkCompression::FirstVisit::UNSPECIFIED);
+  EXPECT_EQ(older->compression().tile_along(), v1::LinkCompression::TileAlong::UNSPECIFIED);
 }
 
 // An unknown field names its message, its path and the closest valid name.
@@ -87,21 +116,20 @@ TEST(JobSpecTest, PreciseErrors) {
       {R"({"modle":{}})", "modle"},
       {R"({"model":{"dModel":65,"nHead":4}})", "model.d_model"},
       {R"({"compression":{"fwBits":9}})", "compression.fw_bits"},
-      {R"({"compression":{"mode":"zip"}})", "zip"},
-      {R"({"compression":{"mPrecision":"bf16"}})", "compression.m_precision"},
-      {R"({"compression":{"store":"disk"}})", "compression.store"},
-      {R"({"compression":{"tileGrid":"midway"}})", "compression.tile_grid"},
+      {R"({"compression":{"mPrecision":"bf16"}})", "compression.mPrecision: 'bf16' is not fp32, fp16 or int8"},
+      {R"({"compression":{"store":"disk"}})", "compression.store: 'disk' is not rocksdb or memory"},
+      {R"({"compression":{"tileGrid":"midway"}})", "compression.tileGrid: 'midway' is not midrise or midtread"},
       {R"({"compression":{"mode":"tiled","fwBits":1,"tileGrid":"midtread"}})", "compression.tile_grid"},
       {R"({"compression":{"mode":"aqsgd","firstVisit":"tiled","firstVisitBits":1,"tileGrid":"midtread"}})",
        "compression.tile_grid"},
       {R"({"compression":{"mode":"aqsgd","firstVisitReference":true}})", "compression.first_visit_reference"},
-      {R"({"compression":{"mode":"aqsgd","bwCodec":"qsgd"}})", "compression.bw_codec"},
+      {R"({"compression":{"mode":"aqsgd","bwCodec":"qsgd"}})", "compression.bwCodec: 'qsgd' is not fixed_point or tiled"},
       {R"({"compression":{"mode":"fp32","bwCodec":"tiled"}})", "compression.bw_codec"},
       {R"({"compression":{"mode":"tiled","bwCodec":"fixed_point"}})", "compression.bw_codec"},
       {R"({"compression":{"mode":"aqsgd","bwCodec":"tiled","bwBits":1,"tileGrid":"midtread"}})",
        "compression.tile_grid"},
       {R"({"compression":{"mode":"directq","firstVisit":"fixed_point"}})", "compression.first_visit"},
-      {R"({"compression":{"mode":"aqsgd","firstVisit":"zstd"}})", "compression.first_visit"},
+      {R"({"compression":{"mode":"aqsgd","firstVisit":"zstd"}})", "compression.firstVisit: 'zstd' is not raw, tiled or fixed_point"},
       {R"({"compression":{"mode":"tiled","firstVisitReference":true}})", "compression.first_visit_reference"},
       {R"({"model":{"vocabSize":1000000,"dModel":512,"nHead":8},"compression":{"mode":"aqsgd","firstVisit":"tiled","firstVisitReference":true}})",
        "compression.first_visit_reference"},
@@ -131,7 +159,15 @@ TEST(JobSpecTest, PreciseErrors) {
       {R"({"shaping":{"bandwidthMbps":1e-9}})", "shaping.bandwidth_mbps"},
       {R"({"shaping":{"bandwidthMbps":-5}})", "shaping.bandwidth_mbps"},
       {R"({"dp":{"transport":"infiniband"}})", "infiniband"},
-      {R"({"schedule":"interleaved"})", "schedule: 'interleaved'"},
+      {R"({"schedule":"interleaved"})", "schedule: 'interleaved' is not adaptive, 1f1b or gpipe"},
+      {R"({"precision":"fp8"})", "precision: 'fp8' is not fp32, bf16 or fp16"},
+      {R"({"model":{"family":"mamba"}})", "model.family: 'mamba' is not gpt2 or llama"},
+      {R"({"optimizer":{"lossScale":"sometimes"}})", "optimizer.lossScale: 'sometimes' is not dynamic or off"},
+      {R"({"compression":{"rotation":"half"}})", "compression.rotation: 'half' is not outliers, all or none"},
+      {R"({"compression":{"tileAlong":"rows"}})", "compression.tileAlong: 'rows' is not channels or tokens"},
+      {R"({"compression":{"mode":"zip"}})", "compression.mode: 'zip' is not fp32, directq, aqsgd or tiled"},
+      {R"({"precision":7})", "precision: 7 is not fp32, bf16 or fp16"},
+      {R"({"compression":{"mPrecision":9}})", "compression.m_precision: 9 is not fp32, fp16 or int8"},
       {R"({"scheduleInFlight":5000})", "schedule_in_flight"},
   };
   std::string many = R"({"shaping":{"bandwidthScheduleMbps":[1)";
@@ -305,7 +341,7 @@ TEST(JobSpecTest, LearningRateSchedule) {
 
 v1::ModelSpec Gpt2Small(bool tied) {
   v1::ModelSpec m;
-  m.set_family("gpt2");
+  m.set_family(v1::ModelSpec::Family::gpt2);
   m.set_vocab_size(50257);
   m.set_seq_len(1024);
   m.set_d_model(768);
@@ -322,7 +358,7 @@ TEST(ParameterCountTest, Gpt2SmallIsTheFamous124M) {
 
 TEST(ParameterCountTest, LlamaCountedByHand) {
   v1::ModelSpec m;
-  m.set_family("llama");
+  m.set_family(v1::ModelSpec::Family::llama);
   m.set_vocab_size(32000);
   m.set_seq_len(64);
   m.set_d_model(64);
@@ -341,7 +377,7 @@ TEST(ParameterCountTest, LlamaCountedByHand) {
   EXPECT_EQ(TotalParameterCount(m), 2048000 + 2 * (128 + 4096 + 4096 + 4096 + 3 * 64 * 100) + 64);
   // Llama-7B's shape gives its known count: 6,738,415,616.
   v1::ModelSpec l7;
-  l7.set_family("llama");
+  l7.set_family(v1::ModelSpec::Family::llama);
   l7.set_vocab_size(32000);
   l7.set_seq_len(4096);
   l7.set_d_model(4096);
@@ -395,7 +431,7 @@ TEST(StageMemoryTest, EstimateCountsStateActivationsAndLogits) {
   EXPECT_EQ(EstimateStageBytes(tied, 1) - EstimateStageBytes(job, 1), 3 * 1000 * 64 * 4);
   // bf16 halves the activations and adds 2 B/param of compute copies.
   job.mutable_model()->set_recompute(false);
-  job.set_precision("bf16");
+  job.set_precision(v1::JobSpec::Precision::bf16);
   EXPECT_EQ(EstimateStageBytes(job, 0),
             process + 30 * StageParameterCount(job.model(), 0, 2) + 4 * 2 * 64 * (17 * 64 + 4 * 32) * 2);
 }

@@ -296,15 +296,35 @@ void ResidentRows::Updated(Row* row) {
   row->checksum = compression::AqsgdLinkCodec::RowChecksum(link_.precision, link_.rows, link_.cols, row->m, &scratch_);
 }
 
+absl::StatusOr<RowPrecision> StoredRowPrecision(const v1::LinkCompression& c) {
+  switch (c.m_precision()) {
+    case v1::LinkCompression::MPrecision::fp32: return RowPrecision::kFloat32;
+    case v1::LinkCompression::MPrecision::fp16: return RowPrecision::kFloat16;
+    case v1::LinkCompression::MPrecision::int8: return RowPrecision::kInt8;
+    default: return absl::InvalidArgumentError(absl::StrCat("compression.m_precision ", c.m_precision(), " is not set"));
+  }
+}
+
+namespace {
+
+compression::TileRotation TileRotationOf(const v1::LinkCompression& c) {
+  switch (c.rotation()) {
+    case v1::LinkCompression::Rotation::none: return compression::TileRotation::kNone;
+    case v1::LinkCompression::Rotation::all: return compression::TileRotation::kAll;
+    default: return compression::TileRotation::kOutliers;  // outliers, and unset (the default)
+  }
+}
+
+}  // namespace
+
 compression::CodecOptions TiledCodecOptions(const v1::LinkCompression& c, int bits) {
   compression::CodecOptions o;
   o.codec = v1::CODEC_TILED;
   o.bits = bits;
   o.bucket_size = c.tile_size() ? c.tile_size() : kDefaultTileSize;
-  // The job spec has validated the name; an unknown one keeps the default.
-  o.rotation = compression::ParseTileRotation(c.rotation()).value_or(compression::TileRotation::kOutliers);
-  o.tile_order = c.tile_along() == "tokens" ? v1::TILES_DOWN_COLUMNS : v1::TILES_ALONG_ROWS;
-  o.tile_grid = c.tile_grid() == "midtread" ? v1::TILE_GRID_MIDTREAD : v1::TILE_GRID_MIDRISE;
+  o.rotation = TileRotationOf(c);
+  o.tile_order = c.tile_along() == v1::LinkCompression::TileAlong::tokens ? v1::TILES_DOWN_COLUMNS : v1::TILES_ALONG_ROWS;
+  o.tile_grid = c.tile_grid() == v1::LinkCompression::TileGrid::midtread ? v1::TILE_GRID_MIDTREAD : v1::TILE_GRID_MIDRISE;
   o.min_compress_elements = 1;
   o.entropy = c.entropy_coding();
   return o;
@@ -317,7 +337,7 @@ absl::StatusOr<LinkEndpointOptions> LinkOptionsFromJob(const v1::JobSpec& job, u
   o.link.generation = generation;
   o.link.rows = job.model().seq_len();
   o.link.cols = job.model().d_model();
-  AQSWARM_ASSIGN_OR_RETURN(o.link.precision, ParseRowPrecision(job.compression().m_precision()));
+  AQSWARM_ASSIGN_OR_RETURN(o.link.precision, StoredRowPrecision(job.compression()));
   switch (job.compression().mode()) {
     case v1::LinkCompression::aqsgd: o.codec.mode = LinkMode::kAqsgd; break;
     case v1::LinkCompression::directq: o.codec.mode = LinkMode::kDirectQ; break;
@@ -337,9 +357,9 @@ absl::StatusOr<LinkEndpointOptions> LinkOptionsFromJob(const v1::JobSpec& job, u
     o.codec.quantizer.entropy = c.entropy_coding();
   }
   const int first_visit_bits = static_cast<int>(c.first_visit_bits() ? c.first_visit_bits() : c.fw_bits());
-  if (c.mode() == v1::LinkCompression::aqsgd && c.first_visit() == "tiled") {
+  if (c.mode() == v1::LinkCompression::aqsgd && c.first_visit() == v1::LinkCompression::FirstVisit::tiled) {
     o.codec.first_visit = TiledCodecOptions(c, first_visit_bits);
-  } else if (c.mode() == v1::LinkCompression::aqsgd && c.first_visit() == "fixed_point") {
+  } else if (c.mode() == v1::LinkCompression::aqsgd && c.first_visit() == v1::LinkCompression::FirstVisit::fixed_point) {
     o.codec.first_visit = o.codec.quantizer;  // the deltas' codec (per-channel fixed point), at its own bits
     o.codec.first_visit->bits = first_visit_bits;
   }
@@ -714,7 +734,7 @@ GradientCodec::GradientCodec(const v1::LinkCompression& compression, int64_t seq
   if (compression.mode() == v1::LinkCompression::fp32 ||
       compression.mode() == v1::LinkCompression::MODE_UNSPECIFIED) {
     options_.codec = v1::CODEC_RAW_F32;
-  } else if (compression.mode() == v1::LinkCompression::tiled || compression.bw_codec() == "tiled") {
+  } else if (compression.mode() == v1::LinkCompression::tiled || compression.bw_codec() == v1::LinkCompression::BwCodec::tiled) {
     options_ = TiledCodecOptions(compression, static_cast<int>(compression.bw_bits()));
   } else {
     options_.codec = v1::CODEC_FIXED_POINT;

@@ -141,6 +141,10 @@ class ResidentRows {
 // Tiles of the tiled codec when the job leaves compression.tile_size unset.
 inline constexpr uint32_t kDefaultTileSize = 64;
 
+// How the job's links store m(xi) (compression.m_precision); an unset or
+// unknown value is an error naming the field.
+absl::StatusOr<RowPrecision> StoredRowPrecision(const v1::LinkCompression& c);
+
 // The tiled codec of a job's links at `bits` (tile size, rotation, entropy
 // coding from `c`): the `tiled` mode's messages and AQ-SGD's tiled first visits.
 compression::CodecOptions TiledCodecOptions(const v1::LinkCompression& c, int bits);

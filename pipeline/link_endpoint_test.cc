@@ -429,7 +429,7 @@ TEST(LinkOptionsTest, ResidentBytesComeFromTheJobOrTheDefault) {
   job.mutable_model()->set_seq_len(kRows);
   job.mutable_model()->set_d_model(kCols);
   job.mutable_compression()->set_mode(v1::LinkCompression::aqsgd);
-  job.mutable_compression()->set_m_precision("fp16");
+  job.mutable_compression()->set_m_precision(v1::LinkCompression::MPrecision::fp16);
   job.mutable_compression()->set_fw_bits(3);
   auto o = LinkOptionsFromJob(job, 0, 0, 1);
   ASSERT_TRUE(o.ok()) << o.status();
@@ -450,14 +450,14 @@ TEST(LinkOptionsTest, FirstVisitsAreRawTiledOrFixedPointAtTheirOwnBits) {
   job.mutable_model()->set_vocab_size(100);
   v1::LinkCompression* c = job.mutable_compression();
   c->set_mode(v1::LinkCompression::aqsgd);
-  c->set_m_precision("fp16");
+  c->set_m_precision(v1::LinkCompression::MPrecision::fp16);
   c->set_fw_bits(3);
   c->set_entropy_coding(true);
   auto o = LinkOptionsFromJob(job, 0, 0, 1);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_FALSE(o->codec.first_visit.has_value());
   EXPECT_FALSE(o->first_visit_reference);
-  c->set_first_visit("fixed_point");
+  c->set_first_visit(v1::LinkCompression::FirstVisit::fixed_point);
   c->set_first_visit_bits(4);
   c->set_first_visit_reference(true);
   o = LinkOptionsFromJob(job, 0, 0, 1);
@@ -469,8 +469,8 @@ TEST(LinkOptionsTest, FirstVisitsAreRawTiledOrFixedPointAtTheirOwnBits) {
   EXPECT_EQ(o->codec.quantizer.bits, 3);
   EXPECT_TRUE(o->first_visit_reference);
   EXPECT_EQ(o->vocab, 100);
-  c->set_first_visit("tiled");
-  c->set_tile_grid("midtread");
+  c->set_first_visit(v1::LinkCompression::FirstVisit::tiled);
+  c->set_tile_grid(v1::LinkCompression::TileGrid::midtread);
   o = LinkOptionsFromJob(job, 0, 0, 1);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->codec.first_visit->codec, v1::CODEC_TILED);
@@ -643,7 +643,7 @@ TEST(GradientCodecTest, TiledGradientsFollowEachTokensScale) {
   fixed.set_mode(v1::LinkCompression::aqsgd);
   fixed.set_bw_bits(4);
   v1::LinkCompression tiled = fixed;
-  tiled.set_bw_codec("tiled");
+  tiled.set_bw_codec(v1::LinkCompression::BwCodec::tiled);
   tiled.set_tile_size(kCols);
   GradientCodec f(fixed, kRows, kCols), t(tiled, kRows, kCols);
   std::vector<float> grad;

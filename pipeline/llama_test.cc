@@ -38,7 +38,7 @@ torch::Tensor ToTensor(const SafetensorsFile& f, const std::string& name) {
 v1::ModelSpec ReferenceSpec(const SafetensorsFile& w, bool tie) {
   auto num = [&](const char* key) { return std::stod(w.metadata().at(key)); };
   v1::ModelSpec s;
-  s.set_family("llama");
+  s.set_family(v1::ModelSpec::Family::llama);
   s.set_vocab_size(num("vocab_size"));
   s.set_seq_len(num("seq_len"));
   s.set_d_model(num("d_model"));
@@ -108,7 +108,7 @@ TEST(LlamaReferenceTest, TiedOnOneStageTheHeadIsTheEmbedding) {
 
 v1::ModelSpec SmallSpec(bool tie) {
   v1::ModelSpec s;
-  s.set_family("llama");
+  s.set_family(v1::ModelSpec::Family::llama);
   s.set_vocab_size(97);
   s.set_seq_len(16);
   s.set_d_model(32);
@@ -152,7 +152,7 @@ RunResult RunPipeline(const v1::ModelSpec& spec, int k, const torch::Tensor& ids
     for (auto& [name, p] : st->named_params()) r.grads[name] = p.grad().clone();
   }
   if (spec.tie_embeddings() && k > 1) {
-    const std::string embed = spec.family() == "llama" ? "model.embed_tokens.weight" : "wte.weight";
+    const std::string embed = spec.family() == v1::ModelSpec::Family::llama ? "model.embed_tokens.weight" : "wte.weight";
     r.grads[embed] += r.grads[TiedEmbeddingName()];
     r.grads.erase(TiedEmbeddingName());
   }
@@ -227,7 +227,7 @@ TEST(LlamaStageTest, MakeStageModelDispatchesOnFamily) {
   ASSERT_TRUE(m.ok());
   EXPECT_NE(dynamic_cast<LlamaStageImpl*>(m->get()), nullptr);
   v1::ModelSpec other = spec;
-  other.set_family("mamba");
+  other.set_family(static_cast<v1::ModelSpec::Family::Value>(9));  // no family of this build
   EXPECT_FALSE(MakeStageModel(other, StageRangeFor(other, 0, 1), 1).ok());
 }
 
@@ -259,7 +259,7 @@ TEST(LlamaStageTest, GroupedQueryAttentionEqualsRepeatedKeyValueHeads) {
 }
 
 // Compute precision and recompute, for both families.
-class StageModelFamilyTest : public ::testing::TestWithParam<std::string> {
+class StageModelFamilyTest : public ::testing::TestWithParam<v1::ModelSpec::Family::Value> {
  protected:
   v1::ModelSpec Spec(bool tie = false) const {
     v1::ModelSpec s = SmallSpec(tie);
@@ -339,10 +339,10 @@ TEST_P(StageModelFamilyTest, Bf16AndFp16LossesAreCloseToFp32AndGradientsStayFp32
 }
 
 TEST(StageModelTest, ComputeDtypeComesFromJobPrecision) {
-  EXPECT_EQ(ComputeDtypeFor("fp32"), torch::kFloat32);
-  EXPECT_EQ(ComputeDtypeFor(""), torch::kFloat32);
-  EXPECT_EQ(ComputeDtypeFor("bf16"), torch::kBFloat16);
-  EXPECT_EQ(ComputeDtypeFor("fp16"), torch::kHalf);
+  EXPECT_EQ(ComputeDtypeFor(v1::JobSpec::Precision::fp32), torch::kFloat32);
+  EXPECT_EQ(ComputeDtypeFor(v1::JobSpec::Precision::UNSPECIFIED), torch::kFloat32);
+  EXPECT_EQ(ComputeDtypeFor(v1::JobSpec::Precision::bf16), torch::kBFloat16);
+  EXPECT_EQ(ComputeDtypeFor(v1::JobSpec::Precision::fp16), torch::kHalf);
 }
 
 TEST_P(StageModelFamilyTest, TrainsInBf16WithFp32Masters) {
@@ -442,8 +442,11 @@ TEST(LlamaStageWorkerTest, TrainsInBf16WithRecomputeAcrossTwoStages) {
   EXPECT_LT(bf16.back(), 0.8 * bf16.front());
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, StageModelFamilyTest, ::testing::Values("gpt2", "llama"),
-                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+INSTANTIATE_TEST_SUITE_P(Families, StageModelFamilyTest,
+                         ::testing::Values(v1::ModelSpec::Family::gpt2, v1::ModelSpec::Family::llama),
+                         [](const ::testing::TestParamInfo<v1::ModelSpec::Family::Value>& i) {
+                           return v1::ModelSpec::Family::Value_Name(i.param);
+                         });
 
 }  // namespace
 }  // namespace aqswarm::pipeline

@@ -106,13 +106,21 @@ torch::Tensor StageModel::tied_embedding() const {
 
 absl::StatusOr<std::shared_ptr<StageModel>> MakeStageModel(const v1::ModelSpec& spec, StageRange range,
                                                            uint64_t seed) {
-  if (spec.family().empty() || spec.family() == "gpt2") return std::make_shared<GptStageImpl>(spec, range, seed);
-  if (spec.family() == "llama") return std::make_shared<LlamaStageImpl>(spec, range, seed);
-  return absl::InvalidArgumentError(absl::StrCat("model.family '", spec.family(), "': expected gpt2 or llama"));
+  switch (spec.family()) {
+    case v1::ModelSpec::Family::UNSPECIFIED:  // the default
+    case v1::ModelSpec::Family::gpt2: return std::make_shared<GptStageImpl>(spec, range, seed);
+    case v1::ModelSpec::Family::llama: return std::make_shared<LlamaStageImpl>(spec, range, seed);
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("model.family ", spec.family(), ": expected gpt2 or llama"));
+  }
 }
 
-torch::Dtype ComputeDtypeFor(const std::string& precision) {
-  return precision == "bf16" ? torch::kBFloat16 : precision == "fp16" ? torch::kHalf : torch::kFloat32;
+torch::Dtype ComputeDtypeFor(v1::JobSpec::Precision::Value precision) {
+  switch (precision) {
+    case v1::JobSpec::Precision::bf16: return torch::kBFloat16;
+    case v1::JobSpec::Precision::fp16: return torch::kHalf;
+    default: return torch::kFloat32;
+  }
 }
 
 torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& targets) {

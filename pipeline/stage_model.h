@@ -111,9 +111,9 @@ inline const char* TiedEmbeddingName() { return "lm_head.weight"; }
 absl::StatusOr<std::shared_ptr<StageModel>> MakeStageModel(const v1::ModelSpec& spec, StageRange range,
                                                            uint64_t seed);
 
-// The compute dtype of job.precision: "bf16" -> kBFloat16, "fp16" -> kHalf,
-// anything else (the validated default "fp32") -> kFloat32.
-torch::Dtype ComputeDtypeFor(const std::string& precision);
+// The compute dtype of job.precision: bf16 -> kBFloat16, fp16 -> kHalf,
+// anything else (the validated default fp32) -> kFloat32.
+torch::Dtype ComputeDtypeFor(v1::JobSpec::Precision::Value precision);
 
 // Mean next-token cross-entropy of logits [B,T,V] against targets [B,T].
 torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& targets);

@@ -270,20 +270,20 @@ TEST(LossScalingTest, AnOverflowSkipsTheStepOnEveryStageAndTheScaleComesDown) {
 TEST(LossScalingTest, BadSettingsAreRefused) {
   // Set after parsing (ParseJobSpec validates too): the stage refuses them itself.
   v1::JobSpec job = Job(2);
-  job.mutable_optimizer()->set_loss_scale("sometimes");
+  job.mutable_optimizer()->set_loss_scale(static_cast<v1::OptimizerSpec::LossScale::Value>(7));
   EXPECT_THAT(StageWorker::Create(job, 0).status(), StatusIs(absl::StatusCode::kInvalidArgument));
   job = Job(2, R"(,"dataParallel":2)");
-  job.mutable_optimizer()->set_loss_scale("dynamic");
+  job.mutable_optimizer()->set_loss_scale(v1::OptimizerSpec::LossScale::dynamic);
   EXPECT_THAT(StageWorker::Create(job, 0).status(), StatusIs(absl::StatusCode::kUnimplemented));
   job = Job(2, R"(,"dataParallel":2)");
-  job.set_precision("fp16");
+  job.set_precision(v1::JobSpec::Precision::fp16);
   EXPECT_THAT(StageWorker::Create(job, 0).status(), StatusIs(absl::StatusCode::kUnimplemented));
   job = Job(2);
   job.mutable_optimizer()->set_initial_loss_scale(-1);
   EXPECT_THAT(StageWorker::Create(job, 0).status(), StatusIs(absl::StatusCode::kInvalidArgument));
-  // And the coordinator's check (ValidateJobSpec) names the field.
+  // And the job's reader names the field.
   EXPECT_THAT(ParseJobSpec(R"({"optimizer":{"lossScale":"sometimes"}})").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("loss_scale")));
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("optimizer.lossScale")));
 }
 
 TEST(LossScalingTest, Fp16ScalesByDefaultAndTrainsAcrossStages) {

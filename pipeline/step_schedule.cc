@@ -10,15 +10,13 @@ namespace aqswarm::pipeline {
 
 absl::StatusOr<StepSchedule> StepScheduleFromJob(const v1::JobSpec& job) {
   StepSchedule s;
-  if (job.schedule() == "gpipe") {
-    s.kind = StepSchedule::kGpipe;
-  } else if (job.schedule() == "1f1b") {
-    s.kind = StepSchedule::k1F1B;
-  } else if (job.schedule().empty() || job.schedule() == "adaptive") {
-    s.kind = StepSchedule::kAdaptive;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job spec: schedule: '", job.schedule(), "' is not 1f1b, adaptive or gpipe"));
+  switch (job.schedule()) {
+    case v1::JobSpec::Schedule::gpipe: s.kind = StepSchedule::kGpipe; break;
+    case v1::JobSpec::Schedule::one_f_one_b: s.kind = StepSchedule::k1F1B; break;
+    case v1::JobSpec::Schedule::UNSPECIFIED:  // a job stored before the field existed: the default
+    case v1::JobSpec::Schedule::adaptive: s.kind = StepSchedule::kAdaptive; break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("job spec: schedule: ", job.schedule(), " is not 1f1b, adaptive or gpipe"));
   }
   s.stages = std::max<int>(1, job.stages());
   s.micro_batches = std::max<int>(1, job.micro_batches_per_step());

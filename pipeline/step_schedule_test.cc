@@ -184,21 +184,21 @@ TEST(StepScheduleTest, FromJob) {
   EXPECT_EQ(s->kind, StepSchedule::kAdaptive);
   EXPECT_EQ(StepScheduleName(*s), "adaptive");
   EXPECT_EQ(InFlightAt(*s, 0), 5);  // 4K - 1 = 11, capped at M
-  job.set_schedule("gpipe");
+  job.set_schedule(v1::JobSpec::Schedule::gpipe);
   EXPECT_EQ(StepScheduleName(*StepScheduleFromJob(job)), "gpipe");
-  job.set_schedule("1f1b");
+  job.set_schedule(v1::JobSpec::Schedule::one_f_one_b);
   EXPECT_EQ(InFlightAt(*StepScheduleFromJob(job), 0), 5);
   job.set_micro_batches_per_step(64);
   EXPECT_EQ(InFlightAt(*StepScheduleFromJob(job), 0), 5);  // 2K - 1
-  job.set_schedule("");
+  job.set_schedule(v1::JobSpec::Schedule::UNSPECIFIED);
   EXPECT_EQ(InFlightAt(*StepScheduleFromJob(job), 0), 11);  // 4K - 1
-  job.set_schedule("1f1b");
+  job.set_schedule(v1::JobSpec::Schedule::one_f_one_b);
   job.set_schedule_in_flight(3);
   EXPECT_EQ(StepScheduleName(*StepScheduleFromJob(job)), "1f1b/3");
-  job.set_schedule("adaptive");
+  job.set_schedule(v1::JobSpec::Schedule::adaptive);
   EXPECT_EQ(StepScheduleName(*StepScheduleFromJob(job)), "adaptive/3");
   EXPECT_EQ(StepScheduleFromJob(job)->kind, StepSchedule::kAdaptive);
-  job.set_schedule("interleaved");
+  job.set_schedule(static_cast<v1::JobSpec::Schedule::Value>(9));
   EXPECT_FALSE(StepScheduleFromJob(job).ok());
 }
 

@@ -31,7 +31,7 @@ v1::LinkHello LinkHelloFor(const v1::JobSpec& job, int pipeline, int boundary, u
   h.set_mode(ModeName(job.compression().mode()));
   h.set_fw_bits(job.compression().fw_bits());
   h.set_bw_bits(job.compression().bw_bits());
-  h.set_m_precision(job.compression().m_precision());
+  h.set_m_precision(v1::LinkCompression::MPrecision::Value_Name(job.compression().m_precision()));
   h.set_plan(plan);
   h.set_link_protocol(kLinkProtocol);
   return h;

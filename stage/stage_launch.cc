@@ -45,7 +45,10 @@ absl::StatusOr<v1::StageLaunch> ReadStageLaunch(const std::string& path) {
 std::string StageLaunchJson(const v1::StageLaunch& launch) {
   std::string json;
   (void)google::protobuf::util::MessageToJsonString(launch, &json);
-  return json;
+  // The job as jobs are written (its choices by their JSON names: "1f1b").
+  nlohmann::ordered_json tree = nlohmann::ordered_json::parse(json);
+  if (launch.has_job()) tree["job"] = nlohmann::ordered_json::parse(pipeline::JobSpecJson(launch.job()));
+  return tree.dump();
 }
 
 absl::Status WriteStageLaunch(const std::string& path, const v1::StageLaunch& launch) {

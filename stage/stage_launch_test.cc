@@ -65,7 +65,11 @@ TEST(StageLaunchTest, WhatALauncherWritesIsWhatTheStageReadsWithDefaultsFilledIn
   l.set_start_step(7);
   l.mutable_tls()->set_dir("/etc/aqswarm/tls");
   l.mutable_tls()->set_name("peer-1");
-  ASSERT_OK_AND_ASSIGN(v1::StageLaunch back, ParseStageLaunch(StageLaunchJson(l)));
+  l.mutable_job()->set_schedule(v1::JobSpec::Schedule::one_f_one_b);
+  const std::string json = StageLaunchJson(l);
+  EXPECT_NE(json.find(R"("schedule":"1f1b")"), std::string::npos) << json;  // the job as jobs are written
+  ASSERT_OK_AND_ASSIGN(v1::StageLaunch back, ParseStageLaunch(json));
+  EXPECT_EQ(back.job().schedule(), v1::JobSpec::Schedule::one_f_one_b);
   EXPECT_EQ(back.listen(), kDefaultListen);
   EXPECT_EQ(back.keep_checkpoints(), kDefaultKeepCheckpoints);
   EXPECT_EQ(LinkTimeout(back), absl::Seconds(kDefaultLinkTimeoutSeconds));

@@ -77,14 +77,14 @@ class StageRunnerImpl final : public StageRunner {
     if (!launch_.init_checkpoint().empty()) AQSWARM_RETURN_IF_ERROR(worker_->LoadCheckpoint(launch_.init_checkpoint()));
     if (job_.compression().mode() == v1::LinkCompression::aqsgd && num_stages_ > 1) {
       // A budget below one m(xi) row would store nothing (every row sent FULL).
-      AQSWARM_ASSIGN_OR_RETURN(const RowPrecision precision, ParseRowPrecision(job_.compression().m_precision()));
+      AQSWARM_ASSIGN_OR_RETURN(const RowPrecision precision, pipeline::StoredRowPrecision(job_.compression()));
       const uint64_t row = EncodedRowBytes(precision, job_.model().seq_len(), job_.model().d_model());
       if (store_bytes_ > 0 && store_bytes_ < row) {
         return absl::InvalidArgumentError(absl::StrCat("compression.storeBytes (", store_bytes_,
                                                        " bytes) cannot hold one m(xi) row of ", row,
                                                        " bytes: raise it, or 0 for no limit"));
       }
-      if (job_.compression().store() == "memory") {
+      if (job_.compression().store() == v1::LinkCompression::Store::memory) {
         AQSWARM_ASSIGN_OR_RETURN(store_, storage::MemoryMessageStore::Create({.capacity_bytes = store_bytes_}));
       } else {
         if (launch_.store_dir().empty()) return absl::InvalidArgumentError("aqsgd links need a store directory");

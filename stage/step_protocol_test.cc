@@ -104,7 +104,7 @@ v1::JobSpec Job() {
   job.set_micro_batch_size(kB);
   job.set_micro_batches_per_step(kM);
   job.mutable_compression()->set_mode(v1::LinkCompression::fp32);
-  job.mutable_compression()->set_m_precision("fp32");
+  job.mutable_compression()->set_m_precision(v1::LinkCompression::MPrecision::fp32);
   job.mutable_compression()->set_fw_bits(8);
   job.mutable_compression()->set_bw_bits(8);
   return job;
