@@ -543,6 +543,13 @@ bool SwarmCoordinator::PlausibleProgressLocked(const Member& reporter, int64_t s
   return step <= backed + kProgressSlack;
 }
 
+bool SwarmCoordinator::GridCompleteLocked() const {
+  // Once a pipeline completed the job, the slots its peers left stay empty
+  // and the others finish their last steps.
+  const int64_t last = options_.job.max_steps();
+  return grid_.complete() || (last > 0 && progress_.progress.step >= last);
+}
+
 bool SwarmCoordinator::AllFinishedLocked(const std::vector<uint64_t>& removed) const {
   const int64_t last = options_.job.max_steps();
   if (last == 0 || removed.empty()) return false;
@@ -748,10 +755,7 @@ absl::StatusOr<v1::Assignment> SwarmCoordinator::GetAssignment(uint64_t peer_id,
   a.set_peer_id(peer_id);
   a.set_num_stages(grid_.num_stages);
   a.set_num_pipelines(grid_.num_pipelines);
-  // Once a pipeline completed the job, the slots its peers left stay empty
-  // and the others finish their last steps.
-  const int64_t last = options_.job.max_steps();
-  a.set_grid_complete(grid_.complete() || (last > 0 && progress_.progress.step >= last));
+  a.set_grid_complete(GridCompleteLocked());
   a.set_resume_step(grid_.resume_step);
   a.set_plan_version(grid_.plan_version);
   a.set_checkpoint_step(progress_.checkpoint_step);
@@ -875,7 +879,7 @@ v1::StatusResponse SwarmCoordinator::GetStatus(bool details) const {
   s.set_num_stages(grid_.num_stages);
   s.set_num_pipelines(grid_.num_pipelines);
   s.set_assignment_version(counters_.assignment_version);
-  s.set_grid_complete(grid_.complete());
+  s.set_grid_complete(GridCompleteLocked());
   s.set_step(progress_.progress.step);
   s.set_loss(progress_.progress.loss);
   s.set_tokens_per_second(SwarmTokensPerSecondLocked());
@@ -902,7 +906,7 @@ v1::StatusResponse SwarmCoordinator::GetStatus(bool details) const {
       ps->set_stage(-1);
       ps->set_pipeline(-1);
     } else {
-      ps->set_state(grid_.complete() ? v1::PeerStatus::ACTIVE : v1::PeerStatus::WAITING);
+      ps->set_state(GridCompleteLocked() ? v1::PeerStatus::ACTIVE : v1::PeerStatus::WAITING);
       ps->set_stage(it->second.first);
       ps->set_pipeline(it->second.second);
     }

@@ -281,6 +281,9 @@ class SwarmCoordinator {
   // Whether every one of `removed` completed the job's last step (max_steps)
   // under the current plan: such peers leave no work behind.
   bool AllFinishedLocked(const std::vector<uint64_t>& removed) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The grid is whole, or the job's last step is reached (the slots that
+  // finished peers left stay empty): what assignments and Status say.
+  bool GridCompleteLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `step`, reported by `reporter`, is one the swarm can back: not
   // past the job's max_steps; for a placed peer of a pipeline with more
   // stages, at most kProgressSlack past the most another stage of that

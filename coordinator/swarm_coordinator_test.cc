@@ -416,6 +416,14 @@ TEST_F(SwarmCoordinatorTest, PeersThatFinishedTheJobLeaveWithoutAReplan) {
   EXPECT_EQ(sb->plan_version(), plan) << "b keeps training its last step";
   EXPECT_TRUE(sb->grid_complete()) << "the empty slot is a finished one";
   EXPECT_EQ(sb->replicas_size(), 0);
+  // Status says the same: b is active, not waiting for its grid.
+  const v1::StatusResponse st = c->GetStatus(/*details=*/true);
+  EXPECT_TRUE(st.grid_complete());
+  for (const v1::PeerStatus& p : st.peers()) {
+    if (p.peer_id() == b.peer_id) {
+      EXPECT_EQ(p.state(), v1::PeerStatus::ACTIVE);
+    }
+  }
   ASSERT_TRUE(c->ReportProgress(b.peer_id, b.session_token, {10, 3.0, 10, plan}, 10).ok());
   clock_.Advance(absl::Seconds(6));
   ASSERT_TRUE(c->Heartbeat(s.peer_id, s.session_token).ok());

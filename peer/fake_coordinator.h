@@ -30,6 +30,13 @@ class FakeCoordinator final : public CoordinatorClient {
     absl::MutexLock l(&mu_);
     pushed_.push_back(std::move(a));
   }
+  // Joins are refused with `refusal` until `until` (a coordinator that says
+  // "later": a rate limit, a re-plan hold, an old lease still running).
+  void RefuseJoinsUntil(absl::Time until, absl::Status refusal) {
+    absl::MutexLock l(&mu_);
+    refuse_until_ = until;
+    refusal_ = std::move(refusal);
+  }
   // From now on the peer's calls fail NOT_FOUND until it joins again.
   void ForgetPeer() {
     absl::MutexLock l(&mu_);
@@ -43,6 +50,7 @@ class FakeCoordinator final : public CoordinatorClient {
   }
   // Read under WaitFor's lock or after the peer stopped.
   int joins() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return joins_; }
+  int refused_joins() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return refused_joins_; }
   int leaves() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return leaves_; }
   const v1::JoinRequest& last_join() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return last_join_; }
   const std::vector<v1::ProgressReport>& progress() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return progress_; }
@@ -50,6 +58,10 @@ class FakeCoordinator final : public CoordinatorClient {
   // ---- CoordinatorClient
   absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest& request) override {
     absl::MutexLock l(&mu_);
+    if (absl::Now() < refuse_until_) {
+      ++refused_joins_;
+      return refusal_;
+    }
     ++joins_;
     last_join_ = request;
     forgotten_ = false;
@@ -126,6 +138,9 @@ class FakeCoordinator final : public CoordinatorClient {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool forgotten_ ABSL_GUARDED_BY(mu_) = false;
   int joins_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time refuse_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Status refusal_ ABSL_GUARDED_BY(mu_);
+  int refused_joins_ ABSL_GUARDED_BY(mu_) = 0;
   int status_calls_ ABSL_GUARDED_BY(mu_) = 0;
   v1::JoinRequest last_join_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::StatusResponse> status_ ABSL_GUARDED_BY(mu_);

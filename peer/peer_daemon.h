@@ -135,7 +135,10 @@ struct PeerDaemonOptions {
   // How long a failed child waits for a new plan before the daemon rejoins.
   // Default: 0 = 2 x lease + 5 s.
   absl::Duration replan_wait = absl::ZeroDuration();
-  // Bound on joining (the coordinator may still be starting). Default: 60 s.
+  // How long the coordinator may be unreachable at join (it may still be
+  // starting). A coordinator that answers "later" (RESOURCE_EXHAUSTED: a
+  // join rate limit or a re-plan hold; ALREADY_EXISTS: the name's old lease
+  // still runs) is waited for however long it says so. Default: 60 s.
   absl::Duration join_timeout = absl::Seconds(60);
   // SIGTERM to SIGKILL for a child being stopped. Default: 10 s.
   absl::Duration stop_grace = absl::Seconds(10);
@@ -162,7 +165,8 @@ class PeerDaemon {
   virtual ~PeerDaemon() = default;
   // Joins and follows assignments until Stop() or the job is done. Errors:
   // the coordinator unreachable for `join_timeout`, the join refused (bad
-  // token: UNAUTHENTICATED), the work dir unusable.
+  // token: UNAUTHENTICATED), the work dir unusable. A coordinator answering
+  // "join later" is no error: the daemon waits.
   virtual absl::Status Run() = 0;
   // Stops the child, leaves the swarm, and makes Run() return OK. Any thread.
   virtual void Stop() = 0;

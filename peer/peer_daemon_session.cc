@@ -17,8 +17,12 @@ std::string ReadSavedSession(const std::string& work_dir) {
 }  // namespace
 
 absl::Status PeerDaemonImpl::Join() {
-  const absl::Time deadline = absl::Now() + o_.join_timeout;
+  // Bounds how long the coordinator may stay unreachable. One that answers
+  // "later" (a join rate limit, a re-plan hold of up to minutes, a name whose
+  // old lease has yet to run out) is reachable: each such answer restarts it.
+  absl::Time deadline = absl::Now() + o_.join_timeout;
   absl::Duration backoff = absl::Milliseconds(200);
+  std::string waiting_for;  // the last "later" answer, logged once
   v1::JoinRequest req;
   req.set_peer_name(o_.name);
   req.set_join_token(o_.join_token);
@@ -72,18 +76,22 @@ absl::Status PeerDaemonImpl::Join() {
       Event(e);
       return absl::OkStatus();
     }
-    // Refusals are final; an unreachable coordinator is retried, and so are
-    // a join rate limit and a name whose old lease has yet to run out.
-    if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s) && !absl::IsResourceExhausted(s) &&
-        !absl::IsAlreadyExists(s)) {
-      return s;
-    }
-    if (absl::Now() + backoff > deadline) {
+    // Refusals are final; an unreachable coordinator is retried until the
+    // join timeout, one that says "later" for as long as it says so.
+    const bool later = absl::IsResourceExhausted(s) || absl::IsAlreadyExists(s);
+    if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s) && !later) return s;
+    if (later) {
+      if (s.message() != waiting_for) {
+        waiting_for = std::string(s.message());
+        AQSWARM_LOG(INFO) << "peer " << o_.name << ": the coordinator says join later: " << waiting_for;
+      }
+    } else if (absl::Now() + backoff > deadline) {
       return absl::UnavailableError(absl::StrCat("coordinator ", o_.coordinator, " unreachable for ",
                                                  absl::FormatDuration(o_.join_timeout), ": ", s.message()));
     }
     absl::MutexLock l(&mu_);
     if (mu_.AwaitWithTimeout(absl::Condition(&stop_), backoff)) return absl::CancelledError("stopped");
+    if (later) deadline = absl::Now() + o_.join_timeout;
     backoff = std::min(backoff * 2, absl::Seconds(2));
   }
 }

@@ -284,6 +284,43 @@ TEST_F(PeerDaemonTest, APeerTheCoordinatorForgotJoinsAgain) {
   ASSERT_TRUE(launcher_->WaitForLaunches(1));
 }
 
+// A coordinator that says "join later" (a re-plan hold of up to minutes, a
+// join rate limit) for longer than the join timeout is waited for; one that
+// cannot be reached is given up on after the join timeout.
+TEST(PeerDaemonJoinTest, ACoordinatorSayingJoinLaterIsWaitedForPastTheJoinTimeout) {
+  testing::ScratchDir dir;
+  auto coordinator = std::make_shared<FakeCoordinator>(Job());
+  const absl::Time until = absl::Now() + absl::Seconds(2);
+  coordinator->RefuseJoinsUntil(until, absl::ResourceExhaustedError("peer p1 re-planned the swarm: held back 2 s"));
+  PeerDaemonOptions o = TestOptions(dir, coordinator, std::make_shared<FakeLauncher>());
+  o.join_timeout = absl::Milliseconds(500);
+  auto daemon = PeerDaemon::Create(o);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  absl::Status run;
+  std::thread runner([&] { run = (*daemon)->Run(); });
+  const bool joined = coordinator->WaitFor([](const FakeCoordinator& f) { return f.joins() == 1; });
+  (*daemon)->Stop();
+  runner.join();
+  EXPECT_TRUE(joined) << run;
+  EXPECT_GE(absl::Now(), until);
+  EXPECT_GT(coordinator->refused_joins(), 1);
+  EXPECT_TRUE(run.ok()) << run;
+}
+
+TEST(PeerDaemonJoinTest, AnUnreachableCoordinatorIsGivenUpOnAfterTheJoinTimeout) {
+  testing::ScratchDir dir;
+  auto coordinator = std::make_shared<FakeCoordinator>(Job());
+  coordinator->RefuseJoinsUntil(absl::InfiniteFuture(), absl::UnavailableError("connection refused"));
+  PeerDaemonOptions o = TestOptions(dir, coordinator, std::make_shared<FakeLauncher>());
+  o.join_timeout = absl::Milliseconds(500);
+  auto daemon = PeerDaemon::Create(o);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  const absl::Status run = (*daemon)->Run();
+  EXPECT_EQ(run.code(), absl::StatusCode::kUnavailable) << run;
+  EXPECT_EQ(coordinator->joins(), 0);
+  EXPECT_GT(coordinator->refused_joins(), 0);
+}
+
 // The data hashes a peer reports at join come from its own copy of the
 // job's data (hashed once per job); a peer that cannot read the data does
 // not join and says why.
