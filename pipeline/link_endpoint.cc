@@ -301,7 +301,9 @@ absl::StatusOr<RowPrecision> StoredRowPrecision(const v1::LinkCompression& c) {
     case v1::LinkCompression::MPrecision::fp32: return RowPrecision::kFloat32;
     case v1::LinkCompression::MPrecision::fp16: return RowPrecision::kFloat16;
     case v1::LinkCompression::MPrecision::int8: return RowPrecision::kInt8;
-    default: return absl::InvalidArgumentError(absl::StrCat("compression.m_precision ", c.m_precision(), " is not set"));
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("compression.m_precision ", c.m_precision(), " is not fp32, fp16 or int8"));
   }
 }
 

@@ -16,10 +16,7 @@ using google::protobuf::Message;
 const EnumValueDescriptor* FindJobEnumValue(const EnumDescriptor* e, absl::string_view name) {
   for (int i = 0; i < e->value_count(); ++i) {
     const EnumValueDescriptor* v = e->value(i);
-    if (v->name() == name || (v->options().HasExtension(v1::json_alias) &&
-                              v->options().GetExtension(v1::json_alias) == name)) {
-      return v;
-    }
+    if (v->name() == name || JobEnumJsonName(v) == name) return v;
   }
   return nullptr;
 }
