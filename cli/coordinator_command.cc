@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
@@ -58,6 +59,12 @@ ABSL_FLAG(double, replan_backoff_s, 10,
           "Coordinator: a peer name whose departures (leave, lease expiry, a rejoin while placed) re-planned the "
           "swarm twice within 30 min has its joins held back this many seconds, doubled with each further "
           "re-plan up to 300 s; 0: no hold.");
+ABSL_FLAG(int32_t, evict_strikes, 3,
+          "Coordinator: a peer whose neighbours' failures are blamed on it (a refused frame, silence) this many "
+          "times within 30 min is evicted: its slot goes to a standby and its joins are refused for "
+          "--evict_hold_s, doubled with each later eviction; 0: never evict (blames still restart the plan).");
+ABSL_FLAG(double, evict_hold_s, 600,
+          "Coordinator: how long an evicted peer's joins are refused (see --evict_strikes).");
 ABSL_FLAG(double, reachability_timeout_s, 3,
           "Coordinator: after a join, dial the peer's StateTransfer address and wait this long for an answer; a "
           "peer that does not answer (behind NAT or a firewall) is placed only where it opens its links itself "
@@ -121,6 +128,14 @@ int RunCoordinator(const std::vector<std::string>& args) {
   if (!(backoff_s >= 0 && backoff_s <= 300)) {
     return Fail("coordinator", absl::InvalidArgumentError("--replan_backoff_s must be in [0, 300]"));
   }
+  const int evict_strikes = absl::GetFlag(FLAGS_evict_strikes);
+  if (evict_strikes < 0 || evict_strikes > 1000) {
+    return Fail("coordinator", absl::InvalidArgumentError("--evict_strikes must be in [0, 1000]"));
+  }
+  const double evict_hold_s = absl::GetFlag(FLAGS_evict_hold_s);
+  if (!(evict_hold_s >= 0 && evict_hold_s <= 24 * 3600)) {
+    return Fail("coordinator", absl::InvalidArgumentError("--evict_hold_s must be in [0, 86400]"));
+  }
   const double reach_s = absl::GetFlag(FLAGS_reachability_timeout_s);
   if (!(reach_s >= 0 && reach_s <= 5)) {  // within a peer's 10 s Join deadline
     return Fail("coordinator", absl::InvalidArgumentError("--reachability_timeout_s must be in [0, 5]"));
@@ -169,6 +184,8 @@ int RunCoordinator(const std::vector<std::string>& args) {
   o.improve_min_gain = min_gain;
   o.improve_hold = absl::Seconds(hold);
   o.replan_backoff.first = absl::Seconds(backoff_s);
+  o.evict_strikes = evict_strikes == 0 ? std::numeric_limits<int>::max() : evict_strikes;
+  o.evict_hold = absl::Seconds(evict_hold_s);
   o.probe_reachability = reach_s > 0;
   auto coord = coordinator::SwarmCoordinator::Create(std::move(o));
   if (!coord.ok()) return Fail("coordinator", coord.status());
@@ -245,8 +262,9 @@ int RunStatus(const std::vector<std::string>& args) {
   std::cout << absl::StrFormat("job %s (swarm %s): %d stages x %d pipelines, grid %s, assignment version %d\n",
                                st.job_name(), st.swarm_id(), st.num_stages(), st.num_pipelines(),
                                st.grid_complete() ? "complete" : "INCOMPLETE", st.assignment_version());
-  std::cout << absl::StrFormat("step %d  loss %.4f  tokens/s %.1f  checkpoint step %d  peers %d\n", st.step(),
-                               st.loss(), st.tokens_per_second(), st.checkpoint_step(), st.peers_size());
+  std::cout << absl::StrFormat("step %d  loss %.4f  tokens/s %.1f  checkpoint step %d  peers %d  evictions %d\n",
+                               st.step(), st.loss(), st.tokens_per_second(), st.checkpoint_step(), st.peers_size(),
+                               st.evictions());
   const v1::DataSpec& data = st.job().data();
   if (data.synthetic_tokens() > 0) {
     std::cout << "data: " << data.synthetic_tokens() << " synthetic tokens\n";
@@ -255,8 +273,8 @@ int RunStatus(const std::vector<std::string>& args) {
               << (data.dataset_hash().empty() ? "not fixed yet" : data.dataset_hash()) << ", tokenizer "
               << (data.tokenizer_hash().empty() ? "not fixed yet" : data.tokenizer_hash()) << ")\n";
   }
-  std::cout << absl::StrFormat("%6s  %-20s %-8s %-9s %5s %8s %7s %6s  %s\n", "id", "name", "state", "inbound", "stage",
-                               "pipeline", "lease_s", "step", "links (measured from this peer)");
+  std::cout << absl::StrFormat("%6s  %-20s %-8s %-9s %5s %8s %7s %6s %7s  %s\n", "id", "name", "state", "inbound",
+                               "stage", "pipeline", "lease_s", "step", "strikes", "links (measured from this peer)");
   for (const v1::PeerStatus& p : st.peers()) {
     std::string links;
     for (const v1::LinkSpeed& l : p.links()) {
@@ -270,10 +288,10 @@ int RunStatus(const std::vector<std::string>& args) {
                           : p.reachability() == v1::NO_INBOUND  ? "no (says)"
                           : p.reachability() == v1::UNREACHABLE ? "no"
                                                                 : "yes";
-    std::cout << absl::StrFormat("%6d  %-20s %-8s %-9s %5s %8s %7.1f %6d  %s\n", p.peer_id(), p.peer_name(), state, inbound,
-                                 p.stage() < 0 ? "-" : absl::StrCat(p.stage()),
+    std::cout << absl::StrFormat("%6d  %-20s %-8s %-9s %5s %8s %7.1f %6d %7d  %s\n", p.peer_id(), p.peer_name(), state,
+                                 inbound, p.stage() < 0 ? "-" : absl::StrCat(p.stage()),
                                  p.pipeline() < 0 ? "-" : absl::StrCat(p.pipeline()), p.lease_remaining_seconds(),
-                                 p.progress().step(), links.empty() ? "-" : links);
+                                 p.progress().step(), p.strikes(), links.empty() ? "-" : links);
   }
   return 0;
 }
@@ -320,7 +338,7 @@ std::vector<Command> CoordinatorCommands() {
        "[--tls_dir ./tls --name coordinator] [--lease_s 10]",
        {"job", "stages", "dp", "listen", "state_dir", "tls_dir", "name", "swarm", "insecure", "admin_names", "lease_s",
         "mirror_checkpoints", "probe_max_age_s", "probes_per_heartbeat", "replan_min_gain", "replan_interval_s", "replan_hold_s",
-        "replan_backoff_s", "reachability_timeout_s",
+        "replan_backoff_s", "evict_strikes", "evict_hold_s", "reachability_timeout_s",
         "metrics_listen"},
        RunCoordinator},
       {"status", "Ask a coordinator for the swarm: peers, stages, links, assignment version, step, loss, tokens/s.",

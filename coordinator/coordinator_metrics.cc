@@ -46,9 +46,18 @@ struct CoordinatorFamilies {
   Family<Counter>& refusals = DeclareCounter(
       "aqswarm_coordinator_refusals_total",
       "Hostile or buggy input refused or dropped, by cause: join_certificate_name, join_name_held, "
-      "join_token_replayed, join_rate, report_rate, progress_backward, held_foreign_stage, held_future_step, "
-      "watch_superseded.",
+      "join_token_replayed, join_rate, join_replan_held, join_evicted, report_rate, progress_backward, "
+      "progress_ahead, held_foreign_stage, held_future_step, watch_superseded.",
       {"cause"});
+  Family<Counter>& blames = DeclareCounter(
+      "aqswarm_coordinator_blame_reports_total",
+      "Blame reports of placed peers whose stage failed, by outcome: recorded (settled with the plan's others), "
+      "stale (an older plan, or not the reporter's neighbour).",
+      {"outcome"});
+  Family<Counter>& strikes = DeclareCounter("aqswarm_coordinator_strikes_total",
+                                            "Strikes counted against peers that the settled blame reports point to.");
+  Family<Counter>& evictions = DeclareCounter("aqswarm_coordinator_evictions_total",
+                                              "Peers evicted for reaching the strike limit (--evict_strikes).");
   Family<Counter>& hash_disagreements =
       DeclareCounter("aqswarm_coordinator_state_hash_disagreements_total",
                      "Reports of a stage state whose SHA-256 differs from another holder's for the same stage and "
@@ -64,7 +73,7 @@ constexpr Refusal kAllRefusals[] = {
     Refusal::kJoinCertificateName, Refusal::kJoinNameHeld,     Refusal::kJoinTokenReplayed,
     Refusal::kJoinRate,            Refusal::kReportRate,       Refusal::kProgressBackward,
     Refusal::kHeldForeignStage,    Refusal::kHeldFutureStep,   Refusal::kWatchSuperseded,
-    Refusal::kJoinReplanHeld,      Refusal::kProgressAhead};
+    Refusal::kJoinReplanHeld,      Refusal::kProgressAhead,    Refusal::kJoinEvicted};
 
 std::string Reason(absl::StatusCode code) { return absl::AsciiStrToLower(absl::StatusCodeToString(code)); }
 
@@ -80,6 +89,9 @@ void DeclareCoordinatorMetrics() {
   }
   for (Refusal r : kAllRefusals) f.refusals.Add({{"cause", RefusalCause(r)}});
   f.hash_disagreements.Add({});
+  for (const char* o : {"recorded", "stale"}) f.blames.Add({{"outcome", o}});
+  f.strikes.Add({});
+  f.evictions.Add({});
   f.expiries.Add({});
   f.heartbeats.Add({});
   for (const char* s : {"active", "waiting", "standby"}) f.peers.Add({{"state", s}});
@@ -97,6 +109,7 @@ const char* RefusalCause(Refusal r) {
     case Refusal::kJoinTokenReplayed: return "join_token_replayed";
     case Refusal::kJoinRate: return "join_rate";
     case Refusal::kJoinReplanHeld: return "join_replan_held";
+    case Refusal::kJoinEvicted: return "join_evicted";
     case Refusal::kReportRate: return "report_rate";
     case Refusal::kProgressBackward: return "progress_backward";
     case Refusal::kProgressAhead: return "progress_ahead";
@@ -113,6 +126,10 @@ double RefusalCount(Refusal r) { return Families().refusals.Add({{"cause", Refus
 
 void CountStateHashDisagreement() { Families().hash_disagreements.Add({}).Increment(); }
 double StateHashDisagreements() { return Families().hash_disagreements.Add({}).Value(); }
+
+void CountBlame(const char* outcome) { Families().blames.Add({{"outcome", outcome}}).Increment(); }
+void CountStrike() { Families().strikes.Add({}).Increment(); }
+void CountEviction() { Families().evictions.Add({}).Increment(); }
 
 void CountHeartbeat() { Families().heartbeats.Add({}).Increment(); }
 

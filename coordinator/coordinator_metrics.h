@@ -40,6 +40,7 @@ enum class Refusal {
   kJoinTokenReplayed,    // a join token already used under that name, without proof
   kJoinRate,             // joins of one name, or of everyone, over the rate limit
   kJoinReplanHeld,       // a name whose departures re-planned the swarm repeatedly, during its hold
+  kJoinEvicted,          // a name evicted for blame strikes, during its hold
   kReportRate,           // one peer's reports over its rate limit
   kProgressBackward,     // progress lower than the peer already reported under the same plan
   kProgressAhead,        // progress its pipeline cannot back, or past the job's max_steps (ignored)
@@ -56,6 +57,10 @@ double RefusalCount(Refusal r);
 void CountStateHashDisagreement();
 double StateHashDisagreements();  // the counter's value in this process (tests)
 void CountLeaseExpiries(size_t peers);
+// Blame (SwarmCoordinator::ReportBlame, SettleBlames).
+void CountBlame(const char* outcome);  // "recorded" or "stale"
+void CountStrike();
+void CountEviction();
 
 // Samples `coordinator`'s status into the gauges before every scrape while
 // alive; `coordinator` must outlive it.

@@ -287,6 +287,18 @@ grpc::Status CoordinatorGrpcService::ReportProgress(grpc::ServerContext*, const 
                                                    req->checkpoint_step(), held.has_value() ? &*held : nullptr));
 }
 
+grpc::Status CoordinatorGrpcService::ReportBlame(grpc::ServerContext*, const v1::BlameReport* req,
+                                                 v1::BlameResponse* resp) {
+  if (absl::Status s = CheckPeerRef(req->peer_id(), req->session_token()); !s.ok()) return ToGrpcStatus(s);
+  if (!req->has_blame()) return ToGrpcStatus(absl::InvalidArgumentError("blame is required"));
+  absl::StatusOr<BlameAnswer> a = coordinator_->ReportBlame(req->peer_id(), req->session_token(), req->blame());
+  if (!a.ok()) return ToGrpcStatus(a.status());
+  resp->set_outcome(a->recorded ? v1::BlameResponse::RECORDED : v1::BlameResponse::STALE);
+  resp->set_strikes(static_cast<uint32_t>(a->strikes));
+  resp->set_plan_version(a->plan_version);
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorGrpcService::Status(grpc::ServerContext* ctx, const v1::StatusRequest*,
                                             v1::StatusResponse* resp) {
   *resp = coordinator_->GetStatus(IsAdmin(*ctx));
@@ -335,6 +347,9 @@ void CoordinatorServer::ExpiryLoop() {
       AQSWARM_LOG(ERROR) << "lease sweep failed (will retry): " << expired.status();
     }
     if (expired.ok()) CountLeaseExpiries(expired->size());
+    if (absl::StatusOr<bool> settled = coordinator_->SettleBlames(); !settled.ok()) {
+      AQSWARM_LOG(ERROR) << "settling blame reports failed (will retry): " << settled.status();
+    }
     if (absl::StatusOr<bool> improved = coordinator_->ImprovePlan(); !improved.ok()) {
       AQSWARM_LOG(ERROR) << "re-plan on measurements failed (will retry): " << improved.status();
     }

@@ -73,6 +73,7 @@ class CoordinatorGrpcService final : public v1::Coordinator::Service {
                                grpc::ServerWriter<v1::Assignment>* writer) override;
   grpc::Status ReportLinkProbe(grpc::ServerContext* ctx, const v1::LinkProbeReport* req,
                                v1::ReportResponse* resp) override;
+  grpc::Status ReportBlame(grpc::ServerContext* ctx, const v1::BlameReport* req, v1::BlameResponse* resp) override;
   grpc::Status ReportProgress(grpc::ServerContext* ctx, const v1::ProgressReport* req,
                               v1::ReportResponse* resp) override;
   grpc::Status Status(grpc::ServerContext* ctx, const v1::StatusRequest* req, v1::StatusResponse* resp) override;

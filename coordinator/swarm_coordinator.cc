@@ -171,14 +171,14 @@ int64_t SwarmCoordinator::ResumeStepLocked(const Grid& grid, const Membership& l
 
 absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& removed,
                                                    const std::optional<Member>& added, const UsedToken* used,
-                                                   const Replacement* replacement) {
+                                                   const Replacement* replacement, bool restart) {
   const std::unordered_set<uint64_t> gone(removed.begin(), removed.end());
   Counters counters = counters_;
   Grid grid = WithHoles(grid_, gone);
   const bool grid_lost_peer = grid.slots != grid_.slots;
   // Peers that leave having completed the job leave their slots empty: the
   // peers still finishing its last steps keep their plan.
-  const bool finished = replacement == nullptr && !added.has_value() && AllFinishedLocked(removed);
+  const bool finished = !restart && replacement == nullptr && !added.has_value() && AllFinishedLocked(removed);
   if (replacement != nullptr) {
     grid = replacement->grid;
     counters.next_generation = replacement->next_generation;
@@ -200,7 +200,7 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
   }
   grid.plan_version = grid_.plan_version;
   grid.resume_step = grid_.resume_step;
-  const bool replanned = !finished && grid.slots != grid_.slots;
+  const bool replanned = restart || (!finished && grid.slots != grid_.slots);
   if (replanned) {
     // Every placed peer restarts at the same step: the most steps completed,
     // at most the fewest any peer that keeps a place has completed, for which
@@ -324,6 +324,14 @@ absl::StatusOr<JoinResult> SwarmCoordinator::Join(const JoinParams& given) {
         "join token ", claims.token_id, " was already used by peer '", params.peer_name,
         "' (tokens are single use): rejoin with the previous session token or the same certificate, or ask "
         "the operator for a new token (aqswarm certs token --peer ", params.peer_name, ")"));
+  }
+  if (auto e = evicted_.find(params.peer_name); e != evicted_.end() && e->second.held_until > now) {
+    CountRefusal(Refusal::kJoinEvicted);
+    return absl::PermissionDeniedError(absl::StrCat(
+        "peer '", params.peer_name, "' was evicted for the failures its neighbours blamed on it (",
+        e->second.evictions, e->second.evictions == 1 ? " eviction" : " evictions",
+        "): its joins are refused for another ",
+        absl::FormatDuration(absl::Ceil(e->second.held_until - now, absl::Seconds(1)))));
   }
   if (const absl::Time held = replans_.HeldUntil(params.peer_name); held > now) {
     CountRefusal(Refusal::kJoinReplanHeld);
@@ -503,6 +511,112 @@ absl::Status SwarmCoordinator::ReportProgress(uint64_t peer_id, absl::string_vie
     }
   }
   return RecordProgressLocked(*m, progress, checkpoint_step);
+}
+
+int SwarmCoordinator::StrikesLocked(absl::string_view name, absl::Time now) const {
+  auto it = strikes_.find(name);
+  if (it == strikes_.end() || now - it->second.last >= options_.strike_decay) return 0;
+  return it->second.strikes;
+}
+
+absl::StatusOr<BlameAnswer> SwarmCoordinator::ReportBlame(uint64_t peer_id, absl::string_view session_token,
+                                                         const v1::Blame& blame) {
+  absl::MutexLock lock(&mu_);
+  AQSWARM_ASSIGN_OR_RETURN(const Member* m, membership_.Authenticate(peer_id, session_token));
+  const absl::Time now = clock_->Now();
+  if (!reports_.Allow(absl::StrCat(peer_id), now)) {
+    CountRefusal(Refusal::kReportRate);
+    return absl::ResourceExhaustedError(absl::StrCat("peer ", peer_id, " reports more than ",
+                                                     options_.report_limit.per_second, "/s: slow down"));
+  }
+  BlameAnswer answer;
+  answer.plan_version = grid_.plan_version;
+  // The accused must be the peer in the slot next to the reporter's, on the
+  // link it names, under the plan both ran.
+  const std::optional<std::pair<int, int>> pos = grid_.Find(peer_id);
+  const int delta = blame.link() == v1::Blame::UPSTREAM ? -1 : blame.link() == v1::Blame::DOWNSTREAM ? 1 : 0;
+  const int stage = pos.has_value() ? pos->first + delta : -1;
+  const bool neighbour = pos.has_value() && delta != 0 && stage >= 0 && stage < grid_.num_stages &&
+                         blame.peer_id() != 0 && grid_.at(stage, pos->second) == blame.peer_id();
+  const Member* accused = neighbour ? membership_.Find(blame.peer_id()) : nullptr;
+  if (blame.plan() != grid_.plan_version || accused == nullptr) {
+    CountBlame("stale");
+    AQSWARM_LOG(INFO) << "blame from '" << m->name << "' (plan " << blame.plan() << ", peer " << blame.peer_id()
+                      << ") ignored: "
+                      << (blame.plan() != grid_.plan_version ? "the plan moved on" : "not its neighbour");
+    return answer;
+  }
+  if (blame_plan_ != grid_.plan_version || blames_.empty()) {
+    blames_.clear();
+    blame_plan_ = grid_.plan_version;
+    blame_first_ = now;
+  }
+  BlameRecord record{peer_id, blame.peer_id(), blame.kind(), blame.reason()};
+  auto mine = std::find_if(blames_.begin(), blames_.end(), [&](const BlameRecord& r) { return r.reporter == peer_id; });
+  if (mine != blames_.end()) {
+    *mine = std::move(record);
+  } else {
+    blames_.push_back(std::move(record));
+  }
+  CountBlame("recorded");
+  AQSWARM_LOG(INFO) << "peer '" << m->name << "' blames '" << accused->name << "' ("
+                    << v1::Blame::Kind_Name(blame.kind()) << ", " << blame.reason() << ") at step " << blame.step()
+                    << " of plan " << blame.plan();
+  answer.recorded = true;
+  answer.strikes = StrikesLocked(accused->name, now);
+  return answer;
+}
+
+absl::StatusOr<bool> SwarmCoordinator::SettleBlames() {
+  absl::MutexLock lock(&mu_);
+  if (blames_.empty()) return false;
+  if (blame_plan_ != grid_.plan_version) {  // a re-plan came first (a lease ran out, a join)
+    blames_.clear();
+    return false;
+  }
+  const absl::Time now = clock_->Now();
+  if (now < blame_first_ + options_.blame_settle) return false;
+  auto evidence = [](v1::Blame::Kind k) { return k == v1::Blame::REFUSED || k == v1::Blame::SILENT; };
+  std::set<uint64_t> reported_evidence, struck;
+  for (const BlameRecord& b : blames_) {
+    if (evidence(b.kind)) reported_evidence.insert(b.reporter);
+  }
+  for (const BlameRecord& b : blames_) {
+    // A peer that blames someone else under the same plan was waiting on
+    // it, or refused its frame: the failure started further along.
+    if (!evidence(b.kind) || reported_evidence.count(b.accused)) continue;
+    if (membership_.Find(b.accused) != nullptr) struck.insert(b.accused);
+  }
+  std::vector<uint64_t> evict;
+  for (uint64_t id : struck) {
+    const Member* m = membership_.Find(id);
+    StrikeRun& run = strikes_[m->name];
+    if (run.strikes > 0 && now - run.last >= options_.strike_decay) run = StrikeRun{};
+    run.strikes += 1;
+    run.last = now;
+    CountStrike();
+    AQSWARM_LOG(WARNING) << "peer '" << m->name << "' struck for plan " << blame_plan_ << " (" << run.strikes << " of "
+                         << options_.evict_strikes << ")";
+    if (run.strikes >= options_.evict_strikes) evict.push_back(id);
+  }
+  blames_.clear();
+  for (uint64_t id : evict) {
+    const Member* m = membership_.Find(id);
+    EvictionRun& e = evicted_[m->name];
+    e.evictions += 1;
+    absl::Duration hold = options_.evict_hold;
+    for (int i = 1; i < e.evictions && hold < absl::Hours(24); ++i) hold *= 2;
+    e.held_until = now + std::min(hold, absl::Hours(24));
+    strikes_.erase(m->name);
+    evictions_ += 1;
+    CountEviction();
+    AQSWARM_LOG(WARNING) << "peer '" << m->name << "' evicted: its joins are refused until "
+                         << absl::FormatTime(e.held_until);
+  }
+  // Evicting re-plans (standbys fill the slots); otherwise the same grid
+  // restarts, so the peer whose stage failed keeps its slot.
+  AQSWARM_RETURN_IF_ERROR(ChangeMembersLocked(evict, std::nullopt, nullptr, nullptr, /*restart=*/evict.empty()));
+  return true;
 }
 
 void SwarmCoordinator::RecordReplanCausesLocked(const std::vector<uint64_t>& removed,
@@ -884,6 +998,7 @@ v1::StatusResponse SwarmCoordinator::GetStatus(bool details) const {
   s.set_loss(progress_.progress.loss);
   s.set_tokens_per_second(SwarmTokensPerSecondLocked());
   s.set_checkpoint_step(progress_.checkpoint_step);
+  s.set_evictions(evictions_);
   *s.mutable_job() = options_.job;
   s.mutable_job()->mutable_data()->set_dataset_hash(data_identity_.dataset_hash);
   s.mutable_job()->mutable_data()->set_tokenizer_hash(data_identity_.tokenizer_hash);
@@ -913,6 +1028,7 @@ v1::StatusResponse SwarmCoordinator::GetStatus(bool details) const {
     if (!details) continue;  // the summary: counts by state and place only
     ps->set_lease_remaining_seconds(absl::ToDoubleSeconds(m.lease_expiry - now));
     ps->set_reachability(m.reachability);
+    ps->set_strikes(StrikesLocked(m.name, now));
     for (const auto& [to, e] : links_.MeasuredFrom(id)) {
       v1::LinkSpeed* l = ps->add_links();
       l->set_to_peer_id(to);

@@ -62,6 +62,11 @@
 //     most holders of the resume state report (ties: the longest-standing
 //     holder), and holders that disagree are counted (not under DiLoCo
 //     with replicas, whose replicas differ between outer steps).
+//   - Blame: ReportBlame keeps a placed peer's report against the peer in
+//     the neighbouring slot of its pipeline under the current plan;
+//     SettleBlames strikes, then restarts the same grid (a new plan version,
+//     no slot changes) or evicts at evict_strikes (the name's joins are then
+//     PERMISSION_DENIED for evict_hold). In memory only.
 //   - Restart: Create() on a state dir that holds a job resumes it (the given
 //     job must be equal: FAILED_PRECONDITION otherwise) with the same members,
 //     session tokens, grid, generations and assignment version; every lease
@@ -162,6 +167,15 @@ struct SwarmCoordinatorOptions {
   // `decay` holds its joins back for `first` (RESOURCE_EXHAUSTED), each
   // later one doubles the hold up to `most` (default: 10 s, 5 min, 30 min).
   BackoffPolicy replan_backoff;
+  // Blame (ReportBlame, see the banner): the reports of one plan are
+  // settled together `blame_settle` after its first; a name that reaches
+  // `evict_strikes` strikes is evicted, and a name without a strike for
+  // `strike_decay` starts over. An evicted name's joins are refused for
+  // `evict_hold`, doubling with each later eviction of it, up to a day.
+  absl::Duration blame_settle = absl::Seconds(2);
+  int evict_strikes = 3;
+  absl::Duration strike_decay = absl::Minutes(30);
+  absl::Duration evict_hold = absl::Minutes(10);
   // Progress and link-probe reports per peer (default: 100 at once, 50/s).
   RateLimit report_limit{50, 100};
   // Reports are committed at most this often (real time). Default: 1 s.
@@ -180,6 +194,12 @@ struct JoinResult {
   // The joiner waits as PROBING: probe its StateTransfer server at this
   // address, then call SetReachability ("" = no probe needed).
   std::string probe_address;
+};
+
+struct BlameAnswer {
+  bool recorded = false;  // false: stale (an older plan, or not the reporter's neighbour)
+  int strikes = 0;        // the accused's strikes so far
+  uint64_t plan_version = 0;
 };
 
 struct HeartbeatResult {
@@ -225,6 +245,19 @@ class SwarmCoordinator {
   // FAILED_PRECONDITION for progress behind the peer's own under this plan.
   absl::Status ReportProgress(uint64_t peer_id, absl::string_view session_token, const PeerProgress& progress,
                               int64_t checkpoint_step, const HeldStates* held = nullptr);
+  // A placed peer's stage ended blaming a neighbour (v1::Blame, as its
+  // stage printed it). Kept when it names the peer in the neighbouring slot
+  // of the reporter's pipeline under the current plan; settled by
+  // SettleBlames. Errors: as Heartbeat; RESOURCE_EXHAUSTED over report_limit.
+  absl::StatusOr<BlameAnswer> ReportBlame(uint64_t peer_id, absl::string_view session_token, const v1::Blame& blame);
+  // Once blame_settle has passed since the current plan's first blame
+  // report: a strike against each accused the evidence (REFUSED, SILENT)
+  // points to that reported no evidence itself under the plan, then an
+  // eviction of the names at evict_strikes (a re-plan: standbys fill their
+  // slots) or else a restart of the plan (same grid, every placed peer
+  // keeps its slot and restarts at the resume step). True when a new plan
+  // was published. The server calls it with ExpireLeases.
+  absl::StatusOr<bool> SettleBlames();
   // Persists what reports changed since the last call (progress, held
   // states, link probes) in one commit.
   absl::Status FlushReports();
@@ -266,9 +299,13 @@ class SwarmCoordinator {
   };
   // Re-plans (or takes `replacement`), commits, applies, bumps the version
   // (see the banner).
+  // `restart`: a new plan on the same grid even when nothing changed (every
+  // placed peer restarts at the resume step: SettleBlames).
   absl::Status ChangeMembersLocked(const std::vector<uint64_t>& removed, const std::optional<Member>& added,
-                                   const UsedToken* used = nullptr, const Replacement* replacement = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                   const UsedToken* used = nullptr, const Replacement* replacement = nullptr,
+                                   bool restart = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The strikes `name` holds at `now` (0 once strike_decay passed since its last).
+  int StrikesLocked(absl::string_view name, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The step every placed peer of `grid` would restart from with `live` as
   // the members (see ChangeMembersLocked); `bound` gets the fewest steps a
   // peer that keeps a place has completed.
@@ -325,6 +362,29 @@ class SwarmCoordinator {
   RateLimiter join_per_name_;
   RateLimiter join_all_;
   Backoff replans_;  // by peer name
+  // Blame reports of plan `blame_plan_` (one per reporter), the first at
+  // `blame_first_`; strikes and evictions by peer name (memory only: a
+  // restarted coordinator starts them over).
+  struct BlameRecord {
+    uint64_t reporter = 0;
+    uint64_t accused = 0;
+    v1::Blame::Kind kind = v1::Blame::KIND_UNSPECIFIED;
+    std::string reason;
+  };
+  struct StrikeRun {
+    int strikes = 0;
+    absl::Time last;
+  };
+  struct EvictionRun {
+    int evictions = 0;
+    absl::Time held_until;
+  };
+  uint64_t blame_plan_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time blame_first_ ABSL_GUARDED_BY(mu_);
+  std::vector<BlameRecord> blames_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, StrikeRun, std::less<>> strikes_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, EvictionRun, std::less<>> evicted_ ABSL_GUARDED_BY(mu_);
+  uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
   RateLimiter reports_;
   const Planner planner_;
   std::unique_ptr<CoordinatorState> state_;

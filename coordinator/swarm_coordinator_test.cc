@@ -1164,3 +1164,168 @@ TEST_F(SwarmCoordinatorTest, AwaitVersionAboveReturnsAtOnceWhenNewerAndTimesOutO
 
 }  // namespace
 }  // namespace aqswarm::coordinator
+
+namespace aqswarm::coordinator {
+namespace {
+
+// Blame (ReportBlame, SettleBlames) on real coordinator logic with a fake clock.
+class BlameTest : public SwarmCoordinatorTest {
+ protected:
+  // A stages x 1 grid of peers s0..s(stages-1) by join order, plus `standbys`.
+  void Start(int stages, int standbys) {
+    SwarmCoordinatorOptions o = TestOptions(&clock_, dir_.Sub("state"), stages, 1);
+    o.replan_backoff.first = absl::ZeroDuration();  // this test counts evictions, not replan holds
+    c_ = Make(std::move(o));
+    for (int i = 0; i < stages + standbys; ++i) {
+      const std::string name = absl::StrCat(i < stages ? "s" : "standby", i);
+      joined_[name] = MustJoin(*c_, name, 5000 + 10 * i);
+    }
+    ASSERT_TRUE(c_->grid().complete());
+  }
+  uint64_t At(int stage) const { return c_->grid().at(stage, 0); }
+  const JoinResult& Session(uint64_t id) const {
+    for (const auto& [name, j] : joined_) {
+      if (j.peer_id == id) return j;
+    }
+    ADD_FAILURE() << "no peer " << id;
+    return joined_.begin()->second;
+  }
+  // Peer at `stage` blames its neighbour on `link` under the current plan.
+  BlameAnswer Blame(int stage, v1::Blame::Link link, v1::Blame::Kind kind, std::optional<uint64_t> plan = {}) {
+    v1::Blame b;
+    b.set_kind(kind);
+    b.set_link(link);
+    b.set_reason(kind == v1::Blame::REFUSED ? "activation_invalid" : "timeout");
+    b.set_step(4);
+    b.set_peer_id(At(stage + (link == v1::Blame::UPSTREAM ? -1 : 1)));
+    b.set_plan(plan.value_or(c_->grid().plan_version));
+    const JoinResult& j = Session(At(stage));
+    absl::StatusOr<BlameAnswer> a = c_->ReportBlame(j.peer_id, j.session_token, b);
+    EXPECT_TRUE(a.ok()) << a.status();
+    return a.ok() ? *a : BlameAnswer{};
+  }
+  int StrikesOf(uint64_t id) const {
+    const v1::StatusResponse st = c_->GetStatus();
+    for (const auto& p : st.peers()) {
+      if (p.peer_id() == id) return static_cast<int>(p.strikes());
+    }
+    return -1;
+  }
+  // Settles once blame_settle has passed.
+  void Settle() {
+    clock_.Advance(absl::Seconds(3));
+    absl::StatusOr<bool> s = c_->SettleBlames();
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_TRUE(*s);
+  }
+
+  std::unique_ptr<SwarmCoordinator> c_;
+  std::map<std::string, JoinResult> joined_;
+};
+
+TEST_F(BlameTest, ARefusedFrameStrikesItsSenderAndRestartsThePlanWithEveryPeerInItsSlot) {
+  Start(2, 1);
+  const Grid before = c_->grid();
+  const uint64_t sender = At(0);
+  BlameAnswer a = Blame(1, v1::Blame::UPSTREAM, v1::Blame::REFUSED);
+  EXPECT_TRUE(a.recorded);
+  EXPECT_EQ(a.plan_version, before.plan_version);
+  // The sender's own stage saw its link drop: no evidence against the victim.
+  Blame(0, v1::Blame::DOWNSTREAM, v1::Blame::LINK_LOST);
+  absl::StatusOr<bool> early = c_->SettleBlames();
+  ASSERT_TRUE(early.ok());
+  EXPECT_FALSE(*early) << "settled before blame_settle passed";
+  Settle();
+  const Grid after = c_->grid();
+  EXPECT_EQ(after.slots, before.slots) << "a restart keeps every peer in its slot";
+  EXPECT_EQ(after.plan_version, before.plan_version + 1);
+  EXPECT_EQ(StrikesOf(sender), 1);
+  EXPECT_EQ(StrikesOf(At(1)), 0);
+  // A report about the plan that is gone is ignored.
+  EXPECT_FALSE(Blame(1, v1::Blame::UPSTREAM, v1::Blame::REFUSED, before.plan_version).recorded);
+  absl::StatusOr<bool> none = c_->SettleBlames();
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(*none);
+}
+
+TEST_F(BlameTest, ThreeStrikesEvictTheOffenderTheStandbyTakesItsSlotAndItsJoinsAreRefused) {
+  Start(2, 1);
+  const uint64_t sender = At(0), victim = At(1);
+  std::string sender_name;
+  for (const auto& [name, j] : joined_) {
+    if (j.peer_id == sender) sender_name = name;
+  }
+  for (int i = 0; i < 3; ++i) {
+    Blame(1, v1::Blame::UPSTREAM, v1::Blame::REFUSED);
+    Settle();
+  }
+  const v1::StatusResponse st = c_->GetStatus();
+  EXPECT_EQ(st.evictions(), 1u);
+  EXPECT_EQ(c_->num_members(), 2u);
+  EXPECT_TRUE(c_->grid().complete()) << "the standby fills the evicted peer's slot";
+  EXPECT_NE(At(0), sender);
+  EXPECT_EQ(At(1), victim) << "the victim kept its slot throughout";
+  EXPECT_TRUE(absl::IsNotFound(c_->Heartbeat(sender, joined_[sender_name].session_token).status()));
+  absl::Status again;
+  EXPECT_EQ(Counted(Refusal::kJoinEvicted, [&] {
+              JoinParams p = JoinAs(clock_, sender_name);
+              p.previous_session_token = joined_[sender_name].session_token;
+              again = c_->Join(p).status();
+            }),
+            1);
+  EXPECT_TRUE(absl::IsPermissionDenied(again)) << again;
+  EXPECT_THAT(again.message(), HasSubstr("evicted"));
+  // After the hold (10 min by default) it may come back, with no strikes.
+  clock_.Advance(absl::Minutes(11));
+  JoinParams p = JoinAs(clock_, sender_name);
+  p.previous_session_token = joined_[sender_name].session_token;
+  absl::StatusOr<JoinResult> back = c_->Join(p);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(StrikesOf(back->peer_id), 0);
+}
+
+TEST_F(BlameTest, InAChainOfSilentStagesOnlyTheStageThatBlamesNobodyIsStruck) {
+  Start(3, 0);
+  // s0 stops sending: s1 times out on it, and s2 times out on s1.
+  Blame(2, v1::Blame::UPSTREAM, v1::Blame::SILENT);
+  Blame(1, v1::Blame::UPSTREAM, v1::Blame::SILENT);
+  Settle();
+  EXPECT_EQ(StrikesOf(At(0)), 1);
+  EXPECT_EQ(StrikesOf(At(1)), 0);
+  EXPECT_EQ(StrikesOf(At(2)), 0);
+  // Two stages refusing each other's frames: contested, nobody is struck,
+  // the plan still restarts.
+  const uint64_t plan = c_->grid().plan_version;
+  Blame(1, v1::Blame::DOWNSTREAM, v1::Blame::REFUSED);
+  Blame(2, v1::Blame::UPSTREAM, v1::Blame::REFUSED);
+  Settle();
+  EXPECT_EQ(StrikesOf(At(1)), 0);
+  EXPECT_EQ(StrikesOf(At(2)), 0);
+  EXPECT_EQ(c_->grid().plan_version, plan + 1);
+}
+
+TEST_F(BlameTest, OnlyTheReportersNeighbourCanBeBlamedAndStrikesDecay) {
+  Start(3, 0);
+  const JoinResult& s2 = Session(At(2));
+  v1::Blame far;
+  far.set_kind(v1::Blame::REFUSED);
+  far.set_link(v1::Blame::UPSTREAM);
+  far.set_peer_id(At(0));  // two stages up: not the peer on that link
+  far.set_plan(c_->grid().plan_version);
+  absl::StatusOr<BlameAnswer> a = c_->ReportBlame(s2.peer_id, s2.session_token, far);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_FALSE(a->recorded);
+  EXPECT_TRUE(absl::IsUnauthenticated(c_->ReportBlame(s2.peer_id, "wrong", far).status()));
+  Blame(1, v1::Blame::UPSTREAM, v1::Blame::REFUSED);
+  Settle();
+  EXPECT_EQ(StrikesOf(At(0)), 1);
+  // Heartbeats keep the members; 31 quiet minutes clear the strike.
+  for (int i = 0; i < 31 * 12; ++i) {
+    clock_.Advance(absl::Seconds(5));
+    for (const auto& [name, j] : joined_) ASSERT_TRUE(c_->Heartbeat(j.peer_id, j.session_token).ok());
+  }
+  EXPECT_EQ(StrikesOf(At(0)), 0);
+}
+
+}  // namespace
+}  // namespace aqswarm::coordinator

@@ -71,6 +71,14 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     return rpc::FromGrpc(stub_->ReportLinkProbe(&ctx, request, &resp), "report link probe");
   }
 
+  absl::StatusOr<v1::BlameResponse> ReportBlame(const v1::BlameReport& request) override {
+    grpc::ClientContext ctx;
+    SetTimeout(&ctx, absl::Seconds(5));
+    v1::BlameResponse resp;
+    AQSWARM_RETURN_IF_ERROR(rpc::FromGrpc(stub_->ReportBlame(&ctx, request, &resp), "report blame"));
+    return resp;
+  }
+
   absl::Status WatchAssignment(const v1::WatchAssignmentRequest& request,
                                const std::function<void(const v1::Assignment&)>& on_assignment) override {
     grpc::ClientContext ctx;

@@ -33,6 +33,7 @@ class CoordinatorClient {
                                                           absl::Duration timeout) = 0;
   virtual absl::Status ReportProgress(const v1::ProgressReport& request) = 0;
   virtual absl::Status ReportLinkProbe(const v1::LinkProbeReport& request) = 0;
+  virtual absl::StatusOr<v1::BlameResponse> ReportBlame(const v1::BlameReport& request) = 0;
   // The swarm's public view: the job (with its data identity), peers, progress.
   virtual absl::StatusOr<v1::StatusResponse> Status() = 0;
   // Hands every assignment the coordinator streams to `on_assignment` until

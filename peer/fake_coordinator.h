@@ -54,6 +54,7 @@ class FakeCoordinator final : public CoordinatorClient {
   int leaves() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return leaves_; }
   const v1::JoinRequest& last_join() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return last_join_; }
   const std::vector<v1::ProgressReport>& progress() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return progress_; }
+  const std::vector<v1::BlameReport>& blames() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return blames_; }
 
   // ---- CoordinatorClient
   absl::StatusOr<v1::JoinResponse> Join(const v1::JoinRequest& request) override {
@@ -105,6 +106,13 @@ class FakeCoordinator final : public CoordinatorClient {
     return absl::OkStatus();
   }
   absl::Status ReportLinkProbe(const v1::LinkProbeReport&) override { return absl::OkStatus(); }
+  absl::StatusOr<v1::BlameResponse> ReportBlame(const v1::BlameReport& request) override {
+    absl::MutexLock l(&mu_);
+    blames_.push_back(request);
+    v1::BlameResponse r;
+    r.set_outcome(v1::BlameResponse::RECORDED);
+    return r;
+  }
   absl::Status WatchAssignment(const v1::WatchAssignmentRequest&,
                                const std::function<void(const v1::Assignment&)>& on_assignment) override {
     while (true) {
@@ -146,6 +154,7 @@ class FakeCoordinator final : public CoordinatorClient {
   std::optional<v1::StatusResponse> status_ ABSL_GUARDED_BY(mu_);
   int leaves_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<v1::ProgressReport> progress_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::BlameReport> blames_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace aqswarm::peer

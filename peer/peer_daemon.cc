@@ -171,6 +171,29 @@ absl::Status PeerDaemonImpl::RunInner() {
   }
 }
 
+// The stage names whom it blames for its end: the coordinator counts the
+// strike and restarts the plan (this peer keeps its slot: the daemon waits
+// for that plan as after any failure of its stage).
+void PeerDaemonImpl::ReportBlame(const v1::Blame& blame) {
+  v1::BlameReport req;
+  const auto [id, token] = Session();
+  req.set_peer_id(id);
+  req.set_session_token(token);
+  *req.mutable_blame() = blame;
+  absl::StatusOr<v1::BlameResponse> r = client_->ReportBlame(req);
+  v1::PeerEvent e;
+  v1::BlameReportedEvent& b = *e.mutable_blame_reported();
+  *b.mutable_blame() = blame;
+  if (r.ok()) {
+    b.set_outcome(v1::BlameResponse::Outcome_Name(r->outcome()));
+    b.set_strikes(r->strikes());
+  } else {
+    b.set_error(std::string(r.status().message()));
+    AQSWARM_LOG(WARNING) << "peer " << o_.name << ": reporting blame failed: " << r.status();
+  }
+  Event(e);
+}
+
 absl::Status PeerDaemonImpl::Apply(const v1::Assignment& a, std::optional<absl::Time>* failed_at) {
   {
     v1::PeerEvent e;
@@ -242,6 +265,7 @@ absl::Status PeerDaemonImpl::Apply(const v1::Assignment& a, std::optional<absl::
 
 void PeerDaemonImpl::OnChildEvent(const v1::StageEvent& e, uint64_t plan) {
   Event(events::FromStage(e));
+  if (e.has_error() && e.error().has_blame()) ReportBlame(e.error().blame());
   if (e.has_done()) {
     absl::MutexLock l(&mu_);
     job_done_ = true;

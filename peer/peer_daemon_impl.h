@@ -120,6 +120,7 @@ class PeerDaemonImpl final : public PeerDaemon {
   // would otherwise replace the copy's report and hide that state from a
   // re-plan.
   bool ReportProgress(std::optional<v1::Progress> progress = std::nullopt);
+  void ReportBlame(const v1::Blame& blame);
 
   // ---- the child --------------------------------------------------------
 

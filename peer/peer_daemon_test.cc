@@ -263,6 +263,31 @@ TEST_F(PeerDaemonTest, AFailedStageWaitsForTheNextPlanAndRestartsUnderIt) {
   EXPECT_EQ(launcher_->launch(1).plan(), 2u);
 }
 
+TEST_F(PeerDaemonTest, AStageEndingWithABlameIsReportedToTheCoordinatorAndTheDaemonStays) {
+  coordinator_->Push(Stage0(1, 1));
+  ASSERT_TRUE(launcher_->WaitForLaunches(1));
+  v1::StageEvent error;
+  error.mutable_error()->set_code("INVALID_ARGUMENT");
+  v1::Blame& b = *error.mutable_error()->mutable_blame();
+  b.set_kind(v1::Blame::REFUSED);
+  b.set_link(v1::Blame::DOWNSTREAM);
+  b.set_reason("gradient_invalid");
+  b.set_peer_id(7);
+  b.set_plan(1);
+  launcher_->Emit(0, error);
+  launcher_->Exit(0, 1);
+  ASSERT_TRUE(coordinator_->WaitFor([](const FakeCoordinator& f) { return !f.blames().empty(); }));
+  const v1::BlameReport r = coordinator_->blames().front();
+  EXPECT_EQ(r.blame().peer_id(), 7u);
+  EXPECT_EQ(r.blame().reason(), "gradient_invalid");
+  EXPECT_FALSE(r.session_token().empty());
+  ASSERT_TRUE(SawEvent([](const v1::PeerEvent& e) { return e.blame_reported().outcome() == "RECORDED"; }));
+  // It keeps its slot: the coordinator's restart is what starts it again.
+  coordinator_->Push(Stage0(2, 2));
+  ASSERT_TRUE(launcher_->WaitForLaunches(2));
+  EXPECT_EQ(coordinator_->leaves(), 0);
+}
+
 TEST_F(PeerDaemonTest, AStageThatFinishesTheJobEndsTheRunAndLeaves) {
   coordinator_->Push(Stage0(1, 1));
   ASSERT_TRUE(launcher_->WaitForLaunches(1));

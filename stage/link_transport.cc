@@ -9,6 +9,7 @@
 #include "rpc/channel.h"
 #include "rpc/server.h"
 #include "rpc/status.h"
+#include "stage/blame.h"
 #include "stage/stage_metrics.h"
 #include "grpcpp/grpcpp.h"
 
@@ -66,21 +67,27 @@ absl::Status LinkConnection::broken() {
 absl::Status LinkConnection::Admit(const v1::LinkFrame& frame, size_t bytes) {
   const uint64_t step = FrameStep(frame);
   const uint64_t current = current_step_.load();
+  // Counted, and blamed on the sender (the step protocol names the link and
+  // the step: stage/blame.h).
+  auto refuse = [](RejectReason reason, absl::Status s) {
+    CountRejectedMessage(reason);
+    return Blamed(std::move(s), v1::Blame::LINK_UNSPECIFIED, v1::Blame::REFUSED, RejectReasonName(reason), -1);
+  };
   if (limits_.step_window > 0 && step > current && step - current > limits_.step_window) {
-    CountRejectedMessage(RejectReason::kLinkStepOutOfWindow);
-    return absl::ResourceExhaustedError(absl::StrCat("link ", name_, ": a frame of step ", step,
-                                                     " is more than ", limits_.step_window,
-                                                     " steps ahead of this stage's step ", current));
+    return refuse(RejectReason::kLinkStepOutOfWindow,
+                  absl::ResourceExhaustedError(absl::StrCat("link ", name_, ": a frame of step ", step,
+                                                            " is more than ", limits_.step_window,
+                                                            " steps ahead of this stage's step ", current)));
   }
   if (limits_.max_queued_frames > 0 && inbound_.size() >= limits_.max_queued_frames) {
-    CountRejectedMessage(RejectReason::kLinkFramesOverCap);
-    return absl::ResourceExhaustedError(absl::StrCat("link ", name_, ": more than ", limits_.max_queued_frames,
-                                                     " frames queued and not yet taken"));
+    return refuse(RejectReason::kLinkFramesOverCap,
+                  absl::ResourceExhaustedError(absl::StrCat("link ", name_, ": more than ", limits_.max_queued_frames,
+                                                            " frames queued and not yet taken")));
   }
   if (limits_.max_queued_bytes > 0 && inbound_bytes_ + bytes > limits_.max_queued_bytes) {
-    CountRejectedMessage(RejectReason::kLinkBytesOverCap);
-    return absl::ResourceExhaustedError(absl::StrCat("link ", name_, ": more than ", limits_.max_queued_bytes,
-                                                     " bytes queued and not yet taken"));
+    return refuse(RejectReason::kLinkBytesOverCap,
+                  absl::ResourceExhaustedError(absl::StrCat("link ", name_, ": more than ", limits_.max_queued_bytes,
+                                                            " bytes queued and not yet taken")));
   }
   return absl::OkStatus();
 }

@@ -16,6 +16,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "proto/event_json.h"
 #include "rpc/server.h"
+#include "stage/blame.h"
 #include "stage/stage_launch.h"
 #include "stage/stage_runner.h"
 
@@ -74,6 +75,16 @@ void PrintEnd(const v1::StageLaunch& launch, const absl::Status& s, EventPrinter
     e.mutable_error()->set_stage(launch.stage());
     e.mutable_error()->set_code(absl::StatusCodeToString(s.code()));
     e.mutable_error()->set_message(std::string(s.message()));
+    if (std::optional<v1::Blame> b = BlameOf(s); b.has_value() && b->link() != v1::Blame::LINK_UNSPECIFIED) {
+      const bool up = b->link() == v1::Blame::UPSTREAM;
+      if (up ? launch.has_previous() : launch.has_next()) {
+        const v1::Neighbor& n = up ? launch.previous() : launch.next();
+        b->set_peer_id(n.peer_id());
+        b->set_peer_name(n.peer_name());
+        b->set_plan(launch.plan());
+        *e.mutable_error()->mutable_blame() = *std::move(b);
+      }
+    }
   }
   print(e);
 }

@@ -9,9 +9,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "common/file_util.h"
 #include "common/row_format.h"
 #include "common/status_macros.h"
+#include "stage/blame.h"
 #include "stage/gradient_exchange.h"
 #include "stage/link_handshake.h"
 #include "stage/link_transport.h"
@@ -203,6 +205,13 @@ class StageRunnerImpl final : public StageRunner {
     return nccl_.get();
   }
 
+  // A neighbour that never connected (nothing listening, no dial within
+  // the link timeout) is silent; a stale incarnation's refusal is not.
+  absl::Status NeverConnected(absl::Status s, v1::Blame::Link link) const {
+    if (!absl::IsDeadlineExceeded(s) && !absl::IsUnavailable(s)) return s;
+    return Blamed(std::move(s), link, v1::Blame::SILENT, "never_connected", launch_.start_step());
+  }
+
   // Opens both links (stage/link_handshake.h) and their AQ-SGD endpoints.
   absl::Status Connect() {
     if (!last_ && launch_.next().stage_link_address().empty() && !launch_.next().reversed()) {
@@ -214,10 +223,15 @@ class StageRunnerImpl final : public StageRunner {
     const rpc::ShapingOptions shaping{job_.shaping().bandwidth_mbps(), job_.shaping().latency_ms()};
     if (!last_) {
       if (launch_.next().reversed()) {
-        AQSWARM_ASSIGN_OR_RETURN(down_, AcceptNext(*server_, timeout_));
+        absl::StatusOr<LinkConnection*> accepted = AcceptNext(*server_, timeout_);
+        if (!accepted.ok()) return NeverConnected(accepted.status(), v1::Blame::DOWNSTREAM);
+        down_ = *accepted;
       } else {
-        AQSWARM_ASSIGN_OR_RETURN(down_owned_, DialNext(launch_.next().stage_link_address(), DownHello(), shaping,
-                                                       tls_, timeout_, launch_.next().peer_name(), Limits()));
+        absl::StatusOr<std::unique_ptr<LinkConnection>> dialed = DialNext(
+            launch_.next().stage_link_address(), DownHello(), shaping, tls_, timeout_, launch_.next().peer_name(),
+            Limits());
+        if (!dialed.ok()) return NeverConnected(dialed.status(), v1::Blame::DOWNSTREAM);
+        down_owned_ = *std::move(dialed);
         down_ = down_owned_.get();
       }
       AQSWARM_ASSIGN_OR_RETURN(auto lo,
@@ -227,11 +241,16 @@ class StageRunnerImpl final : public StageRunner {
     }
     if (!first_) {
       if (launch_.previous().reversed()) {
-        AQSWARM_ASSIGN_OR_RETURN(up_owned_, DialPrevious(launch_.previous().stage_link_address(), UpHello(), shaping,
-                                                         tls_, timeout_, launch_.previous().peer_name(), Limits()));
+        absl::StatusOr<std::unique_ptr<LinkConnection>> dialed = DialPrevious(
+            launch_.previous().stage_link_address(), UpHello(), shaping, tls_, timeout_,
+            launch_.previous().peer_name(), Limits());
+        if (!dialed.ok()) return NeverConnected(dialed.status(), v1::Blame::UPSTREAM);
+        up_owned_ = *std::move(dialed);
         up_ = up_owned_.get();
       } else {
-        AQSWARM_ASSIGN_OR_RETURN(up_, AcceptPrevious(*server_, timeout_));
+        absl::StatusOr<LinkConnection*> accepted = AcceptPrevious(*server_, timeout_);
+        if (!accepted.ok()) return NeverConnected(accepted.status(), v1::Blame::UPSTREAM);
+        up_ = *accepted;
       }
       AQSWARM_ASSIGN_OR_RETURN(
           auto lo, pipeline::LinkOptionsFromJob(job_, pipeline_, stage_ - 1, LinkGeneration(launch_.previous())));
@@ -280,6 +299,9 @@ class StageRunnerImpl final : public StageRunner {
 
   absl::Status RunInner() {
     AQSWARM_RETURN_IF_ERROR(SaveState(launch_.start_step()));
+    if (TestFaultSilentAtStep() == 0) {
+      while (true) absl::SleepFor(absl::Hours(1));  // a placed peer that never runs its stage
+    }
     AQSWARM_RETURN_IF_ERROR(Connect());
     const int64_t max_steps = job_.max_steps();
     int64_t global = 0;

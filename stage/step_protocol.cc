@@ -1,15 +1,64 @@
 #include "stage/step_protocol.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/random.h"
 #include "common/status_macros.h"
 #include "compression/codec.h"
+#include "stage/blame.h"
 
 namespace aqswarm::stage {
+namespace {
+
+// Fault injection for tests (never set in production), read once per
+// process, for the elastic tests of a neighbour that misbehaves:
+//   AQSWARM_TEST_FAULT_BAD_FRAME_AT_STEP=<s>  the first activations or
+//     gradients this process sends for a step >= s are malformed
+//     (activations one row short, gradients one payload byte short): one
+//     bad frame per run of the stage, so one per plan under a coordinator;
+//   AQSWARM_TEST_FAULT_SILENT_AT_STEP=<s>  from step s on, the stage sends
+//     nothing more and never returns (its process lives on, silent); at 0
+//     it never even opens its links (StageRunner, TestFaultSilentAtStep).
+int64_t TestFaultStep(const char* var) {
+  int64_t s = -1;
+  const char* v = std::getenv(var);
+  if (v == nullptr || !absl::SimpleAtoi(v, &s)) return -1;
+  std::fprintf(stderr, "aqswarm: TEST FAULT INJECTION: %s=%lld\n", var, static_cast<long long>(s));
+  return s;
+}
+
+void InjectFaultForTest(int64_t step, v1::LinkFrame* f) {
+  static const int64_t bad_at = TestFaultStep("AQSWARM_TEST_FAULT_BAD_FRAME_AT_STEP");
+  static std::atomic<bool> bad_sent{false};
+  if (const int64_t silent_at = TestFaultSilentAtStep(); silent_at >= 0 && step >= silent_at) {
+    while (true) absl::SleepFor(absl::Hours(1));
+  }
+  if (bad_at < 0 || step < bad_at || bad_sent.load()) return;
+  if (f->has_activations() && !f->activations().eval() && f->activations().rows_size() > 0) {
+    f->mutable_activations()->mutable_rows()->RemoveLast();
+  } else if (f->has_gradients() && !f->gradients().grad().payload().empty()) {
+    f->mutable_gradients()->mutable_grad()->mutable_payload()->pop_back();
+  } else {
+    return;
+  }
+  bad_sent = true;
+}
+
+}  // namespace
+
+int64_t TestFaultSilentAtStep() {
+  static const int64_t at = TestFaultStep("AQSWARM_TEST_FAULT_SILENT_AT_STEP");
+  return at;
+}
+
 namespace {
 
 class Timer {
@@ -64,12 +113,14 @@ StepProtocol::~StepProtocol() {
   if (links_.down != nullptr) links_.down->NotifyArrivals(nullptr);
 }
 
-absl::Status StepProtocol::Rejected(RejectReason reason, absl::Status s) {
-  if (!s.ok() && o_.rejected) o_.rejected(reason);
-  return s;
+absl::Status StepProtocol::Rejected(RejectReason reason, v1::Blame::Link from, absl::Status s) {
+  if (s.ok()) return s;
+  if (o_.rejected) o_.rejected(reason);
+  return Blamed(std::move(s), from, v1::Blame::REFUSED, RejectReasonName(reason), step_);
 }
 
-absl::Status StepProtocol::RejectedValues(Values values, absl::string_view where, absl::Status s) {
+absl::Status StepProtocol::RejectedValues(Values values, v1::Blame::Link from, absl::string_view where,
+                                          absl::Status s) {
   if (s.ok()) return s;
   const bool nonfinite = compression::IsNonFiniteError(s);
   absl::Status out(s.code(), absl::StrCat("stage ", o_.stage, ": ", where, ": ", s.message()));
@@ -77,13 +128,13 @@ absl::Status StepProtocol::RejectedValues(Values values, absl::string_view where
   const bool activation = values == Values::kActivation;
   return Rejected(activation ? (nonfinite ? RejectReason::kActivationNonfinite : RejectReason::kActivationInvalid)
                              : (nonfinite ? RejectReason::kGradientNonfinite : RejectReason::kGradientInvalid),
-                  out);
+                  from, out);
 }
 
-absl::Status StepProtocol::CheckNorm(absl::string_view what, int64_t step, double sq) {
+absl::Status StepProtocol::CheckNorm(absl::string_view what, v1::Blame::Link from, int64_t step, double sq) {
   const bool overflow = o_.loss_scaling && std::isinf(sq) && sq > 0;
   if ((std::isfinite(sq) && sq >= 0) || overflow) return absl::OkStatus();
-  return Rejected(RejectReason::kNormInvalid,
+  return Rejected(RejectReason::kNormInvalid, from,
                   absl::InvalidArgumentError(absl::StrCat("stage ", o_.stage, ": step ", step, ": ", what, " ", sq,
                                                           " refused: a squared gradient norm must be finite",
                                                           o_.loss_scaling ? " (or +inf, an overflow)" : "",
@@ -100,15 +151,36 @@ absl::StatusOr<double> StepProtocol::OwnNorm(int64_t step) const {
 
 absl::StatusOr<v1::LinkFrame> StepProtocol::FromUp(const StageLink::Match& m) {
   Timer t(&wait_s_);
-  return links_.up->Receive(m, o_.link_timeout);
+  absl::StatusOr<v1::LinkFrame> f = links_.up->Receive(m, o_.link_timeout);
+  if (!f.ok()) return BlamedLinkError(f.status(), v1::Blame::UPSTREAM, step_);
+  return f;
 }
 
 absl::StatusOr<v1::LinkFrame> StepProtocol::FromDown(const StageLink::Match& m) {
   Timer t(&wait_s_);
-  return links_.down->Receive(m, o_.link_timeout);
+  absl::StatusOr<v1::LinkFrame> f = links_.down->Receive(m, o_.link_timeout);
+  if (!f.ok()) return BlamedLinkError(f.status(), v1::Blame::DOWNSTREAM, step_);
+  return f;
+}
+
+absl::StatusOr<bool> StepProtocol::Has(StageLink* link, v1::Blame::Link which, const StageLink::Match& m) {
+  absl::StatusOr<bool> has = link->Has(m);
+  if (!has.ok()) return BlamedLinkError(has.status(), which, step_);
+  return has;
+}
+
+absl::Status StepProtocol::ToUp(v1::LinkFrame f) {
+  InjectFaultForTest(step_, &f);
+  return BlamedLinkError(links_.up->Send(std::move(f), o_.link_timeout), v1::Blame::UPSTREAM, step_);
+}
+
+absl::Status StepProtocol::ToDown(v1::LinkFrame f) {
+  InjectFaultForTest(step_, &f);
+  return BlamedLinkError(links_.down->Send(std::move(f), o_.link_timeout), v1::Blame::DOWNSTREAM, step_);
 }
 
 absl::StatusOr<StepOutcome> StepProtocol::RunStep(const StepInput& in) {
+  step_ = in.step;
   StepState st{in};
   pipeline::GradientCodec grads(o_.compression, o_.seq_len, o_.d_model);
   // Every schedule runs backwards in increasing micro-batch order, so the
@@ -146,11 +218,11 @@ absl::Status StepProtocol::OwnTied(v1::TiedGradient* tied) {
   return absl::OkStatus();
 }
 
-absl::Status StepProtocol::AddTied(const v1::TiedGradient& tied) {
+absl::Status StepProtocol::AddTied(const v1::TiedGradient& tied, v1::Blame::Link from) {
   Timer tm(&compute_s_);
   if (tied.values().codec() != v1::CODEC_RAW_F32 ||
       tied.values().num_elements() > static_cast<uint64_t>(o_.tied_elements)) {
-    return Rejected(RejectReason::kGradientInvalid,
+    return Rejected(RejectReason::kGradientInvalid, from,
                     absl::InvalidArgumentError(absl::StrCat("tied gradient: expected at most ", o_.tied_elements,
                                                             " raw float32 values, got ",
                                                             tied.values().num_elements(), " (codec ",
@@ -158,8 +230,9 @@ absl::Status StepProtocol::AddTied(const v1::TiedGradient& tied) {
   }
   std::vector<float> values(tied.values().num_elements());
   AQSWARM_RETURN_IF_ERROR(
-      RejectedValues(Values::kGradient, "tied gradient", compression::Decode(tied.values(), absl::MakeSpan(values))));
-  return Rejected(RejectReason::kGradientInvalid,
+      RejectedValues(Values::kGradient, from, "tied gradient",
+                     compression::Decode(tied.values(), absl::MakeSpan(values))));
+  return Rejected(RejectReason::kGradientInvalid, from,
                   compute_->AddTiedGradient(absl::MakeConstSpan(tied.rows().data(), tied.rows().size()), values));
 }
 
@@ -172,7 +245,7 @@ absl::StatusOr<double> StepProtocol::Commit(int64_t step, StepState& st) {
   if (first()) {
     if (o_.tie_embeddings) {
       AQSWARM_RETURN_IF_ERROR(OwnTied(commit->mutable_tied()));
-      AQSWARM_RETURN_IF_ERROR(AddTied(st.tied));
+      AQSWARM_RETURN_IF_ERROR(AddTied(st.tied, v1::Blame::DOWNSTREAM));
     }
     AQSWARM_ASSIGN_OR_RETURN(const double own, OwnNorm(step));
     total_sq = st.below_sq + own;
@@ -181,18 +254,18 @@ absl::StatusOr<double> StepProtocol::Commit(int64_t step, StepState& st) {
                                return x.has_commit() && x.commit().step() == static_cast<uint64_t>(step);
                              }));
     total_sq = f.commit().total_grad_sq_norm();
-    AQSWARM_RETURN_IF_ERROR(CheckNorm("committed total_grad_sq_norm", step, total_sq));
+    AQSWARM_RETURN_IF_ERROR(CheckNorm("committed total_grad_sq_norm", v1::Blame::UPSTREAM, step, total_sq));
     // The total sums every stage's norm, this one's partial included (sums of
     // non-negative doubles only grow; the tolerance is for a differently
     // ordered sum).
     if (total_sq < st.sent_sq * (1 - 1e-9)) {
-      return Rejected(RejectReason::kNormInvalid,
+      return Rejected(RejectReason::kNormInvalid, v1::Blame::UPSTREAM,
                       absl::InvalidArgumentError(absl::StrCat(
                           "stage ", o_.stage, ": step ", step, ": committed total_grad_sq_norm ", total_sq,
                           " is below the partial norm ", st.sent_sq, " this stage sent up: refused")));
     }
     if (o_.tie_embeddings && last()) {
-      AQSWARM_RETURN_IF_ERROR(AddTied(f.commit().tied()));
+      AQSWARM_RETURN_IF_ERROR(AddTied(f.commit().tied(), v1::Blame::UPSTREAM));
     } else if (o_.tie_embeddings) {
       *commit->mutable_tied() = std::move(*f.mutable_commit()->mutable_tied());
     }
@@ -200,7 +273,7 @@ absl::StatusOr<double> StepProtocol::Commit(int64_t step, StepState& st) {
   if (!last()) {
     commit->set_step(step);
     commit->set_total_grad_sq_norm(total_sq);
-    AQSWARM_RETURN_IF_ERROR(links_.down->Send(std::move(down), o_.link_timeout));
+    AQSWARM_RETURN_IF_ERROR(ToDown(std::move(down)));
   }
   return total_sq;
 }
@@ -219,7 +292,7 @@ absl::StatusOr<pipeline::StepOp> StepProtocol::NextOp(const pipeline::StepOpSequ
     const absl::Time checked = absl::Now();  // before the Has checks below (NextDue)
     if (!last()) {
       auto is_resend = [](const v1::LinkFrame& x) { return x.has_resend(); };
-      AQSWARM_ASSIGN_OR_RETURN(const bool resend, links_.down->Has(is_resend));
+      AQSWARM_ASSIGN_OR_RETURN(const bool resend, Has(links_.down, v1::Blame::DOWNSTREAM, is_resend));
       if (resend) {
         AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame r, FromDown(is_resend));
         AQSWARM_RETURN_IF_ERROR(ServeResend(st, r.resend()));
@@ -228,14 +301,14 @@ absl::StatusOr<pipeline::StepOp> StepProtocol::NextOp(const pipeline::StepOpSequ
     }
     if (b) {
       if (last()) return *b;
-      AQSWARM_ASSIGN_OR_RETURN(const bool ready, links_.down->Has([&](const v1::LinkFrame& x) {
+      AQSWARM_ASSIGN_OR_RETURN(const bool ready, Has(links_.down, v1::Blame::DOWNSTREAM, [&](const v1::LinkFrame& x) {
                                  return IsGradient(x, gs, b->micro_batch);
                                }));
       if (ready) return *b;
     }
     if (f) {
       if (first()) return *f;
-      AQSWARM_ASSIGN_OR_RETURN(const bool ready, links_.up->Has([&](const v1::LinkFrame& x) {
+      AQSWARM_ASSIGN_OR_RETURN(const bool ready, Has(links_.up, v1::Blame::UPSTREAM, [&](const v1::LinkFrame& x) {
                                  return IsActivations(x, gs, f->micro_batch, /*resend=*/false);
                                }));
       if (ready) return *f;
@@ -249,11 +322,18 @@ absl::StatusOr<pipeline::StepOp> StepProtocol::NextOp(const pipeline::StepOpSequ
     if (links_.up != nullptr) until = std::min(until, links_.up->NextDue(checked));
     if (links_.down != nullptr) until = std::min(until, links_.down->NextDue(checked));
     if (!arrivals_.WaitPast(seen, until) && until >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
+      // The one neighbour this stage waited on is silent; waiting on both
+      // (a middle stage offered both ops) names neither.
+      const v1::Blame::Link silent = first() || !f ? v1::Blame::DOWNSTREAM
+                                     : last() || !b ? v1::Blame::UPSTREAM
+                                                    : v1::Blame::LINK_UNSPECIFIED;
+      absl::Status timeout = absl::DeadlineExceededError(absl::StrCat(
           "stage ", o_.stage, ": step ", gs, ": neither ",
           b ? absl::StrCat("the gradient of micro-batch ", b->micro_batch) : std::string("a gradient"), " nor ",
           f ? absl::StrCat("the activations of micro-batch ", f->micro_batch) : std::string("activations"),
           " arrived within ", absl::FormatDuration(o_.link_timeout)));
+      if (silent == v1::Blame::LINK_UNSPECIFIED) return timeout;
+      return BlamedLinkError(std::move(timeout), silent, gs);
     }
   }
 }
@@ -276,7 +356,7 @@ absl::Status StepProtocol::Forward(StepState& st, int mb) {
     AQSWARM_RETURN_IF_ERROR(
         links_.sender->Encode(st.in.step, mb, st.in.epoch, ids, out, f.mutable_activations()));
   }
-  AQSWARM_RETURN_IF_ERROR(links_.down->Send(std::move(f), o_.link_timeout));
+  AQSWARM_RETURN_IF_ERROR(ToDown(std::move(f)));
   st.outputs[mb] = std::move(out);
   return absl::OkStatus();
 }
@@ -293,10 +373,11 @@ absl::Status StepProtocol::Backward(StepState& st, int mb, pipeline::GradientCod
       AQSWARM_RETURN_IF_ERROR(ServeResend(st, f.resend()));
       continue;
     }
-    AQSWARM_RETURN_IF_ERROR(RejectedValues(Values::kGradient, absl::StrCat("step ", gs, " micro-batch ", mb, " gradient"),
+    AQSWARM_RETURN_IF_ERROR(RejectedValues(Values::kGradient, v1::Blame::DOWNSTREAM,
+                                           absl::StrCat("step ", gs, " micro-batch ", mb, " gradient"),
                                            grads.Decode(f.gradients().grad(), o_.micro_batch_size, &g)));
     if (final_backward) {
-      AQSWARM_RETURN_IF_ERROR(CheckNorm("partial_grad_sq_norm from downstream", gs,
+      AQSWARM_RETURN_IF_ERROR(CheckNorm("partial_grad_sq_norm from downstream", v1::Blame::DOWNSTREAM, gs,
                                         f.gradients().partial_grad_sq_norm()));
       st.below_sq = f.gradients().partial_grad_sq_norm();
       st.loss = f.gradients().loss();
@@ -326,7 +407,7 @@ absl::Status StepProtocol::Backward(StepState& st, int mb, pipeline::GradientCod
       *gb->mutable_tied() = std::move(st.tied);
     }
   }
-  return links_.up->Send(std::move(f), o_.link_timeout);
+  return ToUp(std::move(f));
 }
 
 absl::Status StepProtocol::ReceiveActivations(int64_t gs, int mb, const std::vector<uint64_t>& ids,
@@ -339,7 +420,8 @@ absl::Status StepProtocol::ReceiveActivations(int64_t gs, int mb, const std::vec
   std::vector<uint64_t> missing;
   {
     Timer tm(&compute_s_);
-    AQSWARM_RETURN_IF_ERROR(RejectedValues(Values::kActivation, absl::StrCat("step ", gs, " micro-batch ", mb, " activations"),
+    AQSWARM_RETURN_IF_ERROR(RejectedValues(Values::kActivation, v1::Blame::UPSTREAM,
+                                           absl::StrCat("step ", gs, " micro-batch ", mb, " activations"),
                                            links_.receiver->Apply(f.activations(), &missing)));
   }
   for (int tries = 0; !missing.empty(); ++tries) {
@@ -350,10 +432,10 @@ absl::Status StepProtocol::ReceiveActivations(int64_t gs, int mb, const std::vec
     req.mutable_resend()->set_step(gs);
     req.mutable_resend()->set_micro_batch(mb);
     for (uint64_t id : missing) req.mutable_resend()->add_sample_ids(id);
-    AQSWARM_RETURN_IF_ERROR(links_.up->Send(std::move(req), o_.link_timeout));
+    AQSWARM_RETURN_IF_ERROR(ToUp(std::move(req)));
     AQSWARM_ASSIGN_OR_RETURN(v1::LinkFrame r, FromUp(is_batch(true)));
     Timer tm(&compute_s_);
-    AQSWARM_RETURN_IF_ERROR(RejectedValues(Values::kActivation,
+    AQSWARM_RETURN_IF_ERROR(RejectedValues(Values::kActivation, v1::Blame::UPSTREAM,
                                            absl::StrCat("step ", gs, " micro-batch ", mb, " resent activations"),
                                            links_.receiver->Apply(r.activations(), &missing)));
   }
@@ -363,7 +445,7 @@ absl::Status StepProtocol::ReceiveActivations(int64_t gs, int mb, const std::vec
 
 absl::Status StepProtocol::ServeResend(const StepState& st, const v1::ResendRequest& req) {
   if (req.step() != static_cast<uint64_t>(st.in.step) || !st.outputs.count(req.micro_batch())) {
-    return Rejected(RejectReason::kResendInvalid,
+    return Rejected(RejectReason::kResendInvalid, v1::Blame::DOWNSTREAM,
                     absl::InvalidArgumentError(absl::StrCat("resend request for step ", req.step(), " micro-batch ",
                                                             req.micro_batch(), " which is not in flight")));
   }
@@ -373,11 +455,12 @@ absl::Status StepProtocol::ServeResend(const StepState& st, const v1::ResendRequ
   AQSWARM_RETURN_IF_ERROR(links_.sender->EncodeResend(st.in.step, req.micro_batch(), st.in.epoch, ids,
                                                       st.outputs.at(req.micro_batch()), want,
                                                       f.mutable_activations()));
-  return links_.down->Send(std::move(f), o_.link_timeout);
+  return ToDown(std::move(f));
 }
 
 absl::StatusOr<double> StepProtocol::RunEval(int64_t gs, const std::vector<absl::Span<const int64_t>>& batches) {
   if (batches.empty()) return absl::InvalidArgumentError("evaluation over no batches");
+  step_ = gs;
   double sum = 0;
   for (size_t e = 0; e < batches.size(); ++e) {
     std::vector<float> in, out;
@@ -387,7 +470,8 @@ absl::StatusOr<double> StepProtocol::RunEval(int64_t gs, const std::vector<absl:
                                         x.activations().step() == static_cast<uint64_t>(gs) &&
                                         x.activations().micro_batch() == static_cast<uint32_t>(e);
                                }));
-      AQSWARM_RETURN_IF_ERROR(RejectedValues(Values::kActivation, absl::StrCat("evaluation at step ", gs, " batch ", e),
+      AQSWARM_RETURN_IF_ERROR(RejectedValues(Values::kActivation, v1::Blame::UPSTREAM,
+                                             absl::StrCat("evaluation at step ", gs, " batch ", e),
                                              links_.receiver->ApplyEval(f.activations(), o_.micro_batch_size, &in)));
     }
     double loss = 0;
@@ -396,7 +480,7 @@ absl::StatusOr<double> StepProtocol::RunEval(int64_t gs, const std::vector<absl:
     if (!last()) {
       v1::LinkFrame f;
       AQSWARM_RETURN_IF_ERROR(links_.sender->EncodeEval(gs, e, out, o_.micro_batch_size, f.mutable_activations()));
-      AQSWARM_RETURN_IF_ERROR(links_.down->Send(std::move(f), o_.link_timeout));
+      AQSWARM_RETURN_IF_ERROR(ToDown(std::move(f)));
     }
   }
   double val_loss = sum / batches.size();
@@ -410,7 +494,7 @@ absl::StatusOr<double> StepProtocol::RunEval(int64_t gs, const std::vector<absl:
     v1::LinkFrame f;
     f.mutable_eval_result()->set_step(gs);
     f.mutable_eval_result()->set_loss(val_loss);
-    AQSWARM_RETURN_IF_ERROR(links_.up->Send(std::move(f), o_.link_timeout));
+    AQSWARM_RETURN_IF_ERROR(ToUp(std::move(f)));
   }
   return val_loss;
 }

@@ -46,6 +46,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "proto/events.pb.h"
 #include "stage/reject_reason.h"
 #include "stage/stage_link.h"
 #include "pipeline/link_endpoint.h"
@@ -160,28 +161,41 @@ class StepProtocol {
   absl::Status ReceiveActivations(int64_t step, int mb, const std::vector<uint64_t>& ids, std::vector<float>* in);
   absl::Status ServeResend(const StepState& st, const v1::ResendRequest& req);
   absl::StatusOr<double> Commit(int64_t step, StepState& st);
-  absl::Status AddTied(const v1::TiedGradient& tied);
+  absl::Status AddTied(const v1::TiedGradient& tied, v1::Blame::Link from);
   absl::Status OwnTied(v1::TiedGradient* tied);
+  // Frames from and to a neighbour; an error blames that link
+  // (stage/blame.h: SILENT on a timeout, LINK_LOST otherwise).
   absl::StatusOr<v1::LinkFrame> FromUp(const StageLink::Match& m);
   absl::StatusOr<v1::LinkFrame> FromDown(const StageLink::Match& m);
-  absl::Status Rejected(RejectReason reason, absl::Status s);
+  absl::Status ToUp(v1::LinkFrame f);
+  absl::StatusOr<bool> Has(StageLink* link, v1::Blame::Link which, const StageLink::Match& m);
+  absl::Status ToDown(v1::LinkFrame f);
+  // Counts the refusal and blames the neighbour on link `from` for it
+  // (REFUSED, the reason's name, the running step).
+  absl::Status Rejected(RejectReason reason, v1::Blame::Link from, absl::Status s);
   // Rejected() as the values' *_nonfinite reason for a non-finite value
   // (compression::IsNonFiniteError) and *_invalid otherwise, the message
   // prefixed with `where`.
   enum class Values { kActivation, kGradient };
-  absl::Status RejectedValues(Values values, absl::string_view where, absl::Status s);
+  absl::Status RejectedValues(Values values, v1::Blame::Link from, absl::string_view where, absl::Status s);
   // This stage's squared gradient norm; FailedPrecondition naming the step
   // when it is NaN or infinite (an overflow's +inf is fine with loss scaling).
   absl::StatusOr<double> OwnNorm(int64_t step) const;
   // A received squared norm: finite (or +inf with loss scaling) and >= 0.
-  absl::Status CheckNorm(absl::string_view what, int64_t step, double sq);
+  absl::Status CheckNorm(absl::string_view what, v1::Blame::Link from, int64_t step, double sq);
 
   const StepProtocolOptions o_;
   StageCompute* const compute_;
   const StepLinks links_;
   FrameArrivals arrivals_;  // adaptive schedule: frames on either link
   double compute_s_ = 0, wait_s_ = 0;
+  int64_t step_ = -1;  // the step (or evaluation) running: what blames name
 };
+
+// Tests only (fault injection, step_protocol.cc): the step from which this
+// process's stage goes silent (AQSWARM_TEST_FAULT_SILENT_AT_STEP; -1:
+// never). At 0 the stage never even opens its links.
+int64_t TestFaultSilentAtStep();
 
 }  // namespace aqswarm::stage
 

@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "compression/codec.h"
+#include "stage/blame.h"
 #include "stage/in_process_stage_link.h"
 
 namespace aqswarm::stage {
@@ -311,6 +312,12 @@ TEST_F(StageZeroTest, ASilentNeighbourTimesOutNamingWhatIsMissing) {
     if (kind == pipeline::StepSchedule::kAdaptive) {
       EXPECT_THAT(out.status().message(), ::testing::HasSubstr("the gradient of micro-batch 0"));
     }
+    // Stage 0 waits on its one neighbour: the silent one is named.
+    std::optional<v1::Blame> blame = BlameOf(out.status());
+    ASSERT_TRUE(blame.has_value()) << out.status();
+    EXPECT_EQ(blame->kind(), v1::Blame::SILENT);
+    EXPECT_EQ(blame->link(), v1::Blame::DOWNSTREAM);
+    EXPECT_EQ(blame->step(), 0);
   }
 }
 
@@ -323,6 +330,9 @@ TEST_F(StageZeroTest, AVanishedNeighbourIsUnavailableNamingTheLink) {
   t.join();
   EXPECT_TRUE(absl::IsUnavailable(out.status())) << out.status();
   EXPECT_THAT(out.status().message(), ::testing::HasSubstr("link 0"));
+  // A lost link is a consequence, not evidence against the neighbour.
+  ASSERT_TRUE(BlameOf(out.status()).has_value());
+  EXPECT_EQ(BlameOf(out.status())->kind(), v1::Blame::LINK_LOST);
 }
 
 TEST_F(StageZeroTest, AGradientOfTheWrongShapeIsRefusedAndCounted) {
@@ -336,6 +346,9 @@ TEST_F(StageZeroTest, AGradientOfTheWrongShapeIsRefusedAndCounted) {
   absl::StatusOr<StepOutcome> out = s0.Step(0, SampleIds(0));
   EXPECT_FALSE(out.ok());
   EXPECT_THAT(s0.rejected, ::testing::ElementsAre("gradient_invalid"));
+  ASSERT_TRUE(BlameOf(out.status()).has_value()) << out.status();
+  EXPECT_EQ(BlameOf(out.status())->link(), v1::Blame::DOWNSTREAM);
+  EXPECT_EQ(BlameOf(out.status())->kind(), v1::Blame::REFUSED);
 }
 
 TEST_F(StageZeroTest, ATiedGradientLargerThanTheMatrixIsRefusedAndCounted) {
@@ -461,6 +474,13 @@ TEST_F(LastStageTest, NonFiniteActivationsAreRefusedBeforeTheForward) {
     EXPECT_THAT(std::string(out.status().message()), ::testing::HasSubstr("step 0 micro-batch 0 activations"));
     EXPECT_THAT(s2.rejected, ::testing::ElementsAre("activation_nonfinite"));
     EXPECT_TRUE(s2.compute.forwards.empty()) << "the poisoned input reached the model";
+    // The refusal blames the sender, with the reason it was counted under.
+    std::optional<v1::Blame> blame = BlameOf(out.status());
+    ASSERT_TRUE(blame.has_value()) << out.status();
+    EXPECT_EQ(blame->kind(), v1::Blame::REFUSED);
+    EXPECT_EQ(blame->link(), v1::Blame::UPSTREAM);
+    EXPECT_EQ(blame->reason(), "activation_nonfinite");
+    EXPECT_EQ(blame->step(), 0);
   }
 }
 

@@ -136,14 +136,17 @@ class SwarmTest : public ::testing::Test {
 
   // `aqswarm peer` with its JSON lines in <dir>/<name>.out, run in `cwd`
   // (default: the test's), with `peer_flags_` added.
-  void StartPeer(const std::string& name, const std::string& token, const std::string& cwd = "") {
+  // `env`: variables for it ("NAME=value", e.g. a test fault injection).
+  void StartPeer(const std::string& name, const std::string& token, const std::string& cwd = "",
+                 const std::string& env = "") {
     const fs::path work = dir_ / name;
     const std::string cmd = absl::StrCat(
+        env.empty() ? "" : absl::StrCat("export ", env, " && "),
         cwd.empty() ? "" : absl::StrCat("cd ", cwd, " && "), "exec ", kBinary, " peer", peer_flags_,
         " --coordinator=127.0.0.1:", coordinator_port_, " --join_token=", token,
         " --name=", name, " --listen=127.0.0.1:", testing::UniqueLoopbackPort(),
         " --exchange_listen=127.0.0.1:", testing::UniqueLoopbackPort(),
-        " --work_dir=", work.string(), " --link_timeout_s=20",
+        " --work_dir=", work.string(), " --link_timeout_s=", link_timeout_s_,
         tls_dir_.empty() ? "" : absl::StrCat(" --tls_dir=", tls_dir_, " --name=", name), " > ",
         (dir_ / (name + ".out")).string());
     auto p = Subprocess::Spawn({"/bin/sh", "-c", cmd},
@@ -214,6 +217,7 @@ class SwarmTest : public ::testing::Test {
   std::string model_extra_;  // more model fields for WriteJob (",\"tieEmbeddings\":true")
   int stages_ = 2;           // the job's stages (WriteJob)
   std::string peer_flags_;   // more `aqswarm peer` flags (" --keep_checkpoints=100")
+  int link_timeout_s_ = 20;  // every peer's --link_timeout_s
   std::string corpus_ = std::string(kData) + "/sotu";
   int coordinator_port_ = 0;
   std::unique_ptr<Subprocess> coordinator_;
