@@ -32,6 +32,9 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "the Coordinator service).");
 ABSL_FLAG(std::string, exchange_listen, "", "Address the stage's GradientExchange server binds (default: --listen's "
                                             "host, any port).");
+ABSL_FLAG(bool, adaptive_deadline, false,
+          "Bound the stage's waits inside a step by 8x the link's recent p99 wait (at least 5 s, at most "
+          "--link_timeout_s): a neighbour that turns slow is blamed to the coordinator within a step.");
 ABSL_FLAG(int32_t, keep_checkpoints, 4, "Newest stage states kept in the work dir's checkpoints/stage-<j>.");
 ABSL_FLAG(std::string, join_token, "", "Join token from `aqswarm certs token` (or @FILE to read it from FILE).");
 ABSL_FLAG(std::string, advertise, "", "HOST:PORT other peers dial for --listen (default: --listen).");
@@ -87,6 +90,7 @@ int RunPeer(const std::vector<std::string>& args) {
   o.seconds_per_layer = absl::GetFlag(FLAGS_seconds_per_layer);
   o.memory_bytes = absl::GetFlag(FLAGS_memory_bytes);
   o.link_timeout = absl::Seconds(absl::GetFlag(FLAGS_link_timeout_s));
+  o.adaptive_link_deadline = absl::GetFlag(FLAGS_adaptive_deadline);
   o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   o.probe_bytes = absl::GetFlag(FLAGS_probe_bytes);
   o.emulate_uplink_mbps = absl::GetFlag(FLAGS_emulate_uplink_mbps);
@@ -143,7 +147,7 @@ std::vector<Command> PeerCommands() {
        "mirrored, link_measured, child_exit, left ...) and its stage's, as {\"stage\":{...}}.",
        {"coordinator", "join_token", "name", "listen", "advertise", "exchange_listen", "exchange_advertise",
         "state_listen", "state_advertise", "work_dir", "tls_dir", "seconds_per_layer", "memory_bytes",
-        "link_timeout_s", "keep_checkpoints", "probe_bytes", "emulate_uplink_mbps", "no_inbound", "metrics_listen", "daemon_metrics_listen", "insecure"},
+        "link_timeout_s", "adaptive_deadline", "keep_checkpoints", "probe_bytes", "emulate_uplink_mbps", "no_inbound", "metrics_listen", "daemon_metrics_listen", "insecure"},
        RunPeer},
   };
 }

@@ -234,6 +234,7 @@ absl::Status PeerDaemonImpl::Apply(const v1::Assignment& a, std::optional<absl::
   base.mutable_tls()->set_insecure(o_.insecure);
   base.set_keep_checkpoints(static_cast<uint32_t>(std::max(1, o_.keep_checkpoints)));
   base.mutable_link_timeout()->set_seconds(std::max<int64_t>(1, absl::ToInt64Seconds(o_.link_timeout)));
+  base.set_adaptive_link_deadline(o_.adaptive_link_deadline);
   base.set_uplink_mbps(o_.emulate_uplink_mbps);
   base.set_die_with_parent(true);
   v1::Neighbor self;

@@ -121,6 +121,10 @@ struct PeerDaemonOptions {
   uint64_t memory_bytes = 0;
   // The child's bound on every wait for a neighbour.
   absl::Duration link_timeout = absl::Seconds(60);
+  // Waits inside a step are also bounded by the link's recent waits, so a
+  // neighbour that turns slow is blamed within a step (StageLaunch.
+  // adaptive_link_deadline). Default: off (`--adaptive_deadline`).
+  bool adaptive_link_deadline = false;
   // Newest stage states kept on disk per stage (rollback + StateTransfer). Default: 4.
   int keep_checkpoints = 4;
   // Bytes per timed probe transfer (peer/state_transfer.h). 0 = never probe.

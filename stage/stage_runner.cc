@@ -270,6 +270,7 @@ class StageRunnerImpl final : public StageRunner {
     po.tie_embeddings = job_.model().tie_embeddings() && num_stages_ > 1;
     po.tied_elements = static_cast<int64_t>(job_.model().vocab_size()) * job_.model().d_model();
     po.link_timeout = timeout_;
+    po.adaptive_deadline.enabled = launch_.adaptive_link_deadline();
     po.loss_scaling = pipeline::DynamicLossScaling(job_);
     po.rejected = [](RejectReason reason) { CountRejectedMessage(reason); };
     protocol_ = std::make_unique<StepProtocol>(po, compute_.get(),

@@ -5,9 +5,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/random.h"
@@ -26,7 +30,9 @@ namespace {
 //     bad frame per run of the stage, so one per plan under a coordinator;
 //   AQSWARM_TEST_FAULT_SILENT_AT_STEP=<s>  from step s on, the stage sends
 //     nothing more and never returns (its process lives on, silent); at 0
-//     it never even opens its links (StageRunner, TestFaultSilentAtStep).
+//     it never even opens its links (StageRunner, TestFaultSilentAtStep);
+//   AQSWARM_TEST_FAULT_SLOW_AT_STEP=<s>:<ms>  every frame of step s waits
+//     <ms> milliseconds before it is sent (a straggler's stall).
 int64_t TestFaultStep(const char* var) {
   int64_t s = -1;
   const char* v = std::getenv(var);
@@ -35,8 +41,22 @@ int64_t TestFaultStep(const char* var) {
   return s;
 }
 
+// "<s>:<ms>" of AQSWARM_TEST_FAULT_SLOW_AT_STEP ({-1, 0} when unset).
+std::pair<int64_t, int64_t> TestFaultSlowStep() {
+  const char* v = std::getenv("AQSWARM_TEST_FAULT_SLOW_AT_STEP");
+  std::pair<int64_t, int64_t> at{-1, 0};
+  const std::vector<std::string> parts = v == nullptr ? std::vector<std::string>() : absl::StrSplit(v, ':');
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &at.first) || !absl::SimpleAtoi(parts[1], &at.second)) {
+    return {-1, 0};
+  }
+  std::fprintf(stderr, "aqswarm: TEST FAULT INJECTION: AQSWARM_TEST_FAULT_SLOW_AT_STEP=%s\n", v);
+  return at;
+}
+
 void InjectFaultForTest(int64_t step, v1::LinkFrame* f) {
   static const int64_t bad_at = TestFaultStep("AQSWARM_TEST_FAULT_BAD_FRAME_AT_STEP");
+  static const std::pair<int64_t, int64_t> slow = TestFaultSlowStep();
+  if (step == slow.first) absl::SleepFor(absl::Milliseconds(slow.second));
   static std::atomic<bool> bad_sent{false};
   if (const int64_t silent_at = TestFaultSilentAtStep(); silent_at >= 0 && step >= silent_at) {
     while (true) absl::SleepFor(absl::Hours(1));
@@ -101,7 +121,7 @@ struct StepProtocol::StepState {
 };
 
 StepProtocol::StepProtocol(StepProtocolOptions options, StageCompute* compute, StepLinks links)
-    : o_(std::move(options)), compute_(compute), links_(links) {
+    : o_(std::move(options)), compute_(compute), links_(links), waits_(o_.adaptive_deadline) {
   if (pipeline::StepOpSequencer(o_.schedule, o_.stage).adaptive()) {
     if (links_.up != nullptr) links_.up->NotifyArrivals(&arrivals_);
     if (links_.down != nullptr) links_.down->NotifyArrivals(&arrivals_);
@@ -149,17 +169,45 @@ absl::StatusOr<double> StepProtocol::OwnNorm(int64_t step) const {
                                                     "): the step stops before its norm is sent"));
 }
 
+absl::Duration StepProtocol::WaitBound() const {
+  if (!mid_step_) return o_.link_timeout;
+  const std::optional<absl::Duration> bound = waits_.Bound();
+  return bound.has_value() ? std::min(*bound, o_.link_timeout) : o_.link_timeout;
+}
+
+absl::Status StepProtocol::TimedOut(absl::Status s, v1::Blame::Link link, absl::Duration bound) const {
+  if (!absl::IsDeadlineExceeded(s) || bound >= o_.link_timeout) return BlamedLinkError(std::move(s), link, step_);
+  // The adaptive bound, not the link timeout: the neighbour is slow, not gone.
+  absl::Status slow(s.code(), absl::StrCat(s.message(), " (the adaptive deadline: ", o_.adaptive_deadline.multiple,
+                                           " x this link's recent p99 wait of ", absl::FormatDuration(waits_.P99()),
+                                           ", at least ", absl::FormatDuration(o_.adaptive_deadline.floor), ")"));
+  return Blamed(std::move(slow), link, v1::Blame::SILENT, "slow", step_);
+}
+
+void StepProtocol::Waited(bool was_mid_step, absl::Time since) {
+  if (was_mid_step) waits_.Record(absl::Now() - since);
+  mid_step_ = !in_eval_;
+}
+
 absl::StatusOr<v1::LinkFrame> StepProtocol::FromUp(const StageLink::Match& m) {
   Timer t(&wait_s_);
-  absl::StatusOr<v1::LinkFrame> f = links_.up->Receive(m, o_.link_timeout);
-  if (!f.ok()) return BlamedLinkError(f.status(), v1::Blame::UPSTREAM, step_);
+  const bool was_mid_step = mid_step_;
+  const absl::Duration bound = WaitBound();
+  const absl::Time since = absl::Now();
+  absl::StatusOr<v1::LinkFrame> f = links_.up->Receive(m, bound);
+  if (!f.ok()) return TimedOut(f.status(), v1::Blame::UPSTREAM, bound);
+  Waited(was_mid_step, since);
   return f;
 }
 
 absl::StatusOr<v1::LinkFrame> StepProtocol::FromDown(const StageLink::Match& m) {
   Timer t(&wait_s_);
-  absl::StatusOr<v1::LinkFrame> f = links_.down->Receive(m, o_.link_timeout);
-  if (!f.ok()) return BlamedLinkError(f.status(), v1::Blame::DOWNSTREAM, step_);
+  const bool was_mid_step = mid_step_;
+  const absl::Duration bound = WaitBound();
+  const absl::Time since = absl::Now();
+  absl::StatusOr<v1::LinkFrame> f = links_.down->Receive(m, bound);
+  if (!f.ok()) return TimedOut(f.status(), v1::Blame::DOWNSTREAM, bound);
+  Waited(was_mid_step, since);
   return f;
 }
 
@@ -181,6 +229,7 @@ absl::Status StepProtocol::ToDown(v1::LinkFrame f) {
 
 absl::StatusOr<StepOutcome> StepProtocol::RunStep(const StepInput& in) {
   step_ = in.step;
+  mid_step_ = in_eval_ = false;
   StepState st{in};
   pipeline::GradientCodec grads(o_.compression, o_.seq_len, o_.d_model);
   // Every schedule runs backwards in increasing micro-batch order, so the
@@ -286,7 +335,10 @@ absl::StatusOr<pipeline::StepOp> StepProtocol::NextOp(const pipeline::StepOpSequ
   const std::optional<pipeline::StepOp> b = seq.backward(), f = seq.forward();
   if (!seq.adaptive()) return b ? *b : *f;
   const int64_t gs = st.in.step;
-  const absl::Time deadline = absl::Now() + o_.link_timeout;
+  const bool was_mid_step = mid_step_;
+  const absl::Duration bound = WaitBound();
+  const absl::Time since = absl::Now();
+  const absl::Time deadline = since + bound;
   while (true) {
     const uint64_t seen = arrivals_.count();
     const absl::Time checked = absl::Now();  // before the Has checks below (NextDue)
@@ -304,14 +356,20 @@ absl::StatusOr<pipeline::StepOp> StepProtocol::NextOp(const pipeline::StepOpSequ
       AQSWARM_ASSIGN_OR_RETURN(const bool ready, Has(links_.down, v1::Blame::DOWNSTREAM, [&](const v1::LinkFrame& x) {
                                  return IsGradient(x, gs, b->micro_batch);
                                }));
-      if (ready) return *b;
+      if (ready) {
+        Waited(was_mid_step, since);
+        return *b;
+      }
     }
     if (f) {
       if (first()) return *f;
       AQSWARM_ASSIGN_OR_RETURN(const bool ready, Has(links_.up, v1::Blame::UPSTREAM, [&](const v1::LinkFrame& x) {
                                  return IsActivations(x, gs, f->micro_batch, /*resend=*/false);
                                }));
-      if (ready) return *f;
+      if (ready) {
+        Waited(was_mid_step, since);
+        return *f;
+      }
     }
     Timer tm(&wait_s_);
     // A frame held on a shaped link coming due does not notify: wake then,
@@ -331,9 +389,9 @@ absl::StatusOr<pipeline::StepOp> StepProtocol::NextOp(const pipeline::StepOpSequ
           "stage ", o_.stage, ": step ", gs, ": neither ",
           b ? absl::StrCat("the gradient of micro-batch ", b->micro_batch) : std::string("a gradient"), " nor ",
           f ? absl::StrCat("the activations of micro-batch ", f->micro_batch) : std::string("activations"),
-          " arrived within ", absl::FormatDuration(o_.link_timeout)));
+          " arrived within ", absl::FormatDuration(bound)));
       if (silent == v1::Blame::LINK_UNSPECIFIED) return timeout;
-      return BlamedLinkError(std::move(timeout), silent, gs);
+      return TimedOut(std::move(timeout), silent, bound);
     }
   }
 }
@@ -461,6 +519,8 @@ absl::Status StepProtocol::ServeResend(const StepState& st, const v1::ResendRequ
 absl::StatusOr<double> StepProtocol::RunEval(int64_t gs, const std::vector<absl::Span<const int64_t>>& batches) {
   if (batches.empty()) return absl::InvalidArgumentError("evaluation over no batches");
   step_ = gs;
+  mid_step_ = false;
+  in_eval_ = true;
   double sum = 0;
   for (size_t e = 0; e < batches.size(); ++e) {
     std::vector<float> in, out;

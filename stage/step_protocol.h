@@ -49,6 +49,7 @@
 #include "proto/events.pb.h"
 #include "stage/reject_reason.h"
 #include "stage/stage_link.h"
+#include "stage/wait_history.h"
 #include "pipeline/link_endpoint.h"
 #include "pipeline/step_schedule.h"
 #include "proto/job.pb.h"
@@ -102,6 +103,11 @@ struct StepProtocolOptions {
   bool tie_embeddings = false;
   int64_t tied_elements = 0;  // vocab x d_model: the largest tied gradient accepted
   absl::Duration link_timeout = absl::Seconds(120);
+  // Mid-step waits bounded by the link's recent waits (stage/wait_history.h);
+  // a wait past that bound fails blaming the neighbour as slow. Off: every
+  // wait gets link_timeout. Default: off; a peer daemon's stages have it
+  // with `aqswarm peer --adaptive_deadline`.
+  AdaptiveDeadlineOptions adaptive_deadline;
   // Dynamic loss scaling (pipeline/job_spec.h DynamicLossScaling): a squared
   // gradient norm of +infinity is an overflow somewhere in the pipeline and
   // every stage skips the step, so a neighbour may send one. Otherwise every
@@ -169,6 +175,12 @@ class StepProtocol {
   absl::StatusOr<v1::LinkFrame> FromDown(const StageLink::Match& m);
   absl::Status ToUp(v1::LinkFrame f);
   absl::StatusOr<bool> Has(StageLink* link, v1::Blame::Link which, const StageLink::Match& m);
+  // How long the next wait on a neighbour may take (see adaptive_deadline),
+  // and the error when it did not end in time.
+  absl::Duration WaitBound() const;
+  absl::Status TimedOut(absl::Status s, v1::Blame::Link link, absl::Duration bound) const;
+  // A mid-step wait that ended with a frame.
+  void Waited(bool was_mid_step, absl::Time since);
   absl::Status ToDown(v1::LinkFrame f);
   // Counts the refusal and blames the neighbour on link `from` for it
   // (REFUSED, the reason's name, the running step).
@@ -190,6 +202,11 @@ class StepProtocol {
   FrameArrivals arrivals_;  // adaptive schedule: frames on either link
   double compute_s_ = 0, wait_s_ = 0;
   int64_t step_ = -1;  // the step (or evaluation) running: what blames name
+  // Whether a frame of the running step has arrived: later waits are
+  // mid-step (adaptive_deadline); an evaluation's never are.
+  bool mid_step_ = false;
+  bool in_eval_ = false;
+  WaitHistory waits_;
 };
 
 // Tests only (fault injection, step_protocol.cc): the step from which this

@@ -511,3 +511,33 @@ TEST_F(LastStageTest, ACommittedTotalBelowThePartialOrNotFiniteIsRefused) {
 
 }  // namespace
 }  // namespace aqswarm::stage
+
+namespace aqswarm::stage {
+namespace {
+
+TEST(WaitHistoryTest, BoundsMidStepWaitsByTheRecentP99OnceEnoughWereSeen) {
+  AdaptiveDeadlineOptions o;
+  o.enabled = true;
+  o.multiple = 8;
+  o.floor = absl::Seconds(5);
+  o.window = 32;
+  o.min_samples = 16;
+  WaitHistory h(o);
+  for (int i = 0; i < 15; ++i) h.Record(absl::Milliseconds(100));
+  EXPECT_FALSE(h.Bound().has_value()) << "too few samples for a bound";
+  h.Record(absl::Milliseconds(100));
+  ASSERT_TRUE(h.Bound().has_value());
+  EXPECT_EQ(*h.Bound(), absl::Seconds(5)) << "8 x 100 ms is under the floor";
+  for (int i = 0; i < 16; ++i) h.Record(absl::Seconds(1));  // the window: 16 x 100 ms, 16 x 1 s
+  EXPECT_EQ(h.P99(), absl::Seconds(1));
+  EXPECT_EQ(*h.Bound(), absl::Seconds(8));
+  for (int i = 0; i < 32; ++i) h.Record(absl::Milliseconds(10));  // the 1 s waits leave the window
+  EXPECT_EQ(h.P99(), absl::Milliseconds(10));
+  EXPECT_EQ(*h.Bound(), absl::Seconds(5));
+  WaitHistory off(AdaptiveDeadlineOptions{});
+  for (int i = 0; i < 100; ++i) off.Record(absl::Milliseconds(1));
+  EXPECT_FALSE(off.Bound().has_value()) << "off unless enabled";
+}
+
+}  // namespace
+}  // namespace aqswarm::stage

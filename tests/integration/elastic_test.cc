@@ -6,7 +6,9 @@
 // refuses the frame (or times out), blames it, keeps its slot and restarts
 // with the plan the coordinator settles; after 3 strikes the offender is
 // evicted, the standby takes its slot and the honest peer's step counter
-// keeps rising. `ctest -L elastic`.
+// keeps rising. A straggler is caught by the adaptive deadline within a
+// step. `ctest -L elastic`.
+#include "absl/strings/match.h"
 #include "tests/integration/swarm_fixture.h"
 
 namespace aqswarm {
@@ -87,6 +89,43 @@ TEST_F(ElasticTest, ASilentPlacedPeerIsBlamedAndReplacedByTheStandby) {
 TEST_F(ElasticTest, APlacedPeerThatNeverRunsItsStageIsBlamedAndReplacedByTheStandby) {
   link_timeout_s_ = 8;
   ExpectTheOffenderEvicted("AQSWARM_TEST_FAULT_SILENT_AT_STEP=0", v1::Blame::SILENT);
+}
+
+// A neighbour that stalls 8 s before each frame of one step, with a 20 s
+// link timeout: the honest stage's adaptive deadline (8 x its recent p99,
+// at least 5 s) catches it within that step and blames it as slow; the
+// restarted plan trains on (the fresh stages have no history yet, so they
+// wait the stall out, the straggler is not struck again) and it is not evicted.
+TEST_F(ElasticTest, AStragglerIsCaughtByTheAdaptiveDeadlineWithinAStepAndTrainingGoesOn) {
+  WriteJob(23, R"("dataParallel":1,"checkpointEverySteps":2)");
+  peer_flags_ = " --adaptive_deadline";
+  StartCoordinator();
+  const std::string token = Token();
+  StartPeer("offender", token, "", "AQSWARM_TEST_FAULT_SLOW_AT_STEP=12:8000");
+  StartPeer("honest", token);
+  ASSERT_TRUE(WaitFor(
+      [](const auto& st) {
+        for (const auto& p : st.peers()) {
+          if (p.peer_name() == "offender" && p.strikes() == 1) return true;
+        }
+        return false;
+      },
+      absl::Seconds(120)))
+      << "the straggler was not struck" << Logs();
+  ASSERT_TRUE(WaitFor([](const auto& st) { return st.step() >= 16; }, absl::Seconds(180)))
+      << "training did not go past the straggler's step (step " << status_.step() << ")" << Logs();
+  EXPECT_EQ(status_.evictions(), 0u);
+  const int slow = CountEvents("honest", [](const v1::PeerEvent& e) {
+    return e.has_blame_reported() && e.blame_reported().blame().reason() == "slow" &&
+           e.blame_reported().blame().kind() == v1::Blame::SILENT &&
+           e.blame_reported().blame().peer_name() == "offender" && e.blame_reported().blame().step() == 12;
+  });
+  EXPECT_EQ(slow, 1) << Out("honest");
+  EXPECT_TRUE(HasEvent(Out("honest"), [](const v1::PeerEvent& e) {
+    return absl::StrContains(e.stage().error().message(), "adaptive deadline");
+  })) << Out("honest");
+  EXPECT_EQ(CountEvents("honest", [](const v1::PeerEvent& e) { return e.has_rejoin(); }), 0);
+  TerminatePeersExcept("");
 }
 
 }  // namespace
