@@ -469,11 +469,7 @@ absl::Status SwarmCoordinator::ReportLinkProbe(uint64_t peer_id, absl::string_vi
   AQSWARM_RETURN_IF_ERROR(ValidateLinkEstimate(bandwidth, rtt));
   absl::MutexLock lock(&mu_);
   AQSWARM_RETURN_IF_ERROR(membership_.Authenticate(peer_id, session_token).status());
-  if (!reports_.Allow(absl::StrCat(peer_id), clock_->Now())) {
-    CountRefusal(Refusal::kReportRate);
-    return absl::ResourceExhaustedError(absl::StrCat("peer ", peer_id, " reports more than ",
-                                                     options_.report_limit.per_second, "/s: slow down"));
-  }
+  AQSWARM_RETURN_IF_ERROR(AllowReportLocked(peer_id, clock_->Now()));
   if (to_peer_id == peer_id) return absl::InvalidArgumentError("to_peer_id is the reporting peer itself");
   if (membership_.Find(to_peer_id) == nullptr) {
     return absl::NotFoundError(absl::StrCat("to_peer_id ", to_peer_id, " is not a member"));
@@ -495,11 +491,7 @@ absl::Status SwarmCoordinator::ReportProgress(uint64_t peer_id, absl::string_vie
   }
   absl::MutexLock lock(&mu_);
   AQSWARM_ASSIGN_OR_RETURN(const Member* m, membership_.Authenticate(peer_id, session_token));
-  if (!reports_.Allow(absl::StrCat(peer_id), clock_->Now())) {
-    CountRefusal(Refusal::kReportRate);
-    return absl::ResourceExhaustedError(absl::StrCat("peer ", peer_id, " reports more than ",
-                                                     options_.report_limit.per_second, "/s: slow down"));
-  }
+  AQSWARM_RETURN_IF_ERROR(AllowReportLocked(peer_id, clock_->Now()));
   AQSWARM_RETURN_IF_ERROR(CheckMonotonicLocked(*m, progress));
   if (held != nullptr) {
     HeldStates kept = *held;
@@ -513,6 +505,13 @@ absl::Status SwarmCoordinator::ReportProgress(uint64_t peer_id, absl::string_vie
   return RecordProgressLocked(*m, progress, checkpoint_step);
 }
 
+absl::Status SwarmCoordinator::AllowReportLocked(uint64_t peer_id, absl::Time now) {
+  if (reports_.Allow(absl::StrCat(peer_id), now)) return absl::OkStatus();
+  CountRefusal(Refusal::kReportRate);
+  return absl::ResourceExhaustedError(
+      absl::StrCat("peer ", peer_id, " reports more than ", options_.report_limit.per_second, "/s: slow down"));
+}
+
 int SwarmCoordinator::StrikesLocked(absl::string_view name, absl::Time now) const {
   auto it = strikes_.find(name);
   if (it == strikes_.end() || now - it->second.last >= options_.strike_decay) return 0;
@@ -521,14 +520,14 @@ int SwarmCoordinator::StrikesLocked(absl::string_view name, absl::Time now) cons
 
 absl::StatusOr<BlameAnswer> SwarmCoordinator::ReportBlame(uint64_t peer_id, absl::string_view session_token,
                                                          const v1::Blame& blame) {
+  if (blame.reason().size() > kMaxBlameReason) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("blame.reason is ", blame.reason().size(), " bytes; at most ", kMaxBlameReason));
+  }
   absl::MutexLock lock(&mu_);
   AQSWARM_ASSIGN_OR_RETURN(const Member* m, membership_.Authenticate(peer_id, session_token));
   const absl::Time now = clock_->Now();
-  if (!reports_.Allow(absl::StrCat(peer_id), now)) {
-    CountRefusal(Refusal::kReportRate);
-    return absl::ResourceExhaustedError(absl::StrCat("peer ", peer_id, " reports more than ",
-                                                     options_.report_limit.per_second, "/s: slow down"));
-  }
+  AQSWARM_RETURN_IF_ERROR(AllowReportLocked(peer_id, now));
   BlameAnswer answer;
   answer.plan_version = grid_.plan_version;
   // The accused must be the peer in the slot next to the reporter's, on the

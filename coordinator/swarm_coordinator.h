@@ -196,6 +196,10 @@ struct JoinResult {
   std::string probe_address;
 };
 
+// The longest Blame.reason accepted (reasons are short names such as
+// "activation_nonfinite").
+inline constexpr size_t kMaxBlameReason = 64;
+
 struct BlameAnswer {
   bool recorded = false;  // false: stale (an older plan, or not the reporter's neighbour)
   int strikes = 0;        // the accused's strikes so far
@@ -248,7 +252,8 @@ class SwarmCoordinator {
   // A placed peer's stage ended blaming a neighbour (v1::Blame, as its
   // stage printed it). Kept when it names the peer in the neighbouring slot
   // of the reporter's pipeline under the current plan; settled by
-  // SettleBlames. Errors: as Heartbeat; RESOURCE_EXHAUSTED over report_limit.
+  // SettleBlames. Errors: as Heartbeat; RESOURCE_EXHAUSTED over report_limit;
+  // INVALID_ARGUMENT for a reason longer than kMaxBlameReason.
   absl::StatusOr<BlameAnswer> ReportBlame(uint64_t peer_id, absl::string_view session_token, const v1::Blame& blame);
   // Once blame_settle has passed since the current plan's first blame
   // report: a strike against each accused the evidence (REFUSED, SILENT)
@@ -304,6 +309,8 @@ class SwarmCoordinator {
   absl::Status ChangeMembersLocked(const std::vector<uint64_t>& removed, const std::optional<Member>& added,
                                    const UsedToken* used = nullptr, const Replacement* replacement = nullptr,
                                    bool restart = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED (counted) when `peer_id` is over report_limit.
+  absl::Status AllowReportLocked(uint64_t peer_id, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The strikes `name` holds at `now` (0 once strike_decay passed since its last).
   int StrikesLocked(absl::string_view name, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The step every placed peer of `grid` would restart from with `live` as

@@ -1316,6 +1316,9 @@ TEST_F(BlameTest, OnlyTheReportersNeighbourCanBeBlamedAndStrikesDecay) {
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_FALSE(a->recorded);
   EXPECT_TRUE(absl::IsUnauthenticated(c_->ReportBlame(s2.peer_id, "wrong", far).status()));
+  v1::Blame long_reason = far;
+  long_reason.set_reason(std::string(kMaxBlameReason + 1, 'x'));
+  EXPECT_TRUE(absl::IsInvalidArgument(c_->ReportBlame(s2.peer_id, s2.session_token, long_reason).status()));
   Blame(1, v1::Blame::UPSTREAM, v1::Blame::REFUSED);
   Settle();
   EXPECT_EQ(StrikesOf(At(0)), 1);

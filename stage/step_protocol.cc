@@ -189,26 +189,23 @@ void StepProtocol::Waited(bool was_mid_step, absl::Time since) {
   mid_step_ = !in_eval_;
 }
 
-absl::StatusOr<v1::LinkFrame> StepProtocol::FromUp(const StageLink::Match& m) {
+absl::StatusOr<v1::LinkFrame> StepProtocol::From(StageLink* link, v1::Blame::Link which, const StageLink::Match& m) {
   Timer t(&wait_s_);
   const bool was_mid_step = mid_step_;
   const absl::Duration bound = WaitBound();
   const absl::Time since = absl::Now();
-  absl::StatusOr<v1::LinkFrame> f = links_.up->Receive(m, bound);
-  if (!f.ok()) return TimedOut(f.status(), v1::Blame::UPSTREAM, bound);
+  absl::StatusOr<v1::LinkFrame> f = link->Receive(m, bound);
+  if (!f.ok()) return TimedOut(f.status(), which, bound);
   Waited(was_mid_step, since);
   return f;
 }
 
+absl::StatusOr<v1::LinkFrame> StepProtocol::FromUp(const StageLink::Match& m) {
+  return From(links_.up, v1::Blame::UPSTREAM, m);
+}
+
 absl::StatusOr<v1::LinkFrame> StepProtocol::FromDown(const StageLink::Match& m) {
-  Timer t(&wait_s_);
-  const bool was_mid_step = mid_step_;
-  const absl::Duration bound = WaitBound();
-  const absl::Time since = absl::Now();
-  absl::StatusOr<v1::LinkFrame> f = links_.down->Receive(m, bound);
-  if (!f.ok()) return TimedOut(f.status(), v1::Blame::DOWNSTREAM, bound);
-  Waited(was_mid_step, since);
-  return f;
+  return From(links_.down, v1::Blame::DOWNSTREAM, m);
 }
 
 absl::StatusOr<bool> StepProtocol::Has(StageLink* link, v1::Blame::Link which, const StageLink::Match& m) {

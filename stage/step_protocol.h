@@ -171,6 +171,7 @@ class StepProtocol {
   absl::Status OwnTied(v1::TiedGradient* tied);
   // Frames from and to a neighbour; an error blames that link
   // (stage/blame.h: SILENT on a timeout, LINK_LOST otherwise).
+  absl::StatusOr<v1::LinkFrame> From(StageLink* link, v1::Blame::Link which, const StageLink::Match& m);
   absl::StatusOr<v1::LinkFrame> FromUp(const StageLink::Match& m);
   absl::StatusOr<v1::LinkFrame> FromDown(const StageLink::Match& m);
   absl::Status ToUp(v1::LinkFrame f);
