@@ -574,8 +574,16 @@ absl::StatusOr<bool> SwarmCoordinator::SettleBlames() {
     return false;
   }
   const absl::Time now = clock_->Now();
-  if (now < blame_first_ + options_.blame_settle) return false;
   auto evidence = [](v1::Blame::Kind k) { return k == v1::Blame::REFUSED || k == v1::Blame::SILENT; };
+  // Lost links alone accuse nobody: the peer at the other end may be dead,
+  // and then its lease runs out within a lease of the loss and that re-plan
+  // (ExpireLeases runs first) replaces it. Only if it still heartbeats then
+  // does the plan restart with it.
+  const bool any_evidence =
+      std::any_of(blames_.begin(), blames_.end(), [&](const BlameRecord& b) { return evidence(b.kind); });
+  if (now < blame_first_ + (any_evidence ? options_.blame_settle : std::max(options_.blame_settle, options_.lease))) {
+    return false;
+  }
   std::set<uint64_t> reported_evidence, struck;
   for (const BlameRecord& b : blames_) {
     if (evidence(b.kind)) reported_evidence.insert(b.reporter);

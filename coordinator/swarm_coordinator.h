@@ -256,7 +256,7 @@ class SwarmCoordinator {
   // INVALID_ARGUMENT for a reason longer than kMaxBlameReason.
   absl::StatusOr<BlameAnswer> ReportBlame(uint64_t peer_id, absl::string_view session_token, const v1::Blame& blame);
   // Once blame_settle has passed since the current plan's first blame
-  // report: a strike against each accused the evidence (REFUSED, SILENT)
+  // report (a lease, when every report is a lost link): a strike against each accused the evidence (REFUSED, SILENT)
   // points to that reported no evidence itself under the plan, then an
   // eviction of the names at evict_strikes (a re-plan: standbys fill their
   // slots) or else a restart of the plan (same grid, every placed peer

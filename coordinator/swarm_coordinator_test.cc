@@ -1284,6 +1284,58 @@ TEST_F(BlameTest, ThreeStrikesEvictTheOffenderTheStandbyTakesItsSlotAndItsJoinsA
   EXPECT_EQ(StrikesOf(back->peer_id), 0);
 }
 
+// A lost link alone accuses nobody: the settle waits a lease, so a killed
+// peer's expiry re-plans it away (one new plan, not a restart first), and
+// only a peer still heartbeating then gets its plan restarted, unstruck.
+TEST_F(BlameTest, ALostLinkAloneWaitsALeaseSoADeadPeerExpiresAndALiveOneRestartsUnstruck) {
+  Start(2, 1);
+  const Grid before = c_->grid();
+  const uint64_t dead = At(0);
+  auto heartbeat_all_but = [&](uint64_t skip) {
+    for (const auto& [name, j] : joined_) {
+      if (j.peer_id != skip) {
+        ASSERT_TRUE(c_->Heartbeat(j.peer_id, j.session_token).ok()) << name;
+      }
+    }
+  };
+  Blame(1, v1::Blame::UPSTREAM, v1::Blame::LINK_LOST);
+  clock_.Advance(absl::Seconds(3));
+  heartbeat_all_but(dead);
+  absl::StatusOr<bool> early = c_->SettleBlames();
+  ASSERT_TRUE(early.ok());
+  EXPECT_FALSE(*early) << "restarted before the accused's lease could run out";
+  for (int i = 0; i < 4; ++i) {
+    clock_.Advance(absl::Seconds(2));
+    heartbeat_all_but(dead);
+  }
+  absl::StatusOr<std::vector<uint64_t>> expired = c_->ExpireLeases();
+  ASSERT_TRUE(expired.ok());
+  EXPECT_THAT(*expired, ::testing::ElementsAre(dead));
+  absl::StatusOr<bool> after_expiry = c_->SettleBlames();
+  ASSERT_TRUE(after_expiry.ok());
+  EXPECT_FALSE(*after_expiry) << "the expiry's re-plan settles the lost link";
+  EXPECT_EQ(c_->grid().plan_version, before.plan_version + 1) << "one new plan for one loss";
+  EXPECT_TRUE(c_->grid().complete()) << "the standby takes the dead peer's slot";
+
+  // The same loss with the accused alive: a restart after a lease, no strike.
+  const Grid replanned = c_->grid();
+  const uint64_t alive = At(0);
+  Blame(1, v1::Blame::UPSTREAM, v1::Blame::LINK_LOST);
+  for (int i = 0; i < 5; ++i) {
+    clock_.Advance(absl::Seconds(2));
+    heartbeat_all_but(dead);
+  }
+  absl::StatusOr<std::vector<uint64_t>> none = c_->ExpireLeases();
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  absl::StatusOr<bool> restarted = c_->SettleBlames();
+  ASSERT_TRUE(restarted.ok());
+  EXPECT_TRUE(*restarted);
+  EXPECT_EQ(c_->grid().slots, replanned.slots);
+  EXPECT_EQ(c_->grid().plan_version, replanned.plan_version + 1);
+  EXPECT_EQ(StrikesOf(alive), 0);
+}
+
 TEST_F(BlameTest, InAChainOfSilentStagesOnlyTheStageThatBlamesNobodyIsStruck) {
   Start(3, 0);
   // s0 stops sending: s1 times out on it, and s2 times out on s1.
