@@ -276,6 +276,43 @@ struct ConvergeBenchOptions {
 };
 absl::Status RunConvergeBench(const ConvergeBenchOptions& options, std::ostream& out);
 
+// `aqswarm bench churn`: what peer losses cost a real swarm (churn_bench.cc).
+// Two runs of the job, from scratch each: "undisturbed", then "churn" (a
+// random placed peer SIGKILLed at Poisson times, a fresh peer arriving for
+// each). One JSON line per run: events, steps and steps/s over `seconds`
+// (the mean over pipelines of the steps their last stage completed on its
+// current timeline: a rollback lowers it), throughput_ratio_vs_undisturbed,
+// swarm_seconds_lost_per_event (per kill, over the time until the next: the
+// seconds the undisturbed rate needs for the progress not made; p50/p99),
+// healthy_steps_redone
+// (steps the pipelines a kill did not hit trained again), affected_pipeline_recovery_s
+// (per kill: until the hit pipeline reports a step from a stage started
+// after it), and the loss at equal steps against the undisturbed run
+// (val losses when the job evaluates, else training losses).
+struct ChurnBenchOptions {
+  // The job (JSON): a name, stages >= 2, dataParallel >= 2. Relative data
+  // paths are read from the working directory.
+  std::string job;
+  int standbys = 2;
+  // Measured seconds per run, after the warm-up. Default: 300.
+  double seconds = 300;
+  // Mean seconds between kills. Default: 30.
+  double kill_every_s = 30;
+  // The coordinator's --lease_s. Default: 10.
+  double lease_s = 10;
+  // Every peer's --link_timeout_s. Default: 120 (the peer's).
+  int link_timeout_s = 120;
+  // Warm-up: the grid complete and this many steps trained, within
+  // warmup_timeout_s. Defaults: 3, 300.
+  int warmup_steps = 3;
+  double warmup_timeout_s = 300;
+  uint64_t seed = 1;
+  // Keep both runs' directories (logs, states) here; empty = a temporary
+  // directory, removed after the bench.
+  std::string out_dir;
+};
+absl::Status RunChurnBench(const ChurnBenchOptions& options, std::ostream& out);
+
 }  // namespace aqswarm::bench
 
 #endif  // AQSWARM_BENCH_BENCH_H_

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/json_lines.h"
 #include "tests/testing/scratch_dir.h"
 
 namespace aqswarm {
@@ -22,11 +23,7 @@ using ::testing::HasSubstr;
 
 const char* kBinary = AQSWARM_BINARY;
 
-struct Result {
-  int code = -1;
-  std::vector<nlohmann::json> rows;  // stdout, one JSON object per line
-  std::string err;
-};
+using Result = testing::JsonLinesRun;
 
 class ConvergeBenchTest : public ::testing::Test {
  protected:
@@ -48,22 +45,7 @@ class ConvergeBenchTest : public ::testing::Test {
   Result Bench(std::vector<std::string> flags) {
     std::vector<std::string> argv = {kBinary, "bench", "converge"};
     argv.insert(argv.end(), flags.begin(), flags.end());
-    const std::string err_path = dir_.Sub("bench.err");
-    std::filesystem::remove(err_path);
-    Result r;
-    auto child = Subprocess::Spawn(argv, {.capture_stdout = true, .stderr_path = err_path});
-    EXPECT_TRUE(child.ok()) << child.status();
-    if (!child.ok()) return r;
-    for (std::string line; (*child)->ReadLine(&line, absl::Seconds(120)).ok();) {
-      r.rows.push_back(nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false));
-      EXPECT_FALSE(r.rows.back().is_discarded()) << "not JSON: " << line;
-    }
-    absl::StatusOr<int> code = (*child)->Wait(absl::Seconds(30));
-    r.code = code.ok() ? *code : -1;
-    std::stringstream ss;
-    ss << std::ifstream(err_path).rdbuf();
-    r.err = ss.str();
-    return r;
+    return testing::RunForJsonLines(argv, dir_.Sub("bench.err"), absl::Seconds(120));
   }
 
   testing::ScratchDir dir_;

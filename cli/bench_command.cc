@@ -83,8 +83,14 @@ ABSL_FLAG(double, target_slack, 0.01, "Converge bench: the default target's marg
 ABSL_FLAG(int32_t, shaped_steps, 8,
           "Converge bench: least steps a shaped run trains before its time to target is extrapolated (it also runs "
           "past the 2nd step of every DP step kind, in whole diloco outer periods).");
+ABSL_FLAG(double, churn_seconds, 300, "Churn bench: measured seconds per run (after the warm-up).");
+ABSL_FLAG(double, kill_every_s, 30, "Churn bench: mean seconds between kills of a random placed peer (Poisson).");
+ABSL_FLAG(int32_t, standbys, 2, "Churn bench: standby peers beside the job's stages x dataParallel placed ones.");
+ABSL_FLAG(int32_t, churn_warmup_steps, 3, "Churn bench: steps the swarm trains before a run's measurement starts.");
 ABSL_DECLARE_FLAG(std::string, job);
 ABSL_DECLARE_FLAG(std::string, out_dir);
+ABSL_DECLARE_FLAG(double, lease_s);
+ABSL_DECLARE_FLAG(int32_t, link_timeout_s);
 
 namespace aqswarm::cli {
 int BenchReport(const absl::Status& s, const char* name) {
@@ -230,6 +236,29 @@ std::vector<Command> BenchCommands() {
                    o.out_dir = absl::GetFlag(FLAGS_out_dir);
                    o.baseline = absl::GetFlag(FLAGS_baseline);
                    return BenchReport(bench::RunConvergeBench(o, std::cout), "converge");
+                 }});
+  out.push_back({"bench churn",
+                 "What peer losses cost a real swarm: an undisturbed run of a job, then one with a random placed "
+                 "peer SIGKILLed at Poisson times; one JSON line per run (throughput ratio, seconds lost per kill, "
+                 "healthy steps redone, the hit pipeline's recovery, loss at equal steps).",
+                 "Runs a real coordinator and stages x dataParallel + --standbys real peers on 127.0.0.1 from the "
+                 "working directory (the job's relative data paths), each run from scratch; a fresh peer arrives for "
+                 "each kill (bench/churn_bench.cc). --out_dir keeps both runs' logs and states.",
+                 {"job", "churn_seconds", "kill_every_s", "standbys", "churn_warmup_steps", "lease_s", "link_timeout_s",
+                  "seed", "out_dir"},
+                 [](const std::vector<std::string>& args) {
+                   if (int rc = BenchNoArgs(args, "churn")) return rc;
+                   bench::ChurnBenchOptions o;
+                   o.job = absl::GetFlag(FLAGS_job);
+                   o.seconds = absl::GetFlag(FLAGS_churn_seconds);
+                   o.kill_every_s = absl::GetFlag(FLAGS_kill_every_s);
+                   o.standbys = absl::GetFlag(FLAGS_standbys);
+                   o.warmup_steps = absl::GetFlag(FLAGS_churn_warmup_steps);
+                   o.lease_s = absl::GetFlag(FLAGS_lease_s);
+                   o.link_timeout_s = absl::GetFlag(FLAGS_link_timeout_s);
+                   o.seed = absl::GetFlag(FLAGS_seed);
+                   o.out_dir = absl::GetFlag(FLAGS_out_dir);
+                   return BenchReport(bench::RunChurnBench(o, std::cout), "churn");
                  }});
   return out;
 }

@@ -3,7 +3,7 @@
 
 Every section sits between <!-- NAME:begin --> / <!-- NAME:end --> markers.
 This script renders intro, link, compression, store, allreduce, scheduler,
-swarmsim and coordinator from docs/data/NAME.jsonl (+ NAME.meta, one line: which run), as
+swarmsim, churn and coordinator from docs/data/NAME.jsonl (+ NAME.meta, one line: which run), as
 scripts/bench_docs.sh writes them; the slownet section is rendered by
 `python3 -m slownet_report render` (scripts/bench_slownet.sh) and kept here as
 it is. Sections named on the command line are re-rendered, the others kept:
@@ -21,7 +21,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 DATA = os.path.join(ROOT, "docs", "data")
 DOC = os.path.join(ROOT, "docs", "BENCHMARKS.md")
 ORDER = ["intro", "converge", "slownet", "link", "compression", "store", "allreduce", "scheduler", "swarmsim",
-         "coordinator"]
+         "churn", "coordinator"]
 
 
 def load(name):
@@ -249,8 +249,54 @@ def swarmsim():
     return out
 
 
+def churn():
+    rows = load("churn")
+    out = ["## Churn on a real swarm (`aqswarm bench churn`, issue 55)", "",
+           "What peer losses cost a real swarm on this machine: a real coordinator and real peer daemons (each",
+           "running its stage as a child process) on loopback train the same job twice, from scratch each time:",
+           "undisturbed, then with a random placed peer SIGKILLed at Poisson times and a fresh peer arriving for",
+           "each. Progress is the mean over pipelines of the steps their last stage completed on its current",
+           "timeline (a rollback lowers it); seconds lost per kill are the seconds the undisturbed rate needs for",
+           "the progress not made until the next kill; healthy steps redone are steps that pipelines a kill did",
+           "not hit trained again; the hit pipeline's recovery runs until it reports a step from a stage started",
+           "after the kill. The loss is compared at equal steps (val loss at the newest eval both runs have).", "",
+           "Reproduce: `build/aqswarm bench churn --job examples/churn.json --churn_seconds 300 --kill_every_s 30`",
+           "(about 12 minutes; the job's corpus is the one `scripts/demo.sh` prepares).",
+           *textwrap.wrap(f"Run: {meta('churn')}", 110), "",
+           "| run | grid + standbys | lease s | seconds | kills | steps | steps/s | throughput vs undisturbed | "
+           "s lost per kill p50 / p99 | healthy steps redone | hit pipeline trains again s p50 / p99 | "
+           "loss at step | loss vs undisturbed |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for j in rows:
+        lost, rec = j["swarm_seconds_lost_per_event"], j["affected_pipeline_recovery_s"]
+        ratio = j["final_loss_vs_undisturbed"]
+        out.append(f"| {j['run']} | {j['grid']} + {j['standbys']} | {j['lease_s']:g} | {j['seconds']:.0f} | "
+                   f"{j['events']} | {j['steps']:.1f} | {j['steps_per_s']:.3f} | "
+                   f"{j['throughput_ratio_vs_undisturbed']:.2f} | {lost['p50']:.1f} / {lost['p99']:.1f} | "
+                   f"{j['healthy_steps_redone']} | {rec['p50']:.1f} / {rec['p99']:.1f} | "
+                   f"{j['loss']:.3f} ({j['loss_kind']}, step {j['loss_at_step']}) | "
+                   f"{'-' if ratio is None else format(ratio, '.4f')} |")
+    hit = [j for j in rows if j["run"] == "churn"]
+    if hit:
+        j = hit[-1]
+        ratio = j["final_loss_vs_undisturbed"]
+        goals = [("healthy pipelines redo 0 steps", j["healthy_steps_redone"] == 0,
+                  f"{j['healthy_steps_redone']} redone"),
+                 ("swarm throughput >= 80% of undisturbed", j["throughput_ratio_vs_undisturbed"] >= 0.8,
+                  f"{100 * j['throughput_ratio_vs_undisturbed']:.0f}%"),
+                 ("the hit pipeline trains again within lease + state transfer + 5 s",
+                  j["affected_pipeline_recovery_s"]["p99"] <= j["lease_s"] + 5,
+                  f"p99 {j['affected_pipeline_recovery_s']['p99']:.1f} s against {j['lease_s'] + 5:g} s "
+                  "(state transfer not counted)"),
+                 ("loss within 1% at equal steps", ratio is not None and abs(ratio - 1) <= 0.01,
+                  "-" if ratio is None else f"{100 * (ratio - 1):+.2f}%")]
+        out += ["", "Issue 55's goals for this run (one run; its spread is not measured):", ""]
+        out += [f"- {name}: {'met' if ok else 'NOT met'} ({what})" for name, ok, what in goals]
+    return out
+
+
 SECTIONS = {"intro": intro, "link": link, "compression": compression, "store": store, "allreduce": allreduce,
-            "scheduler": scheduler, "swarmsim": swarmsim, "coordinator": coordinator}
+            "scheduler": scheduler, "swarmsim": swarmsim, "churn": churn, "coordinator": coordinator}
 
 
 def block(text, name):

@@ -25,8 +25,7 @@ namespace aqswarm::testing {
 absl::StatusOr<int> ListeningPort(Subprocess& child, absl::Duration timeout);
 
 // A loopback port that was free a moment ago and that no other call in this
-// process returned, below the kernel's ephemeral range (so no port-0 bind
-// takes it meanwhile), at random so concurrent test processes rarely meet.
+// process returned (common/ports.h: below the ephemeral range).
 int UniqueLoopbackPort();
 
 }  // namespace aqswarm::testing
