@@ -12,6 +12,7 @@
 #include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "coordinator/connect_probe.h"
 #include "coordinator/coordinator_metrics.h"
 #include "proto/state.grpc.pb.h"
 #include "rpc/channel.h"
@@ -347,6 +348,12 @@ void CoordinatorServer::ExpiryLoop() {
       AQSWARM_LOG(ERROR) << "lease sweep failed (will retry): " << expired.status();
     }
     if (expired.ok()) CountLeaseExpiries(expired->size());
+    absl::StatusOr<std::vector<uint64_t>> gone = coordinator_->RemoveRefusingSuspects(
+        [](absl::string_view address) { return ConnectRefused(address, absl::Milliseconds(500)); });
+    if (!gone.ok()) {
+      AQSWARM_LOG(ERROR) << "removing peers whose link was lost failed (will retry): " << gone.status();
+    }
+    if (gone.ok()) CountLeaseExpiries(gone->size());  // the lease they would have lost
     if (absl::StatusOr<bool> settled = coordinator_->SettleBlames(); !settled.ok()) {
       AQSWARM_LOG(ERROR) << "settling blame reports failed (will retry): " << settled.status();
     }

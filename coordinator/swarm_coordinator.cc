@@ -950,6 +950,43 @@ absl::StatusOr<std::vector<uint64_t>> SwarmCoordinator::ExpireLeases() {
   return expired;
 }
 
+absl::StatusOr<std::vector<uint64_t>> SwarmCoordinator::RemoveRefusingSuspects(
+    const std::function<bool(absl::string_view address)>& refuses) {
+  std::vector<std::pair<uint64_t, std::string>> suspects;
+  uint64_t plan = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    plan = grid_.plan_version;
+    if (probed_plan_ != plan) {
+      probed_.clear();
+      probed_plan_ = plan;
+    }
+    if (blame_plan_ != plan) return std::vector<uint64_t>();
+    for (const BlameRecord& b : blames_) {
+      if (b.kind != v1::Blame::LINK_LOST || !probed_.insert(b.accused).second) continue;
+      const Member* m = membership_.Find(b.accused);
+      if (m != nullptr && !m->state_transfer_address.empty()) suspects.emplace_back(m->id, m->state_transfer_address);
+    }
+  }
+  std::vector<uint64_t> gone;
+  for (const auto& [id, address] : suspects) {
+    if (refuses(address)) gone.push_back(id);
+  }
+  if (gone.empty()) return gone;
+  absl::MutexLock lock(&mu_);
+  if (grid_.plan_version != plan) return std::vector<uint64_t>();  // it moved on meanwhile: leases decide
+  gone.erase(std::remove_if(gone.begin(), gone.end(), [&](uint64_t id) { return membership_.Find(id) == nullptr; }),
+             gone.end());
+  if (gone.empty()) return gone;
+  for (uint64_t id : gone) {
+    const Member* m = membership_.Find(id);
+    AQSWARM_LOG(INFO) << "peer " << id << " ('" << m->name << "'): its neighbour lost their link and "
+                      << m->state_transfer_address << " refuses connections: removed as gone";
+  }
+  AQSWARM_RETURN_IF_ERROR(ChangeMembersLocked(gone, std::nullopt));
+  return gone;
+}
+
 absl::StatusOr<bool> SwarmCoordinator::ImprovePlan() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();

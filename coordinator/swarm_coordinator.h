@@ -88,6 +88,7 @@
 #define AQSWARM_COORDINATOR_SWARM_COORDINATOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -275,6 +276,16 @@ class SwarmCoordinator {
   uint64_t AwaitVersionAbove(uint64_t known, absl::Duration timeout) const;
   // Removes every member whose lease expired by the clock; returns their ids.
   absl::StatusOr<std::vector<uint64_t>> ExpireLeases();
+  // A peer whose neighbour reported their link lost under the current plan
+  // (ReportBlame, LINK_LOST) is asked once per plan, off the lock, whether
+  // its process is gone: `refuses(state_transfer_address)` (the daemon's
+  // own server; connect_probe.h). Those that refuse are removed as an
+  // expired lease would remove them, so a killed peer is replaced without
+  // waiting out its lease; a peer that is alive, stopped, or cannot be
+  // reached from here keeps its lease. Returns the ids removed. The server
+  // calls it with ExpireLeases.
+  absl::StatusOr<std::vector<uint64_t>> RemoveRefusingSuspects(
+      const std::function<bool(absl::string_view address)>& refuses);
   // Re-plans on measurements when it pays (see SwarmCoordinatorOptions::
   // improve_*); true when a new plan was committed and published. The
   // server calls it with ExpireLeases; it returns at once between intervals.
@@ -389,6 +400,9 @@ class SwarmCoordinator {
   uint64_t blame_plan_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time blame_first_ ABSL_GUARDED_BY(mu_);
   std::vector<BlameRecord> blames_ ABSL_GUARDED_BY(mu_);
+  // Accused members of plan `probed_plan_` already asked RemoveRefusingSuspects' question.
+  uint64_t probed_plan_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<uint64_t> probed_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, StrikeRun, std::less<>> strikes_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, EvictionRun, std::less<>> evicted_ ABSL_GUARDED_BY(mu_);
   uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;

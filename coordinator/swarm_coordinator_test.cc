@@ -1178,7 +1178,12 @@ class BlameTest : public SwarmCoordinatorTest {
     c_ = Make(std::move(o));
     for (int i = 0; i < stages + standbys; ++i) {
       const std::string name = absl::StrCat(i < stages ? "s" : "standby", i);
-      joined_[name] = MustJoin(*c_, name, 5000 + 10 * i);
+      JoinParams p = JoinAs(clock_, name, 5000 + 10 * i);
+      p.state_transfer_address = absl::StrCat("127.0.0.1:", 5000 + 10 * i + 2);
+      absl::StatusOr<JoinResult> j = c_->Join(p);
+      ASSERT_TRUE(j.ok()) << j.status();
+      joined_[name] = *j;
+      state_address_[j->peer_id] = p.state_transfer_address;
     }
     ASSERT_TRUE(c_->grid().complete());
   }
@@ -1221,6 +1226,7 @@ class BlameTest : public SwarmCoordinatorTest {
 
   std::unique_ptr<SwarmCoordinator> c_;
   std::map<std::string, JoinResult> joined_;
+  std::map<uint64_t, std::string> state_address_;
 };
 
 TEST_F(BlameTest, ARefusedFrameStrikesItsSenderAndRestartsThePlanWithEveryPeerInItsSlot) {
@@ -1334,6 +1340,49 @@ TEST_F(BlameTest, ALostLinkAloneWaitsALeaseSoADeadPeerExpiresAndALiveOneRestarts
   EXPECT_EQ(c_->grid().slots, replanned.slots);
   EXPECT_EQ(c_->grid().plan_version, replanned.plan_version + 1);
   EXPECT_EQ(StrikesOf(alive), 0);
+}
+
+// A lost link gets the accused's own server asked whether its process is
+// gone: once per plan, and only a refusal removes it (the standby takes the
+// slot at once, no lease waited out); one that answers keeps its slot.
+TEST_F(BlameTest, ALostLinksAccusedThatRefusesConnectionsIsRemovedAtOnceAndOneThatAnswersStays) {
+  Start(2, 1);
+  const Grid before = c_->grid();
+  const uint64_t alive = At(0);
+  std::vector<std::string> asked;
+  auto answers = [&](absl::string_view address) {
+    asked.emplace_back(address);
+    return false;
+  };
+  auto none = c_->RemoveRefusingSuspects(answers);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(asked.empty()) << "nobody is asked without a lost link";
+  Blame(1, v1::Blame::UPSTREAM, v1::Blame::LINK_LOST);
+  auto kept = c_->RemoveRefusingSuspects(answers);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_TRUE(kept->empty());
+  EXPECT_THAT(asked, ::testing::ElementsAre(state_address_[alive])) << "the accused's state server";
+  ASSERT_TRUE(c_->RemoveRefusingSuspects(answers).ok());
+  EXPECT_EQ(asked.size(), 1u) << "asked once per plan";
+  EXPECT_EQ(c_->grid().slots, before.slots);
+
+  // Under the next plan the same loss, and its server refuses: removed now.
+  for (int i = 0; i < 6; ++i) {  // a lease later the live accused's plan restarts
+    clock_.Advance(absl::Seconds(2));
+    for (const auto& [name, j] : joined_) ASSERT_TRUE(c_->Heartbeat(j.peer_id, j.session_token).ok()) << name;
+  }
+  absl::StatusOr<bool> restarted = c_->SettleBlames();
+  ASSERT_TRUE(restarted.ok());
+  EXPECT_TRUE(*restarted);
+  const uint64_t plan = c_->grid().plan_version;
+  Blame(1, v1::Blame::UPSTREAM, v1::Blame::LINK_LOST);
+  auto gone = c_->RemoveRefusingSuspects([](absl::string_view) { return true; });
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_THAT(*gone, ::testing::ElementsAre(alive));
+  EXPECT_EQ(c_->grid().plan_version, plan + 1);
+  EXPECT_TRUE(c_->grid().complete()) << "the standby takes the slot";
+  EXPECT_FALSE(c_->grid().Find(alive).has_value());
+  EXPECT_EQ(StrikesOf(At(0)), 0);
 }
 
 TEST_F(BlameTest, InAChainOfSilentStagesOnlyTheStageThatBlamesNobodyIsStruck) {
