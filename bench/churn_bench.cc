@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <chrono>
 #include <csignal>
-#include <cmath>
 #include <limits>
 #include <filesystem>
 #include <fstream>
@@ -23,12 +22,10 @@
 #include <optional>
 #include <random>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/bench.h"

@@ -71,13 +71,19 @@ TEST_F(ChurnBenchTest, AnUndisturbedAndAChurnRunGiveOneRowEachWithTheKillsCosts)
   EXPECT_TRUE(std::filesystem::exists(churn["dir"].get<std::string>())) << "--out_dir keeps the runs";
 }
 
-TEST_F(ChurnBenchTest, AMissingJobAGridWithoutReplicasAndBadFlagsAreRefused) {
+TEST_F(ChurnBenchTest, AMissingOrCorruptJobAGridWithoutReplicasAndBadFlagsAreRefused) {
   Result missing = Bench({"--job=" + dir_.Sub("nope.json")});
   EXPECT_NE(missing.code, 0);
   EXPECT_THAT(missing.err, HasSubstr("cannot read the job"));
   Result single = Bench({"--job=" + WriteJob(1)});
   EXPECT_NE(single.code, 0);
   EXPECT_THAT(single.err, HasSubstr("dataParallel >= 2"));
+  const std::string corrupt = dir_.Sub("corrupt.json");
+  std::ofstream(corrupt) << "{\"name\": \"churn-it\", ";
+  Result garbled = Bench({"--job=" + corrupt});
+  EXPECT_NE(garbled.code, 0);
+  EXPECT_THAT(garbled.err, HasSubstr("is not a JSON job"));
+  EXPECT_TRUE(garbled.rows.empty());
   Result bad = Bench({"--job=" + WriteJob(2), "--kill_every_s=0"});
   EXPECT_NE(bad.code, 0);
   EXPECT_THAT(bad.err, HasSubstr("--kill_every_s"));

@@ -293,11 +293,15 @@ def churn():
         out += ["", f"Issue 55's goals for the last churn run ({j.get('design', 'this build')}; one run, its spread "
                 "is not measured):", ""]
         out += [f"- {name}: {'met' if ok else 'NOT met'} ({what})" for name, ok, what in goals]
-        out += ["", "What still costs: every kill re-plans the whole grid, so every pipeline restarts at one resume",
-                "step (healthy ones roll back) and re-handshakes its links; per-pipeline fault domains and healing",
-                "from a live replica (issue 55, items 1-2) are not built. The undisturbed runs of the two builds",
-                "differ by 4% (run-to-run noise on this machine); the losses at equal steps are training losses",
-                "(no eval step reached by both runs), from timelines that saw different data after the rollbacks."]
+        base = [r["steps_per_s"] for r in rows if r["run"] == "undisturbed"]
+        noise = (f"The undisturbed runs differ by {100 * (max(base) - min(base)) / min(base):.0f}% in steps/s "
+                 "(run-to-run noise on this machine). " if len(base) > 1 and min(base) > 0 else "")
+        out += ["", *textwrap.wrap(
+            "What still costs: every kill re-plans the whole grid, so every pipeline restarts at one resume step "
+            "(healthy ones roll back) and re-handshakes its links; per-pipeline fault domains and healing from a "
+            "live replica (issue 55, items 1-2) are not built. " + noise +
+            ("The losses at equal steps are training losses (no eval step reached by both runs), from timelines "
+             "that saw different data after the rollbacks." if j["loss_kind"] == "train" else ""), 110)]
     return out
 
 
