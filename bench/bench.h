@@ -302,6 +302,9 @@ struct ChurnBenchOptions {
   double lease_s = 10;
   // Every peer's --link_timeout_s. Default: 120 (the peer's).
   int link_timeout_s = 120;
+  // The coordinator's --fault_domains (a kill stops only its pipeline; DiLoCo
+  // jobs). Default: off.
+  bool fault_domains = false;
   // Warm-up: the grid complete and this many steps trained, within
   // warmup_timeout_s. Defaults: 3, 300.
   int warmup_steps = 3;

@@ -144,7 +144,8 @@ class ChurnRun {
   absl::Status StartCoordinator() {
     std::vector<std::string> argv = {SelfExecutable(), "coordinator", "--job=" + o_.job, "--listen=127.0.0.1:0",
                                      "--state_dir=" + (dir_ / "coord").string(),
-                                     absl::StrCat("--lease_s=", o_.lease_s)};
+                                     absl::StrCat("--lease_s=", o_.lease_s),
+                                     absl::StrCat("--fault_domains=", o_.fault_domains ? "true" : "false")};
     AQSWARM_ASSIGN_OR_RETURN(coordinator_,
                              Subprocess::Spawn(argv, {.capture_stdout = true,
                                                       .stderr_path = (dir_ / "coordinator.err").string()}));
@@ -379,6 +380,7 @@ absl::Status RunChurnBench(const ChurnBenchOptions& options, std::ostream& out) 
                           {"grid", absl::StrCat(stages, "x", pipelines)},
                           {"standbys", options.standbys},
                           {"lease_s", options.lease_s},
+                          {"fault_domains", options.fault_domains},
                           {"kill_every_s", r.kills.empty() ? 0.0 : options.kill_every_s},
                           {"seconds", r.seconds},
                           {"events", r.kills.size()},

@@ -90,6 +90,7 @@ ABSL_FLAG(int32_t, churn_warmup_steps, 3, "Churn bench: steps the swarm trains b
 ABSL_DECLARE_FLAG(std::string, job);
 ABSL_DECLARE_FLAG(std::string, out_dir);
 ABSL_DECLARE_FLAG(double, lease_s);
+ABSL_DECLARE_FLAG(bool, fault_domains);
 ABSL_DECLARE_FLAG(int32_t, link_timeout_s);
 
 namespace aqswarm::cli {
@@ -245,7 +246,7 @@ std::vector<Command> BenchCommands() {
                  "working directory (the job's relative data paths), each run from scratch; a fresh peer arrives for "
                  "each kill (bench/churn_bench.cc). --out_dir keeps both runs' logs and states.",
                  {"job", "churn_seconds", "kill_every_s", "standbys", "churn_warmup_steps", "lease_s", "link_timeout_s",
-                  "seed", "out_dir"},
+                  "fault_domains", "seed", "out_dir"},
                  [](const std::vector<std::string>& args) {
                    if (int rc = BenchNoArgs(args, "churn")) return rc;
                    bench::ChurnBenchOptions o;
@@ -256,6 +257,7 @@ std::vector<Command> BenchCommands() {
                    o.warmup_steps = absl::GetFlag(FLAGS_churn_warmup_steps);
                    o.lease_s = absl::GetFlag(FLAGS_lease_s);
                    o.link_timeout_s = absl::GetFlag(FLAGS_link_timeout_s);
+                   o.fault_domains = absl::GetFlag(FLAGS_fault_domains);
                    o.seed = absl::GetFlag(FLAGS_seed);
                    o.out_dir = absl::GetFlag(FLAGS_out_dir);
                    return BenchReport(bench::RunChurnBench(o, std::cout), "churn");

@@ -47,6 +47,10 @@ ABSL_FLAG(bool, mirror_checkpoints, false,
           "Coordinator: each placed peer copies the next stage's state after every checkpoint, so a stage that "
           "loses every replica resumes from the copy instead of step 0 (costs one stage state per checkpoint "
           "interval on that link).");
+ABSL_FLAG(bool, fault_domains, false,
+          "Coordinator, DiLoCo jobs with dataParallel >= 2: a lost peer stops only its own pipeline. The other "
+          "pipelines train on (no restart, no rollback); the hit pipeline's stages restart from the newest "
+          "state the running replicas hold, on the parameters they share, and rejoin their next outer step.");
 ABSL_FLAG(double, probe_max_age_s, 600,
           "Coordinator: heartbeats ask peers to probe links unmeasured or older than this (0 = no probing).");
 ABSL_FLAG(int32_t, probes_per_heartbeat, 2, "Coordinator: at most this many probe requests per heartbeat answer.");
@@ -178,6 +182,7 @@ int RunCoordinator(const std::vector<std::string>& args) {
   o.lease = absl::Seconds(lease_s);
   o.state.dir = state_dir + "/db";
   o.mirror_checkpoints = absl::GetFlag(FLAGS_mirror_checkpoints);
+  o.fault_domains = absl::GetFlag(FLAGS_fault_domains);
   o.probe_max_age = absl::Seconds(probe_age);
   o.probes_per_heartbeat = probes;
   o.improve_interval = min_gain == 0 ? absl::ZeroDuration() : absl::Seconds(interval);
@@ -337,7 +342,7 @@ std::vector<Command> CoordinatorCommands() {
        "example: aqswarm coordinator --job job.json --listen 127.0.0.1:7000 --state_dir ./coord "
        "[--tls_dir ./tls --name coordinator] [--lease_s 10]",
        {"job", "stages", "dp", "listen", "state_dir", "tls_dir", "name", "swarm", "insecure", "admin_names", "lease_s",
-        "mirror_checkpoints", "probe_max_age_s", "probes_per_heartbeat", "replan_min_gain", "replan_interval_s", "replan_hold_s",
+        "mirror_checkpoints", "fault_domains", "probe_max_age_s", "probes_per_heartbeat", "replan_min_gain", "replan_interval_s", "replan_hold_s",
         "replan_backoff_s", "evict_strikes", "evict_hold_s", "reachability_timeout_s",
         "metrics_listen"},
        RunCoordinator},

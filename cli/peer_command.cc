@@ -103,6 +103,8 @@ int RunPeer(const std::vector<std::string>& args) {
     std::fprintf(stdout, "%s\n", line.c_str());
     std::fflush(stdout);
   };
+  // A stage child that exits while its replica patch is written must not kill the daemon.
+  signal(SIGPIPE, SIG_IGN);
   // SIGTERM/SIGINT: leave cleanly. Block them before any thread starts.
   sigset_t stop;
   sigemptyset(&stop);

@@ -98,6 +98,11 @@ void CoordinatorState::Change::PutGrid(const Grid& g) {
   for (uint64_t s : g.replica_generation) r.add_replica_generation(s);
   r.set_plan_version(g.plan_version);
   r.set_resume_step(g.resume_step);
+  for (uint64_t v : g.run_plan) r.add_run_plan(v);
+  for (int64_t v : g.run_resume) r.add_run_resume(v);
+  for (bool v : g.heal) r.add_heal(v);
+  for (int64_t v : g.run_start) r.add_run_start(v);
+  r.set_dp_timeline(g.dp_timeline);
   batch_.Put(kGrid, r.SerializeAsString());
 }
 
@@ -246,7 +251,9 @@ absl::StatusOr<PersistedState> CoordinatorState::Load() const {
     v1::GridRecord r;
     const size_t S = r.ParseFromString(*grid) ? r.num_stages() : 0, P = r.num_pipelines();
     if (S == 0 || P == 0 || S > 4096 || P > 4096 || size_t(r.slots_size()) != S * P ||
-        size_t(r.forward_generation_size()) != (S - 1) * P || size_t(r.replica_generation_size()) != S) {
+        size_t(r.forward_generation_size()) != (S - 1) * P || size_t(r.replica_generation_size()) != S ||
+        (r.run_plan_size() != 0 && size_t(r.run_plan_size()) != P) || r.run_resume_size() != r.run_plan_size() ||
+        r.heal_size() != r.run_plan_size() || r.run_start_size() != r.run_plan_size()) {
       return absl::DataLossError("coordinator state: key 'grid' is corrupt");
     }
     Grid g = Grid::Empty(static_cast<int>(S), static_cast<int>(P));
@@ -255,6 +262,11 @@ absl::StatusOr<PersistedState> CoordinatorState::Load() const {
     g.replica_generation.assign(r.replica_generation().begin(), r.replica_generation().end());
     g.plan_version = r.plan_version();
     g.resume_step = r.resume_step();
+    g.run_plan.assign(r.run_plan().begin(), r.run_plan().end());
+    g.run_resume.assign(r.run_resume().begin(), r.run_resume().end());
+    g.heal.assign(r.heal().begin(), r.heal().end());
+    g.run_start.assign(r.run_start().begin(), r.run_start().end());
+    g.dp_timeline = r.dp_timeline();
     s.grid = std::move(g);
   } else if (!absl::IsNotFound(grid.status())) {
     return grid.status();

@@ -10,6 +10,30 @@
 #include "common/status_macros.h"
 
 namespace aqswarm::coordinator {
+namespace {
+
+// Generations: new ones where an end or the group changed since `previous`.
+void AssignGenerations(const Grid& previous, Grid* next, uint64_t* next_generation) {
+  const int S = next->num_stages, P = next->num_pipelines;
+  for (int j = 0; j + 1 < S; ++j) {
+    for (int p = 0; p < P; ++p) {
+      if (next->at(j, p) != previous.at(j, p) || next->at(j + 1, p) != previous.at(j + 1, p) ||
+          next->forward_generation[j * P + p] == 0) {
+        next->forward_generation[j * P + p] = (*next_generation)++;
+      }
+    }
+  }
+  for (int j = 0; j < S; ++j) {
+    std::set<uint64_t> before, after;
+    for (int p = 0; p < P; ++p) {
+      before.insert(previous.at(j, p));
+      after.insert(next->at(j, p));
+    }
+    if (before != after || next->replica_generation[j] == 0) next->replica_generation[j] = (*next_generation)++;
+  }
+}
+
+}  // namespace
 
 Grid Grid::Empty(int num_stages, int num_pipelines) {
   Grid g;
@@ -194,23 +218,7 @@ Grid Planner::ToGrid(const Solved& solved, const Grid& kept, const Grid& previou
       fresh.erase(fresh.begin() + best_f);
     }
   }
-  // Generations: new ones where an end or the group changed since `previous`.
-  for (int j = 0; j + 1 < S; ++j) {
-    for (int p = 0; p < P; ++p) {
-      if (next.at(j, p) != previous.at(j, p) || next.at(j + 1, p) != previous.at(j + 1, p) ||
-          next.forward_generation[j * P + p] == 0) {
-        next.forward_generation[j * P + p] = (*next_generation)++;
-      }
-    }
-  }
-  for (int j = 0; j < S; ++j) {
-    std::set<uint64_t> before, after;
-    for (int p = 0; p < P; ++p) {
-      before.insert(previous.at(j, p));
-      after.insert(next.at(j, p));
-    }
-    if (before != after || next.replica_generation[j] == 0) next.replica_generation[j] = (*next_generation)++;
-  }
+  AssignGenerations(previous, &next, next_generation);
   return next;
 }
 
@@ -231,6 +239,39 @@ absl::StatusOr<Grid> Planner::Replan(const Grid& previous_in, const std::vector<
   AQSWARM_ASSIGN_OR_RETURN(Solved solved, Solve(grid, peers, links, /*extra_standbys=*/0));
   if (solved.plan.stages.empty()) return grid;  // incomplete: hold still
   return ToGrid(solved, grid, previous, links, next_generation);
+}
+
+std::optional<Grid> Planner::FillHoles(const Grid& previous, const std::vector<PlannerPeer>& peers,
+                                      uint64_t* next_generation) const {
+  const int S = num_stages_, P = num_pipelines_;
+  if (previous.num_stages != S || previous.num_pipelines != P || previous.slots.size() != size_t(S) * P) {
+    return std::nullopt;
+  }
+  std::set<uint64_t> alive, placed;
+  for (const auto& p : peers) alive.insert(p.id);
+  Grid next = previous;
+  for (auto& s : next.slots) {
+    if (s != 0 && !alive.count(s)) s = 0;
+    if (s != 0) placed.insert(s);
+  }
+  std::vector<const PlannerPeer*> standbys;
+  for (const auto& p : peers) {
+    const bool fits = options_.stage_memory_bytes <= 0 || p.memory_bytes == 0 ||
+                      static_cast<double>(p.memory_bytes) >= options_.stage_memory_bytes;
+    if (!placed.count(p.id) && fits && (p.reachable || P == 1)) standbys.push_back(&p);
+  }
+  std::sort(standbys.begin(), standbys.end(), [](const PlannerPeer* a, const PlannerPeer* b) {
+    return a->seconds_per_layer != b->seconds_per_layer ? a->seconds_per_layer < b->seconds_per_layer
+                                                        : a->id < b->id;
+  });
+  size_t used = 0;
+  for (auto& s : next.slots) {
+    if (s != 0) continue;
+    if (used == standbys.size()) return std::nullopt;
+    s = standbys[used++]->id;
+  }
+  AssignGenerations(previous, &next, next_generation);
+  return next;
 }
 
 absl::StatusOr<std::optional<Improvement>> Planner::Improve(const Grid& current, const std::vector<PlannerPeer>& peers,

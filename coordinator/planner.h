@@ -59,8 +59,23 @@ struct Grid {
   // completed every placed peer restarts from (see v1::Assignment).
   uint64_t plan_version = 0;
   int64_t resume_step = 0;
+  // Fault domains (SwarmCoordinatorOptions::fault_domains), [pipeline]; empty
+  // outside them. run_plan: the plan under which the pipeline's stages last
+  // started (kept across re-plans that leave its peers in place);
+  // run_resume: the step they started from; heal: they started into running
+  // replicas, from the parameters those share. dp_timeline: the plan of the
+  // last swarm-wide restart, which names the DP groups (0 = none).
+  std::vector<uint64_t> run_plan;
+  std::vector<int64_t> run_resume;
+  std::vector<bool> heal;
+  std::vector<int64_t> run_start;  // healing: the step training starts at (>= run_resume)
+  uint64_t dp_timeline = 0;
 
   static Grid Empty(int num_stages, int num_pipelines);
+  uint64_t RunPlan(int pipeline) const { return run_plan.empty() ? plan_version : run_plan[pipeline]; }
+  int64_t RunResume(int pipeline) const { return run_resume.empty() ? resume_step : run_resume[pipeline]; }
+  bool Heals(int pipeline) const { return !heal.empty() && heal[pipeline]; }
+  int64_t RunStart(int pipeline) const { return run_start.empty() ? RunResume(pipeline) : run_start[pipeline]; }
   uint64_t at(int stage, int pipeline) const { return slots[stage * num_pipelines + pipeline]; }
   uint64_t forward_gen(int boundary, int pipeline) const {
     return forward_generation[boundary * num_pipelines + pipeline];
@@ -71,7 +86,8 @@ struct Grid {
   bool operator==(const Grid& o) const {
     return num_stages == o.num_stages && num_pipelines == o.num_pipelines && slots == o.slots &&
            forward_generation == o.forward_generation && replica_generation == o.replica_generation &&
-           plan_version == o.plan_version && resume_step == o.resume_step;
+           plan_version == o.plan_version && resume_step == o.resume_step && run_plan == o.run_plan &&
+           run_resume == o.run_resume && heal == o.heal && run_start == o.run_start && dp_timeline == o.dp_timeline;
   }
 };
 
@@ -126,6 +142,13 @@ class Planner {
   // See the banner. `peers` are all current members (any order).
   absl::StatusOr<Grid> Replan(const Grid& previous, const std::vector<PlannerPeer>& peers,
                               const LinkMatrix& links, uint64_t* next_generation) const;
+
+  // The survivors of `previous` all keep their slots and the fastest
+  // eligible standbys fill the holes (fault domains: moving a survivor
+  // would restart its pipeline); generations as Replan's. nullopt when
+  // there are too few standbys (Replan then decides).
+  std::optional<Grid> FillHoles(const Grid& previous, const std::vector<PlannerPeer>& peers,
+                                uint64_t* next_generation) const;
 
   // Re-plans a complete grid whose peers are all still members, on what is
   // known now (measured links, standbys that joined since): the placed peers

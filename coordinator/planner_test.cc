@@ -45,6 +45,35 @@ TEST(PlannerTest, IncompleteUntilEnoughPeersThenEveryPeerOnce) {
   EXPECT_EQ(gen, 5u);
 }
 
+// Fault domains: every survivor keeps its slot whatever the links say; the
+// fastest standby fills the hole; only the hole's links and its stage's DP
+// group get new generations; with no standby left there is no fill.
+TEST(PlannerTest, FillHolesKeepsEverySurvivorAndSeatsTheFastestStandby) {
+  Planner planner({}, TestJob(2, 2));
+  LinkMatrix links;
+  uint64_t gen = 1;
+  auto first = planner.Replan(Grid::Empty(2, 2), Peers({1, 2, 3, 4}), links, &gen);
+  ASSERT_TRUE(first.ok() && first->complete());
+  std::vector<PlannerPeer> alive = Peers({1, 2, 3, 4});
+  alive.erase(alive.begin() + static_cast<int>(first->at(1, 1) - 1));
+  alive.push_back({8, 0.05, 0});  // slow standby
+  alive.push_back({9, 0.02, 0});  // faster standby
+  const std::optional<Grid> filled = planner.FillHoles(*first, alive, &gen);
+  ASSERT_TRUE(filled.has_value());
+  for (int j = 0; j < 2; ++j) {
+    for (int p = 0; p < 2; ++p) {
+      EXPECT_EQ(filled->at(j, p), j == 1 && p == 1 ? 9u : first->at(j, p));
+    }
+  }
+  EXPECT_EQ(filled->forward_gen(0, 0), first->forward_gen(0, 0));
+  EXPECT_NE(filled->forward_gen(0, 1), first->forward_gen(0, 1));
+  EXPECT_EQ(filled->replica_generation[0], first->replica_generation[0]);
+  EXPECT_NE(filled->replica_generation[1], first->replica_generation[1]);
+  alive.pop_back();
+  alive.pop_back();
+  EXPECT_FALSE(planner.FillHoles(*first, alive, &gen).has_value()) << "no standby: nothing to fill with";
+}
+
 TEST(PlannerTest, LostPeerIsReplacedByAStandbyAndHealthyPeersStayPut) {
   Planner planner({}, TestJob(3, 2));
   LinkMatrix links;

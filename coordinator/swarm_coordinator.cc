@@ -169,6 +169,100 @@ int64_t SwarmCoordinator::ResumeStepLocked(const Grid& grid, const Membership& l
   return PickResumeStep(grid, live, *bound);
 }
 
+bool SwarmCoordinator::FaultDomainsLocked() const {
+  return options_.fault_domains && options_.job.dp().optimizer() == v1::DataParallelSpec::diloco &&
+         grid_.num_pipelines > 1;
+}
+
+bool SwarmCoordinator::KeepPipelinesLocked(Grid* grid, const std::unordered_set<uint64_t>& gone) const {
+  if (!FaultDomainsLocked() || grid_.run_plan.empty() || !grid_.complete() || !grid->complete()) return false;
+  const int S = grid->num_stages, P = grid->num_pipelines;
+  std::vector<bool> kept(P, true);
+  bool any = false;
+  for (int q = 0; q < P; ++q) {
+    for (int j = 0; j < S; ++j) {
+      const uint64_t id = grid_.at(j, q);
+      if (id == 0 || grid->at(j, q) != id || gone.count(id) || membership_.Find(id) == nullptr) kept[q] = false;
+    }
+    any = any || kept[q];
+  }
+  if (!any) return false;
+  // The healing pipelines start from a state of the kept run that no outer
+  // step has passed since: its anchor is the one the kept replicas hold.
+  const int64_t h = std::max<int64_t>(1, options_.job.dp().inner_steps());
+  const int64_t frags = std::max<int64_t>(1, options_.job.dp().fragments());
+  auto syncs_at = [&](int64_t t) {
+    for (int64_t f = 0; f < frags; ++f) {
+      if ((t + f * h / frags) % h == 0) return true;
+    }
+    return false;
+  };
+  int64_t floor_step = 0;
+  std::set<int64_t, std::greater<>> candidates;
+  for (int q = 0; q < P; ++q) {
+    if (!kept[q]) continue;
+    floor_step = std::max(floor_step, grid_.RunResume(q));
+    for (int j = 0; j < S; ++j) {
+      const Member* m = membership_.Find(grid_.at(j, q));
+      for (int64_t t = m->progress.step; t > std::max<int64_t>(0, m->progress.step - h); --t) {
+        if (syncs_at(t)) {
+          floor_step = std::max(floor_step, t);
+          break;
+        }
+      }
+      if (auto it = m->held.find(j); it != m->held.end()) {
+        for (const HeldState& hs : it->second) candidates.insert(hs.step);
+      }
+    }
+  }
+  std::optional<int64_t> chosen;
+  for (int64_t step : candidates) {
+    if (step < floor_step) break;
+    bool everywhere = true;
+    for (int j = 0; j < S && everywhere; ++j) {
+      bool held = false;
+      for (int q = 0; q < P && !held; ++q) {
+        held = kept[q] && step >= grid_.RunResume(q) && FindHeld(membership_.Find(grid_.at(j, q))->held, j, step);
+      }
+      everywhere = held;
+    }
+    if (everywhere) {
+      chosen = step;
+      break;
+    }
+  }
+  if (!chosen.has_value()) {
+    AQSWARM_LOG(WARNING) << "fault domains: no state of the kept pipelines at or past step " << floor_step
+                         << " for every stage: the whole swarm restarts";
+    return false;
+  }
+  // They start near where the kept pipelines are (a quarter of an outer
+  // period ahead of the furthest report, for the time a restart takes),
+  // before the next outer step: the kept pipelines wait at it only for the
+  // restart, not for steps redone.
+  int64_t next_sync = *chosen + 1;
+  while (!syncs_at(next_sync)) ++next_sync;
+  int64_t furthest = *chosen;
+  for (int q = 0; q < P; ++q) {
+    for (int j = 0; j < S && kept[q]; ++j) furthest = std::max(furthest, membership_.Find(grid_.at(j, q))->progress.step);
+  }
+  const int64_t start = std::min(next_sync - 1, std::max(*chosen, furthest + std::max<int64_t>(2, h / frags / 4)));
+  grid->dp_timeline = grid_.dp_timeline;
+  grid->run_plan = grid_.run_plan;
+  grid->run_resume = grid_.run_resume;
+  grid->heal = grid_.heal;
+  grid->run_start = grid_.run_start;
+  for (int q = 0; q < P; ++q) {
+    if (kept[q]) continue;
+    grid->run_plan[q] = grid->plan_version;
+    grid->run_resume[q] = *chosen;
+    grid->heal[q] = true;
+    grid->run_start[q] = start;
+  }
+  grid->resume_step = *chosen;
+  return true;
+}
+
 absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& removed,
                                                    const std::optional<Member>& added, const UsedToken* used,
                                                    const Replacement* replacement, bool restart) {
@@ -191,7 +285,12 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
     if (added.has_value()) {
       peers.push_back({added->id, added->seconds_per_layer, added->memory_bytes, added->reachability == v1::REACHABLE});
     }
-    absl::StatusOr<Grid> planned = planner_.Replan(grid_, peers, links_, &counters.next_generation);
+    // Under fault domains the survivors stay put (a moved peer restarts its
+    // pipeline) while standbys can fill the holes.
+    std::optional<Grid> filled;
+    if (FaultDomainsLocked() && grid_.complete()) filled = planner_.FillHoles(grid_, peers, &counters.next_generation);
+    absl::StatusOr<Grid> planned =
+        filled.has_value() ? *std::move(filled) : planner_.Replan(grid_, peers, links_, &counters.next_generation);
     if (planned.ok()) {
       grid = *std::move(planned);
     } else {
@@ -200,15 +299,24 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
   }
   grid.plan_version = grid_.plan_version;
   grid.resume_step = grid_.resume_step;
+  grid.run_plan = grid_.run_plan;
+  grid.run_resume = grid_.run_resume;
+  grid.heal = grid_.heal;
+  grid.run_start = grid_.run_start;
+  grid.dp_timeline = grid_.dp_timeline;
   const bool replanned = restart || (!finished && grid.slots != grid_.slots);
+  bool kept_some = false;
   if (replanned) {
+    grid.plan_version += 1;
+    kept_some = !restart && KeepPipelinesLocked(&grid, gone);
+  }
+  if (replanned && !kept_some) {
     // Every placed peer restarts at the same step: the most steps completed,
     // at most the fewest any peer that keeps a place has completed, for which
     // every stage has a state some live member holds (its replicas, a mirror,
     // a restarted peer's disk). Peers ahead roll back; peers without that
     // state pull it (Assignment.state_sources). With no state for some stage
     // anywhere, the job starts over at step 0.
-    grid.plan_version += 1;
     std::optional<int64_t> bound;
     Membership live = membership_;
     for (uint64_t id : removed) live.Remove(id);
@@ -218,6 +326,20 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
       AQSWARM_LOG(WARNING) << "re-plan resumes at step " << grid.resume_step << ", behind the " << *bound
                            << " steps the survivors completed: the newest state held for every stage";
     }
+    if (FaultDomainsLocked()) {
+      // A swarm-wide restart: every pipeline runs the new plan, in a new DP timeline.
+      grid.run_plan.assign(grid.num_pipelines, grid.plan_version);
+      grid.run_resume.assign(grid.num_pipelines, grid.resume_step);
+      grid.heal.assign(grid.num_pipelines, false);
+      grid.run_start.assign(grid.num_pipelines, grid.resume_step);
+      grid.dp_timeline = grid.plan_version;
+    } else {
+      grid.run_plan.clear();
+      grid.run_resume.clear();
+      grid.heal.clear();
+      grid.run_start.clear();
+      grid.dp_timeline = 0;
+    }
   }
   counters.assignment_version += 1;
   if (added.has_value()) counters.next_peer_id = std::max(counters.next_peer_id, added->id + 1);
@@ -226,7 +348,7 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
   // newest checkpoint) with it, so Status says where training is, not where
   // the abandoned timeline got to.
   SwarmProgress progress = progress_;
-  if (replanned) {
+  if (replanned && !kept_some) {
     progress.progress.step = std::min(progress.progress.step, grid.resume_step);
     progress.checkpoint_step = std::min(progress.checkpoint_step, grid.resume_step);
   }
@@ -255,11 +377,14 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
   if (replanned) {
     // Until they report again, placed peers (newcomers included) are where
     // the plan restarts them.
-    for (uint64_t id : grid.slots) {
-      if (id == 0) continue;
-      if (const Member* m = membership_.Find(id)) {
+    for (int j = 0; j < grid.num_stages; ++j) {
+      for (int q = 0; q < grid.num_pipelines; ++q) {
+        const uint64_t id = grid.at(j, q);
+        const Member* m = id == 0 ? nullptr : membership_.Find(id);
+        if (m == nullptr) continue;
         PeerProgress p = m->progress;
-        p.step = grid.resume_step;
+        // A kept pipeline's peers train on from where they are.
+        if (grid.RunPlan(q) == grid.plan_version) p.step = grid.RunStart(q);
         p.plan_version = grid.plan_version;
         membership_.SetProgress(id, p);
       }
@@ -889,6 +1014,13 @@ absl::StatusOr<v1::Assignment> SwarmCoordinator::GetAssignment(uint64_t peer_id,
   a.set_role(v1::Assignment::STAGE);
   a.set_stage(j);
   a.set_pipeline(p);
+  if (!grid_.run_plan.empty()) {
+    a.set_resume_step(grid_.RunResume(p));
+    a.set_run_plan(grid_.RunPlan(p));
+    a.set_dp_timeline(grid_.dp_timeline);
+    a.set_heal(grid_.Heals(p));
+    if (grid_.Heals(p)) a.set_start_step(grid_.RunStart(p));
+  }
   // A link whose downstream others cannot dial is opened by the downstream
   // (reversed). A member being probed (one that rejoined in its slot) counts
   // as dialable until its probe says otherwise.
@@ -909,16 +1041,31 @@ absl::StatusOr<v1::Assignment> SwarmCoordinator::GetAssignment(uint64_t peer_id,
       *a.add_replicas() = NeighborLocked(grid_.at(j, q), j, q, grid_.replica_generation[j]);
     }
   }
-  if (grid_.resume_step > 0) {
+  if (grid_.Heals(p) && a.resume_step() > 0) {
+    // Healing: the state of one peer of this stage in a pipeline that kept
+    // running (DiLoCo replicas' states differ between outer steps: no vote).
+    for (int q = 0; q < grid_.num_pipelines; ++q) {
+      const Member* m = membership_.Find(grid_.at(j, q));
+      if (q == p || m == nullptr || grid_.RunPlan(q) == grid_.RunPlan(p) || m->state_transfer_address.empty() ||
+          m->reachability != v1::REACHABLE) {
+        continue;
+      }
+      const HeldState* h = FindHeld(m->held, j, a.resume_step());
+      if (h == nullptr) continue;
+      *a.add_state_sources() = NeighborLocked(m->id, j, q, 0);
+      a.set_state_sha256(h->sha256);
+      break;
+    }
+  } else if (a.resume_step() > 0) {
     for (const auto& [id, m] : membership_.members()) {
       if (id == peer_id || m.state_transfer_address.empty() || m.reachability != v1::REACHABLE ||
-          FindHeld(m.held, j, grid_.resume_step) == nullptr) {
+          FindHeld(m.held, j, a.resume_step()) == nullptr) {
         continue;
       }
       const auto at = grid_.Find(id);
       *a.add_state_sources() = NeighborLocked(id, j, at.has_value() ? at->second : 0, 0);
     }
-    a.set_state_sha256(StateHashLocked(j, grid_.resume_step));
+    a.set_state_sha256(StateHashLocked(j, a.resume_step()));
   }
   if (options_.mirror_checkpoints && grid_.num_stages > 1) {
     const int k = (j + 1) % grid_.num_stages;

@@ -138,6 +138,15 @@ struct SwarmCoordinatorOptions {
   // replica resumes from a copy instead of step 0. Costs one stage state per
   // checkpoint interval on that link. Default: off.
   bool mirror_checkpoints = false;
+  // Fault domains (DiLoCo jobs with data_parallel >= 2): a re-plan that
+  // leaves every peer of a pipeline in place keeps that pipeline running
+  // (Assignment.run_plan unchanged: no restart, no rollback, its DP group
+  // named by the swarm's timeline). The other pipelines restart from the
+  // newest step whose state the kept pipelines' peers hold for every stage,
+  // not behind the last outer step they reported, on the parameters the
+  // replicas share (Assignment.heal). Without such a step, or with no
+  // pipeline kept, the whole swarm restarts as without them. Default: off.
+  bool fault_domains = false;
   // Whether others can dial a joiner is checked before it is placed: a
   // joiner with a StateTransfer address that did not say no_inbound waits as
   // PROBING (a standby the planner skips) until SetReachability reports the
@@ -327,6 +336,15 @@ class SwarmCoordinator {
   // The step every placed peer of `grid` would restart from with `live` as
   // the members (see ChangeMembersLocked); `bound` gets the fewest steps a
   // peer that keeps a place has completed.
+  // Fault domains (SwarmCoordinatorOptions::fault_domains) on: the job
+  // qualifies (DiLoCo, data_parallel >= 2).
+  bool FaultDomainsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A re-plan (`grid`, its plan version bumped) that keeps every peer of
+  // some pipeline in place: fills grid's run fields so those pipelines train
+  // on and the others heal from them; false (grid untouched) when none is
+  // kept or no state to heal from qualifies.
+  bool KeepPipelinesLocked(Grid* grid, const std::unordered_set<uint64_t>& gone) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t ResumeStepLocked(const Grid& grid, const Membership& live, std::optional<int64_t>* bound) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a re-plan against the name of each placed member in `removed`

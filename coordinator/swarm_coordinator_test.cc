@@ -589,6 +589,89 @@ TEST_F(SwarmCoordinatorTest, AGridChangeRestartsEveryPeerAtTheFewestStepsASurviv
   EXPECT_EQ(hole->plan_version(), plan + 2);
 }
 
+// Fault domains, DiLoCo (8 inner steps) on a 2x2 grid and two standbys. A
+// peer of pipeline 1 leaves at step 19: pipeline 0 keeps its run (same
+// run_plan, not healing, its progress and the swarm's step untouched) and
+// pipeline 1's peers (its survivor and a standby) heal from pipeline 0's
+// newest state not behind its last outer step (16), starting 2 steps past
+// pipeline 0's report (21, before the outer step at 24), each from the kept
+// peer of its stage. Later, with pipeline 0 past its outer step at 24 but
+// holding no state since, no state qualifies: the whole swarm restarts.
+TEST_F(SwarmCoordinatorTest, WithFaultDomainsALostPeerRestartsOnlyItsPipelineWhichHealsFromTheKeptOne) {
+  SwarmCoordinatorOptions o = TestOptions(&clock_, dir_.Sub("state"), 2, 2);
+  o.fault_domains = true;
+  o.job.mutable_dp()->set_optimizer(v1::DataParallelSpec::diloco);
+  o.job.mutable_dp()->set_inner_steps(8);
+  auto c = Make(std::move(o));
+  std::map<uint64_t, JoinResult> j;
+  int port = 5000;
+  for (const char* n : {"a", "b", "c", "d", "s1", "s2"}) {
+    JoinParams p = JoinAs(clock_, n, port);
+    p.state_transfer_address = absl::StrCat("127.0.0.1:", port + 2);
+    port += 10;
+    absl::StatusOr<JoinResult> r = c->Join(p);
+    ASSERT_TRUE(r.ok()) << r.status();
+    j[r->peer_id] = *r;
+  }
+  auto assignment = [&](uint64_t id) {
+    absl::StatusOr<v1::Assignment> a = c->GetAssignment(id, j.at(id).session_token);
+    EXPECT_TRUE(a.ok()) << a.status();
+    return a.ok() ? *a : v1::Assignment();
+  };
+  const Grid g = c->grid();
+  const uint64_t plan = g.plan_version;
+  for (uint64_t id : g.slots) {
+    const v1::Assignment a = assignment(id);
+    EXPECT_EQ(a.run_plan(), plan);
+    EXPECT_EQ(a.dp_timeline(), plan);
+    EXPECT_FALSE(a.heal());
+  }
+  auto report = [&](uint64_t id, int64_t step, std::vector<HeldState> states) {
+    HeldStates held{{static_cast<uint32_t>(c->grid().Find(id)->first), std::move(states)}};
+    ASSERT_TRUE(c->ReportProgress(id, j.at(id).session_token, PeerProgress{step, 5.0, 10}, 0, &held).ok());
+  };
+  for (int stage = 0; stage < 2; ++stage) {
+    report(g.at(stage, 0), 19, {HeldState(8, std::string(64, '0')), HeldState(16, std::string(64, "ab"[stage]))});
+    report(g.at(stage, 1), 19, {HeldState(8, std::string(64, '1')), HeldState(16, std::string(64, "cd"[stage]))});
+  }
+  const uint64_t gone = g.at(1, 1);
+  ASSERT_TRUE(c->Leave(gone, j.at(gone).session_token).ok());
+  j.erase(gone);
+  const Grid h = c->grid();
+  EXPECT_EQ(h.plan_version, plan + 1);
+  EXPECT_EQ(h.at(0, 0), g.at(0, 0));
+  EXPECT_EQ(h.at(1, 0), g.at(1, 0));
+  for (int stage = 0; stage < 2; ++stage) {
+    const v1::Assignment kept = assignment(h.at(stage, 0));
+    EXPECT_EQ(kept.plan_version(), plan + 1);
+    EXPECT_EQ(kept.run_plan(), plan) << "pipeline 0 trains on";
+    EXPECT_FALSE(kept.heal());
+    EXPECT_EQ(kept.resume_step(), 0);
+    EXPECT_EQ(kept.dp_timeline(), plan);
+    const v1::Assignment healed = assignment(h.at(stage, 1));
+    EXPECT_EQ(healed.run_plan(), plan + 1);
+    EXPECT_TRUE(healed.heal());
+    EXPECT_EQ(healed.resume_step(), 16);
+    EXPECT_EQ(healed.start_step(), 21);
+    EXPECT_EQ(healed.dp_timeline(), plan);
+    ASSERT_EQ(healed.state_sources_size(), 1);
+    EXPECT_EQ(healed.state_sources(0).peer_id(), h.at(stage, 0)) << "the kept peer of its stage";
+    EXPECT_EQ(healed.state_sha256(), std::string(64, "ab"[stage]));
+  }
+  EXPECT_EQ(c->GetStatus(false).step(), 19) << "no rollback";
+
+  for (int stage = 0; stage < 2; ++stage) report(h.at(stage, 0), 25, {HeldState(16, std::string(64, 'e'))});
+  const uint64_t next_gone = h.at(0, 1);
+  ASSERT_TRUE(c->Leave(next_gone, j.at(next_gone).session_token).ok());
+  const Grid k = c->grid();
+  for (uint64_t id : k.slots) {
+    const v1::Assignment a = assignment(id);
+    EXPECT_EQ(a.run_plan(), plan + 2) << "a swarm-wide restart";
+    EXPECT_FALSE(a.heal());
+    EXPECT_EQ(a.dp_timeline(), plan + 2);
+  }
+}
+
 TEST_F(SwarmCoordinatorTest, ARollbackLowersTheSwarmStepAndReportsFromTheOldPlanLeaveItAlone) {
   {
     auto c = Make(2, 1);

@@ -1,5 +1,6 @@
 #include "peer/assignment.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +19,10 @@ absl::Status ValidateAssignment(const v1::Assignment& a, const v1::JobSpec& job)
                                                    ") is outside the grid"));
   }
   if (a.resume_step() < 0) return absl::InvalidArgumentError("assignment resume_step < 0");
+  if (a.start_step() != 0 && (!a.heal() || a.start_step() < a.resume_step())) {
+    return absl::InvalidArgumentError(absl::StrCat("assignment start_step ", a.start_step(),
+                                                   " without heal or before resume_step ", a.resume_step()));
+  }
   if (!a.grid_complete()) return absl::OkStatus();
   if (a.stage() + 1 < a.num_stages() && a.next().stage_link_address().empty()) {
     return absl::InvalidArgumentError("complete grid but no address for the next stage");
@@ -34,8 +39,10 @@ absl::Status ValidateAssignment(const v1::Assignment& a, const v1::JobSpec& job)
   return absl::OkStatus();
 }
 
+uint64_t RunPlanOf(const v1::Assignment& a) { return a.run_plan() != 0 ? a.run_plan() : a.plan_version(); }
+
 RunKey RunKeyOf(const v1::Assignment& a) {
-  return {a.plan_version(), a.stage(), a.pipeline(), a.has_next() && a.next().reversed(),
+  return {RunPlanOf(a), a.stage(), a.pipeline(), a.has_next() && a.next().reversed(),
           a.has_previous() && a.previous().reversed()};
 }
 
@@ -56,8 +63,10 @@ v1::StageLaunch StageLaunchFor(const v1::Assignment& a, v1::StageLaunch l, const
   namespace fs = std::filesystem;
   l.set_stage(a.stage());
   l.set_pipeline(a.pipeline());
-  l.set_plan(a.plan_version());
-  l.set_start_step(a.resume_step());
+  l.set_plan(RunPlanOf(a));
+  l.set_start_step(std::max(a.resume_step(), a.start_step()));
+  l.set_dp_timeline(a.num_pipelines() > 1 ? a.dp_timeline() : 0);
+  l.set_restart_from_shared(a.heal());
   l.set_init_checkpoint(init_checkpoint);
   l.set_store_dir((fs::path(work_dir) / "store").string());
   l.set_checkpoint_dir(StageCheckpointDir(work_dir, a.stage()));

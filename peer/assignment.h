@@ -22,9 +22,13 @@ namespace aqswarm::peer {
 // grid names the next stage and every replica.
 absl::Status ValidateAssignment(const v1::Assignment& a, const v1::JobSpec& job);
 
+// The plan the assigned pipeline's stages run under (Assignment.run_plan,
+// else plan_version): re-plans that keep the pipeline in place keep it.
+uint64_t RunPlanOf(const v1::Assignment& a);
+
 // What a stage child was started for: a new plan or place restarts it.
 struct RunKey {
-  uint64_t plan_version = 0;
+  uint64_t plan_version = 0;  // RunPlanOf
   uint32_t stage = 0, pipeline = 0;
   // Which side opens each link (Neighbor.reversed): a neighbour's
   // reachability may change under the same plan.

@@ -213,12 +213,31 @@ absl::Status PeerDaemonImpl::Apply(const v1::Assignment& a, std::optional<absl::
     // A new plan restarts everyone at its resume step: that is where it
     // restarts us, until our child reports (a mirror copy's report resends it).
     absl::MutexLock l(&mu_);
-    last_progress_.set_step(a.resume_step());
+    last_progress_.set_step(std::max(a.resume_step(), a.start_step()));
     last_progress_.set_plan_version(a.plan_version());
   }
+  v1::Neighbor self;
+  self.set_peer_id(Session().first);
+  self.set_peer_name(o_.tls.name);
+  self.set_gradient_exchange_address(o_.exchange_advertise);
   const AssignmentAction action =
       DecideAssignment(a, {started_for_, child_ != nullptr, child_ == nullptr && failed_at->has_value()});
-  if (action == AssignmentAction::kKeepRunning) return absl::OkStatus();  // same plan: keep training
+  if (action == AssignmentAction::kKeepRunning) {
+    // Same run: keep training. Under fault domains a re-plan of another
+    // pipeline may have moved a replica: the child learns where.
+    report_plan_ = a.plan_version();
+    if (a.dp_timeline() > 0) {
+      v1::StageLaunch patch;
+      *patch.mutable_replicas() = StageLaunchFor(a, v1::StageLaunch(), o_.work_dir, self, "").replicas();
+      std::string key = patch.SerializeAsString();
+      if (key != sent_replicas_) {
+        const absl::Status s = child_->SendReplicas(patch);
+        if (!s.ok()) AQSWARM_LOG(WARNING) << "peer " << o_.name << ": replica patch not delivered: " << s;
+        sent_replicas_ = std::move(key);
+      }
+    }
+    return absl::OkStatus();
+  }
   if (action == AssignmentAction::kWaitForNextPlan) return absl::OkStatus();  // our stage failed under this plan
   StopChild();
   failed_at->reset();
@@ -237,21 +256,24 @@ absl::Status PeerDaemonImpl::Apply(const v1::Assignment& a, std::optional<absl::
   base.set_adaptive_link_deadline(o_.adaptive_link_deadline);
   base.set_uplink_mbps(o_.emulate_uplink_mbps);
   base.set_die_with_parent(true);
-  v1::Neighbor self;
-  self.set_peer_id(Session().first);
-  self.set_peer_name(o_.tls.name);
-  self.set_gradient_exchange_address(o_.exchange_advertise);
   {
     absl::MutexLock l(&mu_);
     child_exit_.reset();
   }
   StageChildCallbacks callbacks;
-  callbacks.on_event = [this, plan = a.plan_version()](const v1::StageEvent& e) { OnChildEvent(e, plan); };
+  report_plan_ = a.plan_version();
+  callbacks.on_event = [this](const v1::StageEvent& e) { OnChildEvent(e, report_plan_); };
   callbacks.on_exit = [this](int code) {
     absl::MutexLock l(&mu_);
     child_exit_ = code;
   };
-  AQSWARM_ASSIGN_OR_RETURN(child_, launcher_->Launch(StageLaunchFor(a, std::move(base), o_.work_dir, self, init), std::move(callbacks)));
+  const v1::StageLaunch launch = StageLaunchFor(a, std::move(base), o_.work_dir, self, init);
+  {
+    v1::StageLaunch sent;
+    *sent.mutable_replicas() = launch.replicas();
+    sent_replicas_ = sent.SerializeAsString();
+  }
+  AQSWARM_ASSIGN_OR_RETURN(child_, launcher_->Launch(launch, std::move(callbacks)));
   started_for_ = RunKeyOf(a);
   {
     v1::PeerEvent e;
@@ -266,7 +288,12 @@ absl::Status PeerDaemonImpl::Apply(const v1::Assignment& a, std::optional<absl::
 
 void PeerDaemonImpl::OnChildEvent(const v1::StageEvent& e, uint64_t plan) {
   Event(events::FromStage(e));
-  if (e.has_error() && e.error().has_blame()) ReportBlame(e.error().blame());
+  if (e.has_error() && e.error().has_blame()) {
+    // Under the plan the child's run is in now (a kept run outlives plans).
+    v1::Blame b = e.error().blame();
+    b.set_plan(plan);
+    ReportBlame(b);
+  }
   if (e.has_done()) {
     absl::MutexLock l(&mu_);
     job_done_ = true;
@@ -279,7 +306,7 @@ void PeerDaemonImpl::OnChildEvent(const v1::StageEvent& e, uint64_t plan) {
   p.set_tokens_per_second(step.step_seconds() > 0 ? step.tokens() / step.step_seconds() : 0.0);
   p.set_plan_version(plan);
   const int64_t every = std::max<uint32_t>(1, job_.checkpoint_every_steps());
-  if (p.step() % every == 0) keeper_->Checkpointed(p.step());
+  if (p.step() % every == 0 || (step.has_dp() && step.dp().kind() == "outer")) keeper_->Checkpointed(p.step());
   ReportProgress(p);
   if (step.has_down_busy()) prober_->ObserveForwardLink(step.down_busy().bytes(), step.down_busy().seconds());
 }

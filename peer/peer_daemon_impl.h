@@ -10,6 +10,7 @@
 
 #include "peer/peer_daemon.h"
 
+#include <atomic>
 #include <signal.h>
 
 #include <algorithm>
@@ -146,6 +147,10 @@ class PeerDaemonImpl final : public PeerDaemon {
   std::unique_ptr<LinkProber> prober_;  // from RunInner until Run ends
   std::unique_ptr<StageChild> child_;
   std::optional<RunKey> started_for_;  // the place of the last child started
+  // The plan the child's progress is reported under: the newest assignment's
+  // while the child runs on (a re-plan that kept its pipeline).
+  std::atomic<uint64_t> report_plan_{0};
+  std::string sent_replicas_;  // the child's replicas as last sent (a serialized patch)
 
   absl::Mutex report_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one ReportProgress at a time
   // (the DataSpec it was computed for, serialized; its hashes): Join's thread only.

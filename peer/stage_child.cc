@@ -29,6 +29,10 @@ class ProcessStageChild final : public StageChild {
 
   int64_t pid() const override { return process_->pid(); }
 
+  absl::Status SendReplicas(const v1::StageLaunch& patch) override {
+    return process_->WriteStdin(stage::StageLaunchJson(patch) + "\n");
+  }
+
   bool Stop(absl::Duration grace) override {
     process_->Signal(SIGTERM);
     bool in_time = true;
@@ -83,6 +87,7 @@ class ProcessLauncher final : public StageLauncher {
     AQSWARM_RETURN_IF_ERROR(stage::WriteStageLaunch(launch_path_, launch));
     SubprocessOptions so;
     so.stderr_path = log_path_;
+    so.pipe_stdin = launch.dp_timeline() > 0;  // replica patches (StageChild::SendReplicas)
     AQSWARM_ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> process,
                              Subprocess::Spawn({executable_, "stage", "--launch=" + launch_path_}, so));
     return std::make_unique<ProcessStageChild>(std::move(process), std::move(callbacks));

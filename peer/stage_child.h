@@ -32,6 +32,11 @@ class StageChild {
   // exited and every event it printed was handed on: true when it exited
   // within the grace, false when it had to be killed.
   virtual bool Stop(absl::Duration grace) = 0;
+  // Hands a running child of a launch with dp_timeline its replicas'
+  // new places (StageLaunch.dp_timeline: a JSON line on its stdin).
+  virtual absl::Status SendReplicas(const v1::StageLaunch& patch) {
+    return absl::FailedPreconditionError("this stage child takes no replica patches");
+  }
 };
 
 struct StageChildCallbacks {

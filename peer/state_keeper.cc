@@ -234,9 +234,9 @@ bool StateKeeper::Follow(const v1::Assignment& a) {
     }
     if (!mirror_target_.has_value() || mirrored_before != mirror_target_->stage()) mirror_landed_ = 0;
     own_stage_ = a.role() == v1::Assignment::STAGE ? std::optional<uint32_t>(a.stage()) : std::nullopt;
-    if (a.plan_version() != plan_) {
+    if (RunPlanOf(a) != plan_) {
       new_plan = true;
-      plan_ = a.plan_version();
+      plan_ = RunPlanOf(a);
       mirror_want_ = std::min(mirror_want_, a.resume_step());
       mirror_done_ = std::min(mirror_done_, a.resume_step());
       if (mirror_landed_ > a.resume_step()) mirror_landed_ = 0;

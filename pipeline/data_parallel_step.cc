@@ -210,6 +210,27 @@ absl::Status DataParallelStep::Finish() {
   return absl::OkStatus();
 }
 
+absl::Status DataParallelStep::RestartFromShared(int64_t step) {
+  AQSWARM_RETURN_IF_ERROR(Join());
+  if (opt_.stage == nullptr) Init();
+  AQSWARM_RETURN_IF_ERROR(opt_.stage->SkipTo(step));
+  if (opt_.tied != nullptr) AQSWARM_RETURN_IF_ERROR(opt_.tied->SkipTo(step));
+  const std::vector<float>* shared = opt_.stage->shared_params();
+  if (shared == nullptr || shared->empty()) return absl::OkStatus();
+  torch::NoGradGuard ng;
+  int64_t off = 0;
+  for (const torch::Tensor& p : order_) {
+    torch::Tensor pc = p.detach().to(torch::kCPU).contiguous();
+    std::memcpy(params_.data() + off, pc.data_ptr<float>(), p.numel() * sizeof(float));
+    off += p.numel();
+  }
+  AQSWARM_RETURN_IF_ERROR(opt_.stage->RestartFromShared(absl::MakeSpan(params_).subspan(tied_n_)));
+  master_ = false;
+  prev_params_.clear();
+  Apply();
+  return absl::OkStatus();
+}
+
 bool DataParallelStep::HashShared(Checksummer& c) const {
   const std::vector<float>* shared = opt_.stage != nullptr ? opt_.stage->shared_params() : nullptr;
   if (shared == nullptr) return false;

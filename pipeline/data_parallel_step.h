@@ -75,6 +75,10 @@ class DataParallelStep {
   // From a loaded checkpoint's `extra` (the stage's parameters are loaded
   // already); FailedPrecondition when it holds another optimizer's state.
   absl::Status Load(ExtraCheckpointState& extra, const std::string& path);
+  // The model's parameters (the tied copy's already are, after Load) become
+  // the shared ones where the optimizer keeps such (DiLoCo's anchor; its own
+  // m, v restart), and the optimizers go on at `step` (SkipTo).
+  absl::Status RestartFromShared(int64_t step);
 
  private:
   void Init();

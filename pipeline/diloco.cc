@@ -239,6 +239,14 @@ absl::Status DiLoCo::RestartFromAnchor(absl::Span<float> params) {
   return absl::OkStatus();
 }
 
+absl::Status DiLoCo::SkipTo(int64_t step) {
+  if (step < step_) {
+    return absl::InvalidArgumentError(absl::StrCat("DiLoCo: cannot skip back from step ", step_, " to ", step));
+  }
+  step_ = step;
+  return absl::OkStatus();
+}
+
 std::vector<std::pair<std::string, std::vector<float>*>> DiLoCo::NamedState() {
   return {{"m", &m_},
           {"v", &v_},

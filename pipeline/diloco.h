@@ -127,6 +127,7 @@ class DiLoCo final : public DataParallelOptimizer {
   absl::Status RestartFromAnchor(absl::Span<float> params);
   absl::Status RestartFromShared(absl::Span<float> params) override { return RestartFromAnchor(params); }
 
+  absl::Status SkipTo(int64_t step) override;
   int64_t step() const { return step_; }
   // Empty before the first Step.
   const std::vector<float>& anchor() const { return anchor_; }

@@ -69,6 +69,13 @@ class DataParallelOptimizer {
   // Drops this replica's own progress since the last sync: params = the
   // shared ones (DiLoCo: RestartFromAnchor). A no-op where there is none.
   virtual absl::Status RestartFromShared(absl::Span<float> params) { return absl::OkStatus(); }
+  // Training goes on at `step` (>= this optimizer's steps so far): the
+  // steps between are skipped, so its schedule (DiLoCo's outer steps) meets
+  // the replicas'. Only DiLoCo skips; the others accept their own step only.
+  virtual absl::Status SkipTo(int64_t step) {
+    if (step == meta().step) return absl::OkStatus();
+    return absl::FailedPreconditionError("only diloco's inner steps can be skipped");
+  }
 };
 
 // The code width of the tied-embedding copy's Global-QSGD exchange: dp.bits,

@@ -303,6 +303,9 @@ class StageWorkerImpl final : public StageWorker {
     return Guard("data-parallel state", [&] { return dp_.Load(extra, path); });
   }
   int64_t optimizer_step() const override { return opt_.step(); }
+  absl::Status RestartFromShared(int64_t step) override {
+    return Guard("data-parallel restart", [&] { return dp_.RestartFromShared(step); });
+  }
 
   absl::Status LoadInitialWeights() {
     // A Hugging Face directory (pipeline/hf_checkpoint.h): this stage's shards only.

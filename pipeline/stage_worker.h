@@ -153,6 +153,13 @@ class StageWorker {
   virtual absl::Status SaveCheckpoint(const std::string& path) = 0;
   virtual absl::Status LoadCheckpoint(const std::string& path) = 0;
   virtual int64_t optimizer_step() const = 0;
+  // After LoadCheckpoint (or none: a seeded start): the stage's parameters
+  // become those every replica shares (DiLoCo's anchor), the state's own
+  // inner progress is dropped (DataParallelOptimizer::RestartFromShared)
+  // and its optimizers go on at `step` (SkipTo; DiLoCo only, else `step`
+  // must be the state's). A pipeline healing into running replicas from
+  // another replica's state starts so.
+  virtual absl::Status RestartFromShared(int64_t step) = 0;
 };
 
 }  // namespace aqswarm::pipeline

@@ -14,10 +14,13 @@ namespace aqswarm::stage {
 
 struct GrpcReplicaExchange::Peer {
   int rank = 0;
-  std::string address;
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<v1::GradientExchange::Stub> stub;
   absl::Mutex mu;
+  // Where the replica is; Retarget replaces them and bumps `target`.
+  std::string address ABSL_GUARDED_BY(mu);
+  std::shared_ptr<v1::GradientExchange::Stub> stub ABSL_GUARDED_BY(mu);
+  uint64_t target ABSL_GUARDED_BY(mu) = 0;
+  grpc::ClientContext* pushing ABSL_GUARDED_BY(mu) = nullptr;  // the push in flight, cancelled by Retarget
+  std::string peer_name ABSL_GUARDED_BY(mu);  // under mutual TLS: the certificate its chunks must come with
   struct Queued {
     v1::ExchangeChunk chunk;
     absl::Time queued;  // when Send took it
@@ -43,7 +46,14 @@ class GrpcReplicaExchange::Service final : public v1::GradientExchange::Service 
 
 GrpcReplicaExchange::GrpcReplicaExchange(const ReplicaExchangeOptions& options)
     : options_(options),
-      mailbox_(options.group, options.rank, options.size, options.max_buffered_bytes, options.step_window) {}
+      mailbox_(options.group, options.rank, options.size, options.max_buffered_bytes, options.step_window) {
+  for (int r = 0; r < options.size; ++r) {
+    auto p = std::make_unique<Peer>();
+    p->rank = r;
+    if (!options.peer_names.empty()) p->peer_name = options.peer_names[r];
+    peers_.push_back(std::move(p));
+  }
+}
 
 absl::StatusOr<std::unique_ptr<GrpcReplicaExchange>> GrpcReplicaExchange::Start(const ReplicaExchangeOptions& o) {
   if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
@@ -71,19 +81,41 @@ absl::Status GrpcReplicaExchange::Connect(const std::vector<std::string>& addres
     return absl::InvalidArgumentError(absl::StrCat("expected ", options_.size, " replica addresses, got ",
                                                    addresses.size()));
   }
-  if (!peers_.empty()) return absl::FailedPreconditionError("already connected");
+  if (connected_) return absl::FailedPreconditionError("already connected");
   for (int r = 0; r < options_.size; ++r) {
-    auto p = std::make_unique<Peer>();
-    p->rank = r;
-    p->address = addresses[r];
-    if (r != options_.rank) {
-      AQSWARM_ASSIGN_OR_RETURN(p->channel, rpc::MakeChannel(addresses[r], options_.tls, rpc::LinkChannel()));
-      p->stub = v1::GradientExchange::NewStub(p->channel);
-      Peer* raw = p.get();
-      p->thread = std::thread([this, raw] { SenderLoop(raw); });
+    if (r == options_.rank) continue;
+    Peer* p = peers_[r].get();
+    AQSWARM_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                             rpc::MakeChannel(addresses[r], options_.tls, rpc::LinkChannel()));
+    {
+      absl::MutexLock l(&p->mu);
+      p->address = addresses[r];
+      p->stub = v1::GradientExchange::NewStub(channel);
     }
-    peers_.push_back(std::move(p));
+    p->thread = std::thread([this, p] { SenderLoop(p); });
   }
+  connected_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status GrpcReplicaExchange::Retarget(int rank, const std::string& address, const std::string& peer_name) {
+  if (!connected_ || rank < 0 || rank >= options_.size || rank == options_.rank) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot retarget replica ", rank));
+  }
+  Peer* p = peers_[rank].get();
+  {
+    absl::MutexLock l(&p->mu);
+    if (p->address == address && p->peer_name == peer_name) return absl::OkStatus();
+  }
+  AQSWARM_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                           rpc::MakeChannel(address, options_.tls, rpc::LinkChannel()));
+  absl::MutexLock l(&p->mu);
+  p->address = address;
+  p->peer_name = peer_name;
+  p->stub = v1::GradientExchange::NewStub(channel);
+  p->target += 1;
+  p->failed = absl::OkStatus();
+  if (p->pushing != nullptr) p->pushing->TryCancel();
   return absl::OkStatus();
 }
 
@@ -108,7 +140,7 @@ uint64_t GrpcReplicaExchange::bytes_sent() const {
 }
 
 absl::Status GrpcReplicaExchange::Send(int to, const v1::ExchangeChunk& chunk) {
-  if (to < 0 || to >= options_.size || to == options_.rank || peers_.empty()) {
+  if (to < 0 || to >= options_.size || to == options_.rank || !connected_) {
     return absl::InvalidArgumentError(absl::StrCat("cannot send to replica ", to));
   }
   Peer* p = peers_[to].get();
@@ -128,6 +160,29 @@ absl::Status GrpcReplicaExchange::Send(int to, const v1::ExchangeChunk& chunk) {
 
 void GrpcReplicaExchange::SenderLoop(Peer* p) {
   rpc::EmulatedWire wire(options_.shaping.clock_or_real());
+  // One push to the replica's current target, cancellable by Retarget;
+  // `target` says which target it went to.
+  auto push = [this, p](const v1::ExchangeChunk& c, absl::Time give_up, uint64_t* target) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(give_up - absl::Now()));
+    ctx.set_wait_for_ready(true);
+    std::shared_ptr<v1::GradientExchange::Stub> stub;
+    {
+      absl::MutexLock l(&p->mu);
+      stub = p->stub;
+      *target = p->target;
+      p->pushing = &ctx;
+    }
+    v1::ExchangeAck ack;
+    grpc::Status s = stub->Push(&ctx, c, &ack);
+    absl::MutexLock l(&p->mu);
+    p->pushing = nullptr;
+    return s;
+  };
+  auto retargeted = [p](uint64_t target) {
+    absl::MutexLock l(&p->mu);
+    return p->target != target;
+  };
   while (true) {
     v1::ExchangeChunk c;
     absl::Time queued;
@@ -147,45 +202,50 @@ void GrpcReplicaExchange::SenderLoop(Peer* p) {
     // Counted once on the wire, before the push: the receiver can finish its
     // all-reduce (and a caller read bytes_sent()) before this push's ack.
     p->bytes_sent += c.ByteSizeLong();
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.timeout));
-    ctx.set_wait_for_ready(true);
-    v1::ExchangeAck ack;
-    grpc::Status s = p->stub->Push(&ctx, c, &ack);
+    uint64_t target = 0;
+    absl::Time give_up = absl::Now() + options_.timeout;
+    grpc::Status s = push(c, give_up, &target);
     // A replica of another group refused it: under a swarm that is an old
     // incarnation still listening where the current one will; retry until
-    // the timeout (see ReplicaExchangeOptions::group).
-    const absl::Time give_up = absl::Now() + options_.timeout;
-    for (absl::Duration backoff = absl::Milliseconds(50);
-         s.error_code() == grpc::StatusCode::PERMISSION_DENIED && absl::Now() + backoff < give_up;
-         backoff = std::min(backoff * 2, absl::Seconds(1))) {
+    // the timeout (see ReplicaExchangeOptions::group). A replica moved
+    // elsewhere (Retarget) gets the chunk at its new address.
+    for (absl::Duration backoff = absl::Milliseconds(50);; backoff = std::min(backoff * 2, absl::Seconds(1))) {
+      if (!s.ok() && retargeted(target)) {
+        give_up = absl::Now() + options_.timeout;
+        s = push(c, give_up, &target);
+        continue;
+      }
+      if (s.error_code() != grpc::StatusCode::PERMISSION_DENIED || absl::Now() + backoff >= give_up) break;
       {
         absl::MutexLock l(&p->mu);
         if (p->closing) return;
       }
       absl::SleepFor(backoff);  // retry backoff, not synchronisation
-      grpc::ClientContext retry;
-      retry.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(give_up - absl::Now()));
-      retry.set_wait_for_ready(true);
-      s = p->stub->Push(&retry, c, &ack);
+      s = push(c, give_up, &target);
     }
     if (!s.ok()) {
+      // Sticky until the replica is retargeted (or this exchange closes).
       absl::MutexLock l(&p->mu);
+      if (p->target != target) continue;
       p->failed = absl::UnavailableError(absl::StrCat("replica ", p->rank, " at ", p->address,
                                                       " unreachable: ", s.error_message()));
       p->queue.clear();
-      return;
+      auto woken = [p, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) { return p->closing || p->target != target; };
+      p->mu.Await(absl::Condition(&woken));
+      if (p->closing) return;
     }
   }
 }
 
 absl::Status GrpcReplicaExchange::Deliver(v1::ExchangeChunk chunk, const std::string& caller) {
-  if (options_.tls.enabled() && !options_.peer_names.empty() && chunk.group() == options_.group &&
-      chunk.from_rank() < options_.peer_names.size() && !options_.peer_names[chunk.from_rank()].empty() &&
-      caller != options_.peer_names[chunk.from_rank()]) {
-    CountRejectedMessage(RejectReason::kDpWrongPeer);
-    return absl::PermissionDeniedError(absl::StrCat("a chunk of rank ", chunk.from_rank(),
-                                                    " from a peer that is not that replica"));
+  if (options_.tls.enabled() && chunk.group() == options_.group && chunk.from_rank() < peers_.size()) {
+    Peer* p = peers_[chunk.from_rank()].get();
+    absl::MutexLock l(&p->mu);
+    if (!p->peer_name.empty() && caller != p->peer_name) {
+      CountRejectedMessage(RejectReason::kDpWrongPeer);
+      return absl::PermissionDeniedError(absl::StrCat("a chunk of rank ", chunk.from_rank(),
+                                                      " from a peer that is not that replica"));
+    }
   }
   if (chunk.group() == options_.group && options_.shaping.latency_ms > 0) {
     // One-way latency: the sender's timestamp is trusted no further than
@@ -202,7 +262,7 @@ absl::Status GrpcReplicaExchange::Deliver(v1::ExchangeChunk chunk, const std::st
 absl::StatusOr<v1::ExchangeChunk> GrpcReplicaExchange::Receive(int from, uint64_t step, uint32_t round,
                                                               v1::ExchangeChunk::Phase phase, uint32_t bucket,
                                                               uint32_t chunk) {
-  Peer* p = peers_.empty() || from < 0 || from >= options_.size ? nullptr : peers_[from].get();
+  Peer* p = !connected_ || from < 0 || from >= options_.size ? nullptr : peers_[from].get();
   return mailbox_.Take(from, step, round, phase, bucket, chunk, options_.timeout, [p]() {
     if (p == nullptr) return absl::OkStatus();
     absl::MutexLock pl(&p->mu);

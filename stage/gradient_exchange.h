@@ -78,6 +78,12 @@ class GrpcReplicaExchange final : public pipeline::ReplicaExchange {
   int port() const { return port_; }
   // Addresses of all replicas, indexed by rank (this one's entry is ignored).
   absl::Status Connect(const std::vector<std::string>& addresses);
+  // After Connect: replica `rank` is now at `address` with certificate name
+  // `peer_name` (a new peer took that pipeline's place). Its chunks queued
+  // or in flight go there, a send failure to the old one is forgotten, and
+  // only `peer_name` may push as that rank (under mutual TLS; "" = any
+  // certificate of the swarm CA). Thread-safe.
+  absl::Status Retarget(int rank, const std::string& address, const std::string& peer_name);
 
   int rank() const override { return options_.rank; }
   int size() const override { return options_.size; }
@@ -101,7 +107,8 @@ class GrpcReplicaExchange final : public pipeline::ReplicaExchange {
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
-  std::vector<std::unique_ptr<Peer>> peers_;
+  std::vector<std::unique_ptr<Peer>> peers_;  // [rank], from the start
+  std::atomic<bool> connected_{false};        // Connect done: sender threads run
   ExchangeMailbox mailbox_;
 };
 

@@ -6,7 +6,9 @@
 
 #include <cstdio>
 #include <iostream>
+#include <atomic>
 #include <mutex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/malloc_tuning.h"
@@ -115,7 +117,28 @@ absl::Status Train(const v1::StageLaunch& launch, EventPrinter& print) {
     absl::StatusOr<v1::StageLaunch> patch = ReadNeighborPatch(LinkTimeout(launch));
     s = patch.ok() ? runner->SetNeighbors(*patch) : patch.status();
   }
+  // Under fault domains the launcher sends replica patches while the stage
+  // trains (a peer of another pipeline replaced); stdin's end stops them.
+  std::atomic<bool> trained{false};
+  std::thread patches;
+  if (s.ok() && launch.dp_timeline() > 0) {
+    patches = std::thread([&runner, &trained] {
+      while (!trained) {
+        std::string line;
+        const absl::Status rs = ReadLineFromFd(0, &line, absl::Seconds(1));
+        if (absl::IsDeadlineExceeded(rs)) continue;
+        if (!rs.ok()) return;
+        v1::StageLaunch patch;
+        const auto parsed = google::protobuf::util::JsonStringToMessage(line, &patch);
+        absl::Status ps = parsed.ok() ? runner->UpdateReplicas(patch)
+                                      : absl::InvalidArgumentError(std::string(parsed.message()));
+        if (!ps.ok()) std::cerr << "aqswarm stage: replica patch refused: " << ps.message() << "\n";
+      }
+    });
+  }
   if (s.ok()) s = runner->Run();
+  trained = true;
+  if (patches.joinable()) patches.join();
   PrintEnd(launch, s, print);
   return s;
 }

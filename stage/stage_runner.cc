@@ -23,6 +23,7 @@
 #include "stage/stage_metrics.h"
 #include "stage/step_protocol.h"
 #include "stage/worker_compute.h"
+#include "pipeline/dp_optimizer.h"
 #include "pipeline/job_spec.h"
 #include "pipeline/link_endpoint.h"
 #include "pipeline/stage_worker.h"
@@ -77,6 +78,11 @@ class StageRunnerImpl final : public StageRunner {
     compute_ = std::make_unique<WorkerCompute>(worker_.get(), corpus_.get(), job_, stage_);
     metrics_ = std::make_unique<StageMetrics>(job_, stage_, pipeline_);
     if (!launch_.init_checkpoint().empty()) AQSWARM_RETURN_IF_ERROR(worker_->LoadCheckpoint(launch_.init_checkpoint()));
+    // Healing into running replicas: their shared parameters, not the
+    // loaded state's own progress since the last sync.
+    if (launch_.restart_from_shared() && job_.data_parallel() > 1) {
+      AQSWARM_RETURN_IF_ERROR(worker_->RestartFromShared(launch_.start_step()));
+    }
     if (job_.compression().mode() == v1::LinkCompression::aqsgd && num_stages_ > 1) {
       // A budget below one m(xi) row would store nothing (every row sent FULL).
       AQSWARM_ASSIGN_OR_RETURN(const RowPrecision precision, pipeline::StoredRowPrecision(job_.compression()));
@@ -111,8 +117,12 @@ class StageRunnerImpl final : public StageRunner {
     }
     if (job_.data_parallel() > 1) {
       ReplicaExchangeOptions eo;
-      eo.group =
-          absl::StrCat(job_.name(), "/stage-", stage_, "/gen-", ReplicaGeneration(launch_), "/plan-", launch_.plan());
+      // Under fault domains the group outlives re-plans that keep this
+      // pipeline running: it is named by the swarm's DP timeline.
+      eo.group = launch_.dp_timeline() > 0
+                     ? absl::StrCat(job_.name(), "/stage-", stage_, "/timeline-", launch_.dp_timeline())
+                     : absl::StrCat(job_.name(), "/stage-", stage_, "/gen-", ReplicaGeneration(launch_), "/plan-",
+                                    launch_.plan());
       eo.rank = pipeline_;
       eo.size = static_cast<int>(job_.data_parallel());
       eo.listen = launch_.exchange_listen().empty() ? launch_.listen().substr(0, launch_.listen().rfind(':')) + ":0"
@@ -144,6 +154,19 @@ class StageRunnerImpl final : public StageRunner {
   absl::Status SetNeighbors(const v1::StageLaunch& patch) override {
     AQSWARM_RETURN_IF_ERROR(ApplyNeighborPatch(patch, &launch_));
     return ConnectReplicas();
+  }
+  absl::Status UpdateReplicas(const v1::StageLaunch& patch) override {
+    if (exchange_ == nullptr) return absl::OkStatus();
+    if (patch.replicas_size() != static_cast<int>(job_.data_parallel())) {
+      return absl::InvalidArgumentError(absl::StrCat("a replica patch names ", patch.replicas_size(),
+                                                     " replicas for ", job_.data_parallel(), " pipelines"));
+    }
+    for (int r = 0; r < patch.replicas_size(); ++r) {
+      if (r == static_cast<int>(pipeline_)) continue;
+      const v1::Neighbor& n = patch.replicas(r);
+      AQSWARM_RETURN_IF_ERROR(exchange_->Retarget(r, n.gradient_exchange_address(), n.peer_name()));
+    }
+    return absl::OkStatus();
   }
   // The replicas' GradientExchange addresses, once known.
   absl::Status ConnectReplicas() {
@@ -280,10 +303,14 @@ class StageRunnerImpl final : public StageRunner {
 
   // Writes the state after `steps` completed steps (launch.checkpoint_dir, keep_checkpoints);
   // the job's final state always (what `aqswarm export` reads).
+  // Under fault domains also after every DiLoCo sync: a pipeline that heals
+  // from a replica's newest state then gets the anchor the others hold.
   absl::Status SaveState(int64_t steps, bool final = false) {
     if (launch_.checkpoint_dir().empty()) return absl::OkStatus();
     const int64_t every = std::max<uint32_t>(1, job_.checkpoint_every_steps());
-    if (steps != launch_.start_step() && steps % every != 0 && !final) return absl::OkStatus();
+    const bool synced = launch_.dp_timeline() > 0 && steps != launch_.start_step() &&
+                        worker_->dp_step_kind() == pipeline::DpStepKindName(pipeline::DpStepKind::kOuter);
+    if (steps != launch_.start_step() && steps % every != 0 && !final && !synced) return absl::OkStatus();
     namespace fs = std::filesystem;
     std::error_code ec;
     fs::create_directories(launch_.checkpoint_dir(), ec);

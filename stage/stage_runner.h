@@ -49,6 +49,11 @@ class StageRunner {
   // The neighbours of a launch with neighbors_on_stdin (ApplyNeighborPatch:
   // the next stage's address, the replicas'). Before Run().
   virtual absl::Status SetNeighbors(const v1::StageLaunch& patch) = 0;
+  // A replica patch while Run() trains (a launch with dp_timeline): each
+  // replica of the patch (indexed by pipeline, as the launch's) whose
+  // GradientExchange address or peer name changed is retargeted there.
+  // Thread-safe.
+  virtual absl::Status UpdateReplicas(const v1::StageLaunch& patch) = 0;
   // Connects to the neighbours and trains until the job's steps are done.
   virtual absl::Status Run() = 0;
 };

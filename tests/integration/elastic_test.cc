@@ -8,6 +8,8 @@
 // evicted, the standby takes its slot and the honest peer's step counter
 // keeps rising. A straggler is caught by the adaptive deadline within a
 // step. `ctest -L elastic`.
+#include <map>
+
 #include "absl/strings/match.h"
 #include "tests/integration/swarm_fixture.h"
 
@@ -126,6 +128,94 @@ TEST_F(ElasticTest, AStragglerIsCaughtByTheAdaptiveDeadlineWithinAStepAndTrainin
   })) << Out("honest");
   EXPECT_EQ(CountEvents("honest", [](const v1::PeerEvent& e) { return e.has_rejoin(); }), 0);
   TerminatePeersExcept("");
+}
+
+// Fault domains (coordinator --fault_domains): DiLoCo over 2 stages x 2
+// pipelines + a standby, a placed peer of pipeline 1 SIGKILLed just after
+// an outer step. Only pipeline 1 stops: pipeline 0's stages never restart,
+// their step counters never go back and keep rising while the standby takes
+// the slot; pipeline 1 heals from pipeline 0's newest states (the shared
+// anchor) near pipeline 0's step, and at every outer step after, the two
+// pipelines' replicas hold bit-identical shared parameters.
+TEST_F(ElasticTest, AKilledPeerStopsOnlyItsPipelineWhichHealsFromALiveReplica) {
+  WriteJob(25, R"("dataParallel":2,"checkpointEverySteps":50,)"
+               R"("dp":{"optimizer":"diloco","innerSteps":8,"bits":4,"bucketSize":512})");
+  StartCoordinator({"--fault_domains"});
+  const std::string token = Token();
+  for (const char* n : {"p1", "p2", "p3", "p4", "p5"}) StartPeer(n, token);
+  auto step_of = [](const v1::StatusResponse& st, int j, int p) -> int64_t {
+    const v1::PeerStatus* x = At(st, j, p);
+    return x == nullptr ? -1 : x->progress().step();
+  };
+  // Just past an outer step of pipeline 0, so it has inner steps to train
+  // while pipeline 1 heals.
+  ASSERT_TRUE(WaitFor(
+      [&](const auto& st) {
+        const int64_t s = step_of(st, 1, 0);
+        return st.grid_complete() && st.peers_size() == 5 && s >= 9 && s % 8 >= 1 && s % 8 <= 3;
+      },
+      absl::Seconds(240)))
+      << "the swarm did not train past its first outer step" << Logs();
+  const std::string kept0 = At(status_, 0, 0)->peer_name(), kept1 = At(status_, 1, 0)->peer_name();
+  const std::string victim = At(status_, 1, 1)->peer_name();
+  std::string standby;
+  for (const auto& p : status_.peers()) {
+    if (p.state() == v1::PeerStatus::STANDBY) standby = p.peer_name();
+  }
+  ASSERT_FALSE(standby.empty());
+  const int64_t at_kill = step_of(status_, 1, 0);
+  peers_.at(victim)->Signal(SIGKILL);
+
+  ASSERT_TRUE(WaitFor(
+      [&](const auto& st) {
+        bool seated = false;
+        for (const auto& p : st.peers()) seated |= p.peer_name() == standby && p.state() == v1::PeerStatus::ACTIVE;
+        return st.grid_complete() && st.peers_size() == 4 && seated;
+      },
+      absl::Seconds(30)))
+      << "the standby was not placed: " << status_.DebugString() << Logs();
+  EXPECT_EQ(At(status_, 0, 0)->peer_name(), kept0);
+  EXPECT_EQ(At(status_, 1, 0)->peer_name(), kept1);
+  EXPECT_GT(step_of(status_, 1, 0), at_kill) << "pipeline 0 did not train while pipeline 1 lost its peer";
+  // Both pipelines train on, through two more outer steps.
+  ASSERT_TRUE(WaitFor([&](const auto& st) { return step_of(st, 1, 1) >= at_kill + 18 && step_of(st, 1, 0) >= at_kill + 18; },
+                      absl::Seconds(240)))
+      << "training did not go on in both pipelines (steps " << step_of(status_, 1, 0) << ", "
+      << step_of(status_, 1, 1) << ")" << Logs();
+
+  // Pipeline 0 ran one stage process per peer, and its steps only went forward.
+  std::map<std::pair<uint32_t, uint32_t>, std::string> outer_hash;  // (stage, step) -> pipeline 0's
+  std::map<std::pair<uint32_t, uint32_t>, std::string> healed_hash;  // the same of pipeline 1 after the heal
+  for (const std::string& name : {kept0, kept1}) {
+    EXPECT_EQ(CountEvents(name, [](const v1::PeerEvent& e) { return e.has_stage_started(); }), 1) << Out(name);
+    int64_t last = -1;
+    for (absl::string_view line : absl::StrSplit(Out(name), '\n')) {
+      absl::StatusOr<v1::PeerEvent> e = events::ParsePeerEvent(line);
+      if (!e.ok() || !e->stage().has_step()) continue;
+      const v1::StepEvent& step = e->stage().step();
+      EXPECT_GT(int64_t{step.step()}, last) << name << " went back";
+      last = step.step();
+      if (step.dp().kind() == "outer") outer_hash[{step.stage(), step.step()}] = step.dp().param_hash();
+    }
+  }
+  EXPECT_TRUE(HasEvent(Out(standby), [&](const v1::PeerEvent& e) {
+    return e.has_state_fetched() && (e.state_fetched().from() == kept1);
+  })) << "the standby should have healed from pipeline 0's peer of its stage" << Out(standby);
+  int compared = 0;
+  for (const auto& [stage_name, stage_index] : {std::pair{standby, 1}, {At(status_, 0, 1)->peer_name(), 0}}) {
+    for (absl::string_view line : absl::StrSplit(Out(stage_name), '\n')) {
+      absl::StatusOr<v1::PeerEvent> e = events::ParsePeerEvent(line);
+      if (!e.ok() || !e->stage().has_step() || e->stage().step().dp().kind() != "outer") continue;
+      const v1::StepEvent& step = e->stage().step();
+      if (step.step() <= at_kill) continue;  // before the kill: the first incarnation
+      auto it = outer_hash.find({step.stage(), step.step()});
+      if (it == outer_hash.end()) continue;
+      EXPECT_EQ(step.dp().param_hash(), it->second) << "stage " << stage_index << " step " << step.step();
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 4) << "too few outer steps of the healed pipeline to compare";
+  TerminatePeersExcept(victim);
 }
 
 }  // namespace
