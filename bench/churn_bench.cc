@@ -53,6 +53,7 @@ struct Peer {
   std::unique_ptr<Subprocess> process;
   bool killed = false;
   std::optional<absl::Time> stage_started;  // its latest stage child
+  int64_t resume_step = 0;                  // of its latest assignment: the state its next stage loads
 };
 
 struct StepSeen {
@@ -79,6 +80,7 @@ struct RunResult {
   // rollback lowers it), at the end less at the start.
   double steps = 0;
   double end_progress = 0;
+  int64_t steps_skipped = 0;  // by healing last stages: progress does not count them
   std::vector<StepSeen> steps_seen;
   std::map<int64_t, std::vector<double>> val_losses;  // step -> the last stages' eval losses
   std::vector<Kill> kills;
@@ -183,7 +185,10 @@ class ChurnRun {
 
   double Progress() const {
     double sum = 0;
-    for (const auto& [pipeline, done] : completed_) sum += static_cast<double>(done);
+    for (const auto& [pipeline, done] : completed_) {
+      const auto skipped = skipped_.find(pipeline);
+      sum += static_cast<double>(done - (skipped == skipped_.end() ? 0 : skipped->second));
+    }
     return sum / num_pipelines_;
   }
 
@@ -205,14 +210,28 @@ class ChurnRun {
       for (const std::string& line : lines) {
         absl::StatusOr<v1::PeerEvent> e = events::ParsePeerEvent(line);
         if (!e.ok()) continue;
-        if (e->has_stage_started()) p.stage_started = now;
+        if (e->has_assignment()) p.resume_step = e->assignment().resume_step();
+        if (e->has_stage_started()) {
+          p.stage_started = now;
+          // A healing pipeline (--fault_domains) starts past the state it
+          // loads: the steps between were skipped, not trained.
+          const v1::StageStartedEvent& started = e->stage_started();
+          if (static_cast<int>(started.stage()) == num_stages_ - 1 && started.start_step() > p.resume_step) {
+            skipped_[started.pipeline()] += started.start_step() - p.resume_step;
+            result_.steps_skipped += started.start_step() - p.resume_step;
+          }
+        }
         if (!e->has_stage()) continue;
         if (e->stage().has_step()) {
           const v1::StepEvent& s = e->stage().step();
           result_.steps_seen.push_back({now, p.stage_started.value_or(absl::InfinitePast()),
                                         static_cast<int>(s.pipeline()), static_cast<int>(s.stage()),
                                         static_cast<int64_t>(s.step()), s.loss()});
-          if (static_cast<int>(s.stage()) == num_stages_ - 1) completed_[s.pipeline()] = int64_t{s.step()} + 1;
+          if (static_cast<int>(s.stage()) == num_stages_ - 1) {
+            int64_t& done = completed_[s.pipeline()];
+            if (int64_t{s.step()} + 1 < done) skipped_.erase(s.pipeline());  // rolled back: below what it skipped
+            done = int64_t{s.step()} + 1;
+          }
         }
         if (e->stage().has_eval() && static_cast<int>(e->stage().eval().stage()) == num_stages_ - 1 &&
             !e->stage().eval().val_loss_not_finite()) {
@@ -255,6 +274,8 @@ class ChurnRun {
   std::set<int> ports_;
   int peer_count_ = 0;
   std::map<uint32_t, int64_t> completed_;  // pipeline -> steps its last stage completed (current timeline)
+  std::map<uint32_t, int64_t> skipped_;    // pipeline -> steps of it a heal skipped (not trained) since
+
   RunResult result_;
 };
 
@@ -389,6 +410,7 @@ absl::Status RunChurnBench(const ChurnBenchOptions& options, std::ostream& out) 
                           {"throughput_ratio_vs_undisturbed", base_rate > 0 ? r.steps_per_s() / base_rate : 0},
                           {"swarm_seconds_lost_per_event", Spread(lost)},
                           {"healthy_steps_redone", HealthyStepsRedone(r, stages)},
+                          {"steps_skipped", r.steps_skipped},
                           {"affected_pipeline_recovery_s", Spread(AffectedRecoverySeconds(r))},
                           {"loss_kind", eval_step.has_value() ? "val" : "train"},
                           {"loss_at_step", at},

@@ -252,8 +252,9 @@ absl::StatusOr<PersistedState> CoordinatorState::Load() const {
     const size_t S = r.ParseFromString(*grid) ? r.num_stages() : 0, P = r.num_pipelines();
     if (S == 0 || P == 0 || S > 4096 || P > 4096 || size_t(r.slots_size()) != S * P ||
         size_t(r.forward_generation_size()) != (S - 1) * P || size_t(r.replica_generation_size()) != S ||
-        (r.run_plan_size() != 0 && size_t(r.run_plan_size()) != P) || r.run_resume_size() != r.run_plan_size() ||
-        r.heal_size() != r.run_plan_size() || r.run_start_size() != r.run_plan_size()) {
+        (r.run_plan_size() != 0 && size_t(r.run_plan_size()) != P) ||
+        size_t(r.run_resume_size()) != (r.run_plan_size() == 0 ? 0 : S * P) || r.heal_size() != r.run_plan_size() ||
+        r.run_start_size() != r.run_plan_size()) {
       return absl::DataLossError("coordinator state: key 'grid' is corrupt");
     }
     Grid g = Grid::Empty(static_cast<int>(S), static_cast<int>(P));

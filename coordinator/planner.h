@@ -59,23 +59,28 @@ struct Grid {
   // completed every placed peer restarts from (see v1::Assignment).
   uint64_t plan_version = 0;
   int64_t resume_step = 0;
-  // Fault domains (SwarmCoordinatorOptions::fault_domains), [pipeline]; empty
-  // outside them. run_plan: the plan under which the pipeline's stages last
-  // started (kept across re-plans that leave its peers in place);
-  // run_resume: the step they started from; heal: they started into running
-  // replicas, from the parameters those share. dp_timeline: the plan of the
-  // last swarm-wide restart, which names the DP groups (0 = none).
+  // Fault domains (SwarmCoordinatorOptions::fault_domains); empty outside
+  // them. [pipeline] run_plan: the plan under which the pipeline's stages
+  // last started (kept across re-plans that leave its peers in place);
+  // run_start: the step they started training at; heal: they started into
+  // running replicas, from the parameters those share. [stage *
+  // num_pipelines + pipeline] run_resume: the step of the state that slot's
+  // stage loaded (<= run_start; healing stages may load different steps).
+  // dp_timeline: the plan of the last swarm-wide restart, which names the
+  // DP groups (0 = none).
   std::vector<uint64_t> run_plan;
   std::vector<int64_t> run_resume;
   std::vector<bool> heal;
-  std::vector<int64_t> run_start;  // healing: the step training starts at (>= run_resume)
+  std::vector<int64_t> run_start;
   uint64_t dp_timeline = 0;
 
   static Grid Empty(int num_stages, int num_pipelines);
   uint64_t RunPlan(int pipeline) const { return run_plan.empty() ? plan_version : run_plan[pipeline]; }
-  int64_t RunResume(int pipeline) const { return run_resume.empty() ? resume_step : run_resume[pipeline]; }
+  int64_t RunResume(int stage, int pipeline) const {
+    return run_resume.empty() ? resume_step : run_resume[stage * num_pipelines + pipeline];
+  }
   bool Heals(int pipeline) const { return !heal.empty() && heal[pipeline]; }
-  int64_t RunStart(int pipeline) const { return run_start.empty() ? RunResume(pipeline) : run_start[pipeline]; }
+  int64_t RunStart(int pipeline) const { return run_start.empty() ? resume_step : run_start[pipeline]; }
   uint64_t at(int stage, int pipeline) const { return slots[stage * num_pipelines + pipeline]; }
   uint64_t forward_gen(int boundary, int pipeline) const {
     return forward_generation[boundary * num_pipelines + pipeline];

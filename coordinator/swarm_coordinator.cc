@@ -187,8 +187,11 @@ bool SwarmCoordinator::KeepPipelinesLocked(Grid* grid, const std::unordered_set<
     any = any || kept[q];
   }
   if (!any) return false;
-  // The healing pipelines start from a state of the kept run that no outer
-  // step has passed since: its anchor is the one the kept replicas hold.
+  // Each healing stage loads a state of the kept run that no outer step of
+  // its stage has passed since: its anchor is the one the kept replicas of
+  // that stage hold. (A stage's replicas may be one outer step ahead of
+  // another stage's, stuck in it: a stage that loads an older state joins
+  // the outer steps it skips, DiLoCo::SkipTo.)
   const int64_t h = std::max<int64_t>(1, options_.job.dp().inner_steps());
   const int64_t frags = std::max<int64_t>(1, options_.job.dp().fragments());
   auto syncs_at = [&](int64_t t) {
@@ -197,13 +200,16 @@ bool SwarmCoordinator::KeepPipelinesLocked(Grid* grid, const std::unordered_set<
     }
     return false;
   };
-  int64_t floor_step = 0;
-  std::set<int64_t, std::greater<>> candidates;
-  for (int q = 0; q < P; ++q) {
-    if (!kept[q]) continue;
-    floor_step = std::max(floor_step, grid_.RunResume(q));
-    for (int j = 0; j < S; ++j) {
+  std::vector<int64_t> state(S);
+  int64_t newest = 0, furthest = 0;
+  for (int j = 0; j < S; ++j) {
+    int64_t floor_step = 0;
+    std::set<int64_t, std::greater<>> candidates;
+    for (int q = 0; q < P; ++q) {
+      if (!kept[q]) continue;
       const Member* m = membership_.Find(grid_.at(j, q));
+      floor_step = std::max(floor_step, grid_.RunResume(j, q));
+      furthest = std::max(furthest, m->progress.step);
       for (int64_t t = m->progress.step; t > std::max<int64_t>(0, m->progress.step - h); --t) {
         if (syncs_at(t)) {
           floor_step = std::max(floor_step, t);
@@ -211,42 +217,26 @@ bool SwarmCoordinator::KeepPipelinesLocked(Grid* grid, const std::unordered_set<
         }
       }
       if (auto it = m->held.find(j); it != m->held.end()) {
-        for (const HeldState& hs : it->second) candidates.insert(hs.step);
+        for (const HeldState& hs : it->second) {
+          if (hs.step >= grid_.RunResume(j, q)) candidates.insert(hs.step);
+        }
       }
     }
-  }
-  std::optional<int64_t> chosen;
-  for (int64_t step : candidates) {
-    if (step < floor_step) break;
-    bool everywhere = true;
-    for (int j = 0; j < S && everywhere; ++j) {
-      bool held = false;
-      for (int q = 0; q < P && !held; ++q) {
-        held = kept[q] && step >= grid_.RunResume(q) && FindHeld(membership_.Find(grid_.at(j, q))->held, j, step);
-      }
-      everywhere = held;
+    if (candidates.empty() || *candidates.begin() < floor_step) {
+      AQSWARM_LOG(WARNING) << "fault domains: no state of stage " << j << " in the kept pipelines at or past step "
+                           << floor_step << ": the whole swarm restarts";
+      return false;
     }
-    if (everywhere) {
-      chosen = step;
-      break;
-    }
-  }
-  if (!chosen.has_value()) {
-    AQSWARM_LOG(WARNING) << "fault domains: no state of the kept pipelines at or past step " << floor_step
-                         << " for every stage: the whole swarm restarts";
-    return false;
+    state[j] = *candidates.begin();
+    newest = std::max(newest, state[j]);
   }
   // They start near where the kept pipelines are (a quarter of an outer
   // period ahead of the furthest report, for the time a restart takes),
-  // before the next outer step: the kept pipelines wait at it only for the
-  // restart, not for steps redone.
-  int64_t next_sync = *chosen + 1;
+  // before the next outer step after the newest state: the kept pipelines
+  // wait at it only for the restart, not for steps redone.
+  int64_t next_sync = newest + 1;
   while (!syncs_at(next_sync)) ++next_sync;
-  int64_t furthest = *chosen;
-  for (int q = 0; q < P; ++q) {
-    for (int j = 0; j < S && kept[q]; ++j) furthest = std::max(furthest, membership_.Find(grid_.at(j, q))->progress.step);
-  }
-  const int64_t start = std::min(next_sync - 1, std::max(*chosen, furthest + std::max<int64_t>(2, h / frags / 4)));
+  const int64_t start = std::max(newest, std::min(next_sync - 1, furthest + std::max<int64_t>(2, h / frags / 4)));
   grid->dp_timeline = grid_.dp_timeline;
   grid->run_plan = grid_.run_plan;
   grid->run_resume = grid_.run_resume;
@@ -255,11 +245,11 @@ bool SwarmCoordinator::KeepPipelinesLocked(Grid* grid, const std::unordered_set<
   for (int q = 0; q < P; ++q) {
     if (kept[q]) continue;
     grid->run_plan[q] = grid->plan_version;
-    grid->run_resume[q] = *chosen;
+    for (int j = 0; j < S; ++j) grid->run_resume[j * P + q] = state[j];
     grid->heal[q] = true;
     grid->run_start[q] = start;
   }
-  grid->resume_step = *chosen;
+  grid->resume_step = start;
   return true;
 }
 
@@ -329,7 +319,7 @@ absl::Status SwarmCoordinator::ChangeMembersLocked(const std::vector<uint64_t>& 
     if (FaultDomainsLocked()) {
       // A swarm-wide restart: every pipeline runs the new plan, in a new DP timeline.
       grid.run_plan.assign(grid.num_pipelines, grid.plan_version);
-      grid.run_resume.assign(grid.num_pipelines, grid.resume_step);
+      grid.run_resume.assign(grid.slots.size(), grid.resume_step);
       grid.heal.assign(grid.num_pipelines, false);
       grid.run_start.assign(grid.num_pipelines, grid.resume_step);
       grid.dp_timeline = grid.plan_version;
@@ -1015,7 +1005,7 @@ absl::StatusOr<v1::Assignment> SwarmCoordinator::GetAssignment(uint64_t peer_id,
   a.set_stage(j);
   a.set_pipeline(p);
   if (!grid_.run_plan.empty()) {
-    a.set_resume_step(grid_.RunResume(p));
+    a.set_resume_step(grid_.RunResume(j, p));
     a.set_run_plan(grid_.RunPlan(p));
     a.set_dp_timeline(grid_.dp_timeline);
     a.set_heal(grid_.Heals(p));
@@ -1039,6 +1029,7 @@ absl::StatusOr<v1::Assignment> SwarmCoordinator::GetAssignment(uint64_t peer_id,
   for (int q = 0; q < grid_.num_pipelines; ++q) {
     if (q != p && grid_.at(j, q) != 0) {
       *a.add_replicas() = NeighborLocked(grid_.at(j, q), j, q, grid_.replica_generation[j]);
+      if (!grid_.run_plan.empty()) a.mutable_replicas()->rbegin()->set_run_plan(grid_.RunPlan(q));
     }
   }
   if (grid_.Heals(p) && a.resume_step() > 0) {

@@ -589,14 +589,15 @@ TEST_F(SwarmCoordinatorTest, AGridChangeRestartsEveryPeerAtTheFewestStepsASurviv
   EXPECT_EQ(hole->plan_version(), plan + 2);
 }
 
-// Fault domains, DiLoCo (8 inner steps) on a 2x2 grid and two standbys. A
+// Fault domains, DiLoCo (8 inner steps) on a 2x2 grid and three standbys. A
 // peer of pipeline 1 leaves at step 19: pipeline 0 keeps its run (same
 // run_plan, not healing, its progress and the swarm's step untouched) and
 // pipeline 1's peers (its survivor and a standby) heal from pipeline 0's
 // newest state not behind its last outer step (16), starting 2 steps past
 // pipeline 0's report (21, before the outer step at 24), each from the kept
-// peer of its stage. Later, with pipeline 0 past its outer step at 24 but
-// holding no state since, no state qualifies: the whole swarm restarts.
+// peer of its stage. Stages may heal from different steps when one stage
+// of the kept pipeline is an outer step ahead of the other. With no state
+// since the kept pipeline's last outer step, the whole swarm restarts.
 TEST_F(SwarmCoordinatorTest, WithFaultDomainsALostPeerRestartsOnlyItsPipelineWhichHealsFromTheKeptOne) {
   SwarmCoordinatorOptions o = TestOptions(&clock_, dir_.Sub("state"), 2, 2);
   o.fault_domains = true;
@@ -605,7 +606,7 @@ TEST_F(SwarmCoordinatorTest, WithFaultDomainsALostPeerRestartsOnlyItsPipelineWhi
   auto c = Make(std::move(o));
   std::map<uint64_t, JoinResult> j;
   int port = 5000;
-  for (const char* n : {"a", "b", "c", "d", "s1", "s2"}) {
+  for (const char* n : {"a", "b", "c", "d", "s1", "s2", "s3"}) {
     JoinParams p = JoinAs(clock_, n, port);
     p.state_transfer_address = absl::StrCat("127.0.0.1:", port + 2);
     port += 10;
@@ -660,15 +661,33 @@ TEST_F(SwarmCoordinatorTest, WithFaultDomainsALostPeerRestartsOnlyItsPipelineWhi
   }
   EXPECT_EQ(c->GetStatus(false).step(), 19) << "no rollback";
 
-  for (int stage = 0; stage < 2; ++stage) report(h.at(stage, 0), 25, {HeldState(16, std::string(64, 'e'))});
-  const uint64_t next_gone = h.at(0, 1);
+  // Pipeline 0's stage 0 is past the outer step at 24, its stage 1 is
+  // stuck in it: pipeline 1's stage 0 heals from 24, its stage 1 from 16
+  // (joining that outer step), and both start at 27.
+  report(h.at(0, 0), 25, {HeldState(16, std::string(64, 'e')), HeldState(24, std::string(64, 'f'))});
+  report(h.at(1, 0), 23, {HeldState(16, std::string(64, 'b'))});
+  const uint64_t second_gone = h.at(1, 1);
+  ASSERT_TRUE(c->Leave(second_gone, j.at(second_gone).session_token).ok());
+  j.erase(second_gone);
+  const Grid u = c->grid();
+  EXPECT_EQ(assignment(u.at(0, 0)).run_plan(), plan);
+  for (int stage = 0; stage < 2; ++stage) {
+    const v1::Assignment healed = assignment(u.at(stage, 1));
+    EXPECT_TRUE(healed.heal());
+    EXPECT_EQ(healed.resume_step(), stage == 0 ? 24 : 16);
+    EXPECT_EQ(healed.start_step(), 27);
+  }
+
+  // Past the outer step at 32 with no state since: nothing qualifies.
+  for (int stage = 0; stage < 2; ++stage) report(u.at(stage, 0), 33, {HeldState(24, std::string(64, 'e'))});
+  const uint64_t next_gone = u.at(0, 1);
   ASSERT_TRUE(c->Leave(next_gone, j.at(next_gone).session_token).ok());
   const Grid k = c->grid();
   for (uint64_t id : k.slots) {
     const v1::Assignment a = assignment(id);
-    EXPECT_EQ(a.run_plan(), plan + 2) << "a swarm-wide restart";
+    EXPECT_EQ(a.run_plan(), plan + 3) << "a swarm-wide restart";
     EXPECT_FALSE(a.heal());
-    EXPECT_EQ(a.dp_timeline(), plan + 2);
+    EXPECT_EQ(a.dp_timeline(), plan + 3);
   }
 }
 

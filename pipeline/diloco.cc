@@ -126,6 +126,12 @@ absl::Status DiLoCo::Step(ReplicaExchange& ex, double lr, absl::Span<float> para
   if (anchor_.empty()) anchor_.assign(params.begin(), params.end());
   if (momentum_.empty()) momentum_.assign(n_, 0.0f);
   if (adam_step_.empty()) adam_step_ = {static_cast<float>(step_)};
+  // Outer steps SkipTo passed over: params are the anchor, the
+  // pseudo-gradient is zero; the mean and the new anchor are the replicas'.
+  for (const auto& [f, at] : skipped_syncs_) {
+    AQSWARM_RETURN_IF_ERROR(SyncFragment(ex, f, static_cast<uint64_t>(at), params));
+  }
+  skipped_syncs_.clear();
   const uint64_t s = static_cast<uint64_t>(step_);
   ++step_;
   // Inner AdamW on this replica's own gradient.
@@ -242,6 +248,14 @@ absl::Status DiLoCo::RestartFromAnchor(absl::Span<float> params) {
 absl::Status DiLoCo::SkipTo(int64_t step) {
   if (step < step_) {
     return absl::InvalidArgumentError(absl::StrCat("DiLoCo: cannot skip back from step ", step_, " to ", step));
+  }
+  // The outer steps skipped over are still the replicas' to take: this
+  // replica joins them, contributing nothing, at the next Step.
+  const int64_t h = options_.inner_steps, frags = num_fragments();
+  for (int64_t t = step_ + 1; t <= step; ++t) {
+    for (int f = 0; f < frags; ++f) {
+      if ((t + f * h / frags) % h == 0 && bounds_[f] != bounds_[f + 1]) skipped_syncs_.push_back({f, t - 1});
+    }
   }
   step_ = step;
   return absl::OkStatus();

@@ -127,6 +127,9 @@ class DiLoCo final : public DataParallelOptimizer {
   absl::Status RestartFromAnchor(absl::Span<float> params);
   absl::Status RestartFromShared(absl::Span<float> params) override { return RestartFromAnchor(params); }
 
+  // Goes on at `step`: its inner steps since are skipped, and the outer
+  // steps among them are joined at the next Step with params = the anchor
+  // (a zero pseudo-gradient): the replicas that took them wait for it.
   absl::Status SkipTo(int64_t step) override;
   int64_t step() const { return step_; }
   // Empty before the first Step.
@@ -181,6 +184,8 @@ class DiLoCo final : public DataParallelOptimizer {
   std::vector<float> layerwise_;    // see NamedState
   std::vector<float> delta_, mean_, we_, se_;  // scratch of an outer step
   int64_t step_ = 0;
+  // (fragment, step index) of outer steps SkipTo passed over, taken at the next Step.
+  std::vector<std::pair<int, int64_t>> skipped_syncs_;
   AllReduceStats stats_;
   DpStepKind last_step_kind_ = DpStepKind::kNone;
 };

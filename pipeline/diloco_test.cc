@@ -372,5 +372,43 @@ TEST(DiLoCoTest, RestartFromAnchorDropsTheInnerProgress) {
   EXPECT_TRUE(absl::IsInvalidArgument(g.opt[0]->RestartFromAnchor(absl::MakeSpan(wrong))));
 }
 
+// Healing (fault domains): replica 1 is replaced while replica 0 waits in
+// the outer step at 8. The successor loads replica 0's state of step 4,
+// restarts from its anchor and skips to step 9: at its first Step it joins
+// the outer step at 8 with a zero pseudo-gradient, then both go on and the
+// anchors stay bit-identical through the outer step at 12.
+TEST(DiLoCoTest, ASuccessorThatSkipsAnOuterStepJoinsItAndTheAnchorsStayIdentical) {
+  constexpr int64_t kN = 300;
+  Group g(2, kN, Options(4));
+  ASSERT_TRUE(g.Run(0, 4).ok());
+  const State at4 = g.Save(0);
+  DiLoCo successor(kN, kN, std::vector<uint8_t>(kN, 0), Options(4), {});
+  ASSERT_TRUE(successor.LoadState(at4, {4}).ok());
+  std::vector<float> params = g.params[0];
+  ASSERT_TRUE(successor.RestartFromAnchor(absl::MakeSpan(params)).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(successor.SkipTo(3)));
+  ASSERT_TRUE(successor.SkipTo(9).ok());
+  Hub hub;
+  absl::Status s0, s1;
+  std::thread kept([&] {
+    HubExchange ex(&hub, 0, 2);
+    for (int t = 4; t < 12 && s0.ok(); ++t) {
+      s0 = g.opt[0]->Step(ex, 0.01, absl::MakeSpan(g.params[0]), RandomGrad(0, t, g.params[0]));
+    }
+  });
+  std::thread healed([&] {
+    HubExchange ex(&hub, 1, 2);
+    for (int t = 9; t < 12 && s1.ok(); ++t) s1 = successor.Step(ex, 0.01, absl::MakeSpan(params), RandomGrad(1, t, params));
+  });
+  kept.join();
+  healed.join();
+  ASSERT_TRUE(s0.ok()) << s0;
+  ASSERT_TRUE(s1.ok()) << s1;
+  EXPECT_EQ(successor.step(), 12);
+  EXPECT_TRUE(SameBits(g.opt[0]->anchor(), successor.anchor()));
+  EXPECT_TRUE(SameBits(Buffer(*g.opt[0], "outer_momentum"), Buffer(successor, "outer_momentum")));
+  EXPECT_TRUE(SameBits(g.params[0], params)) << "right after an outer step the parameters are the anchor";
+}
+
 }  // namespace
 }  // namespace aqswarm::pipeline

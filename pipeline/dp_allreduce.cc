@@ -1,5 +1,8 @@
 #include "pipeline/dp_allreduce.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -62,6 +65,25 @@ const ScatterFault& TestScatterFault() {
     return f;
   }();
   return fault;
+}
+
+// AQSWARM_TEST_FAULT_DIE_IN_EXCHANGE_AT_STEP=<step>: in that step's
+// exchange, once this replica has taken a contribution from another, the
+// process SIGKILLs its parent (the peer daemon that launched this stage)
+// and itself: a peer that dies mid-round, some of its chunks delivered.
+void MaybeDieInExchange(uint64_t step) {
+  static const int64_t at = [] {
+    const char* v = std::getenv("AQSWARM_TEST_FAULT_DIE_IN_EXCHANGE_AT_STEP");
+    int64_t s = -1;
+    if (v != nullptr && absl::SimpleAtoi(v, &s)) {
+      std::fprintf(stderr, "aqswarm: TEST FAULT INJECTION: this peer dies in its data-parallel exchange of step %lld\n",
+                   static_cast<long long>(s));
+    }
+    return s;
+  }();
+  if (at < 0 || step != static_cast<uint64_t>(at)) return;
+  ::kill(::getppid(), SIGKILL);
+  ::raise(SIGKILL);
 }
 
 void InjectScatterFault(int rank, v1::EncodedTensor* t) {
@@ -263,6 +285,7 @@ class PartRun {
         } else {
           AQSWARM_ASSIGN_OR_RETURN(v1::ExchangeChunk c,
                                    ex_.Receive(src, step_, p_.round, v1::ExchangeChunk::SCATTER, bucket, r_));
+          MaybeDieInExchange(step_);  // tests only
           AQSWARM_RETURN_IF_ERROR(DecodeChunk(c.tensor(), absl::MakeSpan(dec_)));
         }
         for (int64_t i = 0; i < mine; ++i) sum_[i] += dec_[i];

@@ -27,7 +27,10 @@
 //
 // Tests only: AQSWARM_TEST_FAULT_DP_SCATTER="<rank>:<factor>|nan" makes that
 // rank corrupt the float32 contributions it sends (a hostile replica, for
-// live tests of dp.robust; see dp_allreduce.cc).
+// live tests of dp.robust; see dp_allreduce.cc);
+// AQSWARM_TEST_FAULT_DIE_IN_EXCHANGE_AT_STEP=<step> kills the peer (the
+// stage's parent and the stage) mid-round at that step, after it took a
+// contribution (fault-domain tests).
 //
 //   AllReduceOptions o;  o.codec.codec = v1::CODEC_MINMAX;  o.codec.bits = 4;
 //   AQSWARM_RETURN_IF_ERROR(AllReduceMean(exchange, o, step, round, in, out, &e_w, &e_s));

@@ -259,21 +259,23 @@ def churn():
            "timeline (a rollback lowers it); seconds lost per kill are the seconds the undisturbed rate needs for",
            "the progress not made until the next kill; healthy steps redone are steps that pipelines a kill did",
            "not hit trained again; the hit pipeline's recovery runs until it reports a step from a stage started",
-           "after the kill. The loss is compared at equal steps (val loss at the newest eval both runs have).", "",
+           "after the kill. Under fault domains (`--fault_domains`) a healing pipeline starts past the state it",
+           "loads: those steps are skipped, not trained, and progress leaves them out. The loss is compared at",
+           "equal steps (val loss at the newest eval both runs have).", "",
            "Reproduce: `build/aqswarm bench churn --job examples/churn.json --churn_seconds 300 --kill_every_s 30`",
            "(about 12 minutes; the job's corpus is the one `scripts/demo.sh` prepares).",
            *textwrap.wrap(f"Run: {meta('churn')}", 110), "",
            "| design | run | grid + standbys | lease s | seconds | kills | steps | steps/s | throughput vs undisturbed | "
-           "s lost per kill p50 / p99 | healthy steps redone | hit pipeline trains again s p50 / p99 | "
+           "s lost per kill p50 / p99 | healthy steps redone | steps skipped | hit pipeline trains again s p50 / p99 | "
            "loss at step | loss vs undisturbed |",
-           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for j in rows:
         lost, rec = j["swarm_seconds_lost_per_event"], j["affected_pipeline_recovery_s"]
         ratio = j["final_loss_vs_undisturbed"]
         out.append(f"| {j.get('design', '')} | {j['run']} | {j['grid']} + {j['standbys']} | {j['lease_s']:g} | {j['seconds']:.0f} | "
                    f"{j['events']} | {j['steps']:.1f} | {j['steps_per_s']:.3f} | "
                    f"{j['throughput_ratio_vs_undisturbed']:.2f} | {lost['p50']:.1f} / {lost['p99']:.1f} | "
-                   f"{j['healthy_steps_redone']} | {rec['p50']:.1f} / {rec['p99']:.1f} | "
+                   f"{j['healthy_steps_redone']} | {j.get('steps_skipped', 0)} | {rec['p50']:.1f} / {rec['p99']:.1f} | "
                    f"{j['loss']:.3f} ({j['loss_kind']}, step {j['loss_at_step']}) | "
                    f"{'-' if ratio is None else format(ratio, '.4f')} |")
     hit = [j for j in rows if j["run"] == "churn"]

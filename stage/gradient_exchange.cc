@@ -21,12 +21,17 @@ struct GrpcReplicaExchange::Peer {
   uint64_t target ABSL_GUARDED_BY(mu) = 0;
   grpc::ClientContext* pushing ABSL_GUARDED_BY(mu) = nullptr;  // the push in flight, cancelled by Retarget
   std::string peer_name ABSL_GUARDED_BY(mu);  // under mutual TLS: the certificate its chunks must come with
+  uint64_t incarnation ABSL_GUARDED_BY(mu) = 0;  // Retarget's
   struct Queued {
     v1::ExchangeChunk chunk;
     absl::Time queued;  // when Send took it
     double mbps;        // the exchange's bandwidth then
   };
   std::deque<Queued> queue ABSL_GUARDED_BY(mu);
+  // The chunks of the newest step delivered to the current target: a
+  // replica that takes its place (Retarget) gets them again, since the
+  // one that vanished may have been mid-round.
+  std::vector<v1::ExchangeChunk> delivered ABSL_GUARDED_BY(mu);
   bool closing ABSL_GUARDED_BY(mu) = false;
   absl::Status failed ABSL_GUARDED_BY(mu);
   std::atomic<uint64_t> bytes_sent{0};
@@ -51,6 +56,7 @@ GrpcReplicaExchange::GrpcReplicaExchange(const ReplicaExchangeOptions& options)
     auto p = std::make_unique<Peer>();
     p->rank = r;
     if (!options.peer_names.empty()) p->peer_name = options.peer_names[r];
+    if (r < static_cast<int>(options.incarnations.size())) p->incarnation = options.incarnations[r];
     peers_.push_back(std::move(p));
   }
 }
@@ -98,24 +104,31 @@ absl::Status GrpcReplicaExchange::Connect(const std::vector<std::string>& addres
   return absl::OkStatus();
 }
 
-absl::Status GrpcReplicaExchange::Retarget(int rank, const std::string& address, const std::string& peer_name) {
+absl::Status GrpcReplicaExchange::Retarget(int rank, const std::string& address, const std::string& peer_name,
+                                          uint64_t incarnation) {
   if (!connected_ || rank < 0 || rank >= options_.size || rank == options_.rank) {
     return absl::InvalidArgumentError(absl::StrCat("cannot retarget replica ", rank));
   }
   Peer* p = peers_[rank].get();
   {
     absl::MutexLock l(&p->mu);
-    if (p->address == address && p->peer_name == peer_name) return absl::OkStatus();
+    if (p->address == address && p->peer_name == peer_name && incarnation == p->incarnation) return absl::OkStatus();
   }
   AQSWARM_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
                            rpc::MakeChannel(address, options_.tls, rpc::LinkChannel()));
   absl::MutexLock l(&p->mu);
   p->address = address;
   p->peer_name = peer_name;
+  p->incarnation = incarnation;
   p->stub = v1::GradientExchange::NewStub(channel);
   p->target += 1;
   p->failed = absl::OkStatus();
   if (p->pushing != nullptr) p->pushing->TryCancel();
+  const absl::Time now = options_.shaping.clock_or_real()->Now();
+  for (auto it = p->delivered.rbegin(); it != p->delivered.rend(); ++it) {
+    p->queue.push_front({std::move(*it), now, options_.shaping.bandwidth_mbps});
+  }
+  p->delivered.clear();
   return absl::OkStatus();
 }
 
@@ -215,7 +228,11 @@ void GrpcReplicaExchange::SenderLoop(Peer* p) {
         s = push(c, give_up, &target);
         continue;
       }
-      if (s.error_code() != grpc::StatusCode::PERMISSION_DENIED || absl::Now() + backoff >= give_up) break;
+      // With keep_delivered a successor may take the vanished replica's
+      // place (Retarget): a lost connection is retried until the timeout too.
+      const bool retry = s.error_code() == grpc::StatusCode::PERMISSION_DENIED ||
+                         (options_.keep_delivered && s.error_code() == grpc::StatusCode::UNAVAILABLE);
+      if (!retry || absl::Now() + backoff >= give_up) break;
       {
         absl::MutexLock l(&p->mu);
         if (p->closing) return;
@@ -223,10 +240,23 @@ void GrpcReplicaExchange::SenderLoop(Peer* p) {
       absl::SleepFor(backoff);  // retry backoff, not synchronisation
       s = push(c, give_up, &target);
     }
-    if (!s.ok()) {
+    // First chunk wins: a replica that holds this key already needs no copy
+    // (a successor may get chunks its predecessor had sent).
+    if (s.ok() || s.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+      absl::MutexLock l(&p->mu);
+      if (options_.keep_delivered && p->target == target) {
+        if (!p->delivered.empty() && p->delivered.back().step() != c.step()) p->delivered.clear();
+        p->delivered.push_back(std::move(c));
+      }
+      continue;
+    }
+    {
       // Sticky until the replica is retargeted (or this exchange closes).
       absl::MutexLock l(&p->mu);
-      if (p->target != target) continue;
+      if (p->target != target) {
+        p->queue.push_front({std::move(c), queued, mbps});
+        continue;
+      }
       p->failed = absl::UnavailableError(absl::StrCat("replica ", p->rank, " at ", p->address,
                                                       " unreachable: ", s.error_message()));
       p->queue.clear();

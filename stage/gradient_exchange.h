@@ -12,7 +12,8 @@
 // each chunk for its wire time at the link's bandwidth; the receiver adds the
 // one-way latency); Send() only queues. Incoming
 // chunks are validated (group, the caller's certificate against the rank it
-// claims, rank range, sizes, step window, first chunk wins) and kept in a
+// claims, rank range, sizes, step window, first chunk wins: a sender whose
+// chunk is refused as a duplicate counts it delivered) and kept in a
 // bounded mailbox until Receive() takes them. The receiver's one-way latency
 // wait trusts the sender's timestamp no further than shaping.latency_ms. A peer that vanished makes Send fail
 // (sticky, naming the replica) and Receive time out after `timeout` or fail
@@ -68,6 +69,14 @@ struct ReplicaExchangeOptions {
   // Chunks are accepted for steps within this many of the step this replica
   // last asked for (ExchangeMailbox). Default: ExchangeMailbox::kStepWindow.
   uint64_t step_window = ExchangeMailbox::kStepWindow;
+  // Keep a copy of the chunks of the newest step each replica took, for a
+  // successor Retarget names (the vanished one may have been mid-round): one
+  // step's traffic in memory; and a replica whose connection is lost is
+  // retried until `timeout` (a successor may come) instead of failing the
+  // step at once. Default: off.
+  bool keep_delivered = false;
+  // Each rank's incarnation to begin with (Retarget); empty: all 0.
+  std::vector<uint64_t> incarnations;
 };
 
 class GrpcReplicaExchange final : public pipeline::ReplicaExchange {
@@ -80,10 +89,14 @@ class GrpcReplicaExchange final : public pipeline::ReplicaExchange {
   absl::Status Connect(const std::vector<std::string>& addresses);
   // After Connect: replica `rank` is now at `address` with certificate name
   // `peer_name` (a new peer took that pipeline's place). Its chunks queued
-  // or in flight go there, a send failure to the old one is forgotten, and
+  // or in flight go there (and, with keep_delivered, those of the newest
+  // step the old one took), a send failure to the old one is forgotten, and
   // only `peer_name` may push as that rank (under mutual TLS; "" = any
   // certificate of the swarm CA). Thread-safe.
-  absl::Status Retarget(int rank, const std::string& address, const std::string& peer_name);
+  // `incarnation` names the replica's run: a new one at the same address is
+  // retargeted too (0 = unknown: address and name decide).
+  absl::Status Retarget(int rank, const std::string& address, const std::string& peer_name,
+                        uint64_t incarnation = 0);
 
   int rank() const override { return options_.rank; }
   int size() const override { return options_.size; }

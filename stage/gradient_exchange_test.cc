@@ -172,6 +172,47 @@ TEST(GrpcReplicaExchangeTest, ARetargetedReplicaTakesTheVanishedOnesPlaceInTheRu
   EXPECT_NEAR(out[0][7], (in[0][7] + in[1][7] + in[2][7]) / 3, 1e-5);
 }
 
+// With keep_delivered, a successor gets again what its predecessor had
+// already taken of the newest step (it vanished mid-round), and a chunk
+// its receiver holds already counts as delivered.
+TEST(GrpcReplicaExchangeTest, ASuccessorGetsTheChunksOfTheNewestStepItsPredecessorTook) {
+  auto start = [](int rank, bool keep) {
+    ReplicaExchangeOptions o;
+    o.group = "job/stage-0";
+    o.rank = rank;
+    o.size = 2;
+    o.timeout = absl::Seconds(20);
+    o.keep_delivered = keep;
+    auto ex = GrpcReplicaExchange::Start(o);
+    EXPECT_TRUE(ex.ok()) << ex.status();
+    return ex.ok() ? *std::move(ex) : nullptr;
+  };
+  auto sender = start(0, true), first = start(1, false);
+  const std::string at0 = absl::StrCat("127.0.0.1:", sender->port());
+  ASSERT_TRUE(sender->Connect({at0, absl::StrCat("127.0.0.1:", first->port())}).ok());
+  ASSERT_TRUE(first->Connect({at0, absl::StrCat("127.0.0.1:", first->port())}).ok());
+  v1::ExchangeChunk c;
+  c.set_from_rank(0);
+  c.set_step(7);
+  c.set_round(5);
+  c.set_phase(v1::ExchangeChunk::SCATTER);
+  ASSERT_TRUE(sender->Send(1, c).ok());
+  auto got = first->Receive(0, 7, 5, v1::ExchangeChunk::SCATTER, 0, 0);
+  ASSERT_TRUE(got.ok()) << got.status();
+  first.reset();  // vanished after taking it
+
+  auto successor = start(1, false);
+  const std::string at1 = absl::StrCat("127.0.0.1:", successor->port());
+  ASSERT_TRUE(successor->Connect({at0, at1}).ok());
+  ASSERT_TRUE(sender->Retarget(1, at1, "").ok());
+  auto again = successor->Receive(0, 7, 5, v1::ExchangeChunk::SCATTER, 0, 0);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE(sender->Send(1, c).ok()) << "a duplicate is no failure";
+  c.set_step(8);
+  ASSERT_TRUE(sender->Send(1, c).ok());
+  EXPECT_TRUE(successor->Receive(0, 8, 5, v1::ExchangeChunk::SCATTER, 0, 0).ok()) << "the sender goes on";
+}
+
 TEST(GrpcReplicaExchangeTest, ChunksFromAnotherGroupOrImpossibleRanksAreRefused) {
   Group g(2);
   auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", g.ex[0]->port()), grpc::InsecureChannelCredentials());

@@ -133,6 +133,8 @@ class StageRunnerImpl final : public StageRunner {
       eo.timeout = timeout_;
       eo.tls = tls_;
       eo.peer_names = ReplicaPeerNames();
+      eo.keep_delivered = launch_.dp_timeline() > 0;  // a successor replica may come (UpdateReplicas)
+      for (const v1::Neighbor& r : launch_.replicas()) eo.incarnations.push_back(r.run_plan());
       // Replicas exchange once every diloco inner_steps (or 0/1 Adam local
       // interval): the first to reach the next exchange sends chunks that
       // many steps past the other's last one.
@@ -164,7 +166,7 @@ class StageRunnerImpl final : public StageRunner {
     for (int r = 0; r < patch.replicas_size(); ++r) {
       if (r == static_cast<int>(pipeline_)) continue;
       const v1::Neighbor& n = patch.replicas(r);
-      AQSWARM_RETURN_IF_ERROR(exchange_->Retarget(r, n.gradient_exchange_address(), n.peer_name()));
+      AQSWARM_RETURN_IF_ERROR(exchange_->Retarget(r, n.gradient_exchange_address(), n.peer_name(), n.run_plan()));
     }
     return absl::OkStatus();
   }
@@ -311,6 +313,9 @@ class StageRunnerImpl final : public StageRunner {
     const bool synced = launch_.dp_timeline() > 0 && steps != launch_.start_step() &&
                         worker_->dp_step_kind() == pipeline::DpStepKindName(pipeline::DpStepKind::kOuter);
     if (steps != launch_.start_step() && steps % every != 0 && !final && !synced) return absl::OkStatus();
+    // A healing stage's start is another replica's state, its skipped outer
+    // steps not yet joined (DiLoCo::SkipTo): nothing to hold for others.
+    if (steps == launch_.start_step() && launch_.restart_from_shared() && !final) return absl::OkStatus();
     namespace fs = std::filesystem;
     std::error_code ec;
     fs::create_directories(launch_.checkpoint_dir(), ec);

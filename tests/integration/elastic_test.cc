@@ -18,6 +18,9 @@ namespace {
 
 class ElasticTest : public SwarmTest {
  protected:
+  // Fault domains: see the definition.
+  void ExpectOnlyTheHitPipelineStops(bool mid_exchange);
+
   // Events of `peer` that `pred` accepts.
   int CountEvents(const std::string& peer, const std::function<bool(const v1::PeerEvent&)>& pred) {
     int n = 0;
@@ -130,41 +133,63 @@ TEST_F(ElasticTest, AStragglerIsCaughtByTheAdaptiveDeadlineWithinAStepAndTrainin
   TerminatePeersExcept("");
 }
 
-// Fault domains (coordinator --fault_domains): DiLoCo over 2 stages x 2
-// pipelines + a standby, a placed peer of pipeline 1 SIGKILLed just after
-// an outer step. Only pipeline 1 stops: pipeline 0's stages never restart,
-// their step counters never go back and keep rising while the standby takes
-// the slot; pipeline 1 heals from pipeline 0's newest states (the shared
-// anchor) near pipeline 0's step, and at every outer step after, the two
-// pipelines' replicas hold bit-identical shared parameters.
-TEST_F(ElasticTest, AKilledPeerStopsOnlyItsPipelineWhichHealsFromALiveReplica) {
+// Fault domains (coordinator --fault_domains): DiLoCo (8 inner steps) over
+// 2 stages x 2 pipelines + a standby; one placed peer dies, either SIGKILLed
+// just after an outer step or by itself in the middle of an outer step's
+// exchange (AQSWARM_TEST_FAULT_DIE_IN_EXCHANGE_AT_STEP: after it took a
+// replica's contribution). Only its pipeline stops: the other pipeline's
+// stages never restart and their step counters never go back (after a
+// plain kill they keep rising while the standby takes the slot); the hit
+// pipeline heals from the kept pipeline's newest states (the shared anchor)
+// and at every outer step after, the two pipelines' replicas hold
+// bit-identical shared parameters.
+void ElasticTest::ExpectOnlyTheHitPipelineStops(bool mid_exchange) {
   WriteJob(25, R"("dataParallel":2,"checkpointEverySteps":50,)"
-               R"("dp":{"optimizer":"diloco","innerSteps":8,"bits":4,"bucketSize":512})");
+                 R"("dp":{"optimizer":"diloco","innerSteps":8,"bits":4,"bucketSize":512})");
   StartCoordinator({"--fault_domains"});
   const std::string token = Token();
-  for (const char* n : {"p1", "p2", "p3", "p4", "p5"}) StartPeer(n, token);
+  StartPeer("p1", token, "", mid_exchange ? "AQSWARM_TEST_FAULT_DIE_IN_EXCHANGE_AT_STEP=23" : "");
+  for (const char* n : {"p2", "p3", "p4"}) StartPeer(n, token);
   auto step_of = [](const v1::StatusResponse& st, int j, int p) -> int64_t {
     const v1::PeerStatus* x = At(st, j, p);
     return x == nullptr ? -1 : x->progress().step();
   };
-  // Just past an outer step of pipeline 0, so it has inner steps to train
-  // while pipeline 1 heals.
-  ASSERT_TRUE(WaitFor(
-      [&](const auto& st) {
-        const int64_t s = step_of(st, 1, 0);
-        return st.grid_complete() && st.peers_size() == 5 && s >= 9 && s % 8 >= 1 && s % 8 <= 3;
-      },
-      absl::Seconds(240)))
-      << "the swarm did not train past its first outer step" << Logs();
-  const std::string kept0 = At(status_, 0, 0)->peer_name(), kept1 = At(status_, 1, 0)->peer_name();
-  const std::string victim = At(status_, 1, 1)->peer_name();
-  std::string standby;
-  for (const auto& p : status_.peers()) {
-    if (p.state() == v1::PeerStatus::STANDBY) standby = p.peer_name();
+  ASSERT_TRUE(WaitFor([](const auto& st) { return st.grid_complete() && st.peers_size() == 4; }, absl::Seconds(120)))
+      << Logs();
+  StartPeer("p5", token);  // the standby
+  int victim_pipeline = 1;
+  std::string victim;
+  if (mid_exchange) {
+    victim = "p1";
+    for (const auto& p : status_.peers()) {
+      if (p.peer_name() == victim) victim_pipeline = p.pipeline();
+    }
+  } else {
+    // Just past an outer step of the kept pipeline, so it has inner steps
+    // to train while the other heals.
+    ASSERT_TRUE(WaitFor(
+        [&](const auto& st) {
+          const int64_t s = step_of(st, 1, 0);
+          return st.peers_size() == 5 && s >= 9 && s % 8 >= 1 && s % 8 <= 3;
+        },
+        absl::Seconds(240)))
+        << "the swarm did not train past its first outer step" << Logs();
+    victim = At(status_, 1, 1)->peer_name();
   }
-  ASSERT_FALSE(standby.empty());
-  const int64_t at_kill = step_of(status_, 1, 0);
-  peers_.at(victim)->Signal(SIGKILL);
+  const int kept = 1 - victim_pipeline;
+  ASSERT_TRUE(WaitFor([](const auto& st) { return st.peers_size() == 5; }, absl::Seconds(60))) << Logs();
+  const std::string kept0 = At(status_, 0, kept)->peer_name();
+  const std::string kept1 = At(status_, 1, kept)->peer_name();
+  const std::string standby = "p5";
+  int64_t at_kill = 0;
+  if (mid_exchange) {
+    absl::StatusOr<int> code = peers_.at(victim)->Wait(absl::Seconds(240));
+    ASSERT_TRUE(code.ok()) << "the peer did not die in its exchange" << Logs();
+    at_kill = 23;
+  } else {
+    at_kill = step_of(status_, 1, kept);
+    peers_.at(victim)->Signal(SIGKILL);
+  }
 
   ASSERT_TRUE(WaitFor(
       [&](const auto& st) {
@@ -174,18 +199,20 @@ TEST_F(ElasticTest, AKilledPeerStopsOnlyItsPipelineWhichHealsFromALiveReplica) {
       },
       absl::Seconds(30)))
       << "the standby was not placed: " << status_.DebugString() << Logs();
-  EXPECT_EQ(At(status_, 0, 0)->peer_name(), kept0);
-  EXPECT_EQ(At(status_, 1, 0)->peer_name(), kept1);
-  EXPECT_GT(step_of(status_, 1, 0), at_kill) << "pipeline 0 did not train while pipeline 1 lost its peer";
+  EXPECT_EQ(At(status_, 0, kept)->peer_name(), kept0);
+  EXPECT_EQ(At(status_, 1, kept)->peer_name(), kept1);
+  if (!mid_exchange) {
+    EXPECT_GT(step_of(status_, 1, kept), at_kill) << "the kept pipeline did not train while the other lost its peer";
+  }
   // Both pipelines train on, through two more outer steps.
-  ASSERT_TRUE(WaitFor([&](const auto& st) { return step_of(st, 1, 1) >= at_kill + 18 && step_of(st, 1, 0) >= at_kill + 18; },
-                      absl::Seconds(240)))
-      << "training did not go on in both pipelines (steps " << step_of(status_, 1, 0) << ", "
-      << step_of(status_, 1, 1) << ")" << Logs();
+  ASSERT_TRUE(WaitFor(
+      [&](const auto& st) { return step_of(st, 1, victim_pipeline) >= at_kill + 18 && step_of(st, 1, kept) >= at_kill + 18; },
+      absl::Seconds(240)))
+      << "training did not go on in both pipelines (steps " << step_of(status_, 1, kept) << ", "
+      << step_of(status_, 1, victim_pipeline) << ")" << Logs();
 
-  // Pipeline 0 ran one stage process per peer, and its steps only went forward.
-  std::map<std::pair<uint32_t, uint32_t>, std::string> outer_hash;  // (stage, step) -> pipeline 0's
-  std::map<std::pair<uint32_t, uint32_t>, std::string> healed_hash;  // the same of pipeline 1 after the heal
+  // The kept pipeline ran one stage process per peer, its steps only went forward.
+  std::map<std::pair<uint32_t, uint32_t>, std::string> outer_hash;  // (stage, step) -> the kept pipeline's
   for (const std::string& name : {kept0, kept1}) {
     EXPECT_EQ(CountEvents(name, [](const v1::PeerEvent& e) { return e.has_stage_started(); }), 1) << Out(name);
     int64_t last = -1;
@@ -199,23 +226,32 @@ TEST_F(ElasticTest, AKilledPeerStopsOnlyItsPipelineWhichHealsFromALiveReplica) {
     }
   }
   EXPECT_TRUE(HasEvent(Out(standby), [&](const v1::PeerEvent& e) {
-    return e.has_state_fetched() && (e.state_fetched().from() == kept1);
-  })) << "the standby should have healed from pipeline 0's peer of its stage" << Out(standby);
+    return e.has_state_fetched() && (e.state_fetched().from() == kept0 || e.state_fetched().from() == kept1);
+  })) << "the standby should have healed from the kept pipeline's peer of its stage" << Out(standby);
   int compared = 0;
-  for (const auto& [stage_name, stage_index] : {std::pair{standby, 1}, {At(status_, 0, 1)->peer_name(), 0}}) {
-    for (absl::string_view line : absl::StrSplit(Out(stage_name), '\n')) {
+  for (int stage = 0; stage < 2; ++stage) {
+    const std::string healed = At(status_, stage, victim_pipeline)->peer_name();
+    for (absl::string_view line : absl::StrSplit(Out(healed), '\n')) {
       absl::StatusOr<v1::PeerEvent> e = events::ParsePeerEvent(line);
       if (!e.ok() || !e->stage().has_step() || e->stage().step().dp().kind() != "outer") continue;
       const v1::StepEvent& step = e->stage().step();
-      if (step.step() <= at_kill) continue;  // before the kill: the first incarnation
+      if (step.step() < at_kill) continue;  // the first incarnation's
       auto it = outer_hash.find({step.stage(), step.step()});
       if (it == outer_hash.end()) continue;
-      EXPECT_EQ(step.dp().param_hash(), it->second) << "stage " << stage_index << " step " << step.step();
+      EXPECT_EQ(step.dp().param_hash(), it->second) << healed << " at step " << step.step();
       ++compared;
     }
   }
   EXPECT_GE(compared, 4) << "too few outer steps of the healed pipeline to compare";
   TerminatePeersExcept(victim);
+}
+
+TEST_F(ElasticTest, AKilledPeerStopsOnlyItsPipelineWhichHealsFromALiveReplica) {
+  ExpectOnlyTheHitPipelineStops(/*mid_exchange=*/false);
+}
+
+TEST_F(ElasticTest, APeerThatDiesInAnOuterStepsExchangeStopsOnlyItsPipeline) {
+  ExpectOnlyTheHitPipelineStops(/*mid_exchange=*/true);
 }
 
 }  // namespace
