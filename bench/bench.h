@@ -281,14 +281,16 @@ absl::Status RunConvergeBench(const ConvergeBenchOptions& options, std::ostream&
 // random placed peer SIGKILLed at Poisson times, a fresh peer arriving for
 // each). One JSON line per run: events, steps and steps/s over `seconds`
 // (the mean over pipelines of the steps their last stage completed on its
-// current timeline: a rollback lowers it), throughput_ratio_vs_undisturbed,
+// current timeline: a rollback lowers it, and steps a healing pipeline
+// skipped, steps_skipped, do not count), throughput_ratio_vs_undisturbed,
 // swarm_seconds_lost_per_event (per kill, over the time until the next: the
 // seconds the undisturbed rate needs for the progress not made; p50/p99),
 // healthy_steps_redone
 // (steps the pipelines a kill did not hit trained again), affected_pipeline_recovery_s
 // (per kill: until the hit pipeline reports a step from a stage started
 // after it), and the loss at equal steps against the undisturbed run
-// (val losses when the job evaluates, else training losses).
+// (val losses when the job evaluates, else training losses). With out_dir,
+// each run keeps every peer's event lines (<name>.out) beside its logs.
 struct ChurnBenchOptions {
   // The job (JSON): a name, stages >= 2, dataParallel >= 2. Relative data
   // paths are read from the working directory.

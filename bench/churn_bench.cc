@@ -54,6 +54,7 @@ struct Peer {
   bool killed = false;
   std::optional<absl::Time> stage_started;  // its latest stage child
   int64_t resume_step = 0;                  // of its latest assignment: the state its next stage loads
+  std::unique_ptr<std::ofstream> events;    // <run dir>/<name>.out: every event line it printed
 };
 
 struct StepSeen {
@@ -177,6 +178,7 @@ class ChurnRun {
                                      absl::StrCat("--link_timeout_s=", o_.link_timeout_s)};
     AQSWARM_ASSIGN_OR_RETURN(p.process, Subprocess::Spawn(argv, {.capture_stdout = true,
                                                                  .stderr_path = (dir_ / (p.name + ".err")).string()}));
+    p.events = std::make_unique<std::ofstream>(dir_ / (p.name + ".out"));
     peers_.push_back(std::move(p));
     return absl::OkStatus();
   }
@@ -208,6 +210,7 @@ class ChurnRun {
       std::vector<std::string> lines;
       (void)p.process->DrainLines(&lines);  // a killed daemon's pipe ends: what it printed is read
       for (const std::string& line : lines) {
+        *p.events << line << "\n";
         absl::StatusOr<v1::PeerEvent> e = events::ParsePeerEvent(line);
         if (!e.ok()) continue;
         if (e->has_assignment()) p.resume_step = e->assignment().resume_step();

@@ -279,7 +279,7 @@ absl::Status PeerDaemonImpl::Apply(const v1::Assignment& a, std::optional<absl::
     v1::PeerEvent e;
     e.mutable_stage_started()->set_stage(a.stage());
     e.mutable_stage_started()->set_pipeline(a.pipeline());
-    e.mutable_stage_started()->set_start_step(a.resume_step());
+    e.mutable_stage_started()->set_start_step(launch.start_step());
     e.mutable_stage_started()->set_pid(child_->pid());
     Event(e);
   }

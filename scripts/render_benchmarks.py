@@ -298,10 +298,13 @@ def churn():
         base = [r["steps_per_s"] for r in rows if r["run"] == "undisturbed"]
         noise = (f"The undisturbed runs differ by {100 * (max(base) - min(base)) / min(base):.0f}% in steps/s "
                  "(run-to-run noise on this machine). " if len(base) > 1 and min(base) > 0 else "")
-        out += ["", *textwrap.wrap(
-            "What still costs: every kill re-plans the whole grid, so every pipeline restarts at one resume step "
-            "(healthy ones roll back) and re-handshakes its links; per-pipeline fault domains and healing from a "
-            "live replica (issue 55, items 1-2) are not built. " + noise +
+        cost = ("What a kill still costs under fault domains: the hit pipeline's restart (its peers' lease or "
+                "the refused-connect probe, the state fetch, the link handshakes) and the steps it skips to "
+                "rejoin; the other pipelines wait for it at their next outer step only. "
+                if j.get("fault_domains") else
+                "What still costs without fault domains: every kill re-plans the whole grid, so every pipeline "
+                "restarts at one resume step (healthy ones roll back) and re-handshakes its links. ")
+        out += ["", *textwrap.wrap(cost + noise +
             ("The losses at equal steps are training losses (no eval step reached by both runs), from timelines "
              "that saw different data after the rollbacks." if j["loss_kind"] == "train" else ""), 110)]
     return out

@@ -7,7 +7,8 @@
 // with the plan the coordinator settles; after 3 strikes the offender is
 // evicted, the standby takes its slot and the honest peer's step counter
 // keeps rising. A straggler is caught by the adaptive deadline within a
-// step. `ctest -L elastic`.
+// step. Under fault domains a dead peer (killed, or dying mid outer step)
+// stops only its own pipeline, which heals from the other. `ctest -L elastic`.
 #include <map>
 
 #include "absl/strings/match.h"
