@@ -263,6 +263,7 @@ def churn():
            "loads: those steps are skipped, not trained, and progress leaves them out. The loss is compared at",
            "equal steps (val loss at the newest eval both runs have).", "",
            "Reproduce: `build/aqswarm bench churn --job examples/churn.json --churn_seconds 300 --kill_every_s 30`",
+           "(add `--fault_domains` for the fault-domain rows)",
            "(about 12 minutes; the job's corpus is the one `scripts/demo.sh` prepares).",
            *textwrap.wrap(f"Run: {meta('churn')}", 110), "",
            "| design | run | grid + standbys | lease s | seconds | kills | steps | steps/s | throughput vs undisturbed | "
@@ -305,8 +306,11 @@ def churn():
                 "What still costs without fault domains: every kill re-plans the whole grid, so every pipeline "
                 "restarts at one resume step (healthy ones roll back) and re-handshakes its links. ")
         out += ["", *textwrap.wrap(cost + noise +
-            ("The losses at equal steps are training losses (no eval step reached by both runs), from timelines "
-             "that saw different data after the rollbacks." if j["loss_kind"] == "train" else ""), 110)]
+            ("The losses at equal steps are training losses (no eval step reached by both runs). " if j["loss_kind"] == "train" else "") +
+            ("Under fault domains the loss at equal steps is what the lost inner work costs: a kill drops the hit "
+             "pipeline's progress since its last outer step (its stages restart from the anchor) and it skips "
+             "steps to rejoin, so its next pseudo-gradient is smaller (docs/notebook/fault_domains.md)."
+             if j.get("fault_domains") else "The runs saw different data after the rollbacks."), 110)]
     return out
 
 
