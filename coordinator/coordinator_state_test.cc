@@ -179,5 +179,33 @@ TEST(CoordinatorStateTest, CorruptGridIsDataLoss) {
   EXPECT_TRUE(absl::IsDataLoss((*state)->Load().status()));
 }
 
+// Fault domains' run fields: per pipeline (run_resume per slot), all or
+// none; a grid whose lists do not fit is DataLoss, one that fits round-trips.
+TEST(CoordinatorStateTest, GridRunFieldsRoundTripAndMisfitsAreDataLoss) {
+  ScratchDir dir;
+  auto state = CoordinatorState::Open({dir.Sub("state"), false});
+  ASSERT_TRUE(state.ok());
+  Grid g = Grid::Empty(2, 2);
+  g.slots = {1, 2, 3, 4};
+  g.run_plan = {5, 7};
+  g.run_resume = {0, 16, 0, 24};
+  g.heal = {false, true};
+  g.run_start = {0, 27};
+  g.dp_timeline = 5;
+  CoordinatorState::Change c;
+  c.PutGrid(g);
+  ASSERT_TRUE((*state)->Commit(c).ok());
+  auto loaded = (*state)->Load();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_TRUE(loaded->grid.has_value());
+  EXPECT_TRUE(*loaded->grid == g);
+  Grid bad = g;
+  bad.run_resume.pop_back();  // per pipeline instead of per slot
+  CoordinatorState::Change b;
+  b.PutGrid(bad);
+  ASSERT_TRUE((*state)->Commit(b).ok());
+  EXPECT_TRUE(absl::IsDataLoss((*state)->Load().status()));
+}
+
 }  // namespace
 }  // namespace aqswarm::coordinator

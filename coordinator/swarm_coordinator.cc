@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
+#include "common/outer_schedule.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_metrics.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -194,12 +195,7 @@ bool SwarmCoordinator::KeepPipelinesLocked(Grid* grid, const std::unordered_set<
   // the outer steps it skips, DiLoCo::SkipTo.)
   const int64_t h = std::max<int64_t>(1, options_.job.dp().inner_steps());
   const int64_t frags = std::max<int64_t>(1, options_.job.dp().fragments());
-  auto syncs_at = [&](int64_t t) {
-    for (int64_t f = 0; f < frags; ++f) {
-      if ((t + f * h / frags) % h == 0) return true;
-    }
-    return false;
-  };
+  auto syncs_at = [&](int64_t t) { return AnyOuterStepDue(t, h, frags); };
   std::vector<int64_t> state(S);
   int64_t newest = 0, furthest = 0;
   for (int j = 0; j < S; ++j) {
@@ -237,12 +233,7 @@ bool SwarmCoordinator::KeepPipelinesLocked(Grid* grid, const std::unordered_set<
   int64_t next_sync = newest + 1;
   while (!syncs_at(next_sync)) ++next_sync;
   const int64_t start = std::max(newest, std::min(next_sync - 1, furthest + std::max<int64_t>(2, h / frags / 4)));
-  grid->dp_timeline = grid_.dp_timeline;
-  grid->run_plan = grid_.run_plan;
-  grid->run_resume = grid_.run_resume;
-  grid->heal = grid_.heal;
-  grid->run_start = grid_.run_start;
-  for (int q = 0; q < P; ++q) {
+  for (int q = 0; q < P; ++q) {  // the kept pipelines' run fields are grid_'s already
     if (kept[q]) continue;
     grid->run_plan[q] = grid->plan_version;
     for (int j = 0; j < S; ++j) grid->run_resume[j * P + q] = state[j];

@@ -339,10 +339,10 @@ class SwarmCoordinator {
   // Fault domains (SwarmCoordinatorOptions::fault_domains) on: the job
   // qualifies (DiLoCo, data_parallel >= 2).
   bool FaultDomainsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A re-plan (`grid`, its plan version bumped) that keeps every peer of
-  // some pipeline in place: fills grid's run fields so those pipelines train
-  // on and the others heal from them; false (grid untouched) when none is
-  // kept or no state to heal from qualifies.
+  // A re-plan (`grid`, its plan version bumped, its run fields grid_'s) that
+  // keeps every peer of some pipeline in place: sets the other pipelines'
+  // run fields so they heal from the kept ones; false (grid untouched) when
+  // none is kept or no state to heal from qualifies.
   bool KeepPipelinesLocked(Grid* grid, const std::unordered_set<uint64_t>& gone) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t ResumeStepLocked(const Grid& grid, const Membership& live, std::optional<int64_t>* bound) const

@@ -176,6 +176,16 @@ TEST(AssignmentTest, AssignmentsThatDoNotFitTheJobAreRefused) {
   v1::Assignment negative = Place(1, 0, 0);
   negative.set_resume_step(-1);
   EXPECT_FALSE(ValidateAssignment(negative, job).ok());
+  v1::Assignment healing = Place(1, 0, 0);
+  healing.set_heal(true);
+  healing.set_resume_step(16);
+  healing.set_start_step(21);
+  EXPECT_TRUE(ValidateAssignment(healing, job).ok());
+  healing.set_start_step(15);  // before the state it loads
+  EXPECT_FALSE(ValidateAssignment(healing, job).ok());
+  v1::Assignment skip_without_heal = Place(1, 0, 0);
+  skip_without_heal.set_start_step(21);
+  EXPECT_FALSE(ValidateAssignment(skip_without_heal, job).ok());
   v1::Assignment standby;
   standby.set_role(v1::Assignment::STANDBY);
   EXPECT_TRUE(ValidateAssignment(standby, job).ok());

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/outer_schedule.h"
 #include "common/status_macros.h"
 #include "pipeline/layerwise_plan.h"
 
@@ -153,7 +154,7 @@ absl::Status DiLoCo::Step(ReplicaExchange& ex, double lr, absl::Span<float> para
   const int64_t h = options_.inner_steps, frags = num_fragments();
   bool outer = false;
   for (int f = 0; f < frags; ++f) {
-    if ((step_ + f * h / frags) % h != 0 || bounds_[f] == bounds_[f + 1]) continue;
+    if (!OuterStepDue(step_, h, frags, f) || bounds_[f] == bounds_[f + 1]) continue;
     AQSWARM_RETURN_IF_ERROR(SyncFragment(ex, f, s, params));
     outer = true;
   }
@@ -254,7 +255,7 @@ absl::Status DiLoCo::SkipTo(int64_t step) {
   const int64_t h = options_.inner_steps, frags = num_fragments();
   for (int64_t t = step_ + 1; t <= step; ++t) {
     for (int f = 0; f < frags; ++f) {
-      if ((t + f * h / frags) % h == 0 && bounds_[f] != bounds_[f + 1]) skipped_syncs_.push_back({f, t - 1});
+      if (OuterStepDue(t, h, frags, f) && bounds_[f] != bounds_[f + 1]) skipped_syncs_.push_back({f, t - 1});
     }
   }
   step_ = step;
